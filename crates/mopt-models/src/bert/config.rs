@@ -1,0 +1,208 @@
+//! BERT configuration, read from (and written as) a Hugging Face `config.json`.
+//!
+//! Per-layer head counts and FFN widths are first-class so that structured pruning can shrink
+//! individual layers; they are stored under `mopt_layer_heads` / `mopt_layer_intermediate_sizes`
+//! next to the standard HF keys.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ModelError;
+
+/// The shape of a BERT encoder with a classification head.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BertConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub intermediate_size: usize,
+    #[serde(default = "default_max_pos")]
+    pub max_position_embeddings: usize,
+    #[serde(default = "default_type_vocab")]
+    pub type_vocab_size: usize,
+    #[serde(default = "default_eps")]
+    pub layer_norm_eps: f64,
+    #[serde(default = "default_dropout")]
+    pub hidden_dropout_prob: f64,
+    #[serde(default = "default_dropout")]
+    pub attention_probs_dropout_prob: f64,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    #[serde(default)]
+    pub pad_token_id: usize,
+    /// Size of one attention head; defaults to `hidden_size / num_attention_heads`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_head_size: Option<usize>,
+    /// Attention heads per layer (pruned models); defaults to `num_attention_heads` everywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mopt_layer_heads: Option<Vec<usize>>,
+    /// FFN width per layer (pruned models); defaults to `intermediate_size` everywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mopt_layer_intermediate_sizes: Option<Vec<usize>>,
+    /// Number of classes of the classification head.
+    #[serde(default = "default_labels")]
+    pub num_labels: usize,
+    /// Class names by id (HF's `id2label` is a map; we keep the ordered list too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mopt_labels: Option<Vec<String>>,
+}
+
+fn default_max_pos() -> usize {
+    512
+}
+fn default_type_vocab() -> usize {
+    2
+}
+fn default_eps() -> f64 {
+    1e-12
+}
+fn default_dropout() -> f64 {
+    0.1
+}
+fn default_act() -> String {
+    "gelu".into()
+}
+fn default_labels() -> usize {
+    2
+}
+
+impl BertConfig {
+    /// Read an HF `config.json`; unknown HF keys are ignored.
+    pub fn from_file(path: &Path) -> Result<Self, ModelError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let cfg: BertConfig = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        cfg.check().map_err(|message| ModelError::Config {
+            path: path.to_path_buf(),
+            message,
+        })?;
+        Ok(cfg)
+    }
+
+    /// A tiny random config for tests and smoke runs.
+    pub fn tiny(vocab_size: usize, num_labels: usize) -> Self {
+        Self {
+            vocab_size,
+            hidden_size: 32,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            intermediate_size: 64,
+            max_position_embeddings: 128,
+            type_vocab_size: 2,
+            layer_norm_eps: 1e-12,
+            hidden_dropout_prob: 0.1,
+            attention_probs_dropout_prob: 0.1,
+            hidden_act: "gelu".into(),
+            pad_token_id: 0,
+            attention_head_size: None,
+            mopt_layer_heads: None,
+            mopt_layer_intermediate_sizes: None,
+            num_labels,
+            mopt_labels: None,
+        }
+    }
+
+    /// Size of one attention head.
+    pub fn head_size(&self) -> usize {
+        self.attention_head_size
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// Heads of layer `i`.
+    pub fn heads(&self, i: usize) -> usize {
+        self.mopt_layer_heads
+            .as_ref()
+            .map_or(self.num_attention_heads, |v| v[i])
+    }
+
+    /// FFN width of layer `i`.
+    pub fn ffn(&self, i: usize) -> usize {
+        self.mopt_layer_intermediate_sizes
+            .as_ref()
+            .map_or(self.intermediate_size, |v| v[i])
+    }
+
+    /// Internal consistency; the message says what to fix.
+    pub fn check(&self) -> Result<(), String> {
+        if self.hidden_act != "gelu" {
+            return Err(format!(
+                "hidden_act `{}` is not supported (only exact `gelu`, as in BERT)",
+                self.hidden_act
+            ));
+        }
+        if self.attention_head_size.is_none()
+            && self.hidden_size % self.num_attention_heads.max(1) != 0
+        {
+            return Err(format!(
+                "hidden_size {} is not divisible by num_attention_heads {}; set attention_head_size",
+                self.hidden_size, self.num_attention_heads
+            ));
+        }
+        for (name, v) in [
+            ("mopt_layer_heads", &self.mopt_layer_heads),
+            (
+                "mopt_layer_intermediate_sizes",
+                &self.mopt_layer_intermediate_sizes,
+            ),
+        ] {
+            if let Some(v) = v {
+                if v.len() != self.num_hidden_layers {
+                    return Err(format!(
+                        "{name} has {} entries but num_hidden_layers is {}",
+                        v.len(),
+                        self.num_hidden_layers
+                    ));
+                }
+            }
+        }
+        if self.num_labels < 1 {
+            return Err("num_labels must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Number of parameters the model built from this config holds.
+    pub fn num_params(&self) -> usize {
+        let h = self.hidden_size;
+        let hd = self.head_size();
+        let emb =
+            (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * h + 2 * h;
+        let layers: usize = (0..self.num_hidden_layers)
+            .map(|i| {
+                let a = self.heads(i) * hd;
+                let f = self.ffn(i);
+                3 * (h * a + a) + (a * h + h) + 2 * h + (h * f + f) + (f * h + h) + 2 * h
+            })
+            .sum();
+        emb + layers + (h * h + h) + (h * self.num_labels + self.num_labels)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_layer_shapes_default_and_override() {
+        let mut c = BertConfig::tiny(100, 2);
+        assert_eq!(c.heads(1), 4);
+        assert_eq!(c.head_size(), 8);
+        c.mopt_layer_heads = Some(vec![4, 2]);
+        c.mopt_layer_intermediate_sizes = Some(vec![64, 16]);
+        assert_eq!(c.heads(1), 2);
+        assert_eq!(c.ffn(1), 16);
+        assert!(c.check().is_ok());
+        c.mopt_layer_heads = Some(vec![4]);
+        assert!(c
+            .check()
+            .unwrap_err()
+            .contains("mopt_layer_heads has 1 entries"));
+    }
+}

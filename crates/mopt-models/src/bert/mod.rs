@@ -1,0 +1,8 @@
+//! BERT for sequence classification.
+
+mod config;
+mod model;
+pub mod weights;
+
+pub use config::BertConfig;
+pub use model::*;

@@ -1,0 +1,313 @@
+//! BERT encoder with a sequence-classification head, written with Burn modules.
+//!
+//! Struct paths mirror Hugging Face checkpoint keys (`bert.encoder.layer.0.attention.self.query`),
+//! except where a key cannot be a Rust field: `self` → `self_attn`, `LayerNorm` → `layer_norm`
+//! (see [`crate::bert::weights`] for the remapping). Attention is written out by hand because
+//! each layer may hold its own number of heads (pruned models): Q/K/V project to
+//! `heads × head_size`, which need not equal `hidden_size`.
+
+use burn::nn::{
+    Dropout, DropoutConfig, Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear,
+    LinearConfig,
+};
+use burn::prelude::*;
+use burn::tensor::activation::{gelu, softmax, tanh};
+
+use super::config::BertConfig;
+
+/// Added to attention scores at padded key positions (the value ONNX exporters use too).
+pub const MASK_BIAS: f32 = -10000.0;
+
+/// What a forward pass should return besides the logits.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ForwardOptions {
+    /// Collect the embedding output and every layer's output.
+    pub hidden_states: bool,
+    /// Collect every layer's attention probabilities.
+    pub attentions: bool,
+}
+
+/// Outputs of [`BertForSequenceClassification::forward_with`].
+#[derive(Debug, Clone)]
+pub struct BertOutputs {
+    /// `[batch, num_labels]`
+    pub logits: Tensor<2>,
+    /// `[batch, seq, hidden]`: the last layer's output.
+    pub last_hidden_state: Tensor<3>,
+    /// `[batch, hidden]`: tanh(dense([CLS])).
+    pub pooled: Tensor<2>,
+    /// Embedding output, then each layer's output (`num_layers + 1` tensors), when requested.
+    pub hidden_states: Vec<Tensor<3>>,
+    /// `[batch, heads_i, seq, seq]` attention probabilities per layer, when requested.
+    pub attentions: Vec<Tensor<4>>,
+}
+
+#[derive(Module, Debug)]
+pub struct BertEmbeddings {
+    pub word_embeddings: Embedding,
+    pub position_embeddings: Embedding,
+    pub token_type_embeddings: Embedding,
+    pub layer_norm: LayerNorm,
+    pub dropout: Dropout,
+}
+
+impl BertEmbeddings {
+    fn new(c: &BertConfig, dropout: f64, device: &Device) -> Self {
+        Self {
+            word_embeddings: EmbeddingConfig::new(c.vocab_size, c.hidden_size).init(device),
+            position_embeddings: EmbeddingConfig::new(c.max_position_embeddings, c.hidden_size)
+                .init(device),
+            token_type_embeddings: EmbeddingConfig::new(c.type_vocab_size, c.hidden_size)
+                .init(device),
+            layer_norm: LayerNormConfig::new(c.hidden_size)
+                .with_epsilon(c.layer_norm_eps)
+                .init(device),
+            dropout: DropoutConfig::new(dropout).init(),
+        }
+    }
+
+    /// # Shapes
+    /// - input_ids, token_type_ids: `[batch, seq]`
+    /// - output: `[batch, seq, hidden]`
+    pub fn forward(&self, input_ids: Tensor<2, Int>, token_type_ids: Tensor<2, Int>) -> Tensor<3> {
+        let [batch, seq] = input_ids.dims();
+        let device = input_ids.device();
+        let positions = Tensor::<1, Int>::arange(0..seq as i64, &device)
+            .reshape([1, seq])
+            .expand([batch, seq]);
+        let x = self.word_embeddings.forward(input_ids)
+            + self.position_embeddings.forward(positions)
+            + self.token_type_embeddings.forward(token_type_ids);
+        self.dropout.forward(self.layer_norm.forward(x))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct BertSelfAttention {
+    pub query: Linear,
+    pub key: Linear,
+    pub value: Linear,
+    pub dropout: Dropout,
+    pub num_heads: usize,
+    pub head_size: usize,
+}
+
+impl BertSelfAttention {
+    /// # Shapes
+    /// - x: `[batch, seq, hidden]`
+    /// - mask_bias: `[batch, 1, 1, seq]` (0 for real tokens, [`MASK_BIAS`] for padding)
+    /// - output: (`[batch, seq, heads × head_size]`, probabilities `[batch, heads, seq, seq]`)
+    pub fn forward(&self, x: Tensor<3>, mask_bias: Tensor<4>) -> (Tensor<3>, Tensor<4>) {
+        let [batch, seq, _] = x.dims();
+        let (h, d) = (self.num_heads, self.head_size);
+        let split = |t: Tensor<3>| t.reshape([batch, seq, h, d]).swap_dims(1, 2);
+        let q = split(self.query.forward(x.clone()));
+        let k = split(self.key.forward(x.clone()));
+        let v = split(self.value.forward(x));
+        let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((d as f32).sqrt()) + mask_bias;
+        let probs = softmax(scores, 3);
+        let ctx = self.dropout.forward(probs.clone()).matmul(v);
+        (ctx.swap_dims(1, 2).reshape([batch, seq, h * d]), probs)
+    }
+}
+
+/// Output projection + residual + LayerNorm (used after attention and after the FFN).
+#[derive(Module, Debug)]
+pub struct BertResidualOutput {
+    pub dense: Linear,
+    pub layer_norm: LayerNorm,
+    pub dropout: Dropout,
+}
+
+impl BertResidualOutput {
+    fn new(d_in: usize, c: &BertConfig, dropout: f64, device: &Device) -> Self {
+        Self {
+            dense: LinearConfig::new(d_in, c.hidden_size).init(device),
+            layer_norm: LayerNormConfig::new(c.hidden_size)
+                .with_epsilon(c.layer_norm_eps)
+                .init(device),
+            dropout: DropoutConfig::new(dropout).init(),
+        }
+    }
+
+    /// # Shapes
+    /// - x: `[batch, seq, d_in]`, residual: `[batch, seq, hidden]` → `[batch, seq, hidden]`
+    pub fn forward(&self, x: Tensor<3>, residual: Tensor<3>) -> Tensor<3> {
+        self.layer_norm
+            .forward(self.dropout.forward(self.dense.forward(x)) + residual)
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct BertAttention {
+    pub self_attn: BertSelfAttention,
+    pub output: BertResidualOutput,
+}
+
+#[derive(Module, Debug)]
+pub struct BertIntermediate {
+    pub dense: Linear,
+}
+
+#[derive(Module, Debug)]
+pub struct BertLayer {
+    pub attention: BertAttention,
+    pub intermediate: BertIntermediate,
+    pub output: BertResidualOutput,
+}
+
+impl BertLayer {
+    fn new(
+        c: &BertConfig,
+        i: usize,
+        hidden_dropout: f64,
+        attn_dropout: f64,
+        device: &Device,
+    ) -> Self {
+        let (h, d, f) = (c.heads(i), c.head_size(), c.ffn(i));
+        let a = h * d;
+        Self {
+            attention: BertAttention {
+                self_attn: BertSelfAttention {
+                    query: LinearConfig::new(c.hidden_size, a).init(device),
+                    key: LinearConfig::new(c.hidden_size, a).init(device),
+                    value: LinearConfig::new(c.hidden_size, a).init(device),
+                    dropout: DropoutConfig::new(attn_dropout).init(),
+                    num_heads: h,
+                    head_size: d,
+                },
+                output: BertResidualOutput::new(a, c, hidden_dropout, device),
+            },
+            intermediate: BertIntermediate {
+                dense: LinearConfig::new(c.hidden_size, f).init(device),
+            },
+            output: BertResidualOutput::new(f, c, hidden_dropout, device),
+        }
+    }
+
+    /// # Shapes
+    /// - x: `[batch, seq, hidden]`, mask_bias `[batch, 1, 1, seq]`
+    /// - output: (`[batch, seq, hidden]`, attention probabilities `[batch, heads, seq, seq]`)
+    pub fn forward(&self, x: Tensor<3>, mask_bias: Tensor<4>) -> (Tensor<3>, Tensor<4>) {
+        let (ctx, probs) = self.attention.self_attn.forward(x.clone(), mask_bias);
+        let attn_out = self.attention.output.forward(ctx, x);
+        let inter = gelu(self.intermediate.dense.forward(attn_out.clone()));
+        (self.output.forward(inter, attn_out), probs)
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct BertEncoder {
+    pub layer: Vec<BertLayer>,
+}
+
+#[derive(Module, Debug)]
+pub struct BertPooler {
+    pub dense: Linear,
+}
+
+#[derive(Module, Debug)]
+pub struct BertModel {
+    pub embeddings: BertEmbeddings,
+    pub encoder: BertEncoder,
+    pub pooler: BertPooler,
+}
+
+/// HF `BertForSequenceClassification`: BERT, pooler, dropout, linear classifier.
+#[derive(Module, Debug)]
+pub struct BertForSequenceClassification {
+    pub bert: BertModel,
+    pub dropout: Dropout,
+    pub classifier: Linear,
+}
+
+impl BertForSequenceClassification {
+    /// Random initialisation of the shape `config` describes.
+    pub fn new(config: &BertConfig, device: &Device) -> Self {
+        let hd = config.hidden_dropout_prob;
+        let ad = config.attention_probs_dropout_prob;
+        Self {
+            bert: BertModel {
+                embeddings: BertEmbeddings::new(config, hd, device),
+                encoder: BertEncoder {
+                    layer: (0..config.num_hidden_layers)
+                        .map(|i| BertLayer::new(config, i, hd, ad, device))
+                        .collect(),
+                },
+                pooler: BertPooler {
+                    dense: LinearConfig::new(config.hidden_size, config.hidden_size).init(device),
+                },
+            },
+            dropout: DropoutConfig::new(hd).init(),
+            classifier: LinearConfig::new(config.hidden_size, config.num_labels).init(device),
+        }
+    }
+
+    /// Logits only.
+    ///
+    /// # Shapes
+    /// - input_ids, token_type_ids: `[batch, seq]` (Int); attention_mask: `[batch, seq]` (1 = token, 0 = pad)
+    /// - output: `[batch, num_labels]`
+    pub fn forward(
+        &self,
+        input_ids: Tensor<2, Int>,
+        attention_mask: Tensor<2>,
+        token_type_ids: Tensor<2, Int>,
+    ) -> Tensor<2> {
+        self.forward_with(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            ForwardOptions::default(),
+        )
+        .logits
+    }
+
+    /// Full forward pass, collecting what `opts` asks for.
+    ///
+    /// # Shapes
+    /// See [`BertOutputs`].
+    pub fn forward_with(
+        &self,
+        input_ids: Tensor<2, Int>,
+        attention_mask: Tensor<2>,
+        token_type_ids: Tensor<2, Int>,
+        opts: ForwardOptions,
+    ) -> BertOutputs {
+        let [batch, seq] = input_ids.dims();
+        let mask_bias = attention_mask
+            .neg()
+            .add_scalar(1.0)
+            .mul_scalar(MASK_BIAS)
+            .reshape([batch, 1, 1, seq]);
+        let mut x = self.bert.embeddings.forward(input_ids, token_type_ids);
+        let mut hidden_states = Vec::new();
+        let mut attentions = Vec::new();
+        if opts.hidden_states {
+            hidden_states.push(x.clone());
+        }
+        for layer in &self.bert.encoder.layer {
+            let (out, probs) = layer.forward(x, mask_bias.clone());
+            x = out;
+            if opts.hidden_states {
+                hidden_states.push(x.clone());
+            }
+            if opts.attentions {
+                attentions.push(probs);
+            }
+        }
+        let hidden = x.dims()[2];
+        let cls = x.clone().slice([0..batch, 0..1]).reshape([batch, hidden]);
+        let pooled = tanh(self.bert.pooler.dense.forward(cls));
+        let logits = self
+            .classifier
+            .forward(self.dropout.forward(pooled.clone()));
+        BertOutputs {
+            logits,
+            last_hidden_state: x,
+            pooled,
+            hidden_states,
+            attentions,
+        }
+    }
+}

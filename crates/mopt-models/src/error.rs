@@ -1,0 +1,23 @@
+//! Errors of model building, loading and saving.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: bad model config: {message}", path.display())]
+    Config { path: PathBuf, message: String },
+    #[error("{}: cannot load weights: {message}\n  fix: {hint}", path.display())]
+    Load {
+        path: PathBuf,
+        message: String,
+        hint: String,
+    },
+    #[error("{}: cannot save weights: {message}", path.display())]
+    Save { path: PathBuf, message: String },
+}

@@ -1,0 +1,10 @@
+//! # mopt-models
+//!
+//! Models mopt trains and compresses, written with Burn modules, with shapes that pruning can
+//! shrink (per-layer attention heads and FFN widths live in the config), loaders for Hugging Face
+//! safetensors checkpoints and savers for Burn's own format and HF-style safetensors.
+
+pub mod bert;
+mod error;
+
+pub use error::ModelError;

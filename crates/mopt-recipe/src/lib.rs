@@ -1,0 +1,58 @@
+//! # mopt-recipe
+//!
+//! The TOML recipe schema of mopt. A recipe is parsed once with serde (`deny_unknown_fields`,
+//! kebab-case keys) and validated into the typed [`Recipe`]; nothing downstream sees strings
+//! where an enum belongs. Relative paths resolve against the recipe's folder. Every error names the
+//! file, the key (and its line), what is wrong and how to fix it.
+//!
+//! Sections: `[run]`, `[model]`, `[tokenizer]`, `[data]`, `[train]`, `[lr-find]`. Later stages
+//! (distillation, pruning, quantization, export) add their own optional sections.
+
+mod error;
+mod raw;
+mod spec;
+
+pub use error::{locate, Invalid, RecipeError};
+pub use spec::*;
+
+use std::path::Path;
+
+/// Read, parse and validate the recipe at `path`.
+pub fn load(path: impl AsRef<Path>) -> Result<Recipe, RecipeError> {
+    let path = path.as_ref();
+    let source = std::fs::read_to_string(path).map_err(|source| RecipeError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(path, &source)
+}
+
+/// Parse and validate recipe text; `path` names the file in errors and anchors relative paths.
+pub fn parse(path: &Path, source: &str) -> Result<Recipe, RecipeError> {
+    let raw: raw::RawRecipe = toml::from_str(source).map_err(|e| parse_error(path, source, e))?;
+    spec::validate(path, source, raw)
+}
+
+fn parse_error(path: &Path, source: &str, e: toml::de::Error) -> RecipeError {
+    let line = e
+        .span()
+        .map(|s| source[..s.start.min(source.len())].matches('\n').count() + 1)
+        .unwrap_or(1);
+    let message = e.message().trim().to_string();
+    let hint = if message.contains("unknown field") {
+        "remove or rename the key; the README's recipe reference lists every key of each section"
+            .to_string()
+    } else if message.contains("missing field") {
+        "add the key; the README's recipe reference gives its meaning and an example".to_string()
+    } else if message.contains("unknown variant") {
+        "use one of the values the message lists".to_string()
+    } else {
+        "correct the TOML syntax or value type at that line".to_string()
+    };
+    RecipeError::Parse {
+        path: path.to_path_buf(),
+        line,
+        message,
+        hint,
+    }
+}

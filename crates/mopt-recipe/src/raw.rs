@@ -1,0 +1,100 @@
+//! Raw serde mirror of the recipe file. Only [`crate::spec`] reads these.
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawRecipe {
+    pub run: RawRun,
+    pub model: RawModel,
+    pub tokenizer: RawTokenizer,
+    pub data: RawData,
+    pub train: RawTrain,
+    #[serde(default)]
+    pub lr_find: RawLrFind,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawRun {
+    pub name: String,
+    pub output_dir: Option<String>,
+    pub seed: Option<u64>,
+    pub device: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawModel {
+    pub arch: Option<String>,
+    pub config: String,
+    pub weights: Option<String>,
+    pub allow_fresh_head: Option<bool>,
+    pub dropout: Option<f64>,
+    #[serde(default)]
+    pub overrides: RawOverrides,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawOverrides {
+    pub num_hidden_layers: Option<usize>,
+    pub hidden_size: Option<usize>,
+    pub num_attention_heads: Option<usize>,
+    pub intermediate_size: Option<usize>,
+    pub layer_heads: Option<Vec<usize>>,
+    pub layer_intermediate_sizes: Option<Vec<usize>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawTokenizer {
+    pub path: String,
+    pub max_len: Option<usize>,
+    pub lowercase: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawData {
+    pub format: String,
+    pub path: Option<String>,
+    pub train: Option<String>,
+    pub valid: Option<String>,
+    pub test: Option<String>,
+    pub text_column: Option<String>,
+    pub label_column: Option<String>,
+    pub valid_fraction: Option<f64>,
+    pub test_fraction: Option<f64>,
+    pub split_seed: Option<u64>,
+    pub max_train: Option<usize>,
+    pub max_eval: Option<usize>,
+    pub labels: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawTrain {
+    pub epochs: Option<usize>,
+    pub batch_size: Option<usize>,
+    pub eval_batch_size: Option<usize>,
+    pub grad_accum_steps: Option<usize>,
+    pub lr: Option<f64>,
+    pub weight_decay: Option<f64>,
+    pub adam_beta1: Option<f32>,
+    pub adam_beta2: Option<f32>,
+    pub adam_epsilon: Option<f32>,
+    pub warmup_fraction: Option<f64>,
+    pub final_lr_ratio: Option<f64>,
+    pub grad_clip_norm: Option<f32>,
+    pub best_metric: Option<String>,
+    pub log_every: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawLrFind {
+    pub start_lr: Option<f64>,
+    pub end_lr: Option<f64>,
+    pub steps: Option<usize>,
+}

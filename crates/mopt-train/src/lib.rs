@@ -1,0 +1,22 @@
+//! # mopt-train
+//!
+//! Training for mopt, composed from Burn: Burn's AdamW and LR schedulers, its gradient
+//! accumulator and module stores; mopt adds global-norm clipping, seeded data order, per-epoch
+//! validation with best-checkpoint selection, `metrics.jsonl` + TensorBoard logging, progress
+//! display, the LR range test and `--check` plans. The backend is picked in [`backend`].
+
+pub mod backend;
+pub mod clip;
+mod error;
+pub mod logging;
+pub mod lr_find;
+pub mod memory;
+pub mod metrics;
+pub mod plan;
+pub mod rundir;
+pub mod schedule;
+pub mod setup;
+pub mod trainer;
+
+pub use backend::DeviceSpec;
+pub use error::TrainError;

@@ -1,0 +1,138 @@
+//! Turning a validated recipe into data, a model config and a model.
+
+use std::path::{Path, PathBuf};
+
+use burn::prelude::*;
+use mopt_data::{encode_splits, load_splits, EncodedSplits, LabelMap, TextTokenizer};
+use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
+use mopt_recipe::{DataSource, Recipe};
+
+use crate::error::TrainError;
+
+/// Tokenizer and tokenized splits.
+pub struct PreparedData {
+    pub tokenizer: TextTokenizer,
+    pub data: EncodedSplits,
+}
+
+/// The main data file of a recipe (its folder holds the token cache).
+pub fn data_anchor(recipe: &Recipe) -> PathBuf {
+    match &recipe.data.source {
+        DataSource::Single { path, .. } => path.clone(),
+        DataSource::Files { train, .. } => train.clone(),
+    }
+}
+
+/// Load, split and tokenize the recipe's data (token ids cached in `.mopt-cache/` beside it).
+pub fn prepare_data(recipe: &Recipe) -> Result<PreparedData, TrainError> {
+    let tok = &recipe.tokenizer;
+    let tokenizer = TextTokenizer::from_file(&tok.path, tok.max_len, tok.lowercase)?;
+    let splits = load_splits(&recipe.data)?;
+    let anchor = data_anchor(recipe);
+    let cache_dir = anchor.parent().map(|p| p.join(".mopt-cache"));
+    let labels = recipe.data.labels.clone().map(LabelMap::new);
+    let data = encode_splits(&tokenizer, &splits, labels, cache_dir.as_deref(), &anchor)?;
+    Ok(PreparedData { tokenizer, data })
+}
+
+/// The model config: the recipe's `config.json`, its overrides, its dropout, the label count.
+pub fn model_config(
+    recipe: &Recipe,
+    labels: &LabelMap,
+    vocab_size: usize,
+) -> Result<BertConfig, TrainError> {
+    let m = &recipe.model;
+    let mut c = BertConfig::from_file(&m.config)?;
+    let o = &m.overrides;
+    if let Some(v) = o.num_hidden_layers {
+        c.num_hidden_layers = v;
+    }
+    if let Some(v) = o.hidden_size {
+        c.hidden_size = v;
+    }
+    if let Some(v) = o.num_attention_heads {
+        c.num_attention_heads = v;
+        c.attention_head_size = None;
+    }
+    if let Some(v) = o.intermediate_size {
+        c.intermediate_size = v;
+    }
+    if let Some(v) = &o.layer_heads {
+        c.mopt_layer_heads = Some(v.clone());
+    }
+    if let Some(v) = &o.layer_intermediate_sizes {
+        c.mopt_layer_intermediate_sizes = Some(v.clone());
+    }
+    if let Some(p) = m.dropout {
+        c.hidden_dropout_prob = p;
+        c.attention_probs_dropout_prob = p;
+    }
+    c.num_labels = labels.len();
+    c.mopt_labels = Some(labels.labels.clone());
+    let bad = |key: &str, message: String, hint: &str| {
+        TrainError::Recipe(mopt_recipe::RecipeError::Invalid(Box::new(
+            mopt_recipe::Invalid {
+                path: recipe.path.clone(),
+                key: key.into(),
+                line: mopt_recipe::locate(&recipe.source, key),
+                message,
+                hint: hint.into(),
+            },
+        )))
+    };
+    c.check().map_err(|msg| {
+        bad(
+            "model.overrides",
+            msg,
+            "make the overrides consistent with each other and with config.json",
+        )
+    })?;
+    if vocab_size > c.vocab_size {
+        return Err(bad(
+            "tokenizer.path",
+            format!(
+                "the tokenizer has {vocab_size} tokens but the model's vocab_size is {}",
+                c.vocab_size
+            ),
+            "use the tokenizer that belongs to the model's checkpoint",
+        ));
+    }
+    if recipe.tokenizer.max_len > c.max_position_embeddings {
+        return Err(bad(
+            "tokenizer.max-len",
+            format!(
+                "{} exceeds the model's {} positions",
+                recipe.tokenizer.max_len, c.max_position_embeddings
+            ),
+            "lower max-len",
+        ));
+    }
+    Ok(c)
+}
+
+/// Build the model on `device` and load the recipe's weights, if any.
+pub fn build_model(
+    recipe: &Recipe,
+    config: &BertConfig,
+    device: &Device,
+) -> Result<(BertForSequenceClassification, Option<weights::LoadReport>), TrainError> {
+    device.seed(recipe.run.seed);
+    let mut model = BertForSequenceClassification::new(config, device);
+    let report = match &recipe.model.weights {
+        None => None,
+        Some(w) if is_burnpack(w) => {
+            weights::load_burnpack(&mut model, w)?;
+            None
+        }
+        Some(w) => Some(weights::load_hf_safetensors(
+            &mut model,
+            w,
+            recipe.model.allow_fresh_head,
+        )?),
+    };
+    Ok((model, report))
+}
+
+fn is_burnpack(p: &Path) -> bool {
+    p.extension().is_some_and(|e| e == "bpk")
+}

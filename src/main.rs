@@ -1,0 +1,152 @@
+//! `mopt-train`: run a mopt recipe.
+//!
+//! Exit codes: 0 success; 2 bad recipe or input (nothing is written); 1 failure while running.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use mopt_train::{lr_find, plan, rundir, trainer, DeviceSpec, TrainError};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mopt-train",
+    version,
+    about = "Make trained networks smaller and faster: run a mopt recipe",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// The TOML recipe to run.
+    #[arg(required = true)]
+    recipe: Option<PathBuf>,
+    /// Validate the recipe and print the resolved plan (sizes, parameters, memory) without training.
+    #[arg(long)]
+    check: bool,
+    /// Replace an existing run folder (otherwise refused).
+    #[arg(long)]
+    force: bool,
+    /// Stop after N optimizer steps (smoke runs); validation and test still run.
+    #[arg(long, value_name = "N")]
+    max_steps: Option<usize>,
+    /// Device to run on (overrides [run] device): `cpu`.
+    #[arg(long)]
+    device: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// LR range test: exponential sweep, loss curve written to `<run>-lr-find/`, suggested LR printed.
+    LrFind {
+        recipe: PathBuf,
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        device: Option<String>,
+    },
+    /// Write a mopt checkpoint folder as HF-style `model.safetensors` + `config.json`.
+    ExportHf {
+        /// A checkpoint folder (e.g. `checkpoints/<run>/best`).
+        checkpoint: PathBuf,
+        /// Output folder.
+        out: PathBuf,
+    },
+}
+
+fn device_for(
+    recipe: &mopt_recipe::Recipe,
+    flag: &Option<String>,
+) -> Result<DeviceSpec, TrainError> {
+    DeviceSpec::parse(flag.as_deref().unwrap_or(&recipe.run.device))
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Some(Command::LrFind {
+            recipe,
+            force,
+            device,
+        }) => {
+            let recipe = mopt_recipe::load(&recipe)?;
+            let device = device_for(&recipe, &device)?;
+            let dir = recipe
+                .run
+                .output_dir
+                .join(format!("{}-lr-find", recipe.run.name));
+            rundir::create_run_dir(&recipe, &dir, force)?;
+            let result = lr_find::lr_find(&recipe, &device, &dir)?;
+            println!(
+                "suggested lr: {:.2e} (steepest descent of the smoothed loss; {} points{}) — curve in {}",
+                result.suggested_lr,
+                result.points.len(),
+                if result.stopped_early { ", stopped when the loss diverged" } else { "" },
+                dir.join("lr-find.csv").display()
+            );
+        }
+        Some(Command::ExportHf { checkpoint, out }) => {
+            let device = DeviceSpec::Cpu.device();
+            let (model, config) = mopt_models::bert::weights::load_checkpoint(&checkpoint, &device)
+                .map_err(TrainError::from)?;
+            mopt_models::bert::weights::save_hf(&model, &config, &out).map_err(TrainError::from)?;
+            println!("wrote {}/model.safetensors and config.json", out.display());
+        }
+        None => {
+            let args = cli.run;
+            let path = args.recipe.expect("clap requires RECIPE");
+            let recipe = mopt_recipe::load(&path)?;
+            let device = device_for(&recipe, &args.device)?;
+            if args.check {
+                print!("{}", plan::check_plan(&recipe, &device, args.force)?);
+                println!("recipe OK");
+                return Ok(());
+            }
+            let dir = rundir::create_run_dir(&recipe, &recipe.run.run_dir(), args.force)?;
+            let opts = trainer::TrainOptions {
+                max_steps: args.max_steps,
+            };
+            let report = trainer::train(&recipe, &device, &dir, &opts)
+                .with_context(|| format!("run {}", dir.display()))?;
+            println!(
+                "test accuracy {:.4}, macro-F1 {:.4} (best epoch {} by validation {}); {:.0}s wall, {:.1} train samples/s",
+                report.test.accuracy,
+                report.test.macro_f1,
+                report.best_epoch,
+                report.best_metric,
+                report.wall_time_s,
+                report.train_samples_per_s
+            );
+            println!("run folder: {}", dir.display());
+        }
+    }
+    Ok(())
+}
+
+fn exit_code(err: &anyhow::Error) -> u8 {
+    if let Some(e) = err.downcast_ref::<TrainError>() {
+        return if e.is_input_error() { 2 } else { 1 };
+    }
+    if err.downcast_ref::<mopt_recipe::RecipeError>().is_some() {
+        return 2;
+    }
+    1
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::from(exit_code(&err))
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! The real `mopt-train` binary on tiny recipes over real Rotten Tomatoes data.
+
+mod common;
+
+use std::path::Path;
+
+use burn::prelude::*;
+use common::{mopt, stderr, write_tiny_recipe};
+use mopt_models::bert::weights;
+
+use mopt_train::trainer::Golden;
+
+fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+    )
+    .unwrap()
+}
+
+/// Scalars per tag as TensorBoard itself reads them.
+fn tensorboard_scalars(events: &Path) -> serde_json::Value {
+    let script = r#"
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1]); acc.Reload()
+print(json.dumps({t: [[e.step, e.value] for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}))
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, events.to_str().unwrap()])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "TensorBoard could not read the events (is `tensorboard` installed? pip install -r requirements-test.txt): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn tiny_run_writes_a_complete_run_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_tiny_recipe(tmp.path(), "tiny", "");
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "mopt-train failed: {}", stderr(&out));
+    let run = tmp.path().join("runs/tiny");
+    for f in [
+        "recipe.toml",
+        "metrics.jsonl",
+        "report.json",
+        "best/model.bpk",
+        "best/config.json",
+        "best/labels.json",
+        "best/vocab.txt",
+        "best/golden.json",
+    ] {
+        assert!(run.join(f).is_file(), "missing {f}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(run.join("recipe.toml")).unwrap(),
+        std::fs::read_to_string(&recipe).unwrap()
+    );
+
+    // Report: 96 train examples, 40 valid/test, 2 epochs of 6 steps.
+    let report = read_json(&run.join("report.json"));
+    assert_eq!(report["train_examples"], 96);
+    assert_eq!(report["test_examples"], 40);
+    assert_eq!(report["steps"], 12);
+    assert_eq!(report["epochs"].as_array().unwrap().len(), 2);
+    assert_eq!(report["labels"], serde_json::json!(["fresh", "rotten"]));
+    let acc = report["test"]["accuracy"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&acc));
+
+    // metrics.jsonl: train points every 2 steps, 2 valid, 1 test.
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let count = |s: &str| lines.iter().filter(|l| l["split"] == s).count();
+    assert_eq!(count("train"), 6);
+    assert_eq!(count("valid"), 2);
+    assert_eq!(count("test"), 1);
+    let first_lr = lines.iter().find(|l| l["split"] == "train").unwrap()["lr"]
+        .as_f64()
+        .unwrap();
+    assert!(first_lr > 0.0 && first_lr <= 1e-3);
+
+    // TensorBoard reads the event files.
+    let tb = tensorboard_scalars(&run.join("events"));
+    assert_eq!(tb["train/loss"].as_array().unwrap().len(), 6, "{tb}");
+    assert_eq!(tb["valid/accuracy"].as_array().unwrap().len(), 2);
+    assert!(
+        tb["train/lr"].is_array()
+            && tb["epoch/time_s"].is_array()
+            && tb["epoch/peak_rss_mb"].is_array()
+    );
+    let tb_test = tb["test/accuracy"][0][1].as_f64().unwrap();
+    assert!((tb_test - acc).abs() < 1e-6);
+
+    // The reloaded best checkpoint reproduces the logits recorded at training time.
+    let golden: Golden =
+        serde_json::from_str(&std::fs::read_to_string(run.join("best/golden.json")).unwrap())
+            .unwrap();
+    let d = Device::flex();
+    let (model, config) = weights::load_checkpoint(&run.join("best"), &d).unwrap();
+    assert_eq!(config.num_labels, 2);
+    for (ids, want) in golden.input_ids.iter().zip(&golden.logits) {
+        let n = ids.len();
+        let input = Tensor::<2, Int>::from_data(
+            TensorData::new(ids.iter().map(|&i| i as i64).collect::<Vec<_>>(), [1, n]),
+            &d,
+        );
+        let got: Vec<f32> = model
+            .valid()
+            .forward(input, Tensor::ones([1, n], &d), Tensor::zeros([1, n], &d))
+            .into_data()
+            .try_to_vec()
+            .unwrap();
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                (g - w).abs() < 1e-4,
+                "reloaded logits {got:?} vs recorded {want:?}"
+            );
+        }
+    }
+
+    // A second run of the same recipe is refused and leaves the run untouched.
+    let before = std::fs::read(run.join("report.json")).unwrap();
+    let again = mopt(&[recipe.to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(2), "{}", stderr(&again));
+    assert!(stderr(&again).contains("already exists") && stderr(&again).contains("--force"));
+    assert_eq!(std::fs::read(run.join("report.json")).unwrap(), before);
+
+    // --force replaces it; --max-steps stops early (same seed, same first steps).
+    let forced = mopt(&[recipe.to_str().unwrap(), "--force", "--max-steps", "3"]);
+    assert!(forced.status.success(), "{}", stderr(&forced));
+    let report = read_json(&run.join("report.json"));
+    assert_eq!(report["steps"], 3);
+
+    // export-hf writes an HF folder.
+    let hf = tmp.path().join("hf");
+    let exp = mopt(&[
+        "export-hf",
+        run.join("best").to_str().unwrap(),
+        hf.to_str().unwrap(),
+    ]);
+    assert!(exp.status.success(), "{}", stderr(&exp));
+    assert!(hf.join("model.safetensors").is_file() && hf.join("config.json").is_file());
+}
+
+#[test]
+fn seeded_runs_are_reproducible() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_tiny_recipe(tmp.path(), "repro", "");
+    let a = mopt(&[recipe.to_str().unwrap(), "--max-steps", "4"]);
+    assert!(a.status.success(), "{}", stderr(&a));
+    let first = read_json(&tmp.path().join("runs/repro/report.json"));
+    let b = mopt(&[recipe.to_str().unwrap(), "--max-steps", "4", "--force"]);
+    assert!(b.status.success(), "{}", stderr(&b));
+    let second = read_json(&tmp.path().join("runs/repro/report.json"));
+    assert_eq!(
+        first["epochs"][0]["train_loss"],
+        second["epochs"][0]["train_loss"]
+    );
+    assert_eq!(first["test"], second["test"]);
+}
+
+#[test]
+fn check_prints_the_plan_and_writes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_tiny_recipe(tmp.path(), "plan", "");
+    let out = mopt(&[recipe.to_str().unwrap(), "--check"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Tiny config: embeddings (30522+128+2)*32+64, 2 layers, pooler, 2-class head.
+    let c = mopt_models::bert::BertConfig {
+        num_labels: 2,
+        ..mopt_models::bert::BertConfig::tiny(30522, 2)
+    };
+    assert!(
+        text.contains(&format!("params     {}", c.num_params())),
+        "{text}"
+    );
+    assert!(
+        text.contains("memory") && text.contains("AdamW moments") && text.contains("recipe OK"),
+        "{text}"
+    );
+    assert!(
+        !tmp.path().join("runs").exists(),
+        "--check must not write the run folder"
+    );
+}
+
+#[test]
+fn bad_recipes_exit_2_with_file_line_key_and_fix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = std::fs::read_to_string(write_tiny_recipe(tmp.path(), "bad", "")).unwrap();
+    let cases: [(&str, &str, &[&str]); 5] = [
+        (
+            "lr = 1e-3",
+            "lr = -1.0",
+            &["train.lr", "not in (0, 1]", "tiny.toml:"],
+        ),
+        (
+            "log-every = 2",
+            "log-every = 2\nlearning-rate = 3",
+            &["unknown field `learning-rate`", "tiny.toml:", "fix:"],
+        ),
+        (
+            "format = \"rotten-tomatoes\"",
+            "format = \"parquet\"",
+            &["data.format", "unknown data format", "rotten-tomatoes"],
+        ),
+        (
+            "max-len = 32",
+            "max-len = 1000",
+            &["tokenizer.max-len", "3..=512"],
+        ),
+        (
+            "rotten_tomatoes_corpus_full.csv.bz2",
+            "nope.csv.bz2",
+            &["data.path", "does not exist", "datasets/fetch.sh"],
+        ),
+    ];
+    for (from, to, needles) in cases {
+        assert!(good.contains(from), "fixture lacks {from}");
+        let p = tmp.path().join("tiny.toml");
+        std::fs::write(&p, good.replacen(from, to, 1)).unwrap();
+        let out = mopt(&[p.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{to}: {}", stderr(&out));
+        let err = stderr(&out);
+        for n in needles {
+            assert!(err.contains(n), "error for `{to}` lacks `{n}`:\n{err}");
+        }
+        assert!(
+            !tmp.path().join("runs").exists(),
+            "nothing may be written for a bad recipe"
+        );
+    }
+    let out = mopt(&[tmp.path().join("absent.toml").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("absent.toml"));
+    std::fs::write(tmp.path().join("tiny.toml"), &good).unwrap();
+    let out = mopt(&[
+        tmp.path().join("tiny.toml").to_str().unwrap(),
+        "--device",
+        "tpu",
+    ]);
+    assert!(
+        stderr(&out).contains("unknown device `tpu`"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -1,0 +1,170 @@
+//! Real data sets through mopt's loaders, the fixed split, tokenization and its cache.
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use mopt_data::{encode_splits, load_splits, TextTokenizer};
+use mopt_recipe::{DataFormat, DataSource, DataSpec};
+
+fn spec(format: DataFormat, source: DataSource) -> DataSpec {
+    DataSpec {
+        format,
+        source,
+        text_column: "text".into(),
+        label_column: "label".into(),
+        split_seed: 42,
+        max_train: None,
+        max_eval: None,
+        labels: None,
+    }
+}
+
+fn rt_spec() -> DataSpec {
+    spec(
+        DataFormat::RottenTomatoes,
+        DataSource::Single {
+            path: common::rotten_tomatoes(),
+            valid_fraction: 0.1,
+            test_fraction: 0.1,
+        },
+    )
+}
+
+#[test]
+fn rotten_tomatoes_split_is_fixed_disjoint_and_documented() {
+    let s = load_splits(&rt_spec()).unwrap();
+    assert_eq!(
+        (s.train.len(), s.valid.len(), s.test.len()),
+        (10202, 1275, 1275)
+    );
+    let train: HashSet<&str> = s.train.iter().map(|e| e.text.as_str()).collect();
+    assert!(
+        s.test
+            .iter()
+            .chain(&s.valid)
+            .all(|e| !train.contains(e.text.as_str())),
+        "no text in two splits"
+    );
+    let labels: HashSet<&str> = s.train.iter().map(|e| e.label.as_str()).collect();
+    assert_eq!(labels, HashSet::from(["fresh", "rotten"]));
+    let fresh = s
+        .train
+        .iter()
+        .chain(&s.valid)
+        .chain(&s.test)
+        .filter(|e| e.label == "fresh")
+        .count();
+    // 7,403 fresh rows before de-duplication.
+    assert!((7300..=7403).contains(&fresh), "{fresh}");
+    // Same seed, same split; another seed, another split.
+    let again = load_splits(&rt_spec()).unwrap();
+    assert_eq!(again.test[0], s.test[0]);
+    let mut other = rt_spec();
+    other.split_seed = 1;
+    assert_ne!(load_splits(&other).unwrap().test[..5], s.test[..5]);
+}
+
+#[test]
+fn orange_tab_reads_reuters_r8() {
+    let d = common::data_dir().join("reuters-r8");
+    let mut sp = spec(
+        DataFormat::OrangeTab,
+        DataSource::Files {
+            train: d.join("reuters-r8-train.tab"),
+            valid: None,
+            test: d.join("reuters-r8-test.tab"),
+            valid_fraction: 0.1,
+        },
+    );
+    sp.text_column = "Text".into();
+    sp.label_column = "Category".into();
+    let s = load_splits(&sp).unwrap();
+    let labels: HashSet<&str> = s
+        .train
+        .iter()
+        .chain(&s.valid)
+        .map(|e| e.label.as_str())
+        .collect();
+    assert_eq!(labels.len(), 8, "{labels:?}");
+    assert!(
+        s.test.len() > 2000 && s.train.len() > 4000,
+        "{} {}",
+        s.train.len(),
+        s.test.len()
+    );
+    assert!(s.train.iter().all(|e| !e.text.is_empty()));
+}
+
+#[test]
+fn csv_tsv_and_jsonl_use_named_columns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("d.csv");
+    std::fs::write(
+        &csv,
+        "id,sentence,y\n1,\"good, really\ngood\",pos\n2,bad,neg\n3,fine,pos\n",
+    )
+    .unwrap();
+    let jsonl = tmp.path().join("d.jsonl");
+    std::fs::write(
+        &jsonl,
+        "{\"sentence\": \"good\", \"y\": \"pos\"}\n\n{\"sentence\": \"bad\", \"y\": 0}\n",
+    )
+    .unwrap();
+    let files = |p: &PathBuf| DataSource::Files {
+        train: p.clone(),
+        valid: Some(p.clone()),
+        test: p.clone(),
+        valid_fraction: 0.1,
+    };
+    let mut c = spec(DataFormat::Delimited { delimiter: b',' }, files(&csv));
+    c.text_column = "sentence".into();
+    c.label_column = "y".into();
+    let s = load_splits(&c).unwrap();
+    assert_eq!(s.train.len(), 3);
+    assert_eq!(s.train[0].text, "good, really\ngood");
+    assert_eq!(s.train[1].label, "neg");
+    let mut j = c.clone();
+    j.format = DataFormat::Jsonl;
+    j.source = files(&jsonl);
+    let s = load_splits(&j).unwrap();
+    assert_eq!(s.train.len(), 2);
+    assert_eq!(s.train[1].label, "0");
+    c.label_column = "label".into();
+    let err = load_splits(&c).unwrap_err().to_string();
+    assert!(
+        err.contains("no column `label`") && err.contains("label-column") && err.contains("d.csv"),
+        "{err}"
+    );
+}
+
+#[test]
+fn token_cache_is_reused_and_invalidated_by_data_changes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = TextTokenizer::from_file(&common::minilm_dir().join("vocab.txt"), 64, true).unwrap();
+    let mut sp = rt_spec();
+    sp.max_train = Some(200);
+    sp.max_eval = Some(50);
+    let splits = load_splits(&sp).unwrap();
+    let anchor = common::rotten_tomatoes();
+    let first = encode_splits(&tok, &splits, None, Some(tmp.path()), &anchor).unwrap();
+    assert!(!first.from_cache);
+    assert_eq!(first.labels.labels, vec!["fresh", "rotten"]);
+    assert!(first
+        .train
+        .iter()
+        .all(|e| e.ids[0] == 101 && *e.ids.last().unwrap() == 102 && e.ids.len() <= 64));
+    let second = encode_splits(&tok, &splits, None, Some(tmp.path()), &anchor).unwrap();
+    assert!(second.from_cache);
+    assert_eq!(second.train, first.train);
+    let mut changed = splits.clone();
+    changed.train[0].text.push_str(" and more");
+    let third = encode_splits(&tok, &changed, None, Some(tmp.path()), &anchor).unwrap();
+    assert!(!third.from_cache, "changed data must not reuse the cache");
+    let short =
+        TextTokenizer::from_file(&common::minilm_dir().join("vocab.txt"), 16, true).unwrap();
+    let fourth = encode_splits(&short, &splits, None, Some(tmp.path()), &anchor).unwrap();
+    assert!(!fourth.from_cache, "a new max-len must not reuse the cache");
+    assert!(fourth.train.iter().all(|e| e.ids.len() <= 16));
+}

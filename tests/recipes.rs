@@ -1,0 +1,122 @@
+//! Recipe validation: typed results for good recipes, precise errors for bad ones.
+
+mod common;
+
+use mopt_recipe::{parse, BestMetric, DataFormat, DataSource, RecipeError};
+
+fn good(dir: &std::path::Path) -> (std::path::PathBuf, String) {
+    let p = common::write_tiny_recipe(dir, "r", "");
+    let s = std::fs::read_to_string(&p).unwrap();
+    (p, s)
+}
+
+fn line_of(src: &str, needle: &str) -> usize {
+    src.lines().position(|l| l.starts_with(needle)).unwrap() + 1
+}
+
+#[test]
+fn good_recipe_validates_into_typed_values() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (p, s) = good(tmp.path());
+    let r = parse(&p, &s).unwrap();
+    assert_eq!(r.run.name, "r");
+    assert_eq!(r.run.run_dir(), tmp.path().join("runs/r"));
+    assert_eq!(r.data.format, DataFormat::RottenTomatoes);
+    assert!(
+        matches!(r.data.source, DataSource::Single { valid_fraction, test_fraction, .. } if valid_fraction == 0.1 && test_fraction == 0.1)
+    );
+    assert_eq!(r.train.best_metric, BestMetric::Accuracy);
+    assert_eq!(r.train.grad_clip_norm, Some(1.0));
+    assert_eq!(r.train.eval_batch_size, 32);
+    assert_eq!(r.tokenizer.max_len, 32);
+}
+
+#[test]
+fn relative_paths_resolve_against_the_recipe_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (p, s) = good(tmp.path());
+    let s = s.replace(
+        &tmp.path().join("tiny-config.json").display().to_string(),
+        "tiny-config.json",
+    );
+    let r = parse(&p, &s).unwrap();
+    assert_eq!(r.model.config, tmp.path().join("tiny-config.json"));
+}
+
+#[test]
+fn errors_name_file_line_key_and_fix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (p, s) = good(tmp.path());
+    let check = |src: String, key: &str, line: usize, what: &str| {
+        let e = parse(&p, &src).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("tiny.toml:{line}:")),
+            "line {line} in: {msg}"
+        );
+        assert!(msg.contains(key), "key {key} in: {msg}");
+        assert!(msg.contains(what), "`{what}` in: {msg}");
+        assert!(msg.contains("fix:"), "a fix in: {msg}");
+    };
+    let bad = s.replace("lr = 1e-3", "lr = 0.0");
+    check(
+        bad.clone(),
+        "train.lr",
+        line_of(&bad, "lr ="),
+        "not in (0, 1]",
+    );
+    let bad = s.replace("epochs = 2", "epochs = 0");
+    check(
+        bad.clone(),
+        "train.epochs",
+        line_of(&bad, "epochs ="),
+        "at least 1",
+    );
+    let bad = s.replace("log-every = 2", "log-every = 2\nbest-metric = \"bleu\"");
+    check(
+        bad.clone(),
+        "train.best-metric",
+        line_of(&bad, "best-metric"),
+        "unknown metric `bleu`",
+    );
+    let bad = s.replace("seed = 7", "seed = 7\ncolour = \"red\"");
+    check(
+        bad.clone(),
+        "colour",
+        line_of(&bad, "colour"),
+        "unknown field",
+    );
+    let bad = s.replace("seed = 7", "seed = \"seven\"");
+    check(
+        bad.clone(),
+        "invalid type",
+        line_of(&bad, "seed"),
+        "expected u64",
+    );
+    let bad = s.replace("max-train = 96", "max-train = 96\nvalid-fraction = 1.5");
+    check(
+        bad.clone(),
+        "data.valid-fraction",
+        line_of(&bad, "valid-fraction"),
+        "outside [0, 1)",
+    );
+    let bad = s.replace("name = \"r\"", "name = \"a/b\"");
+    check(
+        bad.clone(),
+        "run.name",
+        line_of(&bad, "name ="),
+        "not a usable run-folder name",
+    );
+    // Missing section: serde names it.
+    let bad = s.replace("[train]", "[training]");
+    let e = parse(&p, &bad).unwrap_err();
+    assert!(matches!(e, RecipeError::Parse { .. }), "{e}");
+    // csv data needs its columns.
+    let bad = s.replace("format = \"rotten-tomatoes\"", "format = \"csv\"");
+    check(
+        bad.clone(),
+        "data.text-column",
+        line_of(&bad, "[data]"),
+        "required for csv",
+    );
+}
