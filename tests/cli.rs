@@ -254,3 +254,69 @@ fn bad_recipes_exit_2_with_file_line_key_and_fix() {
     );
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn gradient_accumulation_matches_the_larger_batch() {
+    // Without dropout, 2 micro-batches of 8 accumulated equal one batch of 16 (padding is masked).
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |name: &str, batch: usize, accum: usize| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let recipe = write_tiny_recipe(&dir, name, &format!("grad-accum-steps = {accum}"));
+        let text = std::fs::read_to_string(&recipe)
+            .unwrap()
+            .replace("[model]\n", "[model]\ndropout = 0.0\n")
+            .replace("batch-size = 16", &format!("batch-size = {batch}"));
+        std::fs::write(&recipe, text).unwrap();
+        let out = mopt(&[recipe.to_str().unwrap(), "--max-steps", "4"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        read_json(&dir.join(format!("runs/{name}/report.json")))
+    };
+    let big = run("big", 16, 1);
+    let acc = run("acc", 16, 2);
+    let small = run("small", 8, 2);
+    assert_eq!(big["steps"], 4);
+    assert_eq!(small["steps"], 4);
+    let (a, b) = (
+        big["test"]["loss"].as_f64().unwrap(),
+        small["test"]["loss"].as_f64().unwrap(),
+    );
+    assert!((a - b).abs() < 1e-4, "accumulated {b} vs large batch {a}");
+    // Accumulating 2 batches of 16 is a different (larger-batch) run.
+    let c = acc["test"]["loss"].as_f64().unwrap();
+    assert!(
+        (a - c).abs() > 1e-6,
+        "accumulation must change the update: {a} vs {c}"
+    );
+}
+
+#[test]
+fn lr_find_sweeps_and_suggests() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_tiny_recipe(tmp.path(), "sweep", "");
+    let text = std::fs::read_to_string(&recipe).unwrap()
+        + "\n[lr-find]\nstart-lr = 1e-6\nend-lr = 1.0\nsteps = 40\n";
+    std::fs::write(&recipe, text).unwrap();
+    let out = mopt(&["lr-find", recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lr: f64 = stdout
+        .split("suggested lr: ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no suggestion in {stdout}"));
+    assert!((1e-6..=1.0).contains(&lr), "{lr}");
+    let csv = std::fs::read_to_string(tmp.path().join("runs/sweep-lr-find/lr-find.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert!(rows.len() >= 5 && rows.len() <= 40, "{} rows", rows.len());
+    let lrs: Vec<f64> = rows
+        .iter()
+        .map(|r| r.split(',').nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        lrs.windows(2).all(|w| w[1] > w[0]),
+        "lr rises monotonically"
+    );
+    assert!((lrs[0] - 1e-6).abs() < 1e-12);
+}

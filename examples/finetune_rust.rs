@@ -1,0 +1,81 @@
+//! A recipe written in Rust: start from a TOML recipe, change it in code, train it with the library
+//! crates, then classify new sentences with the best checkpoint.
+//!
+//! ```sh
+//! cargo run --example finetune_rust -- recipes/finetune_teacher.toml 200
+//! ```
+//! (the second argument keeps that many training examples, for a quick run).
+
+use std::path::PathBuf;
+
+use burn::prelude::*;
+use mopt_data::{Batcher, Encoded, LabelMap, TextTokenizer};
+use mopt_models::bert::weights;
+use mopt_train::{rundir, trainer, DeviceSpec};
+
+fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let recipe_path = PathBuf::from(
+        args.next()
+            .unwrap_or_else(|| "recipes/finetune_teacher.toml".into()),
+    );
+    let keep: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(200);
+
+    // Any field of the validated recipe can be changed in code.
+    let mut recipe = mopt_recipe::load(&recipe_path)?;
+    recipe.run.name = format!("{}-rust-example", recipe.run.name);
+    recipe.data.max_train = Some(keep);
+    recipe.data.max_eval = Some(keep / 2);
+    recipe.train.epochs = 1;
+
+    let device = DeviceSpec::Cpu;
+    let dir = rundir::create_run_dir(&recipe, &recipe.run.run_dir(), true)?;
+    let report = trainer::train(&recipe, &device, &dir, &trainer::TrainOptions::default())?;
+    println!(
+        "test accuracy {:.3} on {} examples",
+        report.test.accuracy, report.test.examples
+    );
+
+    // Classify new text with the saved checkpoint.
+    let best = dir.join("best");
+    let (model, _config) = weights::load_checkpoint(&best, &device.device())?;
+    let labels = LabelMap::load(&best.join("labels.json"))?;
+    let tok = TextTokenizer::from_file(
+        &recipe.tokenizer.path,
+        recipe.tokenizer.max_len,
+        recipe.tokenizer.lowercase,
+    )?;
+    let sentences = [
+        "a warm, funny and beautifully acted film",
+        "a tedious, lifeless mess",
+    ];
+    let encoded: Vec<Encoded> = sentences
+        .iter()
+        .map(|s| {
+            Ok(Encoded {
+                ids: tok.encode(s)?,
+                label: 0,
+            })
+        })
+        .collect::<Result<_, mopt_data::DataError>>()?;
+    let batch =
+        Batcher::new(tok.pad_id).batch(&encoded.iter().collect::<Vec<_>>(), &device.device());
+    let probs = burn::tensor::activation::softmax(
+        model
+            .valid()
+            .forward(batch.input_ids, batch.attention_mask, batch.token_type_ids),
+        1,
+    );
+    let probs: Vec<f32> = probs.into_data().try_to_vec().expect("f32");
+    for (i, s) in sentences.iter().enumerate() {
+        let row = &probs[i * labels.len()..(i + 1) * labels.len()];
+        let best = row
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(j, _)| j)
+            .unwrap_or(0);
+        println!("{s:?} -> {} ({:.2})", labels.labels[best], row[best]);
+    }
+    Ok(())
+}
