@@ -480,7 +480,7 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
                 "1.0 is a good start",
             ))
         }
-        Some(n) if n == 0.0 => None,
+        Some(0.0) => None,
         Some(n) => Some(n),
         None => Some(1.0),
     };
