@@ -239,7 +239,8 @@ pub fn train(
     let mut train_time = 0.0f64;
     let mut train_samples = 0usize;
 
-    'epochs: for epoch in 0..t.epochs {
+    let mut stopped = false;
+    for epoch in 0..t.epochs {
         let epoch_start = Instant::now();
         let order = epoch_order(data.train.len(), recipe.run.seed, epoch);
         let mut accum = GradientsAccumulator::new();
@@ -311,41 +312,18 @@ pub fn train(
                 window_start = Instant::now();
             }
             if opts.max_steps.is_some_and(|m| step >= m) {
-                progress.finish(&format!("stopped at --max-steps {step}"));
-                let rec = finish_epoch(
-                    epoch,
-                    epoch_start,
-                    epoch_steps,
-                    loss_sum / loss_n.max(1) as f64,
-                    &model,
-                    data,
-                    &batcher,
-                    t.eval_batch_size,
-                    num_labels,
-                    &device,
-                    &mut logger,
-                    step,
-                    &mut train_time,
-                    train_samples,
-                );
-                consider_best(
-                    recipe,
-                    &mut best,
-                    &rec,
-                    &model,
-                    &config,
-                    data,
-                    &prepared.tokenizer.path,
-                    &best_dir,
-                )?;
-                epochs.push(rec);
-                break 'epochs;
+                stopped = true;
+                break;
             }
         }
-        progress.finish(&format!(
-            "loss {:.4} lr {lr:.2e}",
-            loss_sum / loss_n.max(1) as f64
-        ));
+        if stopped {
+            progress.finish(&format!("stopped at --max-steps {step}"));
+        } else {
+            progress.finish(&format!(
+                "loss {:.4} lr {lr:.2e}",
+                loss_sum / loss_n.max(1) as f64
+            ));
+        }
         let rec = finish_epoch(
             epoch,
             epoch_start,
@@ -373,6 +351,9 @@ pub fn train(
             &best_dir,
         )?;
         epochs.push(rec);
+        if stopped {
+            break;
+        }
     }
 
     // Final test evaluation of the best checkpoint, reloaded from disk.
