@@ -8,7 +8,7 @@ use std::time::Instant;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
-use mopt_data::{epoch_order, Batcher, Encoded, EncodedSplits};
+use mopt_data::{epoch_order, Batcher, Encoded, EncodedSplits, TextBatch};
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
 use mopt_recipe::{BestMetric, Recipe};
 use serde::Serialize;
@@ -165,6 +165,78 @@ pub struct Golden {
     pub logits: Vec<Vec<f32>>,
 }
 
+/// A training objective over a trainable module that contains a classifier.
+///
+/// Fine-tuning is cross-entropy on the classifier; distillation (in `mopt-distill`) adds teacher
+/// terms and trainable projections. The trainer owns the loop, the optimizer and the logging.
+pub trait Task {
+    /// What the optimizer updates (the classifier plus anything the objective trains).
+    type Model: Module + 'static;
+
+    /// Loss of one micro-batch. `indices` are the batch's positions in the training split;
+    /// `progress` runs from 0 to 1 over training (for schedules). Returns the loss to minimise
+    /// and its named components for logging.
+    fn loss(
+        &mut self,
+        model: &Self::Model,
+        batch: &TextBatch,
+        indices: &[usize],
+        progress: f64,
+    ) -> (Tensor<1>, Vec<(&'static str, f64)>);
+
+    /// The classifier that is evaluated and checkpointed.
+    fn classifier<'a>(&self, model: &'a Self::Model) -> &'a BertForSequenceClassification;
+}
+
+/// Plain fine-tuning: cross-entropy against the labels.
+pub struct FinetuneTask {
+    ce: burn::nn::loss::CrossEntropyLoss,
+}
+
+impl FinetuneTask {
+    pub fn new(device: &Device) -> Self {
+        Self {
+            ce: CrossEntropyLossConfig::new().init(device),
+        }
+    }
+}
+
+impl Task for FinetuneTask {
+    type Model = BertForSequenceClassification;
+
+    fn loss(
+        &mut self,
+        model: &Self::Model,
+        b: &TextBatch,
+        _indices: &[usize],
+        _progress: f64,
+    ) -> (Tensor<1>, Vec<(&'static str, f64)>) {
+        let logits = model.forward(
+            b.input_ids.clone(),
+            b.attention_mask.clone(),
+            b.token_type_ids.clone(),
+        );
+        let loss = self.ce.forward(logits, b.labels.clone());
+        (loss, Vec::new())
+    }
+
+    fn classifier<'a>(&self, model: &'a Self::Model) -> &'a BertForSequenceClassification {
+        model
+    }
+}
+
+/// Everything a training run reads besides the task and the model.
+pub struct RunContext<'a> {
+    pub recipe: &'a Recipe,
+    pub device_spec: &'a DeviceSpec,
+    pub run_dir: &'a Path,
+    pub opts: &'a TrainOptions,
+    pub data: &'a EncodedSplits,
+    pub tokenizer_file: &'a Path,
+    pub pad_id: u32,
+    pub config: &'a BertConfig,
+}
+
 /// Fine-tune the recipe's model; writes checkpoints, logs and `report.json` into `run_dir`.
 pub fn train(
     recipe: &Recipe,
@@ -172,14 +244,39 @@ pub fn train(
     run_dir: &Path,
     opts: &TrainOptions,
 ) -> Result<TrainReport, TrainError> {
-    let wall = Instant::now();
-    let t = &recipe.train;
-    let device = device_spec.device();
-    let ad_device = device.clone().autodiff();
-
+    let ad_device = device_spec.device().autodiff();
     eprintln!("preparing data ({})", recipe.data.source_label());
     let prepared = prepare_data(recipe)?;
-    let data = &prepared.data;
+    let config = model_config(
+        recipe,
+        &prepared.data.labels,
+        prepared.tokenizer.vocab_size(),
+    )?;
+    let (model, load) = build_model(recipe, &config, &ad_device)?;
+    if let Some(l) = &load {
+        eprintln!(
+            "weights: {} tensors loaded, {} fresh ({}), {} skipped",
+            l.applied,
+            l.fresh.len(),
+            l.fresh.join(", "),
+            l.skipped.len()
+        );
+    }
+    let ctx = RunContext {
+        recipe,
+        device_spec,
+        run_dir,
+        opts,
+        data: &prepared.data,
+        tokenizer_file: &prepared.tokenizer.path,
+        pad_id: prepared.tokenizer.pad_id,
+        config: &config,
+    };
+    fit(&ctx, FinetuneTask::new(&ad_device), model)
+}
+
+/// Check that every split has examples and print their sizes.
+pub fn describe_data(recipe: &Recipe, data: &EncodedSplits) -> Result<(), TrainError> {
     if data.train.is_empty() || data.valid.is_empty() || data.test.is_empty() {
         return Err(TrainError::Input(format!(
             "{}: a split is empty (train {}, valid {}, test {}); use more data or other fractions",
@@ -202,19 +299,46 @@ pub fn train(
             "encoded"
         }
     );
-    let config = model_config(recipe, &data.labels, prepared.tokenizer.vocab_size())?;
-    let (mut model, load) = build_model(recipe, &config, &ad_device)?;
-    if let Some(l) = &load {
-        eprintln!(
-            "weights: {} tensors loaded, {} fresh ({}), {} skipped",
-            l.applied,
-            l.fresh.len(),
-            l.fresh.join(", "),
-            l.skipped.len()
-        );
+    Ok(())
+}
+
+/// Running means of the logged quantities between two log points.
+#[derive(Default)]
+struct Window {
+    loss: f64,
+    components: Vec<(&'static str, f64)>,
+    n: usize,
+    samples: usize,
+}
+
+impl Window {
+    fn add(&mut self, loss: f64, components: &[(&'static str, f64)], samples: usize) {
+        self.loss += loss;
+        for (name, v) in components {
+            match self.components.iter_mut().find(|(n, _)| n == name) {
+                Some((_, acc)) => *acc += v,
+                None => self.components.push((name, *v)),
+            }
+        }
+        self.n += 1;
+        self.samples += samples;
     }
-    let num_labels = config.num_labels;
-    let batcher = Batcher::new(prepared.tokenizer.pad_id);
+}
+
+/// Train `model` with `task` under the recipe's `[train]` settings.
+pub fn fit<T: Task>(
+    ctx: &RunContext,
+    mut task: T,
+    mut model: T::Model,
+) -> Result<TrainReport, TrainError> {
+    let wall = Instant::now();
+    let recipe = ctx.recipe;
+    let data = ctx.data;
+    let t = &recipe.train;
+    let device = ctx.device_spec.device();
+    let ad_device = device.clone().autodiff();
+    describe_data(recipe, data)?;
+    let batcher = Batcher::new(ctx.pad_id);
 
     let mut optim = AdamWConfig::new()
         .with_beta_1(t.adam_beta1)
@@ -225,28 +349,27 @@ pub fn train(
     let micro_per_epoch = data.train.len().div_ceil(t.batch_size);
     let steps_per_epoch = micro_per_epoch.div_ceil(t.grad_accum_steps);
     let mut total_steps = steps_per_epoch * t.epochs;
-    if let Some(m) = opts.max_steps {
+    if let Some(m) = ctx.opts.max_steps {
         total_steps = total_steps.min(m);
     }
     let mut sched = warmup_cosine(t.lr, total_steps, t.warmup_fraction, t.final_lr_ratio);
-    let ce = CrossEntropyLossConfig::new().init(&ad_device);
 
-    let mut logger = RunLogger::create(run_dir)?;
-    let best_dir = run_dir.join("best");
+    let mut logger = RunLogger::create(ctx.run_dir)?;
+    let best_dir = ctx.run_dir.join("best");
     let mut best: Option<(usize, EvalMetrics)> = None;
     let mut epochs = Vec::new();
     let mut step = 0usize;
     let mut train_time = 0.0f64;
     let mut train_samples = 0usize;
-
     let mut stopped = false;
+
     for epoch in 0..t.epochs {
         let epoch_start = Instant::now();
         let order = epoch_order(data.train.len(), recipe.run.seed, epoch);
         let mut accum = GradientsAccumulator::new();
         let mut pending = 0usize;
         let (mut loss_sum, mut loss_n) = (0.0f64, 0usize);
-        let (mut window_loss, mut window_n, mut window_samples) = (0.0f64, 0usize, 0usize);
+        let mut window = Window::default();
         let mut window_start = Instant::now();
         let mut progress = Progress::new(
             &format!("epoch {}/{}", epoch + 1, t.epochs),
@@ -257,8 +380,7 @@ pub fn train(
         for (mi, chunk) in order.chunks(t.batch_size).enumerate() {
             let items: Vec<&Encoded> = chunk.iter().map(|&i| &data.train[i]).collect();
             let b = batcher.batch(&items, &ad_device);
-            let logits = model.forward(b.input_ids, b.attention_mask, b.token_type_ids);
-            let loss = ce.forward(logits, b.labels);
+            let (loss, components) = task.loss(&model, &b, chunk, step as f64 / total_steps as f64);
             let loss_value: f32 = loss.clone().into_scalar();
             if !loss_value.is_finite() {
                 return Err(TrainError::Failed(format!(
@@ -271,9 +393,7 @@ pub fn train(
             pending += 1;
             loss_sum += loss_value as f64;
             loss_n += 1;
-            window_loss += loss_value as f64;
-            window_n += 1;
-            window_samples += chunk.len();
+            window.add(loss_value as f64, &components, chunk.len());
             train_samples += chunk.len();
             if pending < t.grad_accum_steps && mi + 1 < micro_per_epoch {
                 continue;
@@ -287,70 +407,98 @@ pub fn train(
             model = optim.step(lr, model, grads);
             step += 1;
             epoch_steps += 1;
-            let secs = window_start.elapsed().as_secs_f64();
-            let sps = window_samples as f64 / secs.max(1e-9);
+            let sps = window.samples as f64 / window_start.elapsed().as_secs_f64().max(1e-9);
+            let mean_loss = window.loss / window.n.max(1) as f64;
             progress.update(
                 epoch_steps,
-                &format!(
-                    "loss {:.4} lr {lr:.2e} {sps:.1} samples/s",
-                    window_loss / window_n as f64
-                ),
+                &format!("loss {mean_loss:.4} lr {lr:.2e} {sps:.1} samples/s"),
             );
             if step % t.log_every == 0 || step == total_steps {
-                let mut scalars = vec![
-                    ("loss", window_loss / window_n as f64),
-                    ("lr", lr),
-                    ("samples_per_s", sps),
-                ];
+                let mut scalars = vec![("loss", mean_loss), ("lr", lr), ("samples_per_s", sps)];
                 if let Some(n) = grad_norm {
                     scalars.push(("grad_norm", n as f64));
                 }
+                for (name, v) in &window.components {
+                    scalars.push((name, v / window.n.max(1) as f64));
+                }
                 logger.log("train", step, &scalars, json!({ "epoch": epoch + 1 }));
-                window_loss = 0.0;
-                window_n = 0;
-                window_samples = 0;
+                window = Window::default();
                 window_start = Instant::now();
             }
-            if opts.max_steps.is_some_and(|m| step >= m) {
+            if ctx.opts.max_steps.is_some_and(|m| step >= m) {
                 stopped = true;
                 break;
             }
         }
+        let train_loss = loss_sum / loss_n.max(1) as f64;
         if stopped {
             progress.finish(&format!("stopped at --max-steps {step}"));
         } else {
-            progress.finish(&format!(
-                "loss {:.4} lr {lr:.2e}",
-                loss_sum / loss_n.max(1) as f64
-            ));
+            progress.finish(&format!("loss {train_loss:.4} lr {lr:.2e}"));
         }
-        let rec = finish_epoch(
-            epoch,
-            epoch_start,
-            epoch_steps,
-            loss_sum / loss_n.max(1) as f64,
-            &model,
-            data,
+        train_time += epoch_start.elapsed().as_secs_f64();
+        let classifier = task.classifier(&model).valid();
+        let valid = evaluate(
+            &classifier,
+            &data.valid,
             &batcher,
             t.eval_batch_size,
-            num_labels,
+            ctx.config.num_labels,
             &device,
-            &mut logger,
+        )
+        .metrics;
+        let epoch_time = epoch_start.elapsed().as_secs_f64();
+        let peak_mb = peak_rss_bytes().map_or(0.0, |b| b as f64 / 1048576.0);
+        let sps = train_samples as f64 / train_time.max(1e-9);
+        logger.log(
+            "valid",
             step,
-            &mut train_time,
-            train_samples,
+            &[
+                ("loss", valid.loss),
+                ("accuracy", valid.accuracy),
+                ("macro_f1", valid.macro_f1),
+            ],
+            json!({ "epoch": epoch + 1 }),
         );
-        consider_best(
-            recipe,
-            &mut best,
-            &rec,
-            &model,
-            &config,
-            data,
-            &prepared.tokenizer.path,
-            &best_dir,
-        )?;
-        epochs.push(rec);
+        logger.log(
+            "epoch",
+            step,
+            &[
+                ("time_s", epoch_time),
+                ("train_loss", train_loss),
+                ("peak_rss_mb", peak_mb),
+                ("samples_per_s", sps),
+            ],
+            json!({ "epoch": epoch + 1 }),
+        );
+        logger.flush();
+        eprintln!(
+            "epoch {}: train loss {train_loss:.4} | valid loss {:.4} acc {:.4} macro-F1 {:.4} | {epoch_time:.1}s, peak RSS {peak_mb:.0} MiB",
+            epoch + 1,
+            valid.loss,
+            valid.accuracy,
+            valid.macro_f1
+        );
+        let improved = best
+            .as_ref()
+            .is_none_or(|(_, b)| better(t.best_metric, &valid, b));
+        if improved {
+            save_checkpoint_dir(&classifier, ctx.config, data, ctx.tokenizer_file, &best_dir)?;
+            best = Some((epoch + 1, valid));
+            eprintln!(
+                "  new best (validation {}) saved to {}",
+                t.best_metric.name(),
+                best_dir.display()
+            );
+        }
+        epochs.push(EpochRecord {
+            epoch: epoch + 1,
+            steps: epoch_steps,
+            train_loss,
+            valid,
+            epoch_time_s: epoch_time,
+            samples_per_s: sps,
+        });
         if stopped {
             break;
         }
@@ -364,7 +512,7 @@ pub fn train(
         &data.test,
         &batcher,
         t.eval_batch_size,
-        num_labels,
+        ctx.config.num_labels,
         &device,
     );
     logger.log(
@@ -393,10 +541,10 @@ pub fn train(
     let report = TrainReport {
         run: recipe.run.name.clone(),
         recipe: recipe.path.display().to_string(),
-        device: device_spec.name().to_string(),
+        device: ctx.device_spec.name().to_string(),
         mopt_version: env!("CARGO_PKG_VERSION"),
         burn_version: "0.22.1",
-        params: config.num_params(),
+        params: ctx.config.num_params(),
         train_examples: data.train.len(),
         valid_examples: data.valid.len(),
         test_examples: data.test.len(),
@@ -413,114 +561,8 @@ pub fn train(
         checkpoint: best_dir,
         token_cache_hit: data.from_cache,
     };
-    let path = run_dir.join("report.json");
+    let path = ctx.run_dir.join("report.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json"))
         .map_err(|e| TrainError::io(&path, e))?;
     Ok(report)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn finish_epoch(
-    epoch: usize,
-    epoch_start: Instant,
-    steps: usize,
-    train_loss: f64,
-    model: &BertForSequenceClassification,
-    data: &EncodedSplits,
-    batcher: &Batcher,
-    eval_batch: usize,
-    num_labels: usize,
-    device: &Device,
-    logger: &mut RunLogger,
-    step: usize,
-    train_time: &mut f64,
-    train_samples: usize,
-) -> EpochRecord {
-    let train_secs = epoch_start.elapsed().as_secs_f64();
-    *train_time += train_secs;
-    let eval_model = model.valid();
-    let valid = evaluate(
-        &eval_model,
-        &data.valid,
-        batcher,
-        eval_batch,
-        num_labels,
-        device,
-    )
-    .metrics;
-    let epoch_time = epoch_start.elapsed().as_secs_f64();
-    let peak_mb = peak_rss_bytes().map_or(0.0, |b| b as f64 / 1048576.0);
-    let sps = train_samples as f64 / train_time.max(1e-9);
-    logger.log(
-        "valid",
-        step,
-        &[
-            ("loss", valid.loss),
-            ("accuracy", valid.accuracy),
-            ("macro_f1", valid.macro_f1),
-        ],
-        json!({ "epoch": epoch + 1 }),
-    );
-    logger.log(
-        "epoch",
-        step,
-        &[
-            ("time_s", epoch_time),
-            ("train_loss", train_loss),
-            ("peak_rss_mb", peak_mb),
-            ("samples_per_s", sps),
-        ],
-        json!({ "epoch": epoch + 1 }),
-    );
-    logger.flush();
-    eprintln!(
-        "epoch {}: train loss {train_loss:.4} | valid loss {:.4} acc {:.4} macro-F1 {:.4} | {epoch_time:.1}s, peak RSS {peak_mb:.0} MiB",
-        epoch + 1,
-        valid.loss,
-        valid.accuracy,
-        valid.macro_f1
-    );
-    EpochRecord {
-        epoch: epoch + 1,
-        steps,
-        train_loss,
-        valid,
-        epoch_time_s: epoch_time,
-        samples_per_s: sps,
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn consider_best(
-    recipe: &Recipe,
-    best: &mut Option<(usize, EvalMetrics)>,
-    rec: &EpochRecord,
-    model: &BertForSequenceClassification,
-    config: &BertConfig,
-    data: &EncodedSplits,
-    tokenizer_file: &Path,
-    best_dir: &Path,
-) -> Result<(), TrainError> {
-    let improved = best
-        .as_ref()
-        .is_none_or(|(_, b)| better(recipe.train.best_metric, &rec.valid, b));
-    if improved {
-        save_checkpoint_dir(&model.valid(), config, data, tokenizer_file, best_dir)?;
-        *best = Some((rec.epoch, rec.valid));
-        eprintln!(
-            "  new best ({} {}) saved to {}",
-            recipe.train.best_metric.name(),
-            metric_value(recipe.train.best_metric, &rec.valid),
-            best_dir.display()
-        );
-    }
-    Ok(())
-}
-
-fn metric_value(m: BestMetric, e: &EvalMetrics) -> String {
-    match m {
-        BestMetric::Accuracy => format!("{:.4}", e.accuracy),
-        BestMetric::MacroF1 => format!("{:.4}", e.macro_f1),
-        BestMetric::Loss => format!("{:.4}", e.loss),
-    }
 }
