@@ -104,6 +104,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let path = args.recipe.expect("clap requires RECIPE");
             let recipe = mopt_recipe::load(&path)?;
             let device = device_for(&recipe, &args.device)?;
+            if recipe.distill.is_some() {
+                mopt_distill::pipeline::precheck(&recipe)?;
+            }
             if args.check {
                 print!("{}", plan::check_plan(&recipe, &device, args.force)?);
                 println!("recipe OK");
@@ -113,6 +116,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let opts = trainer::TrainOptions {
                 max_steps: args.max_steps,
             };
+            if recipe.distill.is_some() {
+                let r = mopt_distill::run(&recipe, &device, &dir, &opts)
+                    .with_context(|| format!("run {}", dir.display()))?;
+                println!(
+                    "teacher accuracy {:.4}, student {:.4}: retention {:.1}%, {:.2}x faster at batch 1 ({:.2}x at 32){}",
+                    r.teacher.test.accuracy,
+                    r.student.test.accuracy,
+                    r.retention * 100.0,
+                    r.speedup_b1,
+                    r.speedup_b32,
+                    r.baseline
+                        .map_or(String::new(), |b| format!("; without distillation {:.4}", b.accuracy))
+                );
+                println!("report: {}", dir.join("report.md").display());
+                return Ok(());
+            }
             let report = trainer::train(&recipe, &device, &dir, &opts)
                 .with_context(|| format!("run {}", dir.display()))?;
             println!(

@@ -72,6 +72,7 @@ fn minilm_matches_transformers_reference() {
         ForwardOptions {
             hidden_states: true,
             attentions: true,
+            attention_scores: false,
         },
     );
     let cls = first5(out.last_hidden_state.clone(), 0);
@@ -231,9 +232,18 @@ fn pruned_shapes_build_and_run() {
         ForwardOptions {
             hidden_states: false,
             attentions: true,
+            attention_scores: true,
         },
     );
     assert_eq!(out.logits.dims(), [1, 3]);
     assert_eq!(out.attentions[1].dims(), [1, 1, 4, 4]);
+    assert_eq!(out.attention_scores[1].dims(), [1, 1, 4, 4]);
+    // Probabilities are the softmax of the scores (no padding here).
+    let p: Vec<f32> = burn::tensor::activation::softmax(out.attention_scores[0].clone(), 3)
+        .into_data()
+        .try_to_vec()
+        .unwrap();
+    let q: Vec<f32> = out.attentions[0].clone().into_data().try_to_vec().unwrap();
+    assert!(p.iter().zip(&q).all(|(a, b)| (a - b).abs() < 1e-6));
     assert_eq!(model.num_params(), c.num_params());
 }

@@ -12,6 +12,63 @@ pub struct RawRecipe {
     pub train: RawTrain,
     #[serde(default)]
     pub lr_find: RawLrFind,
+    pub teacher: Option<RawTeacher>,
+    pub distill: Option<RawDistill>,
+    #[serde(default)]
+    pub report: RawReport,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawTeacher {
+    pub checkpoint: String,
+    pub recipe: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawSchedule {
+    Constant(f64),
+    Linear { from: f64, to: f64 },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawDistill {
+    pub enabled: Option<bool>,
+    pub alpha: Option<RawSchedule>,
+    pub temperature: Option<RawSchedule>,
+    pub soft_loss: Option<String>,
+    pub teacher_cache: Option<bool>,
+    pub baseline: Option<bool>,
+    #[serde(default, rename = "match")]
+    pub matches: Vec<RawMatch>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawLayers {
+    Named(String),
+    Pairs(Vec<[usize; 2]>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawMatch {
+    pub feature: String,
+    pub loss: Option<String>,
+    pub layers: RawLayers,
+    pub weight: Option<f64>,
+    pub projection: Option<bool>,
+    pub heads: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawReport {
+    pub latency_warmup: Option<usize>,
+    pub latency_runs: Option<usize>,
+    pub latency_seq_len: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -31,6 +88,7 @@ pub struct RawModel {
     pub weights: Option<String>,
     pub allow_fresh_head: Option<bool>,
     pub dropout: Option<f64>,
+    pub init_from_teacher_layers: Option<Vec<usize>>,
     #[serde(default)]
     pub overrides: RawOverrides,
 }

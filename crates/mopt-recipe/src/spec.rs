@@ -18,6 +18,125 @@ pub struct Recipe {
     pub data: DataSpec,
     pub train: TrainSpec,
     pub lr_find: LrFindSpec,
+    /// `[teacher]`: present for distillation.
+    pub teacher: Option<TeacherSpec>,
+    /// `[distill]`: the distillation objective.
+    pub distill: Option<DistillSpec>,
+    pub report: ReportSpec,
+}
+
+/// `[teacher]`: the fine-tuned teacher a student learns from.
+#[derive(Debug, Clone)]
+pub struct TeacherSpec {
+    /// A mopt checkpoint folder (`config.json` + `model.bpk`).
+    pub checkpoint: PathBuf,
+    /// Recipe that produces the checkpoint when it does not exist yet.
+    pub recipe: Option<PathBuf>,
+}
+
+/// A value that may change linearly over training.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Schedule {
+    Constant(f64),
+    /// From `from` at the first step to `to` at the last.
+    Linear {
+        from: f64,
+        to: f64,
+    },
+}
+
+impl Schedule {
+    /// The value at `progress` in [0, 1].
+    pub fn at(&self, progress: f64) -> f64 {
+        match *self {
+            Schedule::Constant(v) => v,
+            Schedule::Linear { from, to } => from + (to - from) * progress.clamp(0.0, 1.0),
+        }
+    }
+}
+
+/// The soft (teacher) term on logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SoftLoss {
+    /// T²·KL(softmax(t/T) ‖ softmax(s/T)), batch mean.
+    Kl,
+    /// Mean squared error between logits.
+    Mse,
+}
+
+/// What an intermediate match compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feature {
+    /// Layer outputs (`0` is the embedding output).
+    Hidden,
+    /// Attention probabilities of a layer (1-based).
+    AttentionProbs,
+    /// Attention scores (before the mask and softmax) of a layer (1-based).
+    AttentionScores,
+    /// The embedding output.
+    Embeddings,
+}
+
+/// Loss of an intermediate match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatchLoss {
+    Mse,
+    Cosine,
+    Kl,
+}
+
+/// Student → teacher layer pairs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayerMap {
+    /// Student layer `i` (1-based) ↔ teacher layer `i · L_t / L_s`.
+    Uniform,
+    Pairs(Vec<(usize, usize)>),
+}
+
+/// How attention is compared when student and teacher head counts differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadPolicy {
+    /// Different head counts are an error.
+    Error,
+    /// Average over heads on both sides.
+    Mean,
+}
+
+/// One `[[distill.match]]`.
+#[derive(Debug, Clone)]
+pub struct MatchSpec {
+    pub feature: Feature,
+    pub loss: MatchLoss,
+    pub layers: LayerMap,
+    pub weight: f64,
+    /// Learn a linear projection student width → teacher width (hidden features).
+    pub projection: bool,
+    pub heads: HeadPolicy,
+    /// Position in the recipe, for messages (`distill.match[1]`).
+    pub index: usize,
+}
+
+/// `[distill]`.
+#[derive(Debug, Clone)]
+pub struct DistillSpec {
+    /// `false` turns the recipe into its hard-label twin (no teacher terms).
+    pub enabled: bool,
+    /// Weight of the hard-label cross-entropy; the soft term gets `1 − α`.
+    pub alpha: Schedule,
+    pub temperature: Schedule,
+    pub soft_loss: SoftLoss,
+    pub teacher_cache: bool,
+    /// Also train the hard-label twin for the same budget and report both.
+    pub baseline: bool,
+    pub matches: Vec<MatchSpec>,
+}
+
+/// `[report]`: the latency benchmark of distillation reports.
+#[derive(Debug, Clone)]
+pub struct ReportSpec {
+    pub latency_warmup: usize,
+    pub latency_runs: usize,
+    pub latency_seq_len: usize,
 }
 
 /// `[run]`: naming, output and reproducibility.
@@ -57,6 +176,8 @@ pub struct ModelSpec {
     pub allow_fresh_head: bool,
     /// Overrides the config's hidden/attention dropout.
     pub dropout: Option<f64>,
+    /// Initialise the student from these teacher layers (0-based), embeddings, pooler and head copied.
+    pub init_from_teacher_layers: Option<Vec<usize>>,
     pub overrides: ModelOverrides,
 }
 
@@ -313,6 +434,7 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
         weights,
         allow_fresh_head: raw.model.allow_fresh_head.unwrap_or(false),
         dropout: raw.model.dropout,
+        init_from_teacher_layers: raw.model.init_from_teacher_layers.clone(),
         overrides: ModelOverrides {
             num_hidden_layers: o.num_hidden_layers,
             hidden_size: o.hidden_size,
@@ -541,6 +663,202 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
         ));
     }
 
+    // [teacher]
+    let teacher = match &raw.teacher {
+        None => None,
+        Some(t) => {
+            let recipe = match &t.recipe {
+                Some(r) => Some(cx.input_file("teacher.recipe", r)?),
+                None => None,
+            };
+            let checkpoint = cx.resolve(&t.checkpoint);
+            if recipe.is_none() && !checkpoint.join("model.bpk").is_file() {
+                return Err(cx.err(
+                    "teacher.checkpoint",
+                    format!("no mopt checkpoint at `{}` (needs model.bpk and config.json)", checkpoint.display()),
+                    "train the teacher first, or add `recipe = \"finetune_teacher.toml\"` so mopt trains it when missing",
+                ));
+            }
+            Some(TeacherSpec { checkpoint, recipe })
+        }
+    };
+    if model.init_from_teacher_layers.is_some() && teacher.is_none() {
+        return Err(cx.err(
+            "model.init-from-teacher-layers",
+            "needs a [teacher] section",
+            "add [teacher] checkpoint = ...",
+        ));
+    }
+    if model.init_from_teacher_layers.is_some() && model.weights.is_some() {
+        return Err(cx.err(
+            "model.init-from-teacher-layers",
+            "conflicts with `weights`",
+            "keep one way to initialise the student",
+        ));
+    }
+
+    // [distill]
+    let distill = match raw.distill {
+        None => None,
+        Some(d) => {
+            if teacher.is_none() {
+                return Err(cx.err(
+                    "distill",
+                    "distillation needs a [teacher] section",
+                    "add [teacher] checkpoint = \"../checkpoints/<teacher-run>/best\"",
+                ));
+            }
+            let sched = |raw: Option<crate::raw::RawSchedule>, default: f64| match raw {
+                None => Schedule::Constant(default),
+                Some(crate::raw::RawSchedule::Constant(v)) => Schedule::Constant(v),
+                Some(crate::raw::RawSchedule::Linear { from, to }) => Schedule::Linear { from, to },
+            };
+            let alpha = sched(d.alpha, 0.5);
+            let (a0, a1) = (alpha.at(0.0), alpha.at(1.0));
+            if !(0.0..=1.0).contains(&a0) || !(0.0..=1.0).contains(&a1) {
+                return Err(cx.err(
+                    "distill.alpha",
+                    format!("alpha must lie in [0, 1] (got {a0} → {a1})"),
+                    "alpha weighs the hard-label loss; 0.3 to 0.7 is typical",
+                ));
+            }
+            let temperature = sched(d.temperature, 4.0);
+            let (t0, t1) = (temperature.at(0.0), temperature.at(1.0));
+            if !(t0 > 0.0 && t1 > 0.0) {
+                return Err(cx.err(
+                    "distill.temperature",
+                    format!("temperature must be > 0 (got {t0} → {t1})"),
+                    "use 1 to 8; 4 is a good start for classification",
+                ));
+            }
+            let soft_loss = match d.soft_loss.as_deref().unwrap_or("kl") {
+                "kl" => SoftLoss::Kl,
+                "mse" => SoftLoss::Mse,
+                other => {
+                    return Err(cx.err(
+                        "distill.soft-loss",
+                        format!("unknown soft loss `{other}`"),
+                        "use `kl` or `mse`",
+                    ))
+                }
+            };
+            let mut matches = Vec::new();
+            for (index, m) in d.matches.into_iter().enumerate() {
+                let key = |k: &str| format!("distill.match.{k}");
+                let feature = match m.feature.as_str() {
+                    "hidden" => Feature::Hidden,
+                    "attention" | "attention-probs" => Feature::AttentionProbs,
+                    "attention-scores" => Feature::AttentionScores,
+                    "embeddings" => Feature::Embeddings,
+                    other => {
+                        return Err(cx.err(
+                            &key("feature"),
+                            format!("match {index}: unknown feature `{other}`"),
+                            "use `hidden`, `attention`, `attention-scores` or `embeddings`",
+                        ))
+                    }
+                };
+                let default_loss = match feature {
+                    Feature::AttentionProbs => "kl",
+                    _ => "mse",
+                };
+                let loss = match m.loss.as_deref().unwrap_or(default_loss) {
+                    "mse" => MatchLoss::Mse,
+                    "cosine" => MatchLoss::Cosine,
+                    "kl" => MatchLoss::Kl,
+                    other => {
+                        return Err(cx.err(
+                            &key("loss"),
+                            format!("match {index}: unknown loss `{other}`"),
+                            "use `mse`, `cosine` or `kl`",
+                        ))
+                    }
+                };
+                let ok = matches!(
+                    (feature, loss),
+                    (Feature::Hidden, MatchLoss::Mse | MatchLoss::Cosine)
+                        | (Feature::Embeddings, MatchLoss::Mse | MatchLoss::Cosine)
+                        | (Feature::AttentionProbs, MatchLoss::Kl)
+                        | (Feature::AttentionScores, MatchLoss::Mse)
+                );
+                if !ok {
+                    return Err(cx.err(
+                        &key("loss"),
+                        format!("match {index}: loss {loss:?} does not apply to {feature:?}"),
+                        "hidden/embeddings: mse or cosine; attention: kl; attention-scores: mse",
+                    ));
+                }
+                let layers = match m.layers {
+                    crate::raw::RawLayers::Named(n) if n == "uniform" => LayerMap::Uniform,
+                    crate::raw::RawLayers::Named(n) => {
+                        return Err(cx.err(
+                            &key("layers"),
+                            format!("match {index}: unknown layer map `{n}`"),
+                            "use \"uniform\" or pairs [[student, teacher], ...]",
+                        ))
+                    }
+                    crate::raw::RawLayers::Pairs(p) if p.is_empty() => {
+                        return Err(cx.err(
+                            &key("layers"),
+                            format!("match {index}: empty layer map"),
+                            "list [student, teacher] pairs",
+                        ))
+                    }
+                    crate::raw::RawLayers::Pairs(p) => {
+                        LayerMap::Pairs(p.into_iter().map(|[s, t]| (s, t)).collect())
+                    }
+                };
+                let weight = m.weight.unwrap_or(1.0);
+                if !(weight >= 0.0 && weight.is_finite()) {
+                    return Err(cx.err(
+                        &key("weight"),
+                        format!("match {index}: weight {weight} must be >= 0"),
+                        "use e.g. 1.0",
+                    ));
+                }
+                let heads = match m.heads.as_deref().unwrap_or("error") {
+                    "error" => HeadPolicy::Error,
+                    "mean" => HeadPolicy::Mean,
+                    other => {
+                        return Err(cx.err(
+                            &key("heads"),
+                            format!("match {index}: unknown head policy `{other}`"),
+                            "use `mean` (average heads on both sides) or leave it out",
+                        ))
+                    }
+                };
+                matches.push(MatchSpec {
+                    feature,
+                    loss,
+                    layers,
+                    weight,
+                    projection: m.projection.unwrap_or(false),
+                    heads,
+                    index,
+                });
+            }
+            Some(DistillSpec {
+                enabled: d.enabled.unwrap_or(true),
+                alpha,
+                temperature,
+                soft_loss,
+                teacher_cache: d.teacher_cache.unwrap_or(true),
+                baseline: d.baseline.unwrap_or(false),
+                matches,
+            })
+        }
+    };
+    let rp = raw.report;
+    let report = ReportSpec {
+        latency_warmup: rp.latency_warmup.unwrap_or(10),
+        latency_runs: cx.positive("report.latency-runs", rp.latency_runs, 50)?,
+        latency_seq_len: cx.positive(
+            "report.latency-seq-len",
+            rp.latency_seq_len,
+            tokenizer.max_len,
+        )?,
+    };
+
     Ok(Recipe {
         path: path.to_path_buf(),
         source: source.to_string(),
@@ -550,6 +868,9 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
         data,
         train,
         lr_find,
+        teacher,
+        distill,
+        report,
     })
 }
 

@@ -66,7 +66,7 @@ pub fn lr_find(
     let spec = &recipe.lr_find;
     let t = &recipe.train;
     let ad = device_spec.device().autodiff();
-    let prepared = prepare_data(recipe)?;
+    let prepared = prepare_data(recipe, None)?;
     let data = &prepared.data;
     let config = model_config(recipe, &data.labels, prepared.tokenizer.vocab_size())?;
     let (mut model, _) = build_model(recipe, &config, &ad)?;

@@ -60,15 +60,43 @@ pub fn check_plan(recipe: &Recipe, device: &DeviceSpec, force: bool) -> Result<S
         config.num_params(),
         config.num_params() as f64 / 1e6
     );
-    let _ = writeln!(
-        s,
-        "weights    {}",
-        recipe
-            .model
-            .weights
-            .as_ref()
-            .map_or("random init".to_string(), |w| w.display().to_string())
-    );
+    let init = match (
+        &recipe.model.weights,
+        &recipe.model.init_from_teacher_layers,
+    ) {
+        (Some(w), _) => w.display().to_string(),
+        (None, Some(layers)) => {
+            format!("teacher layers {layers:?} (embeddings, pooler, head copied)")
+        }
+        (None, None) => "random init".to_string(),
+    };
+    let _ = writeln!(s, "weights    {init}");
+    if let Some(t) = &recipe.teacher {
+        let state = if t.checkpoint.join("model.bpk").is_file() {
+            "exists".to_string()
+        } else {
+            format!(
+                "missing; will be trained by {}",
+                t.recipe
+                    .as_ref()
+                    .map_or("?".into(), |r| r.display().to_string())
+            )
+        };
+        let _ = writeln!(s, "teacher    {} ({state})", t.checkpoint.display());
+    }
+    if let Some(d) = &recipe.distill {
+        let _ = writeln!(
+            s,
+            "distill    {}: alpha {:?}, T {:?}, soft {:?}, {} matches, teacher cache {}, baseline {}",
+            if d.enabled { "on" } else { "off (hard labels only)" },
+            d.alpha,
+            d.temperature,
+            d.soft_loss,
+            d.matches.len(),
+            d.teacher_cache,
+            d.baseline
+        );
+    }
     let _ = writeln!(
         s,
         "tokenizer  {} (vocab {}, max-len {})",

@@ -24,15 +24,21 @@ pub fn data_anchor(recipe: &Recipe) -> PathBuf {
 }
 
 /// Load, split and tokenize the recipe's data (token ids cached in `.mopt-cache/` beside it).
-pub fn prepare_data(recipe: &Recipe) -> Result<PreparedData, TrainError> {
+/// The label map is `labels` (e.g. a teacher's), else the recipe's, else the training split's.
+pub fn prepare_data(recipe: &Recipe, labels: Option<LabelMap>) -> Result<PreparedData, TrainError> {
     let tok = &recipe.tokenizer;
     let tokenizer = TextTokenizer::from_file(&tok.path, tok.max_len, tok.lowercase)?;
     let splits = load_splits(&recipe.data)?;
     let anchor = data_anchor(recipe);
-    let cache_dir = anchor.parent().map(|p| p.join(".mopt-cache"));
-    let labels = recipe.data.labels.clone().map(LabelMap::new);
+    let cache_dir = cache_dir(recipe);
+    let labels = labels.or_else(|| recipe.data.labels.clone().map(LabelMap::new));
     let data = encode_splits(&tokenizer, &splits, labels, cache_dir.as_deref(), &anchor)?;
     Ok(PreparedData { tokenizer, data })
+}
+
+/// Folder for caches derived from the recipe's data (token ids, teacher outputs).
+pub fn cache_dir(recipe: &Recipe) -> Option<PathBuf> {
+    data_anchor(recipe).parent().map(|p| p.join(".mopt-cache"))
 }
 
 /// The model config: the recipe's `config.json`, its overrides, its dropout, the label count.

@@ -246,7 +246,7 @@ pub fn train(
 ) -> Result<TrainReport, TrainError> {
     let ad_device = device_spec.device().autodiff();
     eprintln!("preparing data ({})", recipe.data.source_label());
-    let prepared = prepare_data(recipe)?;
+    let prepared = prepare_data(recipe, None)?;
     let config = model_config(
         recipe,
         &prepared.data.labels,
@@ -338,6 +338,8 @@ pub fn fit<T: Task>(
     let device = ctx.device_spec.device();
     let ad_device = device.clone().autodiff();
     describe_data(recipe, data)?;
+    // Dropout masks (and anything else random in training) follow the run's seed.
+    ad_device.seed(recipe.run.seed);
     let batcher = Batcher::new(ctx.pad_id);
 
     let mut optim = AdamWConfig::new()

@@ -25,6 +25,8 @@ pub struct ForwardOptions {
     pub hidden_states: bool,
     /// Collect every layer's attention probabilities.
     pub attentions: bool,
+    /// Collect every layer's attention scores (`QKᵀ/√d`, before the mask and softmax).
+    pub attention_scores: bool,
 }
 
 /// Outputs of [`BertForSequenceClassification::forward_with`].
@@ -40,6 +42,8 @@ pub struct BertOutputs {
     pub hidden_states: Vec<Tensor<3>>,
     /// `[batch, heads_i, seq, seq]` attention probabilities per layer, when requested.
     pub attentions: Vec<Tensor<4>>,
+    /// `[batch, heads_i, seq, seq]` attention scores per layer, when requested.
+    pub attention_scores: Vec<Tensor<4>>,
 }
 
 #[derive(Module, Debug)]
@@ -96,18 +100,22 @@ impl BertSelfAttention {
     /// # Shapes
     /// - x: `[batch, seq, hidden]`
     /// - mask_bias: `[batch, 1, 1, seq]` (0 for real tokens, [`MASK_BIAS`] for padding)
-    /// - output: (`[batch, seq, heads × head_size]`, probabilities `[batch, heads, seq, seq]`)
-    pub fn forward(&self, x: Tensor<3>, mask_bias: Tensor<4>) -> (Tensor<3>, Tensor<4>) {
+    /// - output: (`[batch, seq, heads × head_size]`, scores and probabilities `[batch, heads, seq, seq]`)
+    pub fn forward(&self, x: Tensor<3>, mask_bias: Tensor<4>) -> (Tensor<3>, Tensor<4>, Tensor<4>) {
         let [batch, seq, _] = x.dims();
         let (h, d) = (self.num_heads, self.head_size);
         let split = |t: Tensor<3>| t.reshape([batch, seq, h, d]).swap_dims(1, 2);
         let q = split(self.query.forward(x.clone()));
         let k = split(self.key.forward(x.clone()));
         let v = split(self.value.forward(x));
-        let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((d as f32).sqrt()) + mask_bias;
-        let probs = softmax(scores, 3);
+        let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((d as f32).sqrt());
+        let probs = softmax(scores.clone() + mask_bias, 3);
         let ctx = self.dropout.forward(probs.clone()).matmul(v);
-        (ctx.swap_dims(1, 2).reshape([batch, seq, h * d]), probs)
+        (
+            ctx.swap_dims(1, 2).reshape([batch, seq, h * d]),
+            scores,
+            probs,
+        )
     }
 }
 
@@ -187,12 +195,12 @@ impl BertLayer {
 
     /// # Shapes
     /// - x: `[batch, seq, hidden]`, mask_bias `[batch, 1, 1, seq]`
-    /// - output: (`[batch, seq, hidden]`, attention probabilities `[batch, heads, seq, seq]`)
-    pub fn forward(&self, x: Tensor<3>, mask_bias: Tensor<4>) -> (Tensor<3>, Tensor<4>) {
-        let (ctx, probs) = self.attention.self_attn.forward(x.clone(), mask_bias);
+    /// - output: (`[batch, seq, hidden]`, attention scores and probabilities `[batch, heads, seq, seq]`)
+    pub fn forward(&self, x: Tensor<3>, mask_bias: Tensor<4>) -> (Tensor<3>, Tensor<4>, Tensor<4>) {
+        let (ctx, scores, probs) = self.attention.self_attn.forward(x.clone(), mask_bias);
         let attn_out = self.attention.output.forward(ctx, x);
         let inter = gelu(self.intermediate.dense.forward(attn_out.clone()));
-        (self.output.forward(inter, attn_out), probs)
+        (self.output.forward(inter, attn_out), scores, probs)
     }
 }
 
@@ -283,12 +291,16 @@ impl BertForSequenceClassification {
         let mut x = self.bert.embeddings.forward(input_ids, token_type_ids);
         let mut hidden_states = Vec::new();
         let mut attentions = Vec::new();
+        let mut attention_scores = Vec::new();
         if opts.hidden_states {
             hidden_states.push(x.clone());
         }
         for layer in &self.bert.encoder.layer {
-            let (out, probs) = layer.forward(x, mask_bias.clone());
+            let (out, scores, probs) = layer.forward(x, mask_bias.clone());
             x = out;
+            if opts.attention_scores {
+                attention_scores.push(scores);
+            }
             if opts.hidden_states {
                 hidden_states.push(x.clone());
             }
@@ -308,6 +320,7 @@ impl BertForSequenceClassification {
             pooled,
             hidden_states,
             attentions,
+            attention_scores,
         }
     }
 }

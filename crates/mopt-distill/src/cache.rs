@@ -1,0 +1,396 @@
+//! Teacher-output cache: the teacher's logits (and the hidden states / attention the matches
+//! read) for every training example, computed once and stored on disk, keyed by the teacher
+//! checkpoint, the token ids and the features. Any change to them gives a new key.
+
+use std::collections::BTreeMap;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::prelude::*;
+use mopt_data::{Batcher, Encoded};
+use mopt_models::bert::{BertForSequenceClassification, ForwardOptions};
+use sha2::{Digest, Sha256};
+
+use crate::matching::{TeacherBatch, TeacherNeeds};
+
+const MAGIC: &[u8; 8] = b"MOPTTC1\n";
+
+/// Teacher features of one example, unpadded (`len` tokens).
+#[derive(Debug, Clone, PartialEq)]
+struct ExampleOutputs {
+    len: usize,
+    logits: Vec<f32>,
+    /// `[len, hidden]` per needed hidden index (in `needs.hidden` order).
+    hidden: Vec<Vec<f32>>,
+    /// `[heads, len, len]` per needed attention layer.
+    attentions: Vec<Vec<f32>>,
+    scores: Vec<Vec<f32>>,
+}
+
+/// Teacher outputs for a whole data split.
+pub struct TeacherCache {
+    needs: TeacherNeeds,
+    num_labels: usize,
+    hidden_size: usize,
+    /// Heads of each needed attention layer (1-based layer → heads).
+    heads: BTreeMap<usize, usize>,
+    examples: Vec<ExampleOutputs>,
+    /// Loaded from disk rather than computed.
+    pub hit: bool,
+    /// Seconds spent in teacher forward passes (0 on a hit).
+    pub build_s: f64,
+    /// Number of examples the teacher ran on in this process.
+    pub teacher_forwards: usize,
+    pub file: Option<PathBuf>,
+}
+
+/// Cache key of a teacher checkpoint folder, the examples and the features.
+pub fn cache_key(
+    teacher_dir: &Path,
+    examples: &[Encoded],
+    needs: &TeacherNeeds,
+) -> std::io::Result<String> {
+    let mut h = Sha256::new();
+    h.update(b"mopt-teacher-cache-v1");
+    for f in ["model.bpk", "config.json"] {
+        h.update(std::fs::read(teacher_dir.join(f))?);
+    }
+    h.update(format!("{needs:?}").as_bytes());
+    h.update((examples.len() as u64).to_le_bytes());
+    for e in examples {
+        h.update((e.ids.len() as u32).to_le_bytes());
+        for id in &e.ids {
+            h.update(id.to_le_bytes());
+        }
+    }
+    Ok(format!("{:x}", h.finalize())[..24].to_string())
+}
+
+fn rows(data: Vec<f32>, b: usize, per: usize) -> Vec<Vec<f32>> {
+    (0..b)
+        .map(|i| data[i * per..(i + 1) * per].to_vec())
+        .collect()
+}
+
+/// Run the teacher (inference device, no gradients) over `examples` in length-sorted batches.
+pub fn compute(
+    teacher: &BertForSequenceClassification,
+    examples: &[Encoded],
+    needs: &TeacherNeeds,
+    batcher: &Batcher,
+    batch_size: usize,
+    device: &Device,
+) -> TeacherCache {
+    let start = Instant::now();
+    let mut order: Vec<usize> = (0..examples.len()).collect();
+    order.sort_by_key(|&i| examples[i].ids.len());
+    let opts = ForwardOptions {
+        hidden_states: !needs.hidden.is_empty(),
+        attentions: !needs.attentions.is_empty(),
+        attention_scores: !needs.scores.is_empty(),
+    };
+    let mut out: Vec<Option<ExampleOutputs>> = vec![None; examples.len()];
+    let mut num_labels = 0;
+    let mut hidden_size = 0;
+    let mut heads = BTreeMap::new();
+    for chunk in order.chunks(batch_size) {
+        let items: Vec<&Encoded> = chunk.iter().map(|&i| &examples[i]).collect();
+        let b = batcher.batch(&items, device);
+        let [bsz, seq] = b.input_ids.dims();
+        let o = teacher.forward_with(b.input_ids, b.attention_mask, b.token_type_ids, opts);
+        num_labels = o.logits.dims()[1];
+        let logits = rows(
+            o.logits.into_data().try_to_vec().expect("f32"),
+            bsz,
+            num_labels,
+        );
+        let hidden: Vec<Vec<Vec<f32>>> = needs
+            .hidden
+            .iter()
+            .map(|&k| {
+                let t = o.hidden_states[k].clone();
+                hidden_size = t.dims()[2];
+                rows(
+                    t.into_data().try_to_vec().expect("f32"),
+                    bsz,
+                    seq * hidden_size,
+                )
+            })
+            .collect();
+        let attn = |set: &std::collections::BTreeSet<usize>,
+                    src: &[Tensor<4>],
+                    heads: &mut BTreeMap<usize, usize>|
+         -> Vec<Vec<Vec<f32>>> {
+            set.iter()
+                .map(|&l| {
+                    let t = src[l - 1].clone();
+                    let h = t.dims()[1];
+                    heads.insert(l, h);
+                    rows(t.into_data().try_to_vec().expect("f32"), bsz, h * seq * seq)
+                })
+                .collect()
+        };
+        let attentions = attn(&needs.attentions, &o.attentions, &mut heads);
+        let scores = attn(&needs.scores, &o.attention_scores, &mut heads);
+        for (r, &i) in chunk.iter().enumerate() {
+            let len = examples[i].ids.len();
+            let crop_h = |v: &Vec<f32>| v[..len * hidden_size].to_vec();
+            let crop_a = |v: &Vec<f32>| {
+                let h = v.len() / (seq * seq);
+                let mut c = Vec::with_capacity(h * len * len);
+                for k in 0..h {
+                    for q in 0..len {
+                        let off = (k * seq + q) * seq;
+                        c.extend_from_slice(&v[off..off + len]);
+                    }
+                }
+                c
+            };
+            out[i] = Some(ExampleOutputs {
+                len,
+                logits: logits[r].clone(),
+                hidden: hidden.iter().map(|h| crop_h(&h[r])).collect(),
+                attentions: attentions.iter().map(|a| crop_a(&a[r])).collect(),
+                scores: scores.iter().map(|a| crop_a(&a[r])).collect(),
+            });
+        }
+    }
+    TeacherCache {
+        needs: needs.clone(),
+        num_labels,
+        hidden_size,
+        heads,
+        examples: out
+            .into_iter()
+            .map(|e| e.expect("every example computed"))
+            .collect(),
+        hit: false,
+        build_s: start.elapsed().as_secs_f64(),
+        teacher_forwards: examples.len(),
+        file: None,
+    }
+}
+
+fn put_f32s(w: &mut impl Write, v: &[f32]) -> std::io::Result<()> {
+    w.write_all(&(v.len() as u64).to_le_bytes())?;
+    for x in v {
+        w.write_all(&x.to_le_bytes())?;
+    }
+    Ok(())
+}
+
+fn get_u64(r: &mut impl Read) -> std::io::Result<u64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+fn get_f32s(r: &mut impl Read) -> std::io::Result<Vec<f32>> {
+    let n = get_u64(r)? as usize;
+    let mut bytes = vec![0u8; n * 4];
+    r.read_exact(&mut bytes)?;
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+impl TeacherCache {
+    /// Write the cache atomically (temporary file, then rename).
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = path.with_extension("part");
+        {
+            let mut w = BufWriter::new(std::fs::File::create(&tmp)?);
+            w.write_all(MAGIC)?;
+            let header = serde_json::json!({
+                "num_labels": self.num_labels,
+                "hidden_size": self.hidden_size,
+                "heads": self.heads.iter().map(|(k, v)| (k.to_string(), v)).collect::<BTreeMap<_, _>>(),
+                "examples": self.examples.len(),
+                "counts": [self.needs.hidden.len(), self.needs.attentions.len(), self.needs.scores.len()],
+            });
+            let hb = serde_json::to_vec(&header).expect("json");
+            w.write_all(&(hb.len() as u64).to_le_bytes())?;
+            w.write_all(&hb)?;
+            for e in &self.examples {
+                w.write_all(&(e.len as u64).to_le_bytes())?;
+                put_f32s(&mut w, &e.logits)?;
+                for v in e.hidden.iter().chain(&e.attentions).chain(&e.scores) {
+                    put_f32s(&mut w, v)?;
+                }
+            }
+            w.flush()?;
+        }
+        std::fs::rename(&tmp, path)
+    }
+
+    /// Read a cache written by [`save`](Self::save) for the same `needs`.
+    pub fn load(path: &Path, needs: &TeacherNeeds) -> std::io::Result<Self> {
+        let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
+        let mut r = BufReader::new(std::fs::File::open(path)?);
+        let mut magic = [0u8; 8];
+        r.read_exact(&mut magic)?;
+        if &magic != MAGIC {
+            return Err(bad("not a mopt teacher cache"));
+        }
+        let hl = get_u64(&mut r)? as usize;
+        let mut hb = vec![0u8; hl];
+        r.read_exact(&mut hb)?;
+        let header: serde_json::Value =
+            serde_json::from_slice(&hb).map_err(|e| bad(&e.to_string()))?;
+        let n = header["examples"].as_u64().ok_or_else(|| bad("header"))? as usize;
+        let heads: BTreeMap<usize, usize> = header["heads"]
+            .as_object()
+            .ok_or_else(|| bad("header"))?
+            .iter()
+            .map(|(k, v)| (k.parse().unwrap_or(0), v.as_u64().unwrap_or(0) as usize))
+            .collect();
+        let (nh, na, ns) = (
+            needs.hidden.len(),
+            needs.attentions.len(),
+            needs.scores.len(),
+        );
+        let mut examples = Vec::with_capacity(n);
+        for _ in 0..n {
+            let len = get_u64(&mut r)? as usize;
+            let logits = get_f32s(&mut r)?;
+            let mut read = |k: usize| {
+                (0..k)
+                    .map(|_| get_f32s(&mut r))
+                    .collect::<std::io::Result<Vec<_>>>()
+            };
+            let hidden = read(nh)?;
+            let attentions = read(na)?;
+            let scores = read(ns)?;
+            examples.push(ExampleOutputs {
+                len,
+                logits,
+                hidden,
+                attentions,
+                scores,
+            });
+        }
+        Ok(Self {
+            needs: needs.clone(),
+            num_labels: header["num_labels"].as_u64().unwrap_or(0) as usize,
+            hidden_size: header["hidden_size"].as_u64().unwrap_or(0) as usize,
+            heads,
+            examples,
+            hit: true,
+            build_s: 0.0,
+            teacher_forwards: 0,
+            file: Some(path.to_path_buf()),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.examples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.examples.is_empty()
+    }
+
+    /// Teacher features of the examples at `indices`, zero-padded to `seq` tokens, on `device`.
+    pub fn batch(&self, indices: &[usize], seq: usize, device: &Device) -> TeacherBatch {
+        let b = indices.len();
+        let c = self.num_labels;
+        let mut logits = Vec::with_capacity(b * c);
+        for &i in indices {
+            logits.extend_from_slice(&self.examples[i].logits);
+        }
+        let h = self.hidden_size;
+        let hidden = self
+            .needs
+            .hidden
+            .iter()
+            .enumerate()
+            .map(|(k, &idx)| {
+                let mut v = vec![0f32; b * seq * h];
+                for (r, &i) in indices.iter().enumerate() {
+                    let src = &self.examples[i].hidden[k];
+                    v[r * seq * h..r * seq * h + src.len()].copy_from_slice(src);
+                }
+                (
+                    idx,
+                    Tensor::<3>::from_data(TensorData::new(v, [b, seq, h]), device),
+                )
+            })
+            .collect();
+        let attn = |set: &std::collections::BTreeSet<usize>,
+                    pick: fn(&ExampleOutputs) -> &Vec<Vec<f32>>|
+         -> BTreeMap<usize, Tensor<4>> {
+            set.iter()
+                .enumerate()
+                .map(|(k, &layer)| {
+                    let heads = self.heads[&layer];
+                    let mut v = vec![0f32; b * heads * seq * seq];
+                    for (r, &i) in indices.iter().enumerate() {
+                        let e = &self.examples[i];
+                        let src = &pick(e)[k];
+                        for hd in 0..heads {
+                            for q in 0..e.len {
+                                let dst = ((r * heads + hd) * seq + q) * seq;
+                                let s = (hd * e.len + q) * e.len;
+                                v[dst..dst + e.len].copy_from_slice(&src[s..s + e.len]);
+                            }
+                        }
+                    }
+                    (
+                        layer,
+                        Tensor::<4>::from_data(TensorData::new(v, [b, heads, seq, seq]), device),
+                    )
+                })
+                .collect()
+        };
+        TeacherBatch {
+            logits: Tensor::from_data(TensorData::new(logits, [b, c]), device),
+            hidden,
+            attentions: attn(&self.needs.attentions, |e| &e.attentions),
+            scores: attn(&self.needs.scores, |e| &e.scores),
+        }
+    }
+}
+
+/// Teacher features of a batch straight from the teacher (no cache).
+pub fn live_batch(
+    teacher: &BertForSequenceClassification,
+    items: &[&Encoded],
+    needs: &TeacherNeeds,
+    batcher: &Batcher,
+    device: &Device,
+) -> TeacherBatch {
+    let b = batcher.batch(items, device);
+    let o = teacher.forward_with(
+        b.input_ids,
+        b.attention_mask,
+        b.token_type_ids,
+        ForwardOptions {
+            hidden_states: !needs.hidden.is_empty(),
+            attentions: !needs.attentions.is_empty(),
+            attention_scores: !needs.scores.is_empty(),
+        },
+    );
+    TeacherBatch {
+        logits: o.logits,
+        hidden: needs
+            .hidden
+            .iter()
+            .map(|&k| (k, o.hidden_states[k].clone()))
+            .collect(),
+        attentions: needs
+            .attentions
+            .iter()
+            .map(|&l| (l, o.attentions[l - 1].clone()))
+            .collect(),
+        scores: needs
+            .scores
+            .iter()
+            .map(|&l| (l, o.attention_scores[l - 1].clone()))
+            .collect(),
+    }
+}

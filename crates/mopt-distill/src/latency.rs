@@ -1,0 +1,90 @@
+//! CPU inference latency: warm-up, then many timed runs at a fixed shape; percentiles.
+
+use std::time::Instant;
+
+use burn::prelude::*;
+use mopt_models::bert::BertForSequenceClassification;
+use serde::Serialize;
+
+/// Latency percentiles of one shape, in milliseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct LatencyStats {
+    pub batch: usize,
+    pub seq_len: usize,
+    pub runs: usize,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub mean_ms: f64,
+}
+
+/// Nearest-rank percentile of sorted values.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Time `model.forward` on a `[batch, seq_len]` input (deterministic ids, no padding).
+pub fn measure(
+    model: &BertForSequenceClassification,
+    vocab: usize,
+    batch: usize,
+    seq_len: usize,
+    warmup: usize,
+    runs: usize,
+    device: &Device,
+) -> LatencyStats {
+    let ids: Vec<i64> = (0..batch * seq_len)
+        .map(|i| {
+            if i % seq_len == 0 {
+                101
+            } else {
+                1000 + ((i * 7919) % (vocab - 1000).max(1)) as i64
+            }
+        })
+        .collect();
+    let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, seq_len]), device);
+    let mask = Tensor::<2>::ones([batch, seq_len], device);
+    let types = Tensor::<2, Int>::zeros([batch, seq_len], device);
+    let run = || {
+        let out = model.forward(input.clone(), mask.clone(), types.clone());
+        let _ = out.into_data();
+    };
+    for _ in 0..warmup {
+        run();
+    }
+    let mut times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            run();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(|a, b| a.total_cmp(b));
+    LatencyStats {
+        batch,
+        seq_len,
+        runs,
+        p50_ms: percentile(&times, 50.0),
+        p90_ms: percentile(&times, 90.0),
+        p99_ms: percentile(&times, 99.0),
+        mean_ms: times.iter().sum::<f64>() / times.len().max(1) as f64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(|x| x as f64).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 90.0), 90.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&[3.0], 99.0), 3.0);
+    }
+}

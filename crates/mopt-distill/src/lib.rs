@@ -1,0 +1,20 @@
+//! # mopt-distill
+//!
+//! Knowledge distillation for mopt: the KD objective (hard CE + T²-scaled KL or MSE on logits,
+//! with α and T schedules), intermediate matches declared as data (hidden states, attention
+//! probabilities or scores, embeddings; explicit or uniform layer maps; learned projections where
+//! widths differ), student initialisation from teacher layers, a disk cache of teacher outputs,
+//! and the distillation pipeline with its report. Everything is usable from Rust without the CLI.
+
+pub mod cache;
+pub mod latency;
+pub mod loss;
+pub mod matching;
+pub mod pipeline;
+pub mod student;
+pub mod task;
+
+pub use loss::soft_loss;
+pub use pipeline::{run, DistillReport};
+pub use student::DistillModel;
+pub use task::{DistillTask, TeacherSource};

@@ -1,0 +1,342 @@
+//! Intermediate matches: resolving `[[distill.match]]` against the two model shapes, and their losses.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use burn::nn::Linear;
+use burn::prelude::*;
+use mopt_models::bert::{BertConfig, BertOutputs};
+use mopt_recipe::{
+    Feature, HeadPolicy, Invalid, LayerMap, MatchLoss, MatchSpec, Recipe, RecipeError,
+};
+
+/// One student ↔ teacher pair of a match. Hidden indices count the embedding output as 0;
+/// attention indices are 1-based layers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pair {
+    pub student: usize,
+    pub teacher: usize,
+    /// Index into the trainable projections (hidden features only).
+    pub projection: Option<usize>,
+    /// Average attention over heads (different head counts with `heads = "mean"`).
+    pub mean_heads: bool,
+}
+
+/// A match with its pairs resolved.
+#[derive(Debug, Clone)]
+pub struct ResolvedMatch {
+    pub feature: Feature,
+    pub loss: MatchLoss,
+    pub weight: f64,
+    pub pairs: Vec<Pair>,
+    /// Name in logs, e.g. `hidden_mse_0`.
+    pub name: &'static str,
+}
+
+/// Teacher features the matches read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TeacherNeeds {
+    pub hidden: BTreeSet<usize>,
+    pub attentions: BTreeSet<usize>,
+    pub scores: BTreeSet<usize>,
+}
+
+impl TeacherNeeds {
+    pub fn is_empty(&self) -> bool {
+        self.hidden.is_empty() && self.attentions.is_empty() && self.scores.is_empty()
+    }
+}
+
+/// Resolved matches, the projections they need (`(d_in, d_out)` each) and the teacher features.
+#[derive(Debug, Clone)]
+pub struct MatchPlan {
+    pub matches: Vec<ResolvedMatch>,
+    pub projections: Vec<(usize, usize)>,
+    pub needs: TeacherNeeds,
+}
+
+fn leak(s: String) -> &'static str {
+    // A handful of names per run, kept for the process lifetime by the loggers anyway.
+    Box::leak(s.into_boxed_str())
+}
+
+/// Resolve the recipe's matches for these shapes. Errors are recipe errors that name the key.
+pub fn resolve(
+    recipe: &Recipe,
+    specs: &[MatchSpec],
+    student: &BertConfig,
+    teacher: &BertConfig,
+) -> Result<MatchPlan, RecipeError> {
+    let err = |key: &str, message: String, hint: &str| {
+        RecipeError::Invalid(Box::new(Invalid {
+            path: recipe.path.clone(),
+            key: key.to_string(),
+            line: mopt_recipe::locate(&recipe.source, key),
+            message,
+            hint: hint.to_string(),
+        }))
+    };
+    let (ls, lt) = (student.num_hidden_layers, teacher.num_hidden_layers);
+    let mut plan = MatchPlan {
+        matches: Vec::new(),
+        projections: Vec::new(),
+        needs: TeacherNeeds::default(),
+    };
+    for m in specs {
+        let i = m.index;
+        let is_attention = matches!(
+            m.feature,
+            Feature::AttentionProbs | Feature::AttentionScores
+        );
+        let pairs: Vec<(usize, usize)> = match (&m.feature, &m.layers) {
+            (Feature::Embeddings, _) => vec![(0, 0)],
+            (_, LayerMap::Uniform) => (1..=ls)
+                .map(|s| (s, ((s * lt) as f64 / ls as f64).round() as usize))
+                .collect(),
+            (_, LayerMap::Pairs(p)) => p.clone(),
+        };
+        let lo = usize::from(is_attention);
+        for &(s, t) in &pairs {
+            if s < lo || s > ls || t < lo || t > lt {
+                return Err(err(
+                    "distill.match.layers",
+                    format!(
+                        "match {i}: pair [{s}, {t}] is out of range: the student has {} {}, the teacher {}",
+                        ls,
+                        if is_attention { "layers (1-based)" } else { "hidden states (0 = embeddings … layers)" },
+                        lt
+                    ),
+                    if is_attention {
+                        "attention pairs are 1-based layers: [student, teacher] with 1 ≤ student ≤ student layers"
+                    } else {
+                        "hidden pairs index hidden states: 0 is the embedding output, i is layer i's output"
+                    },
+                ));
+            }
+        }
+        let mut resolved = Vec::new();
+        for (s, t) in pairs {
+            let mut pair = Pair {
+                student: s,
+                teacher: t,
+                projection: None,
+                mean_heads: false,
+            };
+            if is_attention {
+                let (hs, ht) = (student.heads(s - 1), teacher.heads(t - 1));
+                if hs != ht {
+                    match m.heads {
+                        HeadPolicy::Mean => pair.mean_heads = true,
+                        HeadPolicy::Error => {
+                            return Err(err(
+                                "distill.match.heads",
+                                format!("match {i}: student layer {s} has {hs} heads, teacher layer {t} has {ht}"),
+                                "set `heads = \"mean\"` to compare head-averaged attention, or match layers with equal head counts",
+                            ))
+                        }
+                    }
+                }
+                if matches!(m.heads, HeadPolicy::Mean) {
+                    pair.mean_heads = true;
+                }
+                plan.needs_insert(m.feature, t);
+            } else {
+                let (ws, wt) = (student.hidden_size, teacher.hidden_size);
+                if m.projection {
+                    pair.projection = Some(plan.projections.len());
+                    plan.projections.push((ws, wt));
+                } else if ws != wt {
+                    return Err(err(
+                        "distill.match.projection",
+                        format!("match {i}: student width {ws} differs from teacher width {wt}"),
+                        "set `projection = true` to learn a linear map from the student's width to the teacher's",
+                    ));
+                }
+                plan.needs.hidden.insert(t);
+            }
+            resolved.push(pair);
+        }
+        let feature = match m.feature {
+            Feature::Hidden => "hidden",
+            Feature::Embeddings => "embeddings",
+            Feature::AttentionProbs => "attention",
+            Feature::AttentionScores => "attention_scores",
+        };
+        let loss = match m.loss {
+            MatchLoss::Mse => "mse",
+            MatchLoss::Cosine => "cosine",
+            MatchLoss::Kl => "kl",
+        };
+        plan.matches.push(ResolvedMatch {
+            feature: m.feature,
+            loss: m.loss,
+            weight: m.weight,
+            pairs: resolved,
+            name: leak(format!("{feature}_{loss}_{i}")),
+        });
+    }
+    Ok(plan)
+}
+
+impl MatchPlan {
+    fn needs_insert(&mut self, feature: Feature, t: usize) {
+        match feature {
+            Feature::AttentionProbs => self.needs.attentions.insert(t),
+            Feature::AttentionScores => self.needs.scores.insert(t),
+            _ => self.needs.hidden.insert(t),
+        };
+    }
+}
+
+/// Teacher features of one batch, keyed like [`TeacherNeeds`].
+#[derive(Debug, Clone)]
+pub struct TeacherBatch {
+    /// `[batch, classes]`
+    pub logits: Tensor<2>,
+    /// `[batch, seq, hidden_t]` by hidden index.
+    pub hidden: BTreeMap<usize, Tensor<3>>,
+    /// `[batch, heads, seq, seq]` by 1-based layer.
+    pub attentions: BTreeMap<usize, Tensor<4>>,
+    pub scores: BTreeMap<usize, Tensor<4>>,
+}
+
+const EPS: f32 = 1e-12;
+
+/// Masked mean squared error over tokens: `Σ mask·(s−t)² / (Σ mask · width)`.
+///
+/// # Shapes
+/// - s, t: `[batch, seq, width]`; mask: `[batch, seq]` → `[1]`
+pub fn hidden_mse(s: Tensor<3>, t: Tensor<3>, mask: Tensor<2>) -> Tensor<1> {
+    let [b, q, w] = s.dims();
+    let m = mask.reshape([b, q, 1]);
+    let tokens = m.clone().sum();
+    ((s - t).powf_scalar(2.0) * m)
+        .sum()
+        .div(tokens.mul_scalar(w as f32))
+}
+
+/// Masked mean of `1 − cos(s, t)` over tokens.
+pub fn hidden_cosine(s: Tensor<3>, t: Tensor<3>, mask: Tensor<2>) -> Tensor<1> {
+    let dot = (s.clone() * t.clone()).sum_dim(2);
+    let ns = s.powf_scalar(2.0).sum_dim(2).sqrt();
+    let nt = t.powf_scalar(2.0).sum_dim(2).sqrt();
+    let cos = dot.div(ns * nt + 1e-8);
+    let [b, q, _] = cos.dims();
+    let m = mask.reshape([b, q, 1]);
+    let tokens = m.clone().sum();
+    (cos.neg().add_scalar(1.0) * m).sum().div(tokens)
+}
+
+/// KL(teacher row ‖ student row) of attention distributions, mean over real query rows and heads.
+///
+/// # Shapes
+/// - s, t: `[batch, heads, seq, seq]`; mask: `[batch, seq]` → `[1]`
+pub fn attention_kl(s: Tensor<4>, t: Tensor<4>, mask: Tensor<2>) -> Tensor<1> {
+    let [b, h, q, _] = s.dims();
+    let kl = (t.clone() * (t.add_scalar(EPS).log() - s.add_scalar(EPS).log())).sum_dim(3);
+    let m = mask.reshape([b, 1, q, 1]);
+    let rows = m.clone().sum().mul_scalar(h as f32);
+    (kl * m).sum().div(rows)
+}
+
+/// MSE of attention scores over real (query, key) pairs.
+pub fn scores_mse(s: Tensor<4>, t: Tensor<4>, mask: Tensor<2>) -> Tensor<1> {
+    let [b, h, q, _] = s.dims();
+    let mq = mask.clone().reshape([b, 1, q, 1]);
+    let mk = mask.reshape([b, 1, 1, q]);
+    let m = mq * mk;
+    let n = m.clone().sum().mul_scalar(h as f32);
+    ((s - t).powf_scalar(2.0) * m).sum().div(n)
+}
+
+fn heads_mean(x: Tensor<4>) -> Tensor<4> {
+    x.mean_dim(1)
+}
+
+/// Loss of one resolved match (mean over its pairs, times its weight).
+pub fn match_loss(
+    m: &ResolvedMatch,
+    student: &BertOutputs,
+    teacher: &TeacherBatch,
+    projections: &[Linear],
+    mask: &Tensor<2>,
+) -> Tensor<1> {
+    let mut total: Option<Tensor<1>> = None;
+    for p in &m.pairs {
+        let l = match m.feature {
+            Feature::Hidden | Feature::Embeddings => {
+                let mut s = student.hidden_states[p.student].clone();
+                if let Some(j) = p.projection {
+                    s = projections[j].forward(s);
+                }
+                let t = teacher.hidden[&p.teacher].clone();
+                match m.loss {
+                    MatchLoss::Cosine => hidden_cosine(s, t, mask.clone()),
+                    _ => hidden_mse(s, t, mask.clone()),
+                }
+            }
+            Feature::AttentionProbs | Feature::AttentionScores => {
+                let probs = matches!(m.feature, Feature::AttentionProbs);
+                let (mut s, mut t) = if probs {
+                    (
+                        student.attentions[p.student - 1].clone(),
+                        teacher.attentions[&p.teacher].clone(),
+                    )
+                } else {
+                    (
+                        student.attention_scores[p.student - 1].clone(),
+                        teacher.scores[&p.teacher].clone(),
+                    )
+                };
+                if p.mean_heads {
+                    s = heads_mean(s);
+                    t = heads_mean(t);
+                }
+                if probs {
+                    attention_kl(s, t, mask.clone())
+                } else {
+                    scores_mse(s, t, mask.clone())
+                }
+            }
+        };
+        total = Some(match total {
+            Some(acc) => acc + l,
+            None => l,
+        });
+    }
+    total
+        .expect("a match has at least one pair")
+        .div_scalar(m.pairs.len() as f32)
+        .mul_scalar(m.weight as f32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masked_losses_ignore_padding() {
+        let d = Device::flex();
+        let s = Tensor::<3>::from_floats([[[1.0, 2.0], [5.0, 5.0]]], &d);
+        let t = Tensor::<3>::from_floats([[[1.0, 0.0], [-9.0, 9.0]]], &d);
+        let mask = Tensor::<2>::from_floats([[1.0, 0.0]], &d);
+        let mse: f32 = hidden_mse(s.clone(), t.clone(), mask.clone()).into_scalar();
+        assert!((mse - 2.0).abs() < 1e-6, "(0² + 2²)/2 = 2, got {mse}");
+        let cos: f32 = hidden_cosine(s, t, mask).into_scalar();
+        let want = 1.0 - 1.0 / 5f32.sqrt();
+        assert!((cos - want).abs() < 1e-6, "{cos} vs {want}");
+    }
+
+    #[test]
+    fn attention_kl_is_zero_for_equal_rows_and_positive_otherwise() {
+        let d = Device::flex();
+        let p = Tensor::<4>::from_floats([[[[0.7, 0.3], [0.5, 0.5]]]], &d);
+        let q = Tensor::<4>::from_floats([[[[0.5, 0.5], [0.1, 0.9]]]], &d);
+        let mask = Tensor::<2>::from_floats([[1.0, 0.0]], &d);
+        let zero: f32 = attention_kl(p.clone(), p.clone(), mask.clone()).into_scalar();
+        assert!(zero.abs() < 1e-6);
+        let kl: f32 = attention_kl(q, p, mask).into_scalar();
+        // Only row 0 counts: 0.7 ln(0.7/0.5) + 0.3 ln(0.3/0.5)
+        let want = 0.7f32 * (0.7f32 / 0.5).ln() + 0.3 * (0.3f32 / 0.5).ln();
+        assert!((kl - want).abs() < 1e-5, "{kl} vs {want}");
+    }
+}

@@ -1,0 +1,306 @@
+//! Distillation end to end through the real binary, the teacher cache, and the recipe errors.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use burn::prelude::*;
+use common::{mopt, stderr, write_tiny_recipe};
+use mopt_data::{Batcher, Encoded};
+use mopt_distill::pipeline::{init_student, setup, teacher_source};
+use mopt_distill::{DistillModel, DistillTask, TeacherSource};
+
+/// A tiny teacher recipe (2 layers) plus a distillation recipe whose student takes teacher layer 1.
+fn write_pair(dir: &Path, distill_extra: &str, student_model: &str) -> PathBuf {
+    let teacher = write_tiny_recipe(dir, "teacher", "");
+    std::fs::rename(&teacher, dir.join("teacher.toml")).unwrap();
+    let base = std::fs::read_to_string(dir.join("teacher.toml")).unwrap();
+    let body = base
+        .replace("name = \"teacher\"", "name = \"student\"")
+        .replace("\n[tokenizer]", &format!("{student_model}\n\n[tokenizer]"));
+    let text = format!(
+        "{body}\n[teacher]\ncheckpoint = \"runs/teacher/best\"\nrecipe = \"teacher.toml\"\n\n[distill]\nalpha = 0.5\ntemperature = 2.0\nbaseline = true\n{distill_extra}\n\n[report]\nlatency-warmup = 1\nlatency-runs = 3\nlatency-seq-len = 16\n"
+    );
+    let p = dir.join("distill.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+const LAYER_INIT: &str = "init-from-teacher-layers = [1]\n[model.overrides]\nnum-hidden-layers = 1";
+
+const MATCHES: &str = r#"
+[[distill.match]]
+feature = "hidden"
+layers = "uniform"
+
+[[distill.match]]
+feature = "attention"
+layers = [[1, 2]]
+"#;
+
+fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+    )
+    .unwrap()
+}
+
+#[test]
+fn tiny_distillation_trains_teacher_then_student_and_reuses_the_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_pair(tmp.path(), MATCHES, LAYER_INIT);
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = tmp.path().join("runs/student");
+    let r = read_json(&run.join("report.json"));
+    assert_eq!(r["teacher_trained_in_this_run"], true);
+    assert!(tmp.path().join("runs/teacher/best/model.bpk").is_file());
+    assert_eq!(r["teacher_cache"]["hit"], false);
+    assert_eq!(r["teacher_cache"]["teacher_forwards"], 96);
+    assert_eq!(r["student"]["layers"], 1);
+    assert_eq!(r["teacher"]["layers"], 2);
+    assert!(r["student"]["params"].as_u64() < r["teacher"]["params"].as_u64());
+    let retention = r["retention"].as_f64().unwrap();
+    let (sa, ta) = (
+        r["student"]["test"]["accuracy"].as_f64().unwrap(),
+        r["teacher"]["test"]["accuracy"].as_f64().unwrap(),
+    );
+    assert!((retention - sa / ta).abs() < 1e-9);
+    assert!(r["baseline"]["accuracy"].is_number());
+    assert_eq!(r["student"]["latency"].as_array().unwrap().len(), 2);
+    assert_eq!(r["student"]["latency"][1]["batch"], 32);
+    assert!(run.join("baseline/best/model.bpk").is_file());
+    let md = std::fs::read_to_string(run.join("report.md")).unwrap();
+    assert!(
+        md.contains("Retention") && md.contains("without distillation"),
+        "{md}"
+    );
+    // Every loss component is logged on its own.
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let train: serde_json::Value = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|l| l["split"] == "train")
+        .unwrap();
+    for k in [
+        "ce",
+        "soft",
+        "alpha",
+        "temperature",
+        "hidden_mse_0",
+        "attention_kl_1",
+    ] {
+        assert!(train[k].is_number(), "train line lacks {k}: {train}");
+    }
+    assert_eq!(train["temperature"], 2.0);
+    // The student checkpoint holds no projection: it reloads as a plain classifier.
+    let (student, cfg) =
+        mopt_models::bert::weights::load_checkpoint(&run.join("best"), &Device::flex()).unwrap();
+    assert_eq!(cfg.num_hidden_layers, 1);
+    assert_eq!(student.bert.encoder.layer.len(), 1);
+
+    // Second run: the teacher is reused and the cache is read back: no teacher forwards.
+    let again = mopt(&[recipe.to_str().unwrap(), "--force"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    let r2 = read_json(&run.join("report.json"));
+    assert_eq!(r2["teacher_trained_in_this_run"], false);
+    assert_eq!(r2["teacher_cache"]["hit"], true);
+    assert_eq!(r2["teacher_cache"]["teacher_forwards"], 0);
+    assert_eq!(
+        r2["student"]["test"], r["student"]["test"],
+        "same seed, same cached teacher: same result"
+    );
+
+    // Other data: the cache is invalidated.
+    let text = std::fs::read_to_string(&recipe)
+        .unwrap()
+        .replace("max-train = 96", "max-train = 80");
+    std::fs::write(&recipe, text).unwrap();
+    let third = mopt(&[recipe.to_str().unwrap(), "--force", "--max-steps", "2"]);
+    assert!(third.status.success(), "{}", stderr(&third));
+    let r3 = read_json(&run.join("report.json"));
+    assert_eq!(r3["teacher_cache"]["hit"], false);
+    assert_eq!(r3["teacher_cache"]["teacher_forwards"], 80);
+}
+
+#[test]
+fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradients() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A narrower student (hidden 16) so the hidden match needs a projection.
+    let student = "[model.overrides]\nnum-hidden-layers = 1\nhidden-size = 16\nnum-attention-heads = 2\nintermediate-size = 32";
+    let matches = "[[distill.match]]\nfeature = \"hidden\"\nlayers = [[1, 2]]\nprojection = true\n\n[[distill.match]]\nfeature = \"attention-scores\"\nlayers = [[1, 1]]\nheads = \"mean\"\n";
+    let recipe_path = write_pair(tmp.path(), matches, student);
+    // Train the teacher through the binary (the distillation itself is driven from Rust here).
+    let teacher = mopt(&[tmp.path().join("teacher.toml").to_str().unwrap()]);
+    assert!(teacher.status.success(), "{}", stderr(&teacher));
+    let recipe = mopt_recipe::load(&recipe_path).unwrap();
+    let device = Device::flex();
+    let ad = device.clone().autodiff();
+    let s = setup(&recipe, &device).unwrap();
+    assert_eq!(s.plan.projections, vec![(16, 32)]);
+    let model = DistillModel::new(
+        init_student(&recipe, &s, &ad).unwrap(),
+        &s.plan.projections,
+        &ad,
+    );
+    let (cached, summary) = teacher_source(&recipe, &s, &device).unwrap();
+    assert!(summary.enabled && !summary.hit);
+    let live = TeacherSource::Live {
+        teacher: s.teacher.clone(),
+        examples: s.prepared.data.train.clone(),
+        batcher: Batcher::new(0),
+        device: device.clone(),
+    };
+    let indices = [3usize, 17, 40, 41, 90];
+    let items: Vec<&Encoded> = indices.iter().map(|&i| &s.prepared.data.train[i]).collect();
+    let batch = Batcher::new(0).batch(&items, &ad);
+    let a = DistillTask::new(s.spec.clone(), s.plan.clone(), cached, &ad);
+    let b = DistillTask::new(s.spec.clone(), s.plan.clone(), live, &ad);
+    // Dropout off so both forward passes are identical.
+    let model = model.valid().train();
+    let eval_model = DistillModel {
+        student: model.student.clone(),
+        projections: model.projections.clone(),
+    };
+    let (la, pa) = a.objective(&eval_model, &batch, &indices, 0.3);
+    let (lb, pb) = b.objective(&eval_model, &batch, &indices, 0.3);
+    let (va, vb): (f32, f32) = (la.clone().into_scalar(), lb.into_scalar());
+    let _ = (pa, pb);
+    // Dropout may differ between the two calls; compare the teacher-only parts via a no-dropout student.
+    let _ = (va, vb);
+    let quiet = {
+        let mut m = eval_model;
+        m.student.dropout.prob = 0.0;
+        for l in m.student.bert.encoder.layer.iter_mut() {
+            l.attention.self_attn.dropout.prob = 0.0;
+            l.attention.output.dropout.prob = 0.0;
+            l.output.dropout.prob = 0.0;
+        }
+        m.student.bert.embeddings.dropout.prob = 0.0;
+        m
+    };
+    let (la, pa) = a.objective(&quiet, &batch, &indices, 0.3);
+    let (lb, pb) = b.objective(&quiet, &batch, &indices, 0.3);
+    let (va, vb): (f32, f32) = (la.clone().into_scalar(), lb.into_scalar());
+    assert!(
+        (va - vb).abs() < 1e-4 * va.abs().max(1.0),
+        "cached {va} vs live {vb}: {pa:?} / {pb:?}"
+    );
+    for ((na, xa), (nb, xb)) in pa.iter().zip(&pb) {
+        assert_eq!(na, nb);
+        assert!(
+            (xa - xb).abs() < 1e-4 * xa.abs().max(1.0),
+            "{na}: cached {xa} vs live {xb}"
+        );
+    }
+    // The learned projection receives gradients from the hidden-state match.
+    let grads = la.backward();
+    let g = quiet.projections[0]
+        .weight
+        .val()
+        .grad(&grads)
+        .expect("projection gradient");
+    let norm: f32 = g.powf_scalar(2.0).sum().into_scalar();
+    assert!(norm > 0.0, "projection gradient is zero");
+}
+
+#[test]
+fn distillation_recipe_errors_are_clear() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: Vec<(&str, &str, &[&str])> = vec![
+        (
+            "[[distill.match]]\nfeature = \"hidden\"\nlayers = [[5, 1]]",
+            LAYER_INIT,
+            &["distill.match.layers", "out of range"],
+        ),
+        (
+            "[[distill.match]]\nfeature = \"hidden\"\nlayers = \"uniform\"",
+            "[model.overrides]\nnum-hidden-layers = 1\nhidden-size = 16\nnum-attention-heads = 2",
+            &[
+                "distill.match.projection",
+                "width 16 differs from teacher width 32",
+                "projection = true",
+            ],
+        ),
+        (
+            "[[distill.match]]\nfeature = \"attention\"\nlayers = [[1, 1]]",
+            "[model.overrides]\nnum-hidden-layers = 1\nhidden-size = 16\nnum-attention-heads = 2",
+            &["distill.match.heads", "2 heads", "heads = \\\"mean\\\""],
+        ),
+        (
+            "",
+            "[model.overrides]\nvocab-size = 1000",
+            &["unknown field `vocab-size`"],
+        ),
+    ];
+    for (i, (matches, student, needles)) in cases.into_iter().enumerate() {
+        let dir = tmp.path().join(format!("case{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let recipe = write_pair(&dir, matches, student);
+        let out = mopt(&[recipe.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "case {i}: {}", stderr(&out));
+        for n in needles {
+            assert!(
+                stderr(&out).contains(&n.replace("\\\"", "\"")),
+                "case {i} lacks `{n}`:\n{}",
+                stderr(&out)
+            );
+        }
+        assert!(
+            !dir.join("runs/student").exists(),
+            "case {i}: nothing written for a bad recipe"
+        );
+    }
+    // A student with another vocabulary than the teacher.
+    let dir = tmp.path().join("vocab");
+    std::fs::create_dir_all(&dir).unwrap();
+    let recipe = write_pair(&dir, "", "");
+    let cfg = dir.join("tiny-config.json");
+    let student_cfg = dir.join("student-config.json");
+    std::fs::write(
+        &student_cfg,
+        std::fs::read_to_string(&cfg)
+            .unwrap()
+            .replace("30522", "40000"),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(&recipe).unwrap();
+    let text = text.replacen(
+        &format!("config = \"{}\"", cfg.display()),
+        &format!("config = \"{}\"", student_cfg.display()),
+        1,
+    );
+    std::fs::write(&recipe, text).unwrap();
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("vocabulary") && stderr(&out).contains("model.config"),
+        "{}",
+        stderr(&out)
+    );
+    // alpha and temperature are checked when the recipe is read.
+    for (from, to, key) in [
+        ("alpha = 0.5", "alpha = 1.5", "distill.alpha"),
+        (
+            "temperature = 2.0",
+            "temperature = 0.0",
+            "distill.temperature",
+        ),
+        (
+            "alpha = 0.5",
+            "alpha = { from = 0.2, to = -0.1 }",
+            "distill.alpha",
+        ),
+    ] {
+        let text = std::fs::read_to_string(&recipe).unwrap().replace(from, to);
+        let p = dir.join("bad.toml");
+        std::fs::write(&p, text).unwrap();
+        let out = mopt(&[p.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{to}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(key) && stderr(&out).contains("bad.toml:"),
+            "{to}: {}",
+            stderr(&out)
+        );
+    }
+}
