@@ -1,0 +1,277 @@
+//! BERT → ONNX, in the node pattern ONNX Runtime's transformer optimizer fuses.
+//!
+//! Q, K and V are three MatMul+Add on the same input, reshaped with constant `[0, 0, heads,
+//! head_size]` and transposed (`[0,2,1,3]` for Q and V, `[0,2,3,1]` for K); scores are
+//! MatMul → Div(√d) → Add(mask) → Softmax, the mask being `(1 − mask) · −10000` built by
+//! Unsqueeze → Unsqueeze → Cast → Sub → Mul; GELU is Div(√2) → Erf → Add(1) → Mul(x) → Mul(0.5);
+//! residual Add + LayerNormalization. Burn's Linear weight is `[in, out]`, which MatMul takes as is.
+//! Each layer uses its own head count and FFN width, so pruned models export unchanged.
+
+use burn::module::Param;
+use burn::nn::{LayerNorm, Linear};
+use burn::prelude::*;
+use mopt_models::bert::{BertConfig, BertForSequenceClassification, MASK_BIAS};
+
+use crate::graph::{float, int, ints, GraphBuilder};
+use crate::onnx::{dtype, value_info, Dim, ModelProto, OperatorSetIdProto, StringStringEntryProto};
+
+/// ONNX opset and IR version of the exported models.
+pub const OPSET: i64 = 17;
+pub const IR_VERSION: i64 = 8;
+
+/// Graph input and output names.
+pub const INPUTS: [&str; 3] = ["input_ids", "attention_mask", "token_type_ids"];
+pub const OUTPUT: &str = "logits";
+
+pub(crate) fn data<const D: usize>(p: &Param<Tensor<D>>) -> Vec<f32> {
+    p.val()
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec()
+        .expect("f32 parameter")
+}
+
+pub(crate) fn dims<const D: usize>(p: &Param<Tensor<D>>) -> Vec<usize> {
+    p.val().dims().to_vec()
+}
+
+fn linear(g: &mut GraphBuilder, x: &str, l: &Linear, name: &str) -> String {
+    let w = g.f32s(
+        &format!("{name}.weight"),
+        &dims(&l.weight),
+        &data(&l.weight),
+    );
+    let y = g.op("MatMul", &[x, &w], vec![], &format!("{name}.matmul"));
+    match &l.bias {
+        Some(b) => {
+            let b = g.f32s(&format!("{name}.bias"), &dims(b), &data(b));
+            g.op("Add", &[&y, &b], vec![], &format!("{name}.add"))
+        }
+        None => y,
+    }
+}
+
+fn layer_norm(g: &mut GraphBuilder, x: &str, ln: &LayerNorm, eps: f64, name: &str) -> String {
+    let gamma = g.f32s(
+        &format!("{name}.weight"),
+        &dims(&ln.gamma),
+        &data(&ln.gamma),
+    );
+    let beta = match &ln.beta {
+        Some(b) => g.f32s(&format!("{name}.bias"), &dims(b), &data(b)),
+        None => {
+            let n = dims(&ln.gamma)[0];
+            g.f32s(&format!("{name}.bias"), &[n], &vec![0.0; n])
+        }
+    };
+    g.op(
+        "LayerNormalization",
+        &[x, &gamma, &beta],
+        vec![int("axis", -1), float("epsilon", eps as f32)],
+        &format!("{name}.out"),
+    )
+}
+
+fn gelu(g: &mut GraphBuilder, x: &str, name: &str) -> String {
+    let sqrt2 = g.scalar("const_sqrt2", std::f32::consts::SQRT_2);
+    let one = g.scalar("const_one", 1.0);
+    let half = g.scalar("const_half", 0.5);
+    let d = g.op("Div", &[x, &sqrt2], vec![], &format!("{name}.div"));
+    let e = g.op("Erf", &[&d], vec![], &format!("{name}.erf"));
+    let a = g.op("Add", &[&e, &one], vec![], &format!("{name}.add"));
+    let m = g.op("Mul", &[x, &a], vec![], &format!("{name}.mul"));
+    g.op("Mul", &[&m, &half], vec![], &format!("{name}.out"))
+}
+
+fn embedding(g: &mut GraphBuilder, weight: &Param<Tensor<2>>, ids: &str, name: &str) -> String {
+    let w = g.f32s(&format!("{name}.weight"), &dims(weight), &data(weight));
+    g.op(
+        "Gather",
+        &[&w, ids],
+        vec![int("axis", 0)],
+        &format!("{name}.out"),
+    )
+}
+
+/// Export `model` (inference device) with the shape `config` describes.
+pub fn export_bert(
+    model: &BertForSequenceClassification,
+    config: &BertConfig,
+    metadata: &[(&str, String)],
+) -> ModelProto {
+    let mut g = GraphBuilder::default();
+    let (ids, mask, types) = (INPUTS[0], INPUTS[1], INPUTS[2]);
+    let emb = &model.bert.embeddings;
+
+    // Embeddings: word + position (0..seq) + token type, then LayerNorm.
+    let words = embedding(
+        &mut g,
+        &emb.word_embeddings.weight,
+        ids,
+        "bert.embeddings.word_embeddings",
+    );
+    let shape = g.op("Shape", &[ids], vec![], "ids_shape");
+    let one_idx = g.i64s("const_index_1", &[], &[1]);
+    let seq = g.op(
+        "Gather",
+        &[&shape, &one_idx],
+        vec![int("axis", 0)],
+        "seq_len",
+    );
+    let zero = g.i64s("const_i64_0", &[], &[0]);
+    let step = g.i64s("const_i64_1", &[], &[1]);
+    let positions = g.op("Range", &[&zero, &seq, &step], vec![], "position_ids");
+    let axes0 = g.shape("const_axes_0", &[0]);
+    let positions = g.op(
+        "Unsqueeze",
+        &[&positions, &axes0],
+        vec![],
+        "position_ids_2d",
+    );
+    let pos = embedding(
+        &mut g,
+        &emb.position_embeddings.weight,
+        &positions,
+        "bert.embeddings.position_embeddings",
+    );
+    let tt = embedding(
+        &mut g,
+        &emb.token_type_embeddings.weight,
+        types,
+        "bert.embeddings.token_type_embeddings",
+    );
+    let sum = g.op("Add", &[&words, &pos], vec![], "emb_add");
+    let sum = g.op("Add", &[&sum, &tt], vec![], "emb_add");
+    let mut x = layer_norm(
+        &mut g,
+        &sum,
+        &emb.layer_norm,
+        config.layer_norm_eps,
+        "bert.embeddings.LayerNorm",
+    );
+
+    // Additive attention mask [batch, 1, 1, seq].
+    let axes1 = g.shape("const_axes_1", &[1]);
+    let axes2 = g.shape("const_axes_2", &[2]);
+    let m = g.op("Unsqueeze", &[mask, &axes1], vec![], "mask_u1");
+    let m = g.op("Unsqueeze", &[&m, &axes2], vec![], "mask_u2");
+    let m = g.op(
+        "Cast",
+        &[&m],
+        vec![int("to", dtype::FLOAT as i64)],
+        "mask_f",
+    );
+    let one = g.scalar("const_one", 1.0);
+    let m = g.op("Sub", &[&one, &m], vec![], "mask_inv");
+    let big = g.scalar("const_mask_bias", MASK_BIAS);
+    let mask_bias = g.op("Mul", &[&m, &big], vec![], "mask_bias");
+
+    for (i, layer) in model.bert.encoder.layer.iter().enumerate() {
+        let p = format!("bert.encoder.layer.{i}");
+        let sa = &layer.attention.self_attn;
+        let (h, d) = (sa.num_heads as i64, sa.head_size as i64);
+        let split = g.shape(&format!("const_split_{h}_{d}"), &[0, 0, h, d]);
+        let merge = g.shape(&format!("const_merge_{}", h * d), &[0, 0, h * d]);
+        let q = linear(&mut g, &x, &sa.query, &format!("{p}.attention.self.query"));
+        let k = linear(&mut g, &x, &sa.key, &format!("{p}.attention.self.key"));
+        let v = linear(&mut g, &x, &sa.value, &format!("{p}.attention.self.value"));
+        let q = g.op("Reshape", &[&q, &split], vec![], "q_heads");
+        let q = g.op("Transpose", &[&q], vec![ints("perm", &[0, 2, 1, 3])], "q_t");
+        let k = g.op("Reshape", &[&k, &split], vec![], "k_heads");
+        let k = g.op("Transpose", &[&k], vec![ints("perm", &[0, 2, 3, 1])], "k_t");
+        let v = g.op("Reshape", &[&v, &split], vec![], "v_heads");
+        let v = g.op("Transpose", &[&v], vec![ints("perm", &[0, 2, 1, 3])], "v_t");
+        let scores = g.op("MatMul", &[&q, &k], vec![], "scores");
+        let scale = g.scalar(&format!("const_sqrt_{d}"), (d as f32).sqrt());
+        let scores = g.op("Div", &[&scores, &scale], vec![], "scores_scaled");
+        let scores = g.op("Add", &[&scores, &mask_bias], vec![], "scores_masked");
+        let probs = g.op("Softmax", &[&scores], vec![int("axis", 3)], "probs");
+        let ctx = g.op("MatMul", &[&probs, &v], vec![], "context");
+        let ctx = g.op(
+            "Transpose",
+            &[&ctx],
+            vec![ints("perm", &[0, 2, 1, 3])],
+            "context_t",
+        );
+        let ctx = g.op("Reshape", &[&ctx, &merge], vec![], "context_merged");
+        let out = &layer.attention.output;
+        let y = linear(
+            &mut g,
+            &ctx,
+            &out.dense,
+            &format!("{p}.attention.output.dense"),
+        );
+        let y = g.op("Add", &[&y, &x], vec![], "attn_residual");
+        let attn = layer_norm(
+            &mut g,
+            &y,
+            &out.layer_norm,
+            config.layer_norm_eps,
+            &format!("{p}.attention.output.LayerNorm"),
+        );
+        let f = linear(
+            &mut g,
+            &attn,
+            &layer.intermediate.dense,
+            &format!("{p}.intermediate.dense"),
+        );
+        let f = gelu(&mut g, &f, &format!("{p}.gelu"));
+        let y = linear(
+            &mut g,
+            &f,
+            &layer.output.dense,
+            &format!("{p}.output.dense"),
+        );
+        let y = g.op("Add", &[&y, &attn], vec![], "ffn_residual");
+        x = layer_norm(
+            &mut g,
+            &y,
+            &layer.output.layer_norm,
+            config.layer_norm_eps,
+            &format!("{p}.output.LayerNorm"),
+        );
+    }
+
+    // Pooler on [CLS], classifier.
+    let cls_idx = g.i64s("const_cls_index", &[], &[0]);
+    let cls = g.op("Gather", &[&x, &cls_idx], vec![int("axis", 1)], "cls");
+    let pooled = linear(&mut g, &cls, &model.bert.pooler.dense, "bert.pooler.dense");
+    let pooled = g.op("Tanh", &[&pooled], vec![], "pooled");
+    let logits = linear(&mut g, &pooled, &model.classifier, "classifier");
+    g.op_into("Identity", &[&logits], vec![], OUTPUT);
+
+    let io = |n: &str| {
+        value_info(
+            n,
+            dtype::INT64,
+            &[Dim::Named("batch"), Dim::Named("sequence")],
+        )
+    };
+    let graph = g.finish(
+        "mopt_bert",
+        INPUTS.iter().map(|n| io(n)).collect(),
+        vec![value_info(
+            OUTPUT,
+            dtype::FLOAT,
+            &[Dim::Named("batch"), Dim::Fixed(config.num_labels as i64)],
+        )],
+    );
+    ModelProto {
+        ir_version: IR_VERSION,
+        producer_name: "mopt".into(),
+        producer_version: env!("CARGO_PKG_VERSION").into(),
+        doc_string: "BERT sequence classifier exported by mopt".into(),
+        graph: Some(graph),
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: OPSET,
+        }],
+        metadata_props: metadata
+            .iter()
+            .map(|(k, v)| StringStringEntryProto {
+                key: k.to_string(),
+                value: v.clone(),
+            })
+            .collect(),
+    }
+}

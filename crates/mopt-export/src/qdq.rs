@@ -1,0 +1,204 @@
+//! Quantized export as QDQ: int8 weights with per-channel `DequantizeLinear`, activations through
+//! per-tensor uint8 `QuantizeLinear`/`DequantizeLinear`, and a Rust reference that quantizes with
+//! the same rounding (half to even) as ONNX.
+
+use crate::bert::{IR_VERSION, OPSET};
+use crate::graph::{int, GraphBuilder};
+use crate::onnx::{dtype, value_info, Dim, ModelProto, OperatorSetIdProto};
+
+/// One quantized linear layer: `y = x · dq(W) + b`, `W` int8 `[in, out]` with a scale per output.
+#[derive(Debug, Clone)]
+pub struct QuantLinear {
+    pub d_in: usize,
+    pub d_out: usize,
+    pub weight: Vec<i8>,
+    pub weight_scale: Vec<f32>,
+    pub bias: Vec<f32>,
+}
+
+/// Per-tensor uint8 activation quantization.
+#[derive(Debug, Clone, Copy)]
+pub struct ActQuant {
+    pub scale: f32,
+    pub zero_point: u8,
+}
+
+/// An MLP in QDQ form, the layout ONNX Runtime turns into integer kernels:
+/// `Q/DQ(x) → Gemm(DQ(W int8, per channel), DQ(b int32)) → Q/DQ → ReLU → Q/DQ → … → Gemm → Q/DQ → y`.
+#[derive(Debug, Clone)]
+pub struct QdqMlp {
+    pub layers: Vec<QuantLinear>,
+    /// `layers.len() + 1` quantizers: the input, then each layer's output.
+    pub acts: Vec<ActQuant>,
+}
+
+/// Round half to even, as ONNX `QuantizeLinear` does.
+pub fn round_half_even(x: f32) -> f32 {
+    x.round_ties_even()
+}
+
+/// `dq(q(x))` with uint8 saturation.
+pub fn fake_quant(x: f32, a: ActQuant) -> f32 {
+    let q = (round_half_even(x / a.scale) + a.zero_point as f32).clamp(0.0, 255.0);
+    (q - a.zero_point as f32) * a.scale
+}
+
+impl QuantLinear {
+    /// Bias as int32 at scale `input_scale · weight_scale[o]` (zero point 0), as QDQ requires.
+    pub fn bias_q(&self, input_scale: f32) -> Vec<i32> {
+        self.bias
+            .iter()
+            .zip(&self.weight_scale)
+            .map(|(b, ws)| round_half_even(b / (input_scale * ws)) as i32)
+            .collect()
+    }
+}
+
+impl QdqMlp {
+    /// Rust reference forward pass (same quantization points and rounding), `x` `[batch, d_in]`.
+    pub fn reference(&self, x: &[f32], batch: usize) -> Vec<f32> {
+        let mut h: Vec<f32> = x.iter().map(|&v| fake_quant(v, self.acts[0])).collect();
+        for (li, l) in self.layers.iter().enumerate() {
+            let (a_in, a_out) = (self.acts[li], self.acts[li + 1]);
+            let bq = l.bias_q(a_in.scale);
+            let mut y = vec![0f32; batch * l.d_out];
+            for b in 0..batch {
+                for o in 0..l.d_out {
+                    let mut acc = 0f32;
+                    for i in 0..l.d_in {
+                        acc += h[b * l.d_in + i]
+                            * (l.weight[i * l.d_out + o] as f32 * l.weight_scale[o]);
+                    }
+                    let v =
+                        fake_quant(acc + bq[o] as f32 * (a_in.scale * l.weight_scale[o]), a_out);
+                    y[b * l.d_out + o] = if li + 1 < self.layers.len() {
+                        fake_quant(v.max(0.0), a_out)
+                    } else {
+                        v
+                    };
+                }
+            }
+            h = y;
+        }
+        h
+    }
+
+    fn qdq(g: &mut GraphBuilder, x: &str, a: ActQuant, name: &str) -> String {
+        let s = g.f32s(&format!("{name}.scale"), &[], &[a.scale]);
+        let zp = g.u8s(&format!("{name}.zero_point"), &[], &[a.zero_point]);
+        let q = g.op(
+            "QuantizeLinear",
+            &[x, &s, &zp],
+            vec![],
+            &format!("{name}_q"),
+        );
+        g.op(
+            "DequantizeLinear",
+            &[&q, &s, &zp],
+            vec![],
+            &format!("{name}_dq"),
+        )
+    }
+
+    /// The QDQ ONNX model: input `x` `[batch, d_in]`, output `y` `[batch, d_out]`.
+    pub fn export(&self) -> ModelProto {
+        let mut g = GraphBuilder::default();
+        let mut x = Self::qdq(&mut g, "x", self.acts[0], "act0");
+        for (i, l) in self.layers.iter().enumerate() {
+            let (a_in, a_out) = (self.acts[i], self.acts[i + 1]);
+            let w = g.i8s(&format!("fc{i}.weight_q"), &[l.d_in, l.d_out], &l.weight);
+            let ws = g.f32s(&format!("fc{i}.weight_scale"), &[l.d_out], &l.weight_scale);
+            let wz = g.i8s(
+                &format!("fc{i}.weight_zero_point"),
+                &[l.d_out],
+                &vec![0; l.d_out],
+            );
+            let wdq = g.op(
+                "DequantizeLinear",
+                &[&w, &ws, &wz],
+                vec![int("axis", 1)],
+                &format!("fc{i}_w"),
+            );
+            let b = g.i32s(&format!("fc{i}.bias_q"), &[l.d_out], &l.bias_q(a_in.scale));
+            let bs: Vec<f32> = l.weight_scale.iter().map(|ws| a_in.scale * ws).collect();
+            let bs = g.f32s(&format!("fc{i}.bias_scale"), &[l.d_out], &bs);
+            let bz = g.i32s(
+                &format!("fc{i}.bias_zero_point"),
+                &[l.d_out],
+                &vec![0; l.d_out],
+            );
+            let bdq = g.op(
+                "DequantizeLinear",
+                &[&b, &bs, &bz],
+                vec![int("axis", 0)],
+                &format!("fc{i}_b"),
+            );
+            let y = g.op("Gemm", &[&x, &wdq, &bdq], vec![], &format!("fc{i}_gemm"));
+            let y = Self::qdq(&mut g, &y, a_out, &format!("act{}", i + 1));
+            x = if i + 1 < self.layers.len() {
+                let r = g.op("Relu", &[&y], vec![], &format!("relu{i}"));
+                Self::qdq(&mut g, &r, a_out, &format!("act{}_relu", i + 1))
+            } else {
+                y
+            };
+        }
+        g.op_into("Identity", &[&x], vec![], "y");
+        let d_in = self.layers[0].d_in as i64;
+        let d_out = self.layers.last().expect("layers").d_out as i64;
+        let graph = g.finish(
+            "mopt_qdq_mlp",
+            vec![value_info(
+                "x",
+                dtype::FLOAT,
+                &[Dim::Named("batch"), Dim::Fixed(d_in)],
+            )],
+            vec![value_info(
+                "y",
+                dtype::FLOAT,
+                &[Dim::Named("batch"), Dim::Fixed(d_out)],
+            )],
+        );
+        ModelProto {
+            ir_version: IR_VERSION,
+            producer_name: "mopt".into(),
+            producer_version: env!("CARGO_PKG_VERSION").into(),
+            graph: Some(graph),
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: OPSET,
+            }],
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_is_half_to_even_and_saturates() {
+        assert_eq!(round_half_even(0.5), 0.0);
+        assert_eq!(round_half_even(1.5), 2.0);
+        assert_eq!(round_half_even(2.5), 2.0);
+        assert_eq!(round_half_even(-0.5), -0.0);
+        assert_eq!(round_half_even(-1.5), -2.0);
+        assert_eq!(round_half_even(1.4), 1.0);
+        let a = ActQuant {
+            scale: 0.1,
+            zero_point: 128,
+        };
+        assert!(
+            (fake_quant(0.25, a) - 0.2).abs() < 1e-6,
+            "0.25/0.1 = 2.5 -> 2"
+        );
+        assert!(
+            (fake_quant(100.0, a) - 12.7).abs() < 1e-5,
+            "saturates at 255"
+        );
+        assert!(
+            (fake_quant(-100.0, a) + 12.8).abs() < 1e-5,
+            "saturates at 0"
+        );
+    }
+}

@@ -1,0 +1,228 @@
+//! ONNX export: checker, parity with mopt, ONNX Runtime fusion, pruned shapes, QDQ integer kernels.
+//! These call Python's `onnx` and `onnxruntime` (requirements-test.txt) and fail without them.
+
+use burn::prelude::*;
+use mopt_data::SplitMix64;
+use mopt_export::qdq::{ActQuant, QdqMlp, QuantLinear};
+use mopt_export::{export_checkpoint, python, ExportError, ExportOptions};
+use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
+
+fn samples(n: usize, vocab: u64, seed: u64) -> Vec<Vec<u32>> {
+    let mut r = SplitMix64::new(seed);
+    (0..n)
+        .map(|_| {
+            let len = 3 + r.below(20);
+            let mut ids = vec![101u32];
+            ids.extend((0..len - 2).map(|_| 1000 + (r.next_u64() % (vocab - 1000)) as u32));
+            ids.push(102);
+            ids
+        })
+        .collect()
+}
+
+fn checkpoint(config: &BertConfig, dir: &std::path::Path) {
+    Device::flex().seed(5);
+    let model = BertForSequenceClassification::new(config, &Device::flex());
+    weights::save_checkpoint(&model, config, dir).unwrap();
+}
+
+fn opts() -> ExportOptions {
+    ExportOptions {
+        tolerance: 1e-4,
+        max_len: 64,
+        accuracy: None,
+        force: false,
+    }
+}
+
+#[test]
+fn tiny_bert_exports_checks_matches_and_fuses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = BertConfig::tiny(30522, 2);
+    c.mopt_labels = Some(vec!["neg".into(), "pos".into()]);
+    checkpoint(&c, &tmp.path().join("ckpt"));
+    let out = tmp.path().join("export");
+    let card = export_checkpoint(
+        &tmp.path().join("ckpt"),
+        &out,
+        &samples(70, 30522, 1),
+        &opts(),
+    )
+    .unwrap();
+    assert!(
+        card.parity.max_abs_err < 1e-4,
+        "{}",
+        card.parity.max_abs_err
+    );
+    assert_eq!(card.parity.samples, 70);
+    assert_eq!(card.opset, 17);
+    assert_eq!(card.labels, vec!["neg", "pos"]);
+    assert!(
+        card.fused_ops.get("Attention").copied().unwrap_or(0) == 2,
+        "attention fused in both layers: {:?}",
+        card.fused_ops
+    );
+    assert!(
+        card.fused_ops
+            .get("SkipLayerNormalization")
+            .copied()
+            .unwrap_or(0)
+            >= 4,
+        "{:?}",
+        card.fused_ops
+    );
+    assert!(
+        card.fused_ops.contains_key("BiasGelu")
+            || card.fused_ops.contains_key("FastGelu")
+            || card.fused_ops.contains_key("Gelu"),
+        "{:?}",
+        card.fused_ops
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("model-card.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["inputs"][0]["name"], "input_ids");
+    assert_eq!(
+        json["inputs"][1]["shape"],
+        serde_json::json!(["batch", "sequence"])
+    );
+    let sha = json["sha256"]["model.onnx"].as_str().unwrap();
+    let bytes = std::fs::read(out.join("model.onnx")).unwrap();
+    use sha2::Digest;
+    assert_eq!(sha, format!("{:x}", sha2::Sha256::digest(&bytes)));
+    // A second export into the same folder is refused.
+    let again = export_checkpoint(
+        &tmp.path().join("ckpt"),
+        &out,
+        &samples(4, 30522, 2),
+        &opts(),
+    );
+    assert!(matches!(again, Err(ExportError::Invalid(_))));
+}
+
+#[test]
+fn pruned_bert_with_per_layer_heads_and_ffn_exports_and_matches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = BertConfig::tiny(30522, 3);
+    c.num_hidden_layers = 3;
+    c.mopt_layer_heads = Some(vec![4, 1, 3]);
+    c.mopt_layer_intermediate_sizes = Some(vec![64, 8, 40]);
+    checkpoint(&c, &tmp.path().join("ckpt"));
+    let card = export_checkpoint(
+        &tmp.path().join("ckpt"),
+        &tmp.path().join("export"),
+        &samples(40, 30522, 3),
+        &opts(),
+    )
+    .unwrap();
+    assert!(
+        card.parity.max_abs_err < 1e-4,
+        "{}",
+        card.parity.max_abs_err
+    );
+    assert_eq!(card.heads_per_layer, vec![4, 1, 3]);
+    assert_eq!(card.ffn_per_layer, vec![64, 8, 40]);
+}
+
+#[test]
+fn parity_gate_rejects_and_writes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = BertConfig::tiny(30522, 2);
+    checkpoint(&c, &tmp.path().join("ckpt"));
+    let out = tmp.path().join("export");
+    let strict = ExportOptions {
+        tolerance: 0.0,
+        ..opts()
+    };
+    match export_checkpoint(
+        &tmp.path().join("ckpt"),
+        &out,
+        &samples(10, 30522, 4),
+        &strict,
+    ) {
+        Err(ExportError::Parity { max_abs_err, .. }) => {
+            assert!(max_abs_err > 0.0 && max_abs_err < 1e-4)
+        }
+        other => panic!("expected a parity failure, got {other:?}"),
+    }
+    assert!(!out.exists() && !tmp.path().join("export.tmp").exists());
+}
+
+#[test]
+fn qdq_mlp_runs_on_integer_kernels_and_matches_the_rust_reference() {
+    // Power-of-two scales make every product and sum exact in f32, so ONNX Runtime's integer
+    // kernels and the Rust reference must agree up to float printing, ties included: the inputs
+    // sit on half-steps of the input scale, exercising round-half-to-even. Weights use the 7-bit
+    // range (ONNX Runtime's `reduce_range`): its u8·s8 kernels on x86 without VNNI sum pairs of
+    // products in int16 (vpmaddubsw), which saturates with full-range int8 weights.
+    let mut r = SplitMix64::new(11);
+    let mut layer = |d_in: usize, d_out: usize| QuantLinear {
+        d_in,
+        d_out,
+        weight: (0..d_in * d_out)
+            .map(|_| (r.below(127) as i32 - 63) as i8)
+            .collect(),
+        weight_scale: (0..d_out).map(|o| 2f32.powi(-7 - (o % 3) as i32)).collect(),
+        bias: (0..d_out)
+            .map(|o| (o as f32 - 5.0) * 2f32.powi(-6))
+            .collect(),
+    };
+    let mlp = QdqMlp {
+        layers: vec![layer(16, 32), layer(32, 4)],
+        acts: vec![
+            ActQuant {
+                scale: 2f32.powi(-5),
+                zero_point: 128,
+            },
+            ActQuant {
+                scale: 2f32.powi(-3),
+                zero_point: 100,
+            },
+            ActQuant {
+                scale: 2f32.powi(-4),
+                zero_point: 128,
+            },
+        ],
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("qdq.onnx");
+    std::fs::write(&path, mlp.export().to_bytes()).unwrap();
+    python::tool(&["check", path.to_str().unwrap()]).unwrap();
+    let batch = 8;
+    let x: Vec<f32> = (0..batch * 16)
+        .map(|i| ((i * 37 % 241) as f32 - 120.0) / 64.0)
+        .collect();
+    let feed = serde_json::json!([{ "x": x.chunks(16).map(<[f32]>::to_vec).collect::<Vec<_>>() }]);
+    let out = python::run(&path, &feed, tmp.path()).unwrap();
+    let got: Vec<Vec<f64>> = serde_json::from_value(out[0].clone()).unwrap();
+    let want = mlp.reference(&x, batch);
+    let max = got
+        .iter()
+        .flatten()
+        .zip(&want)
+        .map(|(a, b)| (a - *b as f64).abs())
+        .fold(0.0, f64::max);
+    assert!(max < 1e-5, "QDQ in ONNX Runtime vs Rust reference: {max}");
+    let spread = want.iter().cloned().fold(0.0f32, |m, v| m.max(v.abs()));
+    assert!(spread > 0.5, "outputs are not trivially zero: {spread}");
+    let ops = python::ops(
+        &python::tool(&[
+            "optimized-ops",
+            path.to_str().unwrap(),
+            tmp.path().join("opt.onnx").to_str().unwrap(),
+        ])
+        .unwrap(),
+    );
+    let integer = [
+        "QGemm",
+        "QLinearMatMul",
+        "MatMulInteger",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeMatMul",
+    ];
+    assert!(
+        integer.iter().any(|k| ops.contains_key(*k)),
+        "no integer matmul after optimisation: {ops:?}"
+    );
+    eprintln!("optimised QDQ graph op types: {ops:?}");
+}
