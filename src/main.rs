@@ -53,6 +53,25 @@ enum Command {
         #[arg(long)]
         device: Option<String>,
     },
+    /// Export a run's best checkpoint to ONNX (and its teacher, for distillation recipes), with
+    /// parity on real test sentences, a model card, and ONNX Runtime latency side by side.
+    Export {
+        recipe: PathBuf,
+        /// Checkpoint folder (default `<run>/best`).
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+        /// Output folder (default `<run>/export`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Test sentences for the parity check.
+        #[arg(long, default_value_t = 500)]
+        samples: usize,
+        /// ONNX Runtime latency runs at batch 32 (4x at batch 1); 0 skips the benchmark.
+        #[arg(long, default_value_t = 30)]
+        latency_runs: usize,
+        #[arg(long)]
+        force: bool,
+    },
     /// Write a mopt checkpoint folder as HF-style `model.safetensors` + `config.json`.
     ExportHf {
         /// A checkpoint folder (e.g. `checkpoints/<run>/best`).
@@ -91,6 +110,39 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 if result.stopped_early { ", stopped when the loss diverged" } else { "" },
                 dir.join("lr-find.csv").display()
             );
+        }
+        Some(Command::Export {
+            recipe,
+            checkpoint,
+            out,
+            samples,
+            latency_runs,
+            force,
+        }) => {
+            let recipe = mopt_recipe::load(&recipe)?;
+            let opts = mopt_export::pipeline::RecipeExport {
+                checkpoint,
+                out,
+                samples,
+                force,
+                latency_runs,
+            };
+            let s = mopt_export::pipeline::export_recipe(&recipe, &opts)?;
+            for (name, card) in std::iter::once(("student", &s.student))
+                .chain(s.teacher.as_ref().map(|t| ("teacher", t)))
+            {
+                println!(
+                    "{name}: parity max |ORT - mopt| {:.2e} on {} test sentences; accuracy {:.4}; fused ops {:?}",
+                    card.parity.max_abs_err,
+                    card.parity.samples,
+                    card.accuracy_at_export.unwrap_or(f64::NAN),
+                    card.fused_ops
+                );
+            }
+            for l in &s.latency {
+                println!("ONNX Runtime {}: {}", l.model, l.latency);
+            }
+            println!("export folder: {}", s.out.display());
         }
         Some(Command::ExportHf { checkpoint, out }) => {
             let device = DeviceSpec::Cpu.device();
@@ -150,6 +202,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn exit_code(err: &anyhow::Error) -> u8 {
+    if let Some(e) = err.downcast_ref::<mopt_export::ExportError>() {
+        return if e.is_input_error() { 2 } else { 1 };
+    }
     if let Some(e) = err.downcast_ref::<TrainError>() {
         return if e.is_input_error() { 2 } else { 1 };
     }

@@ -304,3 +304,60 @@ fn distillation_recipe_errors_are_clear() {
         );
     }
 }
+
+#[test]
+fn distilled_student_and_teacher_export_through_the_cli() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_pair(tmp.path(), MATCHES, LAYER_INIT);
+    let text = std::fs::read_to_string(&recipe)
+        .unwrap()
+        .replace("baseline = true", "baseline = false");
+    std::fs::write(&recipe, text).unwrap();
+    let out = mopt(&[recipe.to_str().unwrap(), "--max-steps", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let exp = mopt(&[
+        "export",
+        recipe.to_str().unwrap(),
+        "--samples",
+        "30",
+        "--latency-runs",
+        "2",
+    ]);
+    assert!(exp.status.success(), "{}", stderr(&exp));
+    let dir = tmp.path().join("runs/student/export");
+    for f in [
+        "model.onnx",
+        "model-card.json",
+        "vocab.txt",
+        "labels.json",
+        "teacher/model.onnx",
+        "export-report.json",
+    ] {
+        assert!(dir.join(f).is_file(), "missing {f}");
+    }
+    let card = read_json(&dir.join("model-card.json"));
+    assert_eq!(card["parity"]["samples"], 30);
+    assert!(card["parity"]["max_abs_err"].as_f64().unwrap() < 1e-4);
+    assert!(card["accuracy_at_export"].as_f64().is_some());
+    assert_eq!(card["layers"], 1);
+    let report = read_json(&dir.join("export-report.json"));
+    assert_eq!(report["latency"].as_array().unwrap().len(), 2);
+    assert_eq!(report["latency"][1]["model"], "teacher");
+    assert!(
+        report["latency"][0]["latency"][1]["p50_ms"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    // A second export is refused without --force.
+    let again = mopt(&[
+        "export",
+        recipe.to_str().unwrap(),
+        "--samples",
+        "5",
+        "--latency-runs",
+        "0",
+    ]);
+    assert_eq!(again.status.code(), Some(2), "{}", stderr(&again));
+    assert!(stderr(&again).contains("--force"));
+}

@@ -16,4 +16,17 @@ pub enum ExportError {
     },
     #[error("{0}")]
     Invalid(String),
+    #[error(transparent)]
+    Train(#[from] mopt_train::TrainError),
+}
+
+impl ExportError {
+    /// Whether the user can fix this by changing the input (exit code 2).
+    pub fn is_input_error(&self) -> bool {
+        match self {
+            ExportError::Invalid(_) => true,
+            ExportError::Train(e) => e.is_input_error(),
+            _ => false,
+        }
+    }
 }

@@ -10,6 +10,7 @@ pub mod error;
 pub mod export;
 pub mod graph;
 pub mod onnx;
+pub mod pipeline;
 pub mod python;
 pub mod qdq;
 
