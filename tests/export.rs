@@ -226,3 +226,94 @@ fn qdq_mlp_runs_on_integer_kernels_and_matches_the_rust_reference() {
     );
     eprintln!("optimised QDQ graph op types: {ops:?}");
 }
+
+#[test]
+fn cnn_with_folded_batch_norm_matches_burn_in_onnx_runtime() {
+    use burn::module::RunningState;
+    use burn::nn::conv::Conv2dConfig;
+    use burn::nn::pool::{AdaptiveAvgPool2dConfig, MaxPool2dConfig};
+    use burn::nn::{BatchNormConfig, LinearConfig, PaddingConfig2d};
+    use mopt_export::cnn::{export_cnn, CnnLayer};
+
+    let d = Device::flex();
+    d.seed(3);
+    let conv1 = Conv2dConfig::new([1, 4], [3, 3])
+        .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+        .init(&d);
+    let conv2 = Conv2dConfig::new([4, 6], [3, 3])
+        .with_stride([2, 2])
+        .init(&d);
+    let stats = |c: usize, base: f32| -> Tensor<1> {
+        Tensor::from_floats(
+            (0..c)
+                .map(|i| base + 0.1 * i as f32)
+                .collect::<Vec<_>>()
+                .as_slice(),
+            &d,
+        )
+    };
+    let mut bn1 = BatchNormConfig::new(4).init(&d);
+    bn1.running_mean = RunningState::new(stats(4, -0.2));
+    bn1.running_var = RunningState::new(stats(4, 0.5));
+    bn1.gamma = burn::module::Param::from_tensor(stats(4, 0.8));
+    bn1.beta = burn::module::Param::from_tensor(stats(4, -0.1));
+    let mut bn2 = BatchNormConfig::new(6).init(&d);
+    bn2.running_mean = RunningState::new(stats(6, 0.3));
+    bn2.running_var = RunningState::new(stats(6, 1.5));
+    let pool = MaxPool2dConfig::new([2, 2]).with_strides([2, 2]).init();
+    let gap = AdaptiveAvgPool2dConfig::new([1, 1]).init();
+    let fc = LinearConfig::new(6, 10).init(&d);
+    let (bn1, bn2) = (bn1.valid(), bn2.valid());
+
+    // Burn's forward (inference statistics), 28×28 grey images like Fashion-MNIST.
+    let batch = 5;
+    let x: Vec<f32> = (0..batch * 28 * 28)
+        .map(|i| ((i as f32) * 0.013).sin())
+        .collect();
+    let input = Tensor::<4>::from_data(TensorData::new(x.clone(), [batch, 1, 28, 28]), &d);
+    let h = burn::tensor::activation::relu(bn1.forward(conv1.forward(input)));
+    let h = pool.forward(h);
+    let h = burn::tensor::activation::relu(bn2.forward(conv2.forward(h)));
+    let h = gap.forward(h).reshape([batch, 6]);
+    let want: Vec<f32> = fc.forward(h).into_data().try_to_vec().unwrap();
+
+    let layers = [
+        CnnLayer::Conv {
+            conv: &conv1,
+            bn: Some(&bn1),
+        },
+        CnnLayer::Relu,
+        CnnLayer::MaxPool(&pool),
+        CnnLayer::Conv {
+            conv: &conv2,
+            bn: Some(&bn2),
+        },
+        CnnLayer::Relu,
+        CnnLayer::GlobalAvgPool,
+        CnnLayer::Flatten,
+        CnnLayer::Linear(&fc),
+    ];
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("cnn.onnx");
+    std::fs::write(&path, export_cnn(&layers, 1, 28, 28, 10).to_bytes()).unwrap();
+    let checked = python::tool(&["check", path.to_str().unwrap()]).unwrap();
+    let ops = python::ops(&checked);
+    assert_eq!(ops.get("Conv"), Some(&2));
+    assert!(
+        !ops.contains_key("BatchNormalization"),
+        "BatchNorm is folded: {ops:?}"
+    );
+    let images: Vec<Vec<Vec<Vec<f32>>>> = x
+        .chunks(28 * 28)
+        .map(|img| vec![img.chunks(28).map(<[f32]>::to_vec).collect()])
+        .collect();
+    let out = python::run(&path, &serde_json::json!([{ "image": images }]), tmp.path()).unwrap();
+    let got: Vec<Vec<f64>> = serde_json::from_value(out[0].clone()).unwrap();
+    let max = got
+        .iter()
+        .flatten()
+        .zip(&want)
+        .map(|(a, b)| (a - *b as f64).abs())
+        .fold(0.0, f64::max);
+    assert!(max < 1e-4, "ORT vs Burn: {max}");
+}

@@ -6,6 +6,7 @@
 //! with a model card, a parity check and sha256 sums; ONNX Runtime latency benchmarks.
 
 pub mod bert;
+pub mod cnn;
 pub mod error;
 pub mod export;
 pub mod graph;
