@@ -209,7 +209,7 @@ pub fn encode_splits(
                 if let Some(dir) = f.parent() {
                     let _ = std::fs::create_dir_all(dir);
                 }
-                let tmp = f.with_extension("json.part");
+                let tmp = f.with_extension(format!("{}.part", std::process::id()));
                 if std::fs::write(&tmp, serde_json::to_vec(&c).expect("json")).is_ok() {
                     let _ = std::fs::rename(&tmp, f);
                 }

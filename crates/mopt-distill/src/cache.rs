@@ -202,7 +202,8 @@ impl TeacherCache {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let tmp = path.with_extension("part");
+        // A per-process temporary name: concurrent runs never write the same file.
+        let tmp = path.with_extension(format!("{}.part", std::process::id()));
         {
             let mut w = BufWriter::new(std::fs::File::create(&tmp)?);
             w.write_all(MAGIC)?;
