@@ -146,7 +146,7 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
     let (cached, summary) = teacher_source(&recipe, &s, &device).unwrap();
     assert!(summary.enabled && !summary.hit);
     let live = TeacherSource::Live {
-        teacher: s.teacher.clone(),
+        teacher: Box::new(s.teacher.clone()),
         examples: s.prepared.data.train.clone(),
         batcher: Batcher::new(0),
         device: device.clone(),

@@ -268,7 +268,7 @@ pub fn teacher_source(
             file: None,
         };
         let source = TeacherSource::Live {
-            teacher: s.teacher.clone(),
+            teacher: Box::new(s.teacher.clone()),
             examples: train.clone(),
             batcher: Batcher::new(s.prepared.tokenizer.pad_id),
             device: device.clone(),
@@ -598,7 +598,7 @@ pub fn markdown(r: &DistillReport) -> String {
     s += &format!(
         "- Wall time {:.0}s; peak memory {:.0} MiB\n",
         r.wall_time_s,
-        r.peak_rss_bytes.map_or(0.0, |b| mb(b))
+        r.peak_rss_bytes.map_or(0.0, mb)
     );
     s
 }

@@ -22,7 +22,7 @@ pub enum TeacherSource {
     Cache(TeacherCache),
     /// The teacher runs on each batch (inference device, no gradients).
     Live {
-        teacher: BertForSequenceClassification,
+        teacher: Box<BertForSequenceClassification>,
         examples: Vec<Encoded>,
         batcher: Batcher,
         device: Device,

@@ -70,8 +70,11 @@ fn sha256_file(p: &Path) -> Result<String, ExportError> {
     Ok(format!("{:x}", Sha256::digest(&bytes)))
 }
 
-/// Right-padded batches of token ids as ONNX feeds and as mopt tensors.
-fn batches(samples: &[Vec<u32>], batch: usize) -> Vec<(Vec<Vec<i64>>, Vec<Vec<i64>>)> {
+/// Rows of int64 values.
+type Rows = Vec<Vec<i64>>;
+
+/// Right-padded batches of token ids (ids, attention mask).
+fn batches(samples: &[Vec<u32>], batch: usize) -> Vec<(Rows, Rows)> {
     samples
         .chunks(batch)
         .map(|chunk| {
