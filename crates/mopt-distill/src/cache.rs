@@ -94,7 +94,12 @@ pub fn compute(
     let mut num_labels = 0;
     let mut hidden_size = 0;
     let mut heads = BTreeMap::new();
-    for chunk in order.chunks(batch_size) {
+    let n_batches = examples.len().div_ceil(batch_size.max(1));
+    let mut progress = mopt_train::logging::Progress::new("teacher pass", n_batches);
+    let mut done = 0;
+    for (bi, chunk) in order.chunks(batch_size).enumerate() {
+        done += chunk.len();
+        progress.update(bi + 1, &format!("{done} examples"));
         let items: Vec<&Encoded> = chunk.iter().map(|&i| &examples[i]).collect();
         let b = batcher.batch(&items, device);
         let [bsz, seq] = b.input_ids.dims();
@@ -156,6 +161,7 @@ pub fn compute(
             });
         }
     }
+    progress.finish("teacher outputs computed");
     TeacherCache {
         needs: needs.clone(),
         num_labels,
