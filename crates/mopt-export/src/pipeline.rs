@@ -145,6 +145,27 @@ pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSumma
             });
         }
     }
+    if !latency.is_empty() {
+        let mut md = String::from(
+            "| ONNX Runtime CPU latency (ms) | batch | p50 | p90 | p99 |\n|---|---|---|---|---|\n",
+        );
+        for l in &latency {
+            for row in l.latency.as_array().into_iter().flatten() {
+                md += &format!(
+                    "| {} | {} x {} | {:.2} | {:.2} | {:.2} |\n",
+                    l.model,
+                    row["batch"],
+                    row["seq_len"],
+                    row["p50_ms"].as_f64().unwrap_or(f64::NAN),
+                    row["p90_ms"].as_f64().unwrap_or(f64::NAN),
+                    row["p99_ms"].as_f64().unwrap_or(f64::NAN)
+                );
+            }
+        }
+        let path = out.join("latency.md");
+        std::fs::write(&path, &md).map_err(|e| ExportError::Io(path.display().to_string(), e))?;
+        eprint!("{md}");
+    }
     let summary = ExportSummary {
         out: out.clone(),
         student,
