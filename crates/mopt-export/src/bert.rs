@@ -13,11 +13,9 @@ use burn::prelude::*;
 use mopt_models::bert::{BertConfig, BertForSequenceClassification, MASK_BIAS};
 
 use crate::graph::{float, int, ints, GraphBuilder};
-use crate::onnx::{dtype, value_info, Dim, ModelProto, OperatorSetIdProto, StringStringEntryProto};
+use crate::onnx::{dtype, value_info, Dim, ModelProto};
 
-/// ONNX opset and IR version of the exported models.
-pub const OPSET: i64 = 17;
-pub const IR_VERSION: i64 = 8;
+pub use crate::onnx::{IR_VERSION, OPSET};
 
 /// Graph input and output names.
 pub const INPUTS: [&str; 3] = ["input_ids", "attention_mask", "token_type_ids"];
@@ -256,22 +254,5 @@ pub fn export_bert(
             &[Dim::Named("batch"), Dim::Fixed(config.num_labels as i64)],
         )],
     );
-    ModelProto {
-        ir_version: IR_VERSION,
-        producer_name: "mopt".into(),
-        producer_version: env!("CARGO_PKG_VERSION").into(),
-        doc_string: "BERT sequence classifier exported by mopt".into(),
-        graph: Some(graph),
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: OPSET,
-        }],
-        metadata_props: metadata
-            .iter()
-            .map(|(k, v)| StringStringEntryProto {
-                key: k.to_string(),
-                value: v.clone(),
-            })
-            .collect(),
-    }
+    ModelProto::new(graph, "BERT sequence classifier exported by mopt", metadata)
 }

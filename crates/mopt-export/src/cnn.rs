@@ -9,9 +9,9 @@ use burn::nn::pool::MaxPool2d;
 use burn::nn::{BatchNorm, Linear, PaddingConfig2d};
 use burn::prelude::*;
 
-use crate::bert::{data, dims, IR_VERSION, OPSET};
+use crate::bert::{data, dims};
 use crate::graph::{int, ints, GraphBuilder};
-use crate::onnx::{dtype, value_info, Dim, ModelProto, OperatorSetIdProto};
+use crate::onnx::{dtype, value_info, Dim, ModelProto};
 
 /// One stage of an image model, in order.
 pub enum CnnLayer<'a> {
@@ -153,15 +153,5 @@ pub fn export_cnn(
             &[Dim::Named("batch"), Dim::Fixed(outputs as i64)],
         )],
     );
-    ModelProto {
-        ir_version: IR_VERSION,
-        producer_name: "mopt".into(),
-        producer_version: env!("CARGO_PKG_VERSION").into(),
-        graph: Some(graph),
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: OPSET,
-        }],
-        ..Default::default()
-    }
+    ModelProto::new(graph, "image classifier exported by mopt", &[])
 }

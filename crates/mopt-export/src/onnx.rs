@@ -186,7 +186,33 @@ pub fn value_info(name: &str, elem_type: i32, dims: &[Dim]) -> ValueInfoProto {
     }
 }
 
+/// Opset and IR version of every model mopt writes.
+pub const OPSET: i64 = 17;
+pub const IR_VERSION: i64 = 8;
+
 impl ModelProto {
+    /// A model around `graph` at opset 17 / IR 8, produced by mopt, with metadata entries.
+    pub fn new(graph: GraphProto, doc: &str, metadata: &[(&str, String)]) -> Self {
+        ModelProto {
+            ir_version: IR_VERSION,
+            producer_name: "mopt".into(),
+            producer_version: env!("CARGO_PKG_VERSION").into(),
+            doc_string: doc.into(),
+            graph: Some(graph),
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: OPSET,
+            }],
+            metadata_props: metadata
+                .iter()
+                .map(|(k, v)| StringStringEntryProto {
+                    key: k.to_string(),
+                    value: v.clone(),
+                })
+                .collect(),
+        }
+    }
+
     pub fn to_bytes(&self) -> Vec<u8> {
         self.encode_to_vec()
     }

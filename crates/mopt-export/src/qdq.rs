@@ -2,9 +2,8 @@
 //! per-tensor uint8 `QuantizeLinear`/`DequantizeLinear`, and a Rust reference that quantizes with
 //! the same rounding (half to even) as ONNX.
 
-use crate::bert::{IR_VERSION, OPSET};
 use crate::graph::{int, GraphBuilder};
-use crate::onnx::{dtype, value_info, Dim, ModelProto, OperatorSetIdProto};
+use crate::onnx::{dtype, value_info, Dim, ModelProto};
 
 /// One quantized linear layer: `y = x · dq(W) + b`, `W` int8 `[in, out]` with a scale per output.
 #[derive(Debug, Clone)]
@@ -158,17 +157,7 @@ impl QdqMlp {
                 &[Dim::Named("batch"), Dim::Fixed(d_out)],
             )],
         );
-        ModelProto {
-            ir_version: IR_VERSION,
-            producer_name: "mopt".into(),
-            producer_version: env!("CARGO_PKG_VERSION").into(),
-            graph: Some(graph),
-            opset_import: vec![OperatorSetIdProto {
-                domain: String::new(),
-                version: OPSET,
-            }],
-            ..Default::default()
-        }
+        ModelProto::new(graph, "QDQ-quantized MLP exported by mopt", &[])
     }
 }
 
