@@ -156,20 +156,10 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
     let batch = Batcher::new(0).batch(&items, &ad);
     let a = DistillTask::new(s.spec.clone(), s.plan.clone(), cached, &ad);
     let b = DistillTask::new(s.spec.clone(), s.plan.clone(), live, &ad);
-    // Dropout off so both forward passes are identical.
-    let model = model.valid().train();
-    let eval_model = DistillModel {
-        student: model.student.clone(),
-        projections: model.projections.clone(),
-    };
-    let (la, pa) = a.objective(&eval_model, &batch, &indices, 0.3);
-    let (lb, pb) = b.objective(&eval_model, &batch, &indices, 0.3);
-    let (va, vb): (f32, f32) = (la.clone().into_scalar(), lb.into_scalar());
-    let _ = (pa, pb);
-    // Dropout may differ between the two calls; compare the teacher-only parts via a no-dropout student.
-    let _ = (va, vb);
+    // Dropout off, so both forward passes of the student are identical and only the teacher's
+    // source differs (gradients still flow: the module stays on the autodiff device).
     let quiet = {
-        let mut m = eval_model;
+        let mut m = model;
         m.student.dropout.prob = 0.0;
         for l in m.student.bert.encoder.layer.iter_mut() {
             l.attention.self_attn.dropout.prob = 0.0;
