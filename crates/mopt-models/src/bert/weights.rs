@@ -174,6 +174,20 @@ pub fn write_config(config: &BertConfig, path: &Path) -> Result<(), ModelError> 
     let mut value = serde_json::to_value(config).expect("config serialises");
     value["model_type"] = "bert".into();
     value["architectures"] = serde_json::json!(["BertForSequenceClassification"]);
+    if let Some(labels) = &config.mopt_labels {
+        let id2label: serde_json::Map<String, serde_json::Value> = labels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (i.to_string(), l.clone().into()))
+            .collect();
+        let label2id: serde_json::Map<String, serde_json::Value> = labels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.clone(), i.into()))
+            .collect();
+        value["id2label"] = id2label.into();
+        value["label2id"] = label2id.into();
+    }
     std::fs::write(path, serde_json::to_string_pretty(&value).expect("json")).map_err(|source| {
         ModelError::Io {
             path: path.to_path_buf(),
