@@ -580,7 +580,7 @@ pub fn markdown(r: &DistillReport) -> String {
     );
     if let Some(b) = &r.baseline {
         s += &format!(
-            "- Same student without distillation (hard labels, same init and budget): accuracy {:.4}, macro-F1 {:.4}; distillation {} by {:+.2} points\n",
+            "- Same student without distillation (hard labels, same init and budget): accuracy {:.4}, macro-F1 {:.4}; distillation {} ({:+.2} points)\n",
             b.accuracy,
             b.macro_f1,
             if r.student.test.accuracy > b.accuracy { "wins" } else { "does not win" },
