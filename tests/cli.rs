@@ -5,17 +5,10 @@ mod common;
 use std::path::Path;
 
 use burn::prelude::*;
-use common::{mopt, stderr, write_tiny_recipe};
+use common::{mopt, read_json, stderr, write_tiny_recipe};
 use mopt_models::bert::weights;
 
 use mopt_train::trainer::Golden;
-
-fn read_json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(
-        &std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
-    )
-    .unwrap()
-}
 
 /// Scalars per tag as TensorBoard itself reads them.
 fn tensorboard_scalars(events: &Path) -> serde_json::Value {

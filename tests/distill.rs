@@ -5,7 +5,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
-use common::{mopt, stderr, write_tiny_recipe};
+use common::{mopt, read_json, stderr, write_tiny_recipe};
 use mopt_data::{Batcher, Encoded};
 use mopt_distill::pipeline::{init_student, setup, teacher_source};
 use mopt_distill::{DistillModel, DistillTask, TeacherSource};
@@ -37,13 +37,6 @@ layers = "uniform"
 feature = "attention"
 layers = [[1, 2]]
 "#;
-
-fn read_json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(
-        &std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
-    )
-    .unwrap()
-}
 
 #[test]
 fn tiny_distillation_trains_teacher_then_student_and_reuses_the_cache() {

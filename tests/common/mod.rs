@@ -85,6 +85,12 @@ pub fn mopt(args: &[&str]) -> Output {
         .expect("run mopt-train")
 }
 
+/// Parse a JSON file, naming it on failure.
+pub fn read_json(p: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }

@@ -5,9 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use burn::nn::Linear;
 use burn::prelude::*;
 use mopt_models::bert::{BertConfig, BertOutputs};
-use mopt_recipe::{
-    Feature, HeadPolicy, Invalid, LayerMap, MatchLoss, MatchSpec, Recipe, RecipeError,
-};
+use mopt_recipe::{Feature, HeadPolicy, LayerMap, MatchLoss, MatchSpec, Recipe, RecipeError};
 
 /// One student ↔ teacher pair of a match. Hidden indices count the embedding output as 0;
 /// attention indices are 1-based layers.
@@ -66,15 +64,7 @@ pub fn resolve(
     student: &BertConfig,
     teacher: &BertConfig,
 ) -> Result<MatchPlan, RecipeError> {
-    let err = |key: &str, message: String, hint: &str| {
-        RecipeError::Invalid(Box::new(Invalid {
-            path: recipe.path.clone(),
-            key: key.to_string(),
-            line: mopt_recipe::locate(&recipe.source, key),
-            message,
-            hint: hint.to_string(),
-        }))
-    };
+    let err = |key: &str, message: String, hint: &str| recipe.invalid(key, message, hint);
     let (ls, lt) = (student.num_hidden_layers, teacher.num_hidden_layers);
     let mut plan = MatchPlan {
         matches: Vec::new(),

@@ -7,7 +7,7 @@ use std::path::Path;
 use burn::prelude::*;
 use mopt_data::{Batcher, LabelMap, TextTokenizer};
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
-use mopt_recipe::{DistillSpec, Invalid, Recipe, RecipeError};
+use mopt_recipe::{DistillSpec, Recipe};
 use mopt_train::memory::peak_rss_bytes;
 use mopt_train::metrics::EvalMetrics;
 use mopt_train::setup::{build_model, cache_dir, model_config, prepare_data, PreparedData};
@@ -69,13 +69,7 @@ pub struct DistillReport {
 }
 
 fn recipe_error(recipe: &Recipe, key: &str, message: String, hint: &str) -> TrainError {
-    TrainError::Recipe(RecipeError::Invalid(Box::new(Invalid {
-        path: recipe.path.clone(),
-        key: key.into(),
-        line: mopt_recipe::locate(&recipe.source, key),
-        message,
-        hint: hint.into(),
-    })))
+    TrainError::Recipe(recipe.invalid(key, message, hint))
 }
 
 /// Make sure the teacher checkpoint exists, fine-tuning it with `[teacher] recipe` when it does not.

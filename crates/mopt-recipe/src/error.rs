@@ -46,16 +46,6 @@ impl fmt::Display for Invalid {
     }
 }
 
-impl RecipeError {
-    /// The dotted key the error is about, when there is one (`train.lr`).
-    pub fn key(&self) -> Option<&str> {
-        match self {
-            RecipeError::Invalid(inv) => Some(&inv.key),
-            _ => None,
-        }
-    }
-}
-
 /// Find the 1-based line where `key` (dotted: `train.lr`) is set in TOML `source`.
 ///
 /// Tracks `[section]` headers; for a bare section key (`train`) returns the header line.

@@ -874,6 +874,25 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
     })
 }
 
+impl Recipe {
+    /// An error about `key` of this recipe, found after validation (e.g. against a model's
+    /// shape): it names the file, the key and its line, like every recipe error.
+    pub fn invalid(
+        &self,
+        key: &str,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> RecipeError {
+        RecipeError::Invalid(Box::new(Invalid {
+            path: self.path.clone(),
+            key: key.to_string(),
+            line: locate(&self.source, key),
+            message: message.into(),
+            hint: hint.into(),
+        }))
+    }
+}
+
 impl DataSpec {
     /// A short description of where the data comes from, for logs.
     pub fn source_label(&self) -> String {

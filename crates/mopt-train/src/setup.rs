@@ -76,15 +76,7 @@ pub fn model_config(
     c.num_labels = labels.len();
     c.mopt_labels = Some(labels.labels.clone());
     let bad = |key: &str, message: String, hint: &str| {
-        TrainError::Recipe(mopt_recipe::RecipeError::Invalid(Box::new(
-            mopt_recipe::Invalid {
-                path: recipe.path.clone(),
-                key: key.into(),
-                line: mopt_recipe::locate(&recipe.source, key),
-                message,
-                hint: hint.into(),
-            },
-        )))
+        TrainError::Recipe(recipe.invalid(key, message, hint))
     };
     c.check().map_err(|msg| {
         bad(
