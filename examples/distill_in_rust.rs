@@ -18,7 +18,7 @@ use mopt_distill::{DistillModel, DistillTask};
 use mopt_models::bert::BertForSequenceClassification;
 use mopt_recipe::{
     DistillSpec, Feature, HeadPolicy, LayerMap, MatchLoss, MatchSpec, Schedule, SoftLoss,
-    TeacherSpec,
+    TeacherSpec, Tokens,
 };
 use mopt_train::trainer::{fit, RunContext, Task, TrainOptions};
 use mopt_train::{rundir, DeviceSpec};
@@ -92,6 +92,8 @@ fn main() -> anyhow::Result<()> {
             weight: 0.5,
             projection: false,
             heads: HeadPolicy::Error,
+            tokens: Tokens::All,
+            until_epoch: None,
             index: 0,
         }],
     });

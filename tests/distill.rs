@@ -121,7 +121,8 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
     let tmp = tempfile::tempdir().unwrap();
     // A narrower student (hidden 16) so the hidden match needs a projection.
     let student = "[model.overrides]\nnum-hidden-layers = 1\nhidden-size = 16\nnum-attention-heads = 2\nintermediate-size = 32";
-    let matches = "[[distill.match]]\nfeature = \"hidden\"\nlayers = [[1, 2]]\nprojection = true\n\n[[distill.match]]\nfeature = \"attention-scores\"\nlayers = [[1, 1]]\nheads = \"mean\"\n";
+    // The [CLS]-only match is on in epoch 1 only (TinyBERT-style two stages).
+    let matches = "[[distill.match]]\nfeature = \"hidden\"\nlayers = [[1, 2]]\nprojection = true\n\n[[distill.match]]\nfeature = \"attention-scores\"\nlayers = [[1, 1]]\nheads = \"mean\"\n\n[[distill.match]]\nfeature = \"hidden\"\ntokens = \"cls\"\nlayers = [[1, 2]]\nprojection = true\nuntil-epoch = 1\n";
     let recipe_path = write_pair(tmp.path(), matches, student);
     // Train the teacher through the binary (the distillation itself is driven from Rust here).
     let teacher = mopt(&[tmp.path().join("teacher.toml").to_str().unwrap()]);
@@ -130,7 +131,7 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
     let device = Device::flex();
     let ad = device.clone().autodiff();
     let s = setup(&recipe, &device).unwrap();
-    assert_eq!(s.plan.projections, vec![(16, 32)]);
+    assert_eq!(s.plan.projections, vec![(16, 32), (16, 32)]);
     let model = DistillModel::new(
         init_student(&recipe, &s, &ad).unwrap(),
         &s.plan.projections,
@@ -147,7 +148,7 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
     let indices = [3usize, 17, 40, 41, 90];
     let items: Vec<&Encoded> = indices.iter().map(|&i| &s.prepared.data.train[i]).collect();
     let batch = Batcher::new(0).batch(&items, &ad);
-    let a = DistillTask::new(s.spec.clone(), s.plan.clone(), cached, &ad);
+    let mut a = DistillTask::new(s.spec.clone(), s.plan.clone(), cached, &ad);
     let b = DistillTask::new(s.spec.clone(), s.plan.clone(), live, &ad);
     // Dropout off, so both forward passes of the student are identical and only the teacher's
     // source differs (gradients still flow: the module stays on the autodiff device).
@@ -185,6 +186,29 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
         .expect("projection gradient");
     let norm: f32 = g.powf_scalar(2.0).sum().into_scalar();
     assert!(norm > 0.0, "projection gradient is zero");
+    let names: Vec<&str> = pa.iter().map(|(n, _)| *n).collect();
+    assert!(names.contains(&"hidden_cls_mse_2"), "{names:?}");
+
+    // Epoch 2: the [CLS] match is over; the other two stay, and the loss is their sum plus the
+    // logit terms.
+    a.set_epoch(2);
+    let (l2, p2) = a.objective(&quiet, &batch, &indices, 0.6);
+    let get = |n: &str| p2.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
+    assert_eq!(get("hidden_cls_mse_2"), None, "{p2:?}");
+    let (ce, soft, alpha) = (
+        get("ce").unwrap(),
+        get("soft").unwrap(),
+        get("alpha").unwrap(),
+    );
+    let want = alpha * ce
+        + (1.0 - alpha) * soft
+        + get("hidden_mse_0").unwrap()
+        + get("attention_scores_mse_1").unwrap();
+    let got: f32 = l2.into_scalar();
+    assert!(
+        (got as f64 - want).abs() < 1e-4 * want.max(1.0),
+        "{got} vs {want}"
+    );
 }
 
 #[test]
@@ -214,6 +238,16 @@ fn distillation_recipe_errors_are_clear() {
             "",
             "[model.overrides]\nvocab-size = 1000",
             &["unknown field `vocab-size`"],
+        ),
+        (
+            "[[distill.match]]\nfeature = \"attention\"\ntokens = \"cls\"\nlayers = [[1, 2]]",
+            LAYER_INIT,
+            &["distill.match.tokens", "hidden-state matches only"],
+        ),
+        (
+            "[[distill.match]]\nfeature = \"hidden\"\nlayers = [[1, 2]]\nuntil-epoch = 2",
+            LAYER_INIT,
+            &["distill.match.until-epoch", "train.epochs = 2"],
         ),
     ];
     for (i, (matches, student, needles)) in cases.into_iter().enumerate() {

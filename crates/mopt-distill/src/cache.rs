@@ -304,6 +304,19 @@ impl TeacherCache {
 
     /// Teacher features of the examples at `indices`, zero-padded to `seq` tokens, on `device`.
     pub fn batch(&self, indices: &[usize], seq: usize, device: &Device) -> TeacherBatch {
+        self.batch_with(indices, seq, device, true)
+    }
+
+    /// Like [`TeacherCache::batch`]; with `features = false` only the logits (no match is active).
+    pub fn batch_with(
+        &self,
+        indices: &[usize],
+        seq: usize,
+        device: &Device,
+        features: bool,
+    ) -> TeacherBatch {
+        let empty = TeacherNeeds::default();
+        let needs = if features { &self.needs } else { &empty };
         let b = indices.len();
         let c = self.num_labels;
         let mut logits = Vec::with_capacity(b * c);
@@ -311,8 +324,7 @@ impl TeacherCache {
             logits.extend_from_slice(&self.examples[i].logits);
         }
         let h = self.hidden_size;
-        let hidden = self
-            .needs
+        let hidden = needs
             .hidden
             .iter()
             .enumerate()
@@ -357,8 +369,8 @@ impl TeacherCache {
         TeacherBatch {
             logits: Tensor::from_data(TensorData::new(logits, [b, c]), device),
             hidden,
-            attentions: attn(&self.needs.attentions, |e| &e.attentions),
-            scores: attn(&self.needs.scores, |e| &e.scores),
+            attentions: attn(&needs.attentions, |e| &e.attentions),
+            scores: attn(&needs.scores, |e| &e.scores),
         }
     }
 }

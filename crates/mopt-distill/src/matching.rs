@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use burn::nn::Linear;
 use burn::prelude::*;
 use mopt_models::bert::{BertConfig, BertOutputs};
-use mopt_recipe::{Feature, HeadPolicy, LayerMap, MatchLoss, MatchSpec, Recipe, RecipeError};
+use mopt_recipe::{
+    Feature, HeadPolicy, LayerMap, MatchLoss, MatchSpec, Recipe, RecipeError, Tokens,
+};
 
 /// One student ↔ teacher pair of a match. Hidden indices count the embedding output as 0;
 /// attention indices are 1-based layers.
@@ -25,8 +27,12 @@ pub struct ResolvedMatch {
     pub feature: Feature,
     pub loss: MatchLoss,
     pub weight: f64,
+    /// Token positions compared (hidden features).
+    pub tokens: Tokens,
+    /// Last epoch (1-based) the match is on; `None` = always.
+    pub until_epoch: Option<usize>,
     pub pairs: Vec<Pair>,
-    /// Name in logs, e.g. `hidden_mse_0`.
+    /// Name in logs, e.g. `hidden_mse_0` (`hidden_cls_mse_3` for `[CLS]`-only matches).
     pub name: &'static str,
 }
 
@@ -151,6 +157,10 @@ pub fn resolve(
             Feature::AttentionProbs => "attention",
             Feature::AttentionScores => "attention_scores",
         };
+        let feature = match m.tokens {
+            Tokens::Cls => "hidden_cls",
+            Tokens::All => feature,
+        };
         let loss = match m.loss {
             MatchLoss::Mse => "mse",
             MatchLoss::Cosine => "cosine",
@@ -160,6 +170,8 @@ pub fn resolve(
             feature: m.feature,
             loss: m.loss,
             weight: m.weight,
+            tokens: m.tokens,
+            until_epoch: m.until_epoch,
             pairs: resolved,
             name: leak(format!("{feature}_{loss}_{i}")),
         });
@@ -174,6 +186,13 @@ impl MatchPlan {
             Feature::AttentionScores => self.needs.scores.insert(t),
             _ => self.needs.hidden.insert(t),
         };
+    }
+}
+
+impl ResolvedMatch {
+    /// Whether the match is on in `epoch` (1-based).
+    pub fn active(&self, epoch: usize) -> bool {
+        self.until_epoch.is_none_or(|u| epoch <= u)
     }
 }
 
@@ -258,10 +277,16 @@ pub fn match_loss(
                 if let Some(j) = p.projection {
                     s = projections[j].forward(s);
                 }
-                let t = teacher.hidden[&p.teacher].clone();
+                let mut t = teacher.hidden[&p.teacher].clone();
+                let mut mask = mask.clone();
+                if m.tokens == Tokens::Cls {
+                    s = s.narrow(1, 0, 1);
+                    t = t.narrow(1, 0, 1);
+                    mask = mask.narrow(1, 0, 1);
+                }
                 match m.loss {
-                    MatchLoss::Cosine => hidden_cosine(s, t, mask.clone()),
-                    _ => hidden_mse(s, t, mask.clone()),
+                    MatchLoss::Cosine => hidden_cosine(s, t, mask),
+                    _ => hidden_mse(s, t, mask),
                 }
             }
             Feature::AttentionProbs | Feature::AttentionScores => {
@@ -314,6 +339,50 @@ mod tests {
         let cos: f32 = hidden_cosine(s, t, mask).into_scalar();
         let want = 1.0 - 1.0 / 5f32.sqrt();
         assert!((cos - want).abs() < 1e-6, "{cos} vs {want}");
+    }
+
+    #[test]
+    fn cls_matches_read_only_the_first_token() {
+        let d = Device::flex();
+        // Token 0 differs by (1, 2); token 1 differs wildly and must not count.
+        let s = Tensor::<3>::from_floats([[[1.0, 2.0], [50.0, -50.0]]], &d);
+        let t = Tensor::<3>::from_floats([[[0.0, 0.0], [0.0, 0.0]]], &d);
+        let outputs = BertOutputs {
+            logits: Tensor::zeros([1, 2], &d),
+            last_hidden_state: s.clone(),
+            pooled: Tensor::zeros([1, 2], &d),
+            hidden_states: vec![s.clone(), s],
+            attentions: vec![],
+            attention_scores: vec![],
+        };
+        let teacher = TeacherBatch {
+            logits: Tensor::zeros([1, 2], &d),
+            hidden: BTreeMap::from([(3, t)]),
+            attentions: BTreeMap::new(),
+            scores: BTreeMap::new(),
+        };
+        let mask = Tensor::<2>::from_floats([[1.0, 1.0]], &d);
+        let mut m = ResolvedMatch {
+            feature: Feature::Hidden,
+            loss: MatchLoss::Mse,
+            weight: 2.0,
+            tokens: Tokens::Cls,
+            until_epoch: Some(1),
+            pairs: vec![Pair {
+                student: 1,
+                teacher: 3,
+                projection: None,
+                mean_heads: false,
+            }],
+            name: "hidden_cls_mse_0",
+        };
+        let cls: f32 = match_loss(&m, &outputs, &teacher, &[], &mask).into_scalar();
+        // weight · (1² + 2²) / 2
+        assert!((cls - 5.0).abs() < 1e-5, "{cls}");
+        m.tokens = Tokens::All;
+        let all: f32 = match_loss(&m, &outputs, &teacher, &[], &mask).into_scalar();
+        assert!((all - 2.0 * (5.0 + 5000.0) / 4.0).abs() < 1e-2, "{all}");
+        assert!(m.active(1) && !m.active(2));
     }
 
     #[test]

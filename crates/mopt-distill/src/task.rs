@@ -13,7 +13,7 @@ use mopt_train::trainer::Task;
 
 use crate::cache::{live_batch, TeacherCache};
 use crate::loss::soft_loss;
-use crate::matching::{match_loss, MatchPlan, TeacherBatch};
+use crate::matching::{match_loss, MatchPlan, TeacherBatch, TeacherNeeds};
 use crate::student::DistillModel;
 
 /// Where teacher outputs come from.
@@ -37,24 +37,43 @@ pub struct DistillTask {
     pub source: TeacherSource,
     ce: CrossEntropyLoss,
     opts: ForwardOptions,
+    /// Current epoch (1-based); matches with `until_epoch < epoch` are off.
+    epoch: usize,
 }
 
 impl DistillTask {
     pub fn new(spec: DistillSpec, plan: MatchPlan, source: TeacherSource, device: &Device) -> Self {
-        let any =
-            |f: &[Feature]| spec.enabled && plan.matches.iter().any(|m| f.contains(&m.feature));
-        let opts = ForwardOptions {
-            hidden_states: any(&[Feature::Hidden, Feature::Embeddings]),
-            attentions: any(&[Feature::AttentionProbs]),
-            attention_scores: any(&[Feature::AttentionScores]),
-        };
-        Self {
+        let mut task = Self {
             spec,
             plan,
             source,
             ce: CrossEntropyLossConfig::new().init(device),
-            opts,
-        }
+            opts: ForwardOptions::default(),
+            epoch: 1,
+        };
+        task.set_epoch(1);
+        task
+    }
+
+    /// Switch to `epoch` (1-based): the student only computes what the active matches read.
+    pub fn set_epoch(&mut self, epoch: usize) {
+        self.epoch = epoch;
+        let active: Vec<Feature> = self.active_matches().map(|m| m.feature).collect();
+        let any = |f: &[Feature]| active.iter().any(|a| f.contains(a));
+        self.opts = ForwardOptions {
+            hidden_states: any(&[Feature::Hidden, Feature::Embeddings]),
+            attentions: any(&[Feature::AttentionProbs]),
+            attention_scores: any(&[Feature::AttentionScores]),
+        };
+    }
+
+    /// The matches on in the current epoch (none for the hard-label twin).
+    fn active_matches(&self) -> impl Iterator<Item = &crate::matching::ResolvedMatch> {
+        let epoch = self.epoch;
+        self.plan
+            .matches
+            .iter()
+            .filter(move |m| self.spec.enabled && m.active(epoch))
     }
 
     fn teacher_batch(
@@ -63,8 +82,9 @@ impl DistillTask {
         seq: usize,
         device: &Device,
     ) -> Option<TeacherBatch> {
+        let features = self.active_matches().next().is_some();
         match &self.source {
-            TeacherSource::Cache(c) => Some(c.batch(indices, seq, device)),
+            TeacherSource::Cache(c) => Some(c.batch_with(indices, seq, device, features)),
             TeacherSource::Live {
                 teacher,
                 examples,
@@ -72,10 +92,11 @@ impl DistillTask {
                 device: plain,
             } => {
                 let items: Vec<&Encoded> = indices.iter().map(|&i| &examples[i]).collect();
+                let none = TeacherNeeds::default();
                 Some(live_batch(
                     teacher,
                     &items,
-                    &self.plan.needs,
+                    if features { &self.plan.needs } else { &none },
                     batcher,
                     plain,
                 ))
@@ -124,7 +145,7 @@ impl DistillTask {
             ("alpha", alpha),
             ("temperature", temperature),
         ];
-        for m in &self.plan.matches {
+        for m in self.active_matches() {
             let l = match_loss(m, &out, &teacher, &model.projections, &b.attention_mask);
             let v: f32 = l.clone().into_scalar();
             parts.push((m.name, v as f64));
@@ -149,5 +170,9 @@ impl Task for DistillTask {
 
     fn classifier<'a>(&self, model: &'a DistillModel) -> &'a BertForSequenceClassification {
         &model.student
+    }
+
+    fn begin_epoch(&mut self, epoch: usize) {
+        self.set_epoch(epoch);
     }
 }

@@ -61,6 +61,8 @@ pub struct RawMatch {
     pub weight: Option<f64>,
     pub projection: Option<bool>,
     pub heads: Option<String>,
+    pub tokens: Option<String>,
+    pub until_epoch: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -102,6 +102,16 @@ pub enum HeadPolicy {
     Mean,
 }
 
+/// Which token positions a hidden-state match compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tokens {
+    /// Every real (unpadded) token.
+    #[default]
+    All,
+    /// Only the first token, `[CLS]`, which the pooler and classifier read (BERT-PKD).
+    Cls,
+}
+
 /// One `[[distill.match]]`.
 #[derive(Debug, Clone)]
 pub struct MatchSpec {
@@ -112,6 +122,11 @@ pub struct MatchSpec {
     /// Learn a linear projection student width → teacher width (hidden features).
     pub projection: bool,
     pub heads: HeadPolicy,
+    /// Token positions compared (hidden-state matches).
+    pub tokens: Tokens,
+    /// Last epoch (1-based) in which the match is on; `None` = every epoch. Matching first and
+    /// logits alone afterwards is TinyBERT's two-stage schedule.
+    pub until_epoch: Option<usize>,
     /// Position in the recipe, for messages (`distill.match[1]`).
     pub index: usize,
 }
@@ -827,6 +842,36 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
                         ))
                     }
                 };
+                let tokens = match m.tokens.as_deref().unwrap_or("all") {
+                    "all" => Tokens::All,
+                    "cls" => Tokens::Cls,
+                    other => {
+                        return Err(cx.err(
+                            &key("tokens"),
+                            format!("match {index}: unknown token selection `{other}`"),
+                            "use `all` (every real token) or `cls` (the [CLS] token only)",
+                        ))
+                    }
+                };
+                if tokens == Tokens::Cls && feature != Feature::Hidden {
+                    return Err(cx.err(
+                        &key("tokens"),
+                        format!("match {index}: `tokens = \"cls\"` applies to hidden-state matches only"),
+                        "use it with `feature = \"hidden\"`, or leave `tokens` out",
+                    ));
+                }
+                if let Some(u) = m.until_epoch {
+                    if u == 0 || u >= train.epochs {
+                        return Err(cx.err(
+                            &key("until-epoch"),
+                            format!(
+                                "match {index}: until-epoch = {u} must lie in 1..{} (train.epochs = {})",
+                                train.epochs, train.epochs
+                            ),
+                            "the match is on in epochs 1..=until-epoch; leave it out to match in every epoch",
+                        ));
+                    }
+                }
                 matches.push(MatchSpec {
                     feature,
                     loss,
@@ -834,6 +879,8 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
                     weight,
                     projection: m.projection.unwrap_or(false),
                     heads,
+                    tokens,
+                    until_epoch: m.until_epoch,
                     index,
                 });
             }

@@ -186,6 +186,9 @@ pub trait Task {
 
     /// The classifier that is evaluated and checkpointed.
     fn classifier<'a>(&self, model: &'a Self::Model) -> &'a BertForSequenceClassification;
+
+    /// Called before each training epoch (`epoch` is 1-based), for objectives that change by phase.
+    fn begin_epoch(&mut self, _epoch: usize) {}
 }
 
 /// Plain fine-tuning: cross-entropy against the labels.
@@ -366,6 +369,7 @@ pub fn fit<T: Task>(
     let mut stopped = false;
 
     for epoch in 0..t.epochs {
+        task.begin_epoch(epoch + 1);
         let epoch_start = Instant::now();
         let order = epoch_order(data.train.len(), recipe.run.seed, epoch);
         let mut accum = GradientsAccumulator::new();
