@@ -120,3 +120,22 @@ fn errors_name_file_line_key_and_fix() {
         "required for csv",
     );
 }
+
+#[test]
+fn shipped_recipes_validate() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|e| e == "toml") {
+            let s = std::fs::read_to_string(&p).unwrap();
+            let r = parse(&p, &s).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            if let Some(d) = &r.distill {
+                // Every shipped distillation recipe reports its hard-label twin.
+                assert!(d.baseline, "{}: baseline = true expected", p.display());
+            }
+            n += 1;
+        }
+    }
+    assert!(n >= 3, "found {n} recipes in {}", dir.display());
+}
