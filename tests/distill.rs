@@ -9,6 +9,7 @@ use common::{mopt, read_json, stderr, write_tiny_recipe};
 use mopt_data::{Batcher, Encoded};
 use mopt_distill::pipeline::{init_student, setup, teacher_source};
 use mopt_distill::{DistillModel, DistillTask, TeacherSource};
+use mopt_train::trainer::Task;
 
 /// A tiny teacher recipe (2 layers) plus a distillation recipe whose student takes teacher layer 1.
 fn write_pair(dir: &Path, distill_extra: &str, student_model: &str) -> PathBuf {
@@ -191,7 +192,7 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
 
     // Epoch 2: the [CLS] match is over; the other two stay, and the loss is their sum plus the
     // logit terms.
-    a.set_epoch(2);
+    a.begin_epoch(2);
     let (l2, p2) = a.objective(&quiet, &batch, &indices, 0.6);
     let get = |n: &str| p2.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
     assert_eq!(get("hidden_cls_mse_2"), None, "{p2:?}");

@@ -51,20 +51,19 @@ impl DistillTask {
             opts: ForwardOptions::default(),
             epoch: 1,
         };
-        task.set_epoch(1);
+        task.begin_epoch(1);
         task
     }
 
-    /// Switch to `epoch` (1-based): the student only computes what the active matches read.
-    pub fn set_epoch(&mut self, epoch: usize) {
-        self.epoch = epoch;
+    /// The student forward outputs the active matches read.
+    fn forward_options(&self) -> ForwardOptions {
         let active: Vec<Feature> = self.active_matches().map(|m| m.feature).collect();
         let any = |f: &[Feature]| active.iter().any(|a| f.contains(a));
-        self.opts = ForwardOptions {
+        ForwardOptions {
             hidden_states: any(&[Feature::Hidden, Feature::Embeddings]),
             attentions: any(&[Feature::AttentionProbs]),
             attention_scores: any(&[Feature::AttentionScores]),
-        };
+        }
     }
 
     /// The matches on in the current epoch (none for the hard-label twin).
@@ -172,7 +171,9 @@ impl Task for DistillTask {
         &model.student
     }
 
+    /// Matches past their `until-epoch` switch off; the student then skips what they read.
     fn begin_epoch(&mut self, epoch: usize) {
-        self.set_epoch(epoch);
+        self.epoch = epoch;
+        self.opts = self.forward_options();
     }
 }

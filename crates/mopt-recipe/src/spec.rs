@@ -865,8 +865,8 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
                         return Err(cx.err(
                             &key("until-epoch"),
                             format!(
-                                "match {index}: until-epoch = {u} must lie in 1..{} (train.epochs = {})",
-                                train.epochs, train.epochs
+                                "match {index}: until-epoch = {u} must lie in 1..{e} (train.epochs = {e})",
+                                e = train.epochs
                             ),
                             "the match is on in epochs 1..=until-epoch; leave it out to match in every epoch",
                         ));
