@@ -94,6 +94,7 @@ fn main() -> anyhow::Result<()> {
             heads: HeadPolicy::Error,
             tokens: Tokens::All,
             until_epoch: None,
+            rows: 0,
             index: 0,
         }],
     });

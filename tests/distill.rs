@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use burn::prelude::*;
 use common::{mopt, read_json, stderr, write_tiny_recipe};
 use mopt_data::{Batcher, Encoded};
-use mopt_distill::pipeline::{init_student, setup, teacher_source};
+use mopt_distill::pipeline::{init_student, setup, teacher_source, with_word_table};
 use mopt_distill::{DistillModel, DistillTask, TeacherSource};
 use mopt_train::trainer::Task;
 
@@ -123,7 +123,7 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
     // A narrower student (hidden 16) so the hidden match needs a projection.
     let student = "[model.overrides]\nnum-hidden-layers = 1\nhidden-size = 16\nnum-attention-heads = 2\nintermediate-size = 32";
     // The [CLS]-only match is on in epoch 1 only (TinyBERT-style two stages).
-    let matches = "[[distill.match]]\nfeature = \"hidden\"\nlayers = [[1, 2]]\nprojection = true\n\n[[distill.match]]\nfeature = \"attention-scores\"\nlayers = [[1, 1]]\nheads = \"mean\"\n\n[[distill.match]]\nfeature = \"hidden\"\ntokens = \"cls\"\nlayers = [[1, 2]]\nprojection = true\nuntil-epoch = 1\n";
+    let matches = "[[distill.match]]\nfeature = \"hidden\"\nlayers = [[1, 2]]\nprojection = true\n\n[[distill.match]]\nfeature = \"attention-scores\"\nlayers = [[1, 1]]\nheads = \"mean\"\n\n[[distill.match]]\nfeature = \"hidden\"\ntokens = \"cls\"\nlayers = [[1, 2]]\nprojection = true\nuntil-epoch = 1\n\n[[distill.match]]\nfeature = \"word-embeddings\"\nprojection = true\nrows = 64\nweight = 0.5\n";
     let recipe_path = write_pair(tmp.path(), matches, student);
     // Train the teacher through the binary (the distillation itself is driven from Rust here).
     let teacher = mopt(&[tmp.path().join("teacher.toml").to_str().unwrap()]);
@@ -132,7 +132,7 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
     let device = Device::flex();
     let ad = device.clone().autodiff();
     let s = setup(&recipe, &device).unwrap();
-    assert_eq!(s.plan.projections, vec![(16, 32), (16, 32)]);
+    assert_eq!(s.plan.projections, vec![(16, 32), (16, 32), (16, 32)]);
     let model = DistillModel::new(
         init_student(&recipe, &s, &ad).unwrap(),
         &s.plan.projections,
@@ -149,8 +149,16 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
     let indices = [3usize, 17, 40, 41, 90];
     let items: Vec<&Encoded> = indices.iter().map(|&i| &s.prepared.data.train[i]).collect();
     let batch = Batcher::new(0).batch(&items, &ad);
-    let mut a = DistillTask::new(s.spec.clone(), s.plan.clone(), cached, &ad);
-    let b = DistillTask::new(s.spec.clone(), s.plan.clone(), live, &ad);
+    let mut a = with_word_table(
+        DistillTask::new(s.spec.clone(), s.plan.clone(), cached, &ad),
+        &s,
+        &ad,
+    );
+    let b = with_word_table(
+        DistillTask::new(s.spec.clone(), s.plan.clone(), live, &ad),
+        &s,
+        &ad,
+    );
     // Dropout off, so both forward passes of the student are identical and only the teacher's
     // source differs (gradients still flow: the module stays on the autodiff device).
     let quiet = {
@@ -189,6 +197,29 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
     assert!(norm > 0.0, "projection gradient is zero");
     let names: Vec<&str> = pa.iter().map(|(n, _)| *n).collect();
     assert!(names.contains(&"hidden_cls_mse_2"), "{names:?}");
+    // The vocabulary-wide table match trains the student's word embeddings and its projection.
+    for g in [
+        quiet.projections[2].weight.val().grad(&grads),
+        quiet
+            .student
+            .bert
+            .embeddings
+            .word_embeddings
+            .weight
+            .val()
+            .grad(&grads),
+    ] {
+        let norm: f32 = g.expect("gradient").powf_scalar(2.0).sum().into_scalar();
+        assert!(norm > 0.0, "word-embedding match gradient is zero");
+    }
+    let word = pa
+        .iter()
+        .find(|(n, _)| *n == "word_embeddings_mse_3")
+        .map(|(_, v)| *v)
+        .expect("word-embedding match logged");
+    // A random table through a random projection (whose bias alone is ~7x the teacher's rows
+    // here) is far from the teacher's: well above 0, finite.
+    assert!(word.is_finite() && word > 0.5, "{word}");
 
     // Epoch 2: the [CLS] match is over; the other two stay, and the loss is their sum plus the
     // logit terms.
@@ -204,7 +235,8 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
     let want = alpha * ce
         + (1.0 - alpha) * soft
         + get("hidden_mse_0").unwrap()
-        + get("attention_scores_mse_1").unwrap();
+        + get("attention_scores_mse_1").unwrap()
+        + get("word_embeddings_mse_3").unwrap();
     let got: f32 = l2.into_scalar();
     assert!(
         (got as f64 - want).abs() < 1e-4 * want.max(1.0),
@@ -215,7 +247,8 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
 #[test]
 fn distillation_recipe_errors_are_clear() {
     let tmp = tempfile::tempdir().unwrap();
-    let cases: Vec<(&str, &str, &[&str])> = vec![
+    let cases: Vec<(&str, &str, &[&str])> =
+        vec![
         (
             "[[distill.match]]\nfeature = \"hidden\"\nlayers = [[5, 1]]",
             LAYER_INIT,
@@ -249,6 +282,26 @@ fn distillation_recipe_errors_are_clear() {
             "[[distill.match]]\nfeature = \"hidden\"\nlayers = [[1, 2]]\nuntil-epoch = 2",
             LAYER_INIT,
             &["distill.match.until-epoch", "train.epochs = 2"],
+        ),
+        (
+            "[[distill.match]]\nfeature = \"word-embeddings\"\nlayers = [[1, 2]]",
+            LAYER_INIT,
+            &["distill.match.layers", "take no layer map"],
+        ),
+        (
+            "[[distill.match]]\nfeature = \"hidden\"",
+            LAYER_INIT,
+            &["distill.match.layers", "`layers` is missing", "uniform"],
+        ),
+        (
+            "[[distill.match]]\nfeature = \"hidden\"\nlayers = [[1, 2]]\nrows = 100",
+            LAYER_INIT,
+            &["distill.match.rows", "word-embedding matches only"],
+        ),
+        (
+            "[[distill.match]]\nfeature = \"word-embeddings\"",
+            "[model.overrides]\nnum-hidden-layers = 1\nhidden-size = 16\nnum-attention-heads = 2",
+            &["distill.match.projection", "width 16 differs", "projection = true"],
         ),
     ];
     for (i, (matches, student, needles)) in cases.into_iter().enumerate() {

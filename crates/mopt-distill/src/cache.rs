@@ -371,6 +371,7 @@ impl TeacherCache {
             hidden,
             attentions: attn(&needs.attentions, |e| &e.attentions),
             scores: attn(&needs.scores, |e| &e.scores),
+            word_rows: None,
         }
     }
 }
@@ -411,5 +412,6 @@ pub fn live_batch(
             .iter()
             .map(|&l| (l, o.attention_scores[l - 1].clone()))
             .collect(),
+        word_rows: None,
     }
 }

@@ -31,6 +31,8 @@ pub struct ResolvedMatch {
     pub tokens: Tokens,
     /// Last epoch (1-based) the match is on; `None` = always.
     pub until_epoch: Option<usize>,
+    /// Vocabulary rows compared per step (word-embedding matches).
+    pub rows: usize,
     pub pairs: Vec<Pair>,
     /// Name in logs, e.g. `hidden_mse_0` (`hidden_cls_mse_3` for `[CLS]`-only matches).
     pub name: &'static str,
@@ -84,7 +86,7 @@ pub fn resolve(
             Feature::AttentionProbs | Feature::AttentionScores
         );
         let pairs: Vec<(usize, usize)> = match (&m.feature, &m.layers) {
-            (Feature::Embeddings, _) => vec![(0, 0)],
+            (Feature::Embeddings | Feature::WordEmbeddings, _) => vec![(0, 0)],
             (_, LayerMap::Uniform) => (1..=ls)
                 .map(|s| (s, ((s * lt) as f64 / ls as f64).round() as usize))
                 .collect(),
@@ -147,13 +149,16 @@ pub fn resolve(
                         "set `projection = true` to learn a linear map from the student's width to the teacher's",
                     ));
                 }
-                plan.needs.hidden.insert(t);
+                if m.feature != Feature::WordEmbeddings {
+                    plan.needs.hidden.insert(t);
+                }
             }
             resolved.push(pair);
         }
         let feature = match m.feature {
             Feature::Hidden => "hidden",
             Feature::Embeddings => "embeddings",
+            Feature::WordEmbeddings => "word_embeddings",
             Feature::AttentionProbs => "attention",
             Feature::AttentionScores => "attention_scores",
         };
@@ -172,6 +177,7 @@ pub fn resolve(
             weight: m.weight,
             tokens: m.tokens,
             until_epoch: m.until_epoch,
+            rows: m.rows,
             pairs: resolved,
             name: leak(format!("{feature}_{loss}_{i}")),
         });
@@ -206,6 +212,52 @@ pub struct TeacherBatch {
     /// `[batch, heads, seq, seq]` by 1-based layer.
     pub attentions: BTreeMap<usize, Tensor<4>>,
     pub scores: BTreeMap<usize, Tensor<4>>,
+    /// Word-embedding rows sampled for this step (word-embedding matches only).
+    pub word_rows: Option<WordRows>,
+}
+
+/// Vocabulary rows sampled for one step of a word-embedding match, with the teacher's rows.
+#[derive(Debug, Clone)]
+pub struct WordRows {
+    /// `[rows]` token ids.
+    pub ids: Tensor<1, Int>,
+    /// `[rows, hidden_t]`
+    pub teacher: Tensor<2>,
+}
+
+impl WordRows {
+    /// `rows` token ids drawn uniformly (with replacement) from `0..vocab` by `seed`, and the
+    /// teacher's embedding rows for them. The same seed gives the same rows.
+    pub fn sample(teacher_table: &Tensor<2>, rows: usize, seed: u64) -> Self {
+        let [vocab, _] = teacher_table.dims();
+        let mut rng = mopt_data::SplitMix64::new(seed);
+        let ids: Vec<i64> = (0..rows).map(|_| rng.below(vocab) as i64).collect();
+        let ids =
+            Tensor::<1, Int>::from_data(TensorData::new(ids, [rows]), &teacher_table.device());
+        Self {
+            teacher: teacher_table.clone().select(0, ids.clone()),
+            ids,
+        }
+    }
+}
+
+/// Relative squared error `Σ(s−t)² / Σt²` (0 = exact, 1 = as far off as predicting zeros), so
+/// the weight of a table match does not depend on the teacher's embedding scale.
+///
+/// # Shapes
+/// - s, t: `[rows, width]` → `[1]`
+pub fn relative_mse(s: Tensor<2>, t: Tensor<2>) -> Tensor<1> {
+    (s - t.clone())
+        .powf_scalar(2.0)
+        .sum()
+        .div(t.powf_scalar(2.0).sum().add_scalar(EPS))
+}
+
+/// Mean of `1 − cos(s, t)` over rows.
+pub fn rows_cosine(s: Tensor<2>, t: Tensor<2>) -> Tensor<1> {
+    let [r, w] = s.dims();
+    let mask = Tensor::ones([1, r], &t.device());
+    hidden_cosine(s.reshape([1, r, w]), t.reshape([1, r, w]), mask)
 }
 
 const EPS: f32 = 1e-12;
@@ -268,10 +320,26 @@ pub fn match_loss(
     teacher: &TeacherBatch,
     projections: &[Linear],
     mask: &Tensor<2>,
+    student_words: Option<&Tensor<2>>,
 ) -> Tensor<1> {
     let mut total: Option<Tensor<1>> = None;
     for p in &m.pairs {
         let l = match m.feature {
+            Feature::WordEmbeddings => {
+                let rows = teacher
+                    .word_rows
+                    .as_ref()
+                    .expect("the task samples word rows for word-embedding matches");
+                let table = student_words.expect("the student's word-embedding table");
+                let mut s = table.clone().select(0, rows.ids.clone());
+                if let Some(j) = p.projection {
+                    s = projections[j].forward(s);
+                }
+                match m.loss {
+                    MatchLoss::Cosine => rows_cosine(s, rows.teacher.clone()),
+                    _ => relative_mse(s, rows.teacher.clone()),
+                }
+            }
             Feature::Hidden | Feature::Embeddings => {
                 let mut s = student.hidden_states[p.student].clone();
                 if let Some(j) = p.projection {
@@ -360,6 +428,7 @@ mod tests {
             hidden: BTreeMap::from([(3, t)]),
             attentions: BTreeMap::new(),
             scores: BTreeMap::new(),
+            word_rows: None,
         };
         let mask = Tensor::<2>::from_floats([[1.0, 1.0]], &d);
         let mut m = ResolvedMatch {
@@ -368,6 +437,7 @@ mod tests {
             weight: 2.0,
             tokens: Tokens::Cls,
             until_epoch: Some(1),
+            rows: 0,
             pairs: vec![Pair {
                 student: 1,
                 teacher: 3,
@@ -376,11 +446,11 @@ mod tests {
             }],
             name: "hidden_cls_mse_0",
         };
-        let cls: f32 = match_loss(&m, &outputs, &teacher, &[], &mask).into_scalar();
+        let cls: f32 = match_loss(&m, &outputs, &teacher, &[], &mask, None).into_scalar();
         // weight · (1² + 2²) / 2
         assert!((cls - 5.0).abs() < 1e-5, "{cls}");
         m.tokens = Tokens::All;
-        let all: f32 = match_loss(&m, &outputs, &teacher, &[], &mask).into_scalar();
+        let all: f32 = match_loss(&m, &outputs, &teacher, &[], &mask, None).into_scalar();
         assert!((all - 2.0 * (5.0 + 5000.0) / 4.0).abs() < 1e-2, "{all}");
         assert!(m.active(1) && !m.active(2));
     }
@@ -397,5 +467,118 @@ mod tests {
         // Only row 0 counts: 0.7 ln(0.7/0.5) + 0.3 ln(0.3/0.5)
         let want = 0.7f32 * (0.7f32 / 0.5).ln() + 0.3 * (0.3f32 / 0.5).ln();
         assert!((kl - want).abs() < 1e-5, "{kl} vs {want}");
+    }
+
+    #[test]
+    fn word_table_match_is_relative_and_trains_only_the_sampled_rows() {
+        let d = Device::flex();
+        let ad = d.clone().autodiff();
+        // Teacher table: 6 words x 2 dims; the student's is 3 dims wide with a projection 3 -> 2.
+        let teacher = Tensor::<2>::from_floats(
+            [
+                [1.0, 0.0],
+                [0.0, 2.0],
+                [3.0, 1.0],
+                [1.0, 1.0],
+                [0.5, -1.0],
+                [2.0, 2.0],
+            ],
+            &ad,
+        );
+        let a = WordRows::sample(&teacher, 50, 7);
+        let b = WordRows::sample(&teacher, 50, 7);
+        let ints = |t: Tensor<1, Int>| -> Vec<i64> {
+            t.into_data().convert::<i64>().try_to_vec().unwrap()
+        };
+        let ids = ints(a.ids.clone());
+        assert_eq!(ids, ints(b.ids), "same seed, same rows");
+        assert!(ids.iter().all(|&i| (0..6).contains(&i)));
+        assert!(ids.iter().collect::<BTreeSet<_>>().len() > 1, "{ids:?}");
+        assert_ne!(
+            ids,
+            ints(WordRows::sample(&teacher, 50, 8).ids),
+            "another seed, other rows"
+        );
+        // Relative squared error: 0 when exact, 1 when predicting zeros.
+        let exact: f32 = relative_mse(a.teacher.clone(), a.teacher.clone()).into_scalar();
+        let zeros: f32 = relative_mse(a.teacher.zeros_like(), a.teacher.clone()).into_scalar();
+        assert!(
+            exact.abs() < 1e-7 && (zeros - 1.0).abs() < 1e-6,
+            "{exact} {zeros}"
+        );
+
+        // Only rows 0 and 2 sampled: the loss reads and trains those rows alone.
+        let rows = WordRows {
+            ids: Tensor::<1, Int>::from_data(TensorData::new(vec![0i64, 2, 2], [3]), &ad),
+            teacher: teacher.clone().select(
+                0,
+                Tensor::<1, Int>::from_data(TensorData::new(vec![0i64, 2, 2], [3]), &ad),
+            ),
+        };
+        let student = Tensor::<2>::from_floats(
+            [
+                [1.0, 0.0, 0.0],
+                [9.0, 9.0, 9.0],
+                [0.0, 1.0, 0.0],
+                [9.0, 9.0, 9.0],
+                [0.0; 3],
+                [0.0; 3],
+            ],
+            &ad,
+        )
+        .require_grad();
+        // Projection picking dims 0 and 1: row 0 -> (1, 0) exact, row 2 -> (0, 1) vs (3, 1).
+        let mut proj = burn::nn::LinearConfig::new(3, 2).with_bias(false).init(&ad);
+        proj.weight = burn::module::Param::from_tensor(Tensor::<2>::from_floats(
+            [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]],
+            &ad,
+        ));
+        let outputs = BertOutputs {
+            logits: Tensor::zeros([1, 2], &ad),
+            last_hidden_state: Tensor::zeros([1, 1, 3], &ad),
+            pooled: Tensor::zeros([1, 3], &ad),
+            hidden_states: vec![],
+            attentions: vec![],
+            attention_scores: vec![],
+        };
+        let batch = TeacherBatch {
+            logits: Tensor::zeros([1, 2], &ad),
+            hidden: BTreeMap::new(),
+            attentions: BTreeMap::new(),
+            scores: BTreeMap::new(),
+            word_rows: Some(rows),
+        };
+        let m = ResolvedMatch {
+            feature: Feature::WordEmbeddings,
+            loss: MatchLoss::Mse,
+            weight: 0.5,
+            tokens: Tokens::All,
+            until_epoch: None,
+            rows: 3,
+            pairs: vec![Pair {
+                student: 0,
+                teacher: 0,
+                projection: Some(0),
+                mean_heads: false,
+            }],
+            name: "word_embeddings_mse_0",
+        };
+        let mask = Tensor::<2>::ones([1, 1], &ad);
+        let loss = match_loss(&m, &outputs, &batch, &[proj], &mask, Some(&student));
+        // weight · Σ(s−t)² / Σt² = 0.5 · (0 + 2·3²) / (1 + 2·10)
+        let v: f32 = loss.clone().into_scalar();
+        assert!((v - 0.5 * 18.0 / 21.0).abs() < 1e-6, "{v}");
+        let grads = loss.backward();
+        let g: Vec<f32> = student
+            .grad(&grads)
+            .unwrap()
+            .into_data()
+            .try_to_vec()
+            .unwrap();
+        let row_norm = |r: usize| g[r * 3..r * 3 + 3].iter().map(|x| x.abs()).sum::<f32>();
+        assert!(row_norm(2) > 0.0, "sampled row 2 learns: {g:?}");
+        for r in [1, 3, 4, 5] {
+            assert_eq!(row_norm(r), 0.0, "row {r} was not sampled: {g:?}");
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use burn::prelude::*;
 use mopt_data::{Batcher, LabelMap, TextTokenizer};
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
-use mopt_recipe::{DistillSpec, Recipe};
+use mopt_recipe::{DistillSpec, Feature, Recipe};
 use mopt_train::memory::peak_rss_bytes;
 use mopt_train::metrics::EvalMetrics;
 use mopt_train::setup::{build_model, cache_dir, model_config, prepare_data, PreparedData};
@@ -245,6 +245,20 @@ pub fn init_student(
     }
 }
 
+/// Hand the teacher's word-embedding table to the task when a match compares tables.
+pub fn with_word_table(task: DistillTask, s: &DistillSetup, ad: &Device) -> DistillTask {
+    if !s
+        .plan
+        .matches
+        .iter()
+        .any(|m| m.feature == Feature::WordEmbeddings)
+    {
+        return task;
+    }
+    let table = s.teacher.bert.embeddings.word_embeddings.weight.val();
+    task.with_teacher_word_embeddings(Tensor::from_data(table.into_data(), ad))
+}
+
 /// Teacher outputs for the training split: from the disk cache, computed now, or live.
 pub fn teacher_source(
     recipe: &Recipe,
@@ -410,7 +424,11 @@ pub fn run(
         s.spec.alpha,
         s.spec.temperature
     );
-    let task = DistillTask::new(s.spec.clone(), s.plan.clone(), source, &ad);
+    let task = with_word_table(
+        DistillTask::new(s.spec.clone(), s.plan.clone(), source, &ad),
+        &s,
+        &ad,
+    );
     let training = fit(&ctx, task, model)?;
 
     // The hard-label twin: same student init, same budget, no teacher.

@@ -13,7 +13,7 @@ use mopt_train::trainer::Task;
 
 use crate::cache::{live_batch, TeacherCache};
 use crate::loss::soft_loss;
-use crate::matching::{match_loss, MatchPlan, TeacherBatch, TeacherNeeds};
+use crate::matching::{match_loss, MatchPlan, TeacherBatch, TeacherNeeds, WordRows};
 use crate::student::DistillModel;
 
 /// Where teacher outputs come from.
@@ -39,6 +39,8 @@ pub struct DistillTask {
     opts: ForwardOptions,
     /// Current epoch (1-based); matches with `until_epoch < epoch` are off.
     epoch: usize,
+    /// The teacher's word-embedding table `[vocab, hidden_t]` (word-embedding matches).
+    teacher_words: Option<Tensor<2>>,
 }
 
 impl DistillTask {
@@ -50,9 +52,33 @@ impl DistillTask {
             ce: CrossEntropyLossConfig::new().init(device),
             opts: ForwardOptions::default(),
             epoch: 1,
+            teacher_words: None,
         };
         task.begin_epoch(1);
         task
+    }
+
+    /// Give the task the teacher's word-embedding table (`[vocab, hidden_t]`, on the training
+    /// device), which `feature = "word-embeddings"` matches compare the student's table with.
+    pub fn with_teacher_word_embeddings(mut self, table: Tensor<2>) -> Self {
+        self.teacher_words = Some(table);
+        self
+    }
+
+    /// Sample the vocabulary rows of the active word-embedding match for this batch: the seed
+    /// comes from the batch's example indices and the epoch, so a batch's rows are reproducible.
+    fn word_rows(&self, indices: &[usize]) -> Option<WordRows> {
+        let m = self
+            .active_matches()
+            .find(|m| m.feature == Feature::WordEmbeddings)?;
+        let table = self.teacher_words.as_ref().expect(
+            "a word-embedding match needs DistillTask::with_teacher_word_embeddings(teacher table)",
+        );
+        let mut seed = mopt_data::SplitMix64::new(self.epoch as u64).next_u64();
+        for &i in indices {
+            seed = mopt_data::SplitMix64::new(seed ^ i as u64).next_u64();
+        }
+        Some(WordRows::sample(table, m.rows, seed))
     }
 
     /// The student forward outputs the active matches read.
@@ -125,7 +151,10 @@ impl DistillTask {
             self.spec.enabled,
             self.teacher_batch(indices, seq, &b.input_ids.device()),
         ) {
-            (true, Some(t)) => t,
+            (true, Some(mut t)) => {
+                t.word_rows = self.word_rows(indices);
+                t
+            }
             _ => return (ce, vec![("ce", ce_v as f64)]),
         };
         let alpha = self.spec.alpha.at(progress);
@@ -144,8 +173,16 @@ impl DistillTask {
             ("alpha", alpha),
             ("temperature", temperature),
         ];
+        let words = model.student.bert.embeddings.word_embeddings.weight.val();
         for m in self.active_matches() {
-            let l = match_loss(m, &out, &teacher, &model.projections, &b.attention_mask);
+            let l = match_loss(
+                m,
+                &out,
+                &teacher,
+                &model.projections,
+                &b.attention_mask,
+                Some(&words),
+            );
             let v: f32 = l.clone().into_scalar();
             parts.push((m.name, v as f64));
             loss = loss + l;

@@ -57,12 +57,13 @@ pub enum RawLayers {
 pub struct RawMatch {
     pub feature: String,
     pub loss: Option<String>,
-    pub layers: RawLayers,
+    pub layers: Option<RawLayers>,
     pub weight: Option<f64>,
     pub projection: Option<bool>,
     pub heads: Option<String>,
     pub tokens: Option<String>,
     pub until_epoch: Option<usize>,
+    pub rows: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

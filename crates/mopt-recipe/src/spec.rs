@@ -75,6 +75,9 @@ pub enum Feature {
     AttentionScores,
     /// The embedding output.
     Embeddings,
+    /// The word-embedding table itself, vocabulary-wide: a sample of rows each step, so words
+    /// that never occur in the training data still learn from the teacher.
+    WordEmbeddings,
 }
 
 /// Loss of an intermediate match.
@@ -127,6 +130,8 @@ pub struct MatchSpec {
     /// Last epoch (1-based) in which the match is on; `None` = every epoch. Matching first and
     /// logits alone afterwards is TinyBERT's two-stage schedule.
     pub until_epoch: Option<usize>,
+    /// Vocabulary rows compared per step (word-embedding matches).
+    pub rows: usize,
     /// Position in the recipe, for messages (`distill.match[1]`).
     pub index: usize,
 }
@@ -765,11 +770,12 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
                     "attention" | "attention-probs" => Feature::AttentionProbs,
                     "attention-scores" => Feature::AttentionScores,
                     "embeddings" => Feature::Embeddings,
+                    "word-embeddings" => Feature::WordEmbeddings,
                     other => {
                         return Err(cx.err(
                             &key("feature"),
                             format!("match {index}: unknown feature `{other}`"),
-                            "use `hidden`, `attention`, `attention-scores` or `embeddings`",
+                            "use `hidden`, `attention`, `attention-scores`, `embeddings` or `word-embeddings`",
                         ))
                     }
                 };
@@ -792,7 +798,10 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
                 let ok = matches!(
                     (feature, loss),
                     (Feature::Hidden, MatchLoss::Mse | MatchLoss::Cosine)
-                        | (Feature::Embeddings, MatchLoss::Mse | MatchLoss::Cosine)
+                        | (
+                            Feature::Embeddings | Feature::WordEmbeddings,
+                            MatchLoss::Mse | MatchLoss::Cosine
+                        )
                         | (Feature::AttentionProbs, MatchLoss::Kl)
                         | (Feature::AttentionScores, MatchLoss::Mse)
                 );
@@ -800,26 +809,42 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
                     return Err(cx.err(
                         &key("loss"),
                         format!("match {index}: loss {loss:?} does not apply to {feature:?}"),
-                        "hidden/embeddings: mse or cosine; attention: kl; attention-scores: mse",
+                        "hidden/embeddings/word-embeddings: mse or cosine; attention: kl; attention-scores: mse",
                     ));
                 }
+                let tables = matches!(feature, Feature::Embeddings | Feature::WordEmbeddings);
                 let layers = match m.layers {
-                    crate::raw::RawLayers::Named(n) if n == "uniform" => LayerMap::Uniform,
-                    crate::raw::RawLayers::Named(n) => {
+                    None if tables => LayerMap::Pairs(vec![(0, 0)]),
+                    Some(_) if tables => {
+                        return Err(cx.err(
+                            &key("layers"),
+                            format!("match {index}: {feature:?} matches take no layer map"),
+                            "leave `layers` out: embeddings are compared at the input of the encoder",
+                        ))
+                    }
+                    None => {
+                        return Err(cx.err(
+                            &key("layers"),
+                            format!("match {index}: `layers` is missing"),
+                            "give `layers = \"uniform\"` or [student, teacher] pairs, e.g. [[2, 4], [3, 6]]",
+                        ))
+                    }
+                    Some(crate::raw::RawLayers::Named(n)) if n == "uniform" => LayerMap::Uniform,
+                    Some(crate::raw::RawLayers::Named(n)) => {
                         return Err(cx.err(
                             &key("layers"),
                             format!("match {index}: unknown layer map `{n}`"),
                             "use \"uniform\" or pairs [[student, teacher], ...]",
                         ))
                     }
-                    crate::raw::RawLayers::Pairs(p) if p.is_empty() => {
+                    Some(crate::raw::RawLayers::Pairs(p)) if p.is_empty() => {
                         return Err(cx.err(
                             &key("layers"),
                             format!("match {index}: empty layer map"),
                             "list [student, teacher] pairs",
                         ))
                     }
-                    crate::raw::RawLayers::Pairs(p) => {
+                    Some(crate::raw::RawLayers::Pairs(p)) => {
                         LayerMap::Pairs(p.into_iter().map(|[s, t]| (s, t)).collect())
                     }
                 };
@@ -872,6 +897,25 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
                         ));
                     }
                 }
+                let rows = match (feature, m.rows) {
+                    (Feature::WordEmbeddings, None) => 4096,
+                    (Feature::WordEmbeddings, Some(r)) if r > 0 => r,
+                    (Feature::WordEmbeddings, Some(_)) => {
+                        return Err(cx.err(
+                            &key("rows"),
+                            format!("match {index}: rows must be > 0"),
+                            "use e.g. 4096 (vocabulary rows compared per step)",
+                        ))
+                    }
+                    (_, Some(_)) => {
+                        return Err(cx.err(
+                            &key("rows"),
+                            format!("match {index}: `rows` applies to word-embedding matches only"),
+                            "leave `rows` out, or use it with `feature = \"word-embeddings\"`",
+                        ))
+                    }
+                    (_, None) => 0,
+                };
                 matches.push(MatchSpec {
                     feature,
                     loss,
@@ -881,6 +925,7 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
                     heads,
                     tokens,
                     until_epoch: m.until_epoch,
+                    rows,
                     index,
                 });
             }

@@ -32,6 +32,10 @@ pub struct BertConfig {
     pub hidden_act: String,
     #[serde(default)]
     pub pad_token_id: usize,
+    /// Standard deviation of the normal initialiser for weights and embeddings of a randomly
+    /// initialised model (HF BERT's `initializer_range`); biases start at zero.
+    #[serde(default = "default_init_range")]
+    pub initializer_range: f64,
     /// Size of one attention head; defaults to `hidden_size / num_attention_heads`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_head_size: Option<usize>,
@@ -63,6 +67,9 @@ fn default_dropout() -> f64 {
 }
 fn default_act() -> String {
     "gelu".into()
+}
+fn default_init_range() -> f64 {
+    0.02
 }
 fn default_labels() -> usize {
     2
@@ -101,6 +108,7 @@ impl BertConfig {
             attention_probs_dropout_prob: 0.1,
             hidden_act: "gelu".into(),
             pad_token_id: 0,
+            initializer_range: 0.02,
             attention_head_size: None,
             mopt_layer_heads: None,
             mopt_layer_intermediate_sizes: None,

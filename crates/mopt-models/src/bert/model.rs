@@ -15,6 +15,32 @@ use burn::tensor::activation::{gelu, softmax, tanh};
 
 use super::config::BertConfig;
 
+/// A linear layer initialised like HF BERT: weights ~ N(0, `initializer_range`), zero bias.
+fn dense(d_in: usize, d_out: usize, c: &BertConfig, device: &Device) -> Linear {
+    let mut l = LinearConfig::new(d_in, d_out)
+        .with_initializer(normal(c))
+        .init(device);
+    l.bias = l
+        .bias
+        .map(|_| burn::module::Param::from_tensor(Tensor::zeros([d_out], device)));
+    l
+}
+
+/// An embedding table initialised like HF BERT: ~ N(0, `initializer_range`). (Burn's default,
+/// N(0, 1), leaves rows that AdamW at lr 1e-4 can barely move.)
+fn table(n: usize, d: usize, c: &BertConfig, device: &Device) -> Embedding {
+    EmbeddingConfig::new(n, d)
+        .with_initializer(normal(c))
+        .init(device)
+}
+
+fn normal(c: &BertConfig) -> burn::nn::Initializer {
+    burn::nn::Initializer::Normal {
+        mean: 0.0,
+        std: c.initializer_range,
+    }
+}
+
 /// Added to attention scores at padded key positions (the value ONNX exporters use too).
 pub const MASK_BIAS: f32 = -10000.0;
 
@@ -58,11 +84,9 @@ pub struct BertEmbeddings {
 impl BertEmbeddings {
     fn new(c: &BertConfig, dropout: f64, device: &Device) -> Self {
         Self {
-            word_embeddings: EmbeddingConfig::new(c.vocab_size, c.hidden_size).init(device),
-            position_embeddings: EmbeddingConfig::new(c.max_position_embeddings, c.hidden_size)
-                .init(device),
-            token_type_embeddings: EmbeddingConfig::new(c.type_vocab_size, c.hidden_size)
-                .init(device),
+            word_embeddings: table(c.vocab_size, c.hidden_size, c, device),
+            position_embeddings: table(c.max_position_embeddings, c.hidden_size, c, device),
+            token_type_embeddings: table(c.type_vocab_size, c.hidden_size, c, device),
             layer_norm: LayerNormConfig::new(c.hidden_size)
                 .with_epsilon(c.layer_norm_eps)
                 .init(device),
@@ -130,7 +154,7 @@ pub struct BertResidualOutput {
 impl BertResidualOutput {
     fn new(d_in: usize, c: &BertConfig, dropout: f64, device: &Device) -> Self {
         Self {
-            dense: LinearConfig::new(d_in, c.hidden_size).init(device),
+            dense: dense(d_in, c.hidden_size, c, device),
             layer_norm: LayerNormConfig::new(c.hidden_size)
                 .with_epsilon(c.layer_norm_eps)
                 .init(device),
@@ -177,9 +201,9 @@ impl BertLayer {
         Self {
             attention: BertAttention {
                 self_attn: BertSelfAttention {
-                    query: LinearConfig::new(c.hidden_size, a).init(device),
-                    key: LinearConfig::new(c.hidden_size, a).init(device),
-                    value: LinearConfig::new(c.hidden_size, a).init(device),
+                    query: dense(c.hidden_size, a, c, device),
+                    key: dense(c.hidden_size, a, c, device),
+                    value: dense(c.hidden_size, a, c, device),
                     dropout: DropoutConfig::new(attn_dropout).init(),
                     num_heads: h,
                     head_size: d,
@@ -187,7 +211,7 @@ impl BertLayer {
                 output: BertResidualOutput::new(a, c, hidden_dropout, device),
             },
             intermediate: BertIntermediate {
-                dense: LinearConfig::new(c.hidden_size, f).init(device),
+                dense: dense(c.hidden_size, f, c, device),
             },
             output: BertResidualOutput::new(f, c, hidden_dropout, device),
         }
@@ -243,11 +267,11 @@ impl BertForSequenceClassification {
                         .collect(),
                 },
                 pooler: BertPooler {
-                    dense: LinearConfig::new(config.hidden_size, config.hidden_size).init(device),
+                    dense: dense(config.hidden_size, config.hidden_size, config, device),
                 },
             },
             dropout: DropoutConfig::new(hd).init(),
-            classifier: LinearConfig::new(config.hidden_size, config.num_labels).init(device),
+            classifier: dense(config.hidden_size, config.num_labels, config, device),
         }
     }
 
@@ -321,6 +345,47 @@ impl BertForSequenceClassification {
             hidden_states,
             attentions,
             attention_scores,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().try_to_vec().unwrap()
+    }
+
+    #[test]
+    fn random_init_follows_initializer_range_with_zero_biases() {
+        let mut c = BertConfig::tiny(2000, 2);
+        c.initializer_range = 0.05;
+        let m = BertForSequenceClassification::new(&c, &Device::flex());
+        let w = values(m.bert.embeddings.word_embeddings.weight.val());
+        let n = w.len() as f64;
+        let mean = w.iter().map(|&x| x as f64).sum::<f64>() / n;
+        let std = (w.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
+        // 64,000 draws: the sample std is within ~1% of 0.05 (Burn's default would give 1.0).
+        assert!((std - 0.05).abs() < 0.002, "word-embedding std {std}");
+        assert!(mean.abs() < 0.002, "mean {mean}");
+        let q = values(
+            m.bert.encoder.layer[0]
+                .attention
+                .self_attn
+                .query
+                .weight
+                .val(),
+        );
+        let n = q.len() as f64;
+        let std = (q.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / n).sqrt();
+        assert!((std - 0.05).abs() < 0.01, "query weight std {std}");
+        for bias in [
+            m.bert.encoder.layer[1].output.dense.bias.as_ref(),
+            m.classifier.bias.as_ref(),
+        ] {
+            let b = values(bias.expect("bias").val());
+            assert!(b.iter().all(|&x| x == 0.0), "bias starts at zero: {b:?}");
         }
     }
 }
