@@ -331,13 +331,15 @@ pub fn match_loss(
                     .as_ref()
                     .expect("the task samples word rows for word-embedding matches");
                 let table = student_words.expect("the student's word-embedding table");
-                let mut s = table.clone().select(0, rows.ids.clone());
+                let n = m.rows.min(rows.ids.dims()[0]);
+                let mut s = table.clone().select(0, rows.ids.clone().narrow(0, 0, n));
+                let t = rows.teacher.clone().narrow(0, 0, n);
                 if let Some(j) = p.projection {
                     s = projections[j].forward(s);
                 }
                 match m.loss {
-                    MatchLoss::Cosine => rows_cosine(s, rows.teacher.clone()),
-                    _ => relative_mse(s, rows.teacher.clone()),
+                    MatchLoss::Cosine => rows_cosine(s, t),
+                    _ => relative_mse(s, t),
                 }
             }
             Feature::Hidden | Feature::Embeddings => {

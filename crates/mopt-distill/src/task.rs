@@ -65,12 +65,15 @@ impl DistillTask {
         self
     }
 
-    /// Sample the vocabulary rows of the active word-embedding match for this batch: the seed
-    /// comes from the batch's example indices and the epoch, so a batch's rows are reproducible.
+    /// Sample vocabulary rows for the active word-embedding matches of this batch (as many as
+    /// the largest `rows`; each match reads its own leading `rows`): the seed comes from the
+    /// batch's example indices and the epoch, so a batch's rows are reproducible.
     fn word_rows(&self, indices: &[usize]) -> Option<WordRows> {
-        let m = self
+        let rows = self
             .active_matches()
-            .find(|m| m.feature == Feature::WordEmbeddings)?;
+            .filter(|m| m.feature == Feature::WordEmbeddings)
+            .map(|m| m.rows)
+            .max()?;
         let table = self.teacher_words.as_ref().expect(
             "a word-embedding match needs DistillTask::with_teacher_word_embeddings(teacher table)",
         );
@@ -78,7 +81,7 @@ impl DistillTask {
         for &i in indices {
             seed = mopt_data::SplitMix64::new(seed ^ i as u64).next_u64();
         }
-        Some(WordRows::sample(table, m.rows, seed))
+        Some(WordRows::sample(table, rows, seed))
     }
 
     /// The student forward outputs the active matches read.
