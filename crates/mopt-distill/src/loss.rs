@@ -30,7 +30,7 @@ pub fn soft_loss(
                 .div_scalar(batch as f32)
                 .mul_scalar(t * t)
         }
-        SoftLoss::Mse => (student - teacher).powf_scalar(2.0).mean(),
+        SoftLoss::Mse => (student - teacher).square().mean(),
     }
 }
 

@@ -248,9 +248,9 @@ impl WordRows {
 /// - s, t: `[rows, width]` → `[1]`
 pub fn relative_mse(s: Tensor<2>, t: Tensor<2>) -> Tensor<1> {
     (s - t.clone())
-        .powf_scalar(2.0)
+        .square()
         .sum()
-        .div(t.powf_scalar(2.0).sum().add_scalar(EPS))
+        .div(t.square().sum().add_scalar(EPS))
 }
 
 /// Mean of `1 − cos(s, t)` over rows.
@@ -270,7 +270,7 @@ pub fn hidden_mse(s: Tensor<3>, t: Tensor<3>, mask: Tensor<2>) -> Tensor<1> {
     let [b, q, w] = s.dims();
     let m = mask.reshape([b, q, 1]);
     let tokens = m.clone().sum();
-    ((s - t).powf_scalar(2.0) * m)
+    ((s - t).square() * m)
         .sum()
         .div(tokens.mul_scalar(w as f32))
 }
@@ -278,8 +278,8 @@ pub fn hidden_mse(s: Tensor<3>, t: Tensor<3>, mask: Tensor<2>) -> Tensor<1> {
 /// Masked mean of `1 − cos(s, t)` over tokens.
 pub fn hidden_cosine(s: Tensor<3>, t: Tensor<3>, mask: Tensor<2>) -> Tensor<1> {
     let dot = (s.clone() * t.clone()).sum_dim(2);
-    let ns = s.powf_scalar(2.0).sum_dim(2).sqrt();
-    let nt = t.powf_scalar(2.0).sum_dim(2).sqrt();
+    let ns = s.square().sum_dim(2).sqrt();
+    let nt = t.square().sum_dim(2).sqrt();
     let cos = dot.div(ns * nt + 1e-8);
     let [b, q, _] = cos.dims();
     let m = mask.reshape([b, q, 1]);
@@ -306,7 +306,7 @@ pub fn scores_mse(s: Tensor<4>, t: Tensor<4>, mask: Tensor<2>) -> Tensor<1> {
     let mk = mask.reshape([b, 1, 1, q]);
     let m = mq * mk;
     let n = m.clone().sum().mul_scalar(h as f32);
-    ((s - t).powf_scalar(2.0) * m).sum().div(n)
+    ((s - t).square() * m).sum().div(n)
 }
 
 fn heads_mean(x: Tensor<4>) -> Tensor<4> {

@@ -13,14 +13,12 @@ impl ModuleVisitor for Ids {
 }
 
 fn sum_sq<const D: usize>(grads: &GradientsParams, id: ParamId) -> Option<f64> {
-    grads
-        .get::<D>(id)
-        .map(|g| g.powf_scalar(2.0).sum().into_scalar::<f32>() as f64)
+    grads.get::<D>(id).map(|g| mopt_kernels::sum_squares(&g))
 }
 
 fn scale<const D: usize>(grads: &mut GradientsParams, id: ParamId, factor: f32) {
     if let Some(g) = grads.remove::<D>(id) {
-        grads.register(id, g.mul_scalar(factor));
+        grads.register(id, mopt_kernels::scale(g, factor));
     }
 }
 

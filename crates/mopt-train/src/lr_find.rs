@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::{AdamWConfig, GradientsParams};
+use burn::optim::GradientsParams;
 
 use mopt_data::{epoch_order, Batcher, Encoded};
 use mopt_recipe::Recipe;
@@ -71,9 +71,7 @@ pub fn lr_find(
     let config = model_config(recipe, &data.labels, prepared.tokenizer.vocab_size())?;
     let (mut model, _) = build_model(recipe, &config, &ad)?;
     let batcher = Batcher::new(prepared.tokenizer.pad_id);
-    let mut optim = AdamWConfig::new()
-        .with_weight_decay(t.weight_decay as f32)
-        .init();
+    let mut optim = crate::trainer::adamw(t);
     let ce = CrossEntropyLossConfig::new().init(&ad);
     let mut logger = RunLogger::create(run_dir)?;
     let mut points: Vec<LrPoint> = Vec::new();

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams};
+use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use mopt_data::{epoch_order, Batcher, Encoded, EncodedSplits, TextBatch};
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
@@ -328,6 +328,18 @@ impl Window {
     }
 }
 
+/// AdamW with the recipe's settings: Burn's formula and state, computed in one fused pass per
+/// parameter (`mopt_kernels::FusedAdamW`).
+pub fn adamw(t: &mopt_recipe::TrainSpec) -> ModuleOptimizer {
+    mopt_kernels::FusedAdamW::new(
+        t.adam_beta1,
+        t.adam_beta2,
+        t.adam_epsilon,
+        t.weight_decay as f32,
+    )
+    .init()
+}
+
 /// Train `model` with `task` under the recipe's `[train]` settings.
 pub fn fit<T: Task>(
     ctx: &RunContext,
@@ -345,12 +357,7 @@ pub fn fit<T: Task>(
     ad_device.seed(recipe.run.seed);
     let batcher = Batcher::new(ctx.pad_id);
 
-    let mut optim = AdamWConfig::new()
-        .with_beta_1(t.adam_beta1)
-        .with_beta_2(t.adam_beta2)
-        .with_epsilon(t.adam_epsilon)
-        .with_weight_decay(t.weight_decay as f32)
-        .init();
+    let mut optim = adamw(t);
     let micro_per_epoch = data.train.len().div_ceil(t.batch_size);
     let steps_per_epoch = micro_per_epoch.div_ceil(t.grad_accum_steps);
     let mut total_steps = steps_per_epoch * t.epochs;

@@ -11,7 +11,8 @@ use burn::nn::{
     LinearConfig,
 };
 use burn::prelude::*;
-use burn::tensor::activation::{gelu, softmax, tanh};
+use burn::tensor::activation::tanh;
+use mopt_kernels::{gelu, softmax};
 
 use super::config::BertConfig;
 
@@ -38,6 +39,15 @@ fn normal(c: &BertConfig) -> burn::nn::Initializer {
     burn::nn::Initializer::Normal {
         mean: 0.0,
         std: c.initializer_range,
+    }
+}
+
+/// LayerNorm through mopt's fused kernel (forward and backward in one pass each); Burn's
+/// `LayerNorm` keeps the parameters (and the checkpoint keys), `eps` comes from the config.
+fn norm<const D: usize>(ln: &LayerNorm, eps: f64, x: Tensor<D>) -> Tensor<D> {
+    match &ln.beta {
+        Some(beta) => mopt_kernels::layer_norm(x, ln.gamma.val(), beta.val(), eps),
+        None => ln.forward(x),
     }
 }
 
@@ -79,6 +89,8 @@ pub struct BertEmbeddings {
     pub token_type_embeddings: Embedding,
     pub layer_norm: LayerNorm,
     pub dropout: Dropout,
+    /// LayerNorm epsilon (`layer_norm_eps` of the config).
+    pub eps: f64,
 }
 
 impl BertEmbeddings {
@@ -91,6 +103,7 @@ impl BertEmbeddings {
                 .with_epsilon(c.layer_norm_eps)
                 .init(device),
             dropout: DropoutConfig::new(dropout).init(),
+            eps: c.layer_norm_eps,
         }
     }
 
@@ -103,10 +116,11 @@ impl BertEmbeddings {
         let positions = Tensor::<1, Int>::arange(0..seq as i64, &device)
             .reshape([1, seq])
             .expand([batch, seq]);
-        let x = self.word_embeddings.forward(input_ids)
-            + self.position_embeddings.forward(positions)
-            + self.token_type_embeddings.forward(token_type_ids);
-        self.dropout.forward(self.layer_norm.forward(x))
+        let table = |e: &Embedding, ids| mopt_kernels::embedding(e.weight.val(), ids);
+        let x = table(&self.word_embeddings, input_ids)
+            + table(&self.position_embeddings, positions)
+            + table(&self.token_type_embeddings, token_type_ids);
+        self.dropout.forward(norm(&self.layer_norm, self.eps, x))
     }
 }
 
@@ -149,6 +163,8 @@ pub struct BertResidualOutput {
     pub dense: Linear,
     pub layer_norm: LayerNorm,
     pub dropout: Dropout,
+    /// LayerNorm epsilon (`layer_norm_eps` of the config).
+    pub eps: f64,
 }
 
 impl BertResidualOutput {
@@ -159,14 +175,15 @@ impl BertResidualOutput {
                 .with_epsilon(c.layer_norm_eps)
                 .init(device),
             dropout: DropoutConfig::new(dropout).init(),
+            eps: c.layer_norm_eps,
         }
     }
 
     /// # Shapes
     /// - x: `[batch, seq, d_in]`, residual: `[batch, seq, hidden]` → `[batch, seq, hidden]`
     pub fn forward(&self, x: Tensor<3>, residual: Tensor<3>) -> Tensor<3> {
-        self.layer_norm
-            .forward(self.dropout.forward(self.dense.forward(x)) + residual)
+        let x = self.dropout.forward(self.dense.forward(x)) + residual;
+        norm(&self.layer_norm, self.eps, x)
     }
 }
 

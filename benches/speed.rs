@@ -1,0 +1,578 @@
+//! Speed harness: mopt (Burn Flex) against a PyTorch reference, side by side in one run.
+//!
+//! ```sh
+//! python3 -m pip install -r benches/requirements.txt   # PyTorch + transformers, once
+//! cargo bench --profile dev --bench speed               # steps + inference, then the PyTorch run
+//! cargo bench --profile dev --bench speed -- --ops      # per-op breakdown (forward + backward)
+//! ```
+//!
+//! The harness measures, at batch 32 × max length 64 with dynamic padding on the same training
+//! batches (the teacher recipe's data, its seeded epoch order), the teacher fine-tune step, the
+//! 3-layer student step on hard labels, the distillation step of `recipes/distill_bert.toml` with
+//! the teacher cache and with a live teacher, teacher and student inference at batch 1 and 32, and
+//! the machine's SGEMM rate. It then writes the models (HF format) and the batches to a work
+//! folder and runs `benches/torch_reference.py` on them with the same thread count, which checks
+//! that its logits equal mopt's before it times anything. Medians, ratios, achieved GFLOP/s, the
+//! CPU model and its SIMD features go to `benches/results/speed.json` (and `ops.json`).
+//!
+//! Options: `--steps N` (timed steps, default 20), `--warmup N` (3), `--threads N` (2),
+//! `--ops`, `--no-torch`, `--python PATH` (python3), `--out FILE`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use burn::optim::{GradientsParams, ModuleOptimizer};
+use burn::prelude::*;
+use mopt_data::{epoch_order, Batcher, Encoded, TextBatch};
+use mopt_distill::cache::compute;
+use mopt_distill::pipeline::setup;
+use mopt_distill::student::from_teacher_layers;
+use mopt_distill::{DistillModel, DistillTask, TeacherSource};
+use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
+use mopt_recipe::Recipe;
+use mopt_train::clip::clip_global_norm;
+use mopt_train::setup::{build_model, model_config, prepare_data};
+use mopt_train::trainer::{save_checkpoint_dir, FinetuneTask, Task};
+use serde_json::{json, Value};
+
+mod ops;
+
+struct Args {
+    steps: usize,
+    warmup: usize,
+    threads: usize,
+    ops: bool,
+    torch: bool,
+    python: String,
+    out: Option<PathBuf>,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        steps: 20,
+        warmup: 3,
+        threads: 2,
+        ops: false,
+        torch: true,
+        python: "python3".into(),
+        out: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut num = |name: &str| -> usize {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{name} needs a number"))
+        };
+        match arg.as_str() {
+            "--steps" => a.steps = num("--steps"),
+            "--warmup" => a.warmup = num("--warmup"),
+            "--threads" => a.threads = num("--threads"),
+            "--ops" => a.ops = true,
+            "--no-torch" => a.torch = false,
+            "--python" => a.python = it.next().expect("--python needs a path"),
+            "--out" => a.out = Some(it.next().expect("--out needs a file").into()),
+            // `cargo bench` passes `--bench`; ignore it and anything libtest-like.
+            _ => {}
+        }
+    }
+    a
+}
+
+/// Milliseconds of each run of `f` after `warmup` untimed runs.
+pub fn time_ms(warmup: usize, runs: usize, mut f: impl FnMut(usize)) -> Vec<f64> {
+    for i in 0..warmup {
+        f(i);
+    }
+    (0..runs)
+        .map(|i| {
+            let t = Instant::now();
+            f(warmup + i);
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect()
+}
+
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        0.5 * (s[n / 2 - 1] + s[n / 2])
+    }
+}
+
+/// CPU model and SIMD features from /proc/cpuinfo.
+pub fn cpu_info() -> Value {
+    let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let flags = field("flags");
+    let simd: Vec<&str> = flags
+        .split_whitespace()
+        .filter(|f| {
+            f.starts_with("avx") || f.starts_with("sse") || *f == "fma" || f.starts_with("amx")
+        })
+        .collect();
+    json!({
+        "model": field("model name"),
+        "simd": simd,
+        "logical_cpus": text.lines().filter(|l| l.starts_with("processor")).count(),
+    })
+}
+
+/// Forward matmul FLOPs of a BERT encoder on `batch × seq` tokens.
+fn forward_flops(c: &BertConfig, batch: usize, seq: usize) -> f64 {
+    let t = (batch * seq) as f64;
+    let h = c.hidden_size as f64;
+    (0..c.num_hidden_layers)
+        .map(|i| {
+            let a = (c.heads(i) * c.head_size()) as f64;
+            let f = c.ffn(i) as f64;
+            2.0 * t * (3.0 * h * a + a * h + 2.0 * h * f) + 4.0 * (batch * seq * seq) as f64 * a
+        })
+        .sum()
+}
+
+fn padded_tokens(batches: &[Vec<&Encoded>]) -> Vec<usize> {
+    batches
+        .iter()
+        .map(|b| b.len() * b.iter().map(|e| e.ids.len()).max().unwrap_or(0))
+        .collect()
+}
+
+/// One optimizer step of `task` on `model`: the trainer's loss → backward → global-norm clip →
+/// AdamW sequence.
+fn train_step<T: Task>(
+    task: &mut T,
+    model: T::Model,
+    optim: &mut ModuleOptimizer,
+    b: &TextBatch,
+    indices: &[usize],
+    clip: f32,
+    lr: f64,
+) -> T::Model {
+    let (loss, _) = task.loss(&model, b, indices, 0.5);
+    let _: f32 = loss.clone().into_scalar();
+    let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+    clip_global_norm(&model, &mut grads, clip);
+    optim.step(lr, model, grads)
+}
+
+struct Bench {
+    args: Args,
+    root: PathBuf,
+    results: BTreeMap<String, Value>,
+}
+
+impl Bench {
+    fn record(&mut self, name: &str, ms: &[f64], samples: usize, flops: Option<f64>) {
+        let m = median(ms);
+        let mut v = json!({
+            "median_ms": m,
+            "runs": ms.len(),
+            "min_ms": ms.iter().cloned().fold(f64::INFINITY, f64::min),
+        });
+        if samples > 0 {
+            v["samples_per_s"] = json!(samples as f64 / (m / 1e3));
+        }
+        if let Some(f) = flops {
+            v["gflops"] = json!(f / (m / 1e3) / 1e9);
+        }
+        eprintln!("  {name:<28} {m:>9.1} ms");
+        self.results.insert(name.to_string(), v);
+    }
+}
+
+fn recipe(root: &Path, name: &str) -> Recipe {
+    mopt_recipe::load(root.join("recipes").join(name)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn sgemm_gflops(device: &Device, n: usize) -> f64 {
+    let a: Tensor<2> = Tensor::random([n, n], burn::tensor::Distribution::Default, device);
+    let b: Tensor<2> = Tensor::random([n, n], burn::tensor::Distribution::Default, device);
+    let ms = time_ms(2, 7, |_| {
+        let _ = a.clone().matmul(b.clone()).into_data();
+    });
+    2.0 * (n as f64).powi(3) / (median(&ms) / 1e3) / 1e9
+}
+
+fn main() {
+    let args = parse_args();
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build_global()
+        .expect("rayon pool");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut bench = Bench {
+        args,
+        root: root.clone(),
+        results: BTreeMap::new(),
+    };
+    let work = root.join("target").join("mopt-bench");
+    std::fs::create_dir_all(&work).expect("work folder");
+    let out_dir = root.join("benches").join("results");
+    std::fs::create_dir_all(&out_dir).expect("results folder");
+    if bench.args.ops {
+        let out = bench
+            .args
+            .out
+            .clone()
+            .unwrap_or(out_dir.join("ops.json"));
+        ops::run(&bench.args, &work, &out);
+        return;
+    }
+    run_steps(&mut bench, &work);
+    let out = bench
+        .args
+        .out
+        .clone()
+        .unwrap_or(out_dir.join("speed.json"));
+    finish(&bench, &work, &out);
+}
+
+/// Everything the PyTorch side needs, written once.
+struct Prepared {
+    teacher_recipe: Recipe,
+    layers: Vec<usize>,
+    teacher: BertForSequenceClassification,
+    teacher_config: BertConfig,
+    student: BertForSequenceClassification,
+    student_config: BertConfig,
+    distill_recipe: Recipe,
+    subset: Vec<Encoded>,
+    pad_id: u32,
+}
+
+fn prepare(bench: &Bench, work: &Path) -> Prepared {
+    let teacher_recipe = recipe(&bench.root, "finetune_teacher.toml");
+    let prepared = prepare_data(&teacher_recipe, None).expect("data (run datasets/fetch.sh --text)");
+    let data = &prepared.data;
+    let config = model_config(&teacher_recipe, &data.labels, prepared.tokenizer.vocab_size())
+        .expect("config");
+    let device = Device::flex();
+    let (teacher, _) = build_model(&teacher_recipe, &config, &device).expect("teacher weights");
+    // The teacher as a mopt checkpoint (for the distillation setup) and in HF form (for PyTorch).
+    let ckpt = work.join("teacher");
+    save_checkpoint_dir(
+        &teacher,
+        &config,
+        data,
+        &prepared.tokenizer.path,
+        &ckpt,
+    )
+    .expect("teacher checkpoint");
+    weights::save_hf(&teacher, &config, &work.join("teacher-hf")).expect("teacher hf");
+    let b = teacher_recipe.train.batch_size;
+    let n = (bench.args.warmup + bench.args.steps) * b;
+    let order = epoch_order(data.train.len(), teacher_recipe.run.seed, 0);
+    let subset: Vec<Encoded> = order
+        .iter()
+        .cycle()
+        .take(n)
+        .map(|&i| data.train[i].clone())
+        .collect();
+    let mut distill_recipe = recipe(&bench.root, "distill_bert.toml");
+    if let Some(t) = distill_recipe.teacher.as_mut() {
+        t.checkpoint = ckpt;
+    }
+    let layers = distill_recipe
+        .model
+        .init_from_teacher_layers
+        .clone()
+        .expect("distill_bert.toml initialises from teacher layers");
+    let student = from_teacher_layers(&teacher, &layers);
+    let mut student_config = config.clone();
+    student_config.num_hidden_layers = layers.len();
+    weights::save_hf(&student, &student_config, &work.join("student-hf")).expect("student hf");
+    Prepared {
+        teacher_recipe,
+        layers,
+        teacher,
+        teacher_config: config,
+        student,
+        student_config,
+        distill_recipe,
+        subset,
+        pad_id: prepared.tokenizer.pad_id,
+    }
+}
+
+fn run_steps(bench: &mut Bench, work: &Path) {
+    eprintln!("preparing models and batches");
+    let p = prepare(bench, work);
+    let (warmup, steps) = (bench.args.warmup, bench.args.steps);
+    let device = Device::flex();
+    let ad = device.clone().autodiff();
+    ad.seed(42);
+    let batcher = Batcher::new(p.pad_id);
+    let bsz = 32;
+    let chunks: Vec<Vec<&Encoded>> = p.subset.chunks(bsz).map(|c| c.iter().collect()).collect();
+    let index_chunks: Vec<Vec<usize>> = (0..p.subset.len())
+        .collect::<Vec<_>>()
+        .chunks(bsz)
+        .map(|c| c.to_vec())
+        .collect();
+    let tokens = padded_tokens(&chunks);
+    let mean_seq = tokens[warmup..].iter().sum::<usize>() as f64 / (steps * bsz) as f64;
+    let batches: Vec<TextBatch> = chunks.iter().map(|c| batcher.batch(c, &ad)).collect();
+    let t = &p.distill_recipe.train;
+    let clip = t.grad_clip_norm.unwrap_or(1.0);
+    let lr = 5e-5;
+    let adamw = || mopt_train::trainer::adamw(t);
+    let step_flops = |c: &BertConfig, extra_fwd: Option<&BertConfig>| -> f64 {
+        // forward + backward ≈ 3 forward; a live teacher adds one forward.
+        let per_step: f64 = tokens[warmup..]
+            .iter()
+            .map(|&tk| {
+                let seq = tk / bsz;
+                3.0 * forward_flops(c, bsz, seq)
+                    + extra_fwd.map_or(0.0, |tc| forward_flops(tc, bsz, seq))
+            })
+            .sum();
+        per_step / steps as f64
+    };
+    eprintln!(
+        "steps: {warmup} warm-up + {steps} timed, batch {bsz}, mean padded length {mean_seq:.1}, {} threads",
+        bench.args.threads
+    );
+
+    // Teacher fine-tune step.
+    let teacher_ad = || build_model(&p.teacher_recipe, &p.teacher_config, &ad).expect("teacher").0;
+    {
+        let mut slot = Some(teacher_ad());
+        let mut task = FinetuneTask::new(&ad);
+        let mut optim = adamw();
+        let ms = time_ms(warmup, steps, |i| {
+            let m = slot.take().expect("model");
+            slot = Some(train_step(&mut task, m, &mut optim, &batches[i], &index_chunks[i], clip, lr));
+        });
+        let f = step_flops(&p.teacher_config, None);
+        bench.record("teacher_step", &ms, bsz, Some(f));
+    }
+    // Student, hard labels.
+    {
+        let mut slot = Some(from_teacher_layers(&teacher_ad(), &p.layers));
+        let mut task = FinetuneTask::new(&ad);
+        let mut optim = adamw();
+        let ms = time_ms(warmup, steps, |i| {
+            let m = slot.take().expect("model");
+            slot = Some(train_step(&mut task, m, &mut optim, &batches[i], &index_chunks[i], clip, lr));
+        });
+        let f = step_flops(&p.student_config, None);
+        bench.record("student_step", &ms, bsz, Some(f));
+    }
+    // Distillation (distill_bert.toml's objective), cached and live teacher.
+    let s = setup(&p.distill_recipe, &device).expect("distillation setup");
+    for cached in [true, false] {
+        let source = if cached {
+            TeacherSource::Cache(compute(
+                &p.teacher,
+                &p.subset,
+                &s.plan.needs,
+                &batcher,
+                bsz,
+                &device,
+            ))
+        } else {
+            TeacherSource::Live {
+                teacher: Box::new(p.teacher.clone()),
+                examples: p.subset.clone(),
+                batcher: batcher.clone(),
+                device: device.clone(),
+            }
+        };
+        let mut task = DistillTask::new(s.spec.clone(), s.plan.clone(), source, &ad);
+        let student = from_teacher_layers(&teacher_ad(), &p.layers);
+        let mut slot = Some(DistillModel::new(student, &s.plan.projections, &ad));
+        let mut optim = adamw();
+        let ms = time_ms(warmup, steps, |i| {
+            let m = slot.take().expect("model");
+            slot = Some(train_step(&mut task, m, &mut optim, &batches[i], &index_chunks[i], clip, lr));
+        });
+        let name = if cached {
+            "distill_step_cached"
+        } else {
+            "distill_step_live"
+        };
+        let f = step_flops(
+            &p.student_config,
+            (!cached).then_some(&p.teacher_config),
+        );
+        bench.record(name, &ms, bsz, Some(f));
+    }
+    // Inference at a fixed length of 64 (as the distillation report measures latency).
+    for (name, model, config) in [
+        ("teacher", &p.teacher, &p.teacher_config),
+        ("student", &p.student, &p.student_config),
+    ] {
+        for b in [1usize, 32] {
+            let ids: Vec<&Encoded> = p
+                .subset
+                .iter()
+                .filter(|e| e.ids.len() >= 8)
+                .take(b)
+                .collect();
+            let batch = fixed_len_batch(&ids, 64, p.pad_id, &device);
+            let runs = if b == 1 { 60 } else { 15 };
+            let ms = time_ms(5, runs, |_| {
+                let out = model.forward(
+                    batch.input_ids.clone(),
+                    batch.attention_mask.clone(),
+                    batch.token_type_ids.clone(),
+                );
+                let _ = out.into_data();
+            });
+            let f = forward_flops(config, b, 64);
+            bench.record(&format!("{name}_forward_b{b}"), &ms, b, Some(f));
+        }
+    }
+    let peak = sgemm_gflops(&device, 2048);
+    eprintln!("  sgemm 2048^3: {peak:.1} GFLOP/s");
+    bench
+        .results
+        .insert("sgemm_2048_gflops".into(), json!(peak));
+
+    // Reference logits for the PyTorch side's identity check (eval mode, first batch).
+    let b0 = batcher.batch(&chunks[0], &device);
+    let reference = |m: &BertForSequenceClassification| -> Vec<f32> {
+        m.forward(
+            b0.input_ids.clone(),
+            b0.attention_mask.clone(),
+            b0.token_type_ids.clone(),
+        )
+        .into_data()
+        .try_to_vec()
+        .expect("f32")
+    };
+    let to_rows = |c: &[&Encoded], f: &dyn Fn(&Encoded) -> Vec<u32>| -> Vec<Vec<u32>> {
+        c.iter().map(|e| f(e)).collect()
+    };
+    let spec = json!({
+        "threads": bench.args.threads,
+        "warmup": warmup,
+        "steps": steps,
+        "lr": lr,
+        "weight_decay": t.weight_decay,
+        "clip": clip,
+        "pad_id": p.pad_id,
+        "teacher_dir": work.join("teacher-hf"),
+        "student_dir": work.join("student-hf"),
+        "distill": {
+            "alpha": 0.5,
+            "temperature": 4.0,
+            "hidden_pairs": s.plan.matches.iter().flat_map(|m| m.pairs.iter().map(|p| (p.student, p.teacher))).collect::<Vec<_>>(),
+        },
+        "batches": chunks.iter().map(|c| json!({
+            "ids": to_rows(c, &|e| e.ids.clone()),
+            "labels": c.iter().map(|e| e.label).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "reference_logits": {
+            "teacher": reference(&p.teacher),
+            "student": reference(&p.student),
+        },
+        "sgemm_n": 2048,
+    });
+    std::fs::write(work.join("spec.json"), spec.to_string()).expect("spec.json");
+}
+
+fn fixed_len_batch(items: &[&Encoded], len: usize, pad: u32, device: &Device) -> TextBatch {
+    // Repeat each example's tokens up to `len` so every position is a real token.
+    let stretched: Vec<Encoded> = items
+        .iter()
+        .map(|e| {
+            let mut e = (*e).clone();
+            let ids = e.ids.clone();
+            e.ids = ids.iter().cycle().take(len).cloned().collect();
+            e
+        })
+        .collect();
+    let refs: Vec<&Encoded> = stretched.iter().collect();
+    Batcher::new(pad).batch(&refs, device)
+}
+
+fn finish(bench: &Bench, work: &Path, out: &Path) {
+    let torch = if bench.args.torch {
+        let script = bench.root.join("benches").join("torch_reference.py");
+        let torch_out = work.join("torch.json");
+        let _ = std::fs::remove_file(&torch_out);
+        eprintln!("running the PyTorch reference ({})", script.display());
+        let status = Command::new(&bench.args.python)
+            .arg(&script)
+            .arg("--spec")
+            .arg(work.join("spec.json"))
+            .arg("--out")
+            .arg(&torch_out)
+            .status();
+        match status {
+            Ok(s) if s.success() => std::fs::read_to_string(&torch_out)
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok()),
+            Ok(s) => {
+                eprintln!("the PyTorch reference failed ({s}); install it with `python3 -m pip install -r benches/requirements.txt`");
+                None
+            }
+            Err(e) => {
+                eprintln!("could not start {}: {e}", bench.args.python);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut rows = Vec::new();
+    println!();
+    println!("| step ({} threads) | mopt ms | PyTorch ms | mopt / PyTorch | mopt GFLOP/s | PyTorch GFLOP/s |", bench.args.threads);
+    println!("|---|---|---|---|---|---|");
+    for (name, v) in &bench.results {
+        let Some(ms) = v.get("median_ms").and_then(Value::as_f64) else {
+            continue;
+        };
+        let t = torch
+            .as_ref()
+            .and_then(|t| t["results"].get(name))
+            .and_then(|r| r["median_ms"].as_f64());
+        let tg = torch
+            .as_ref()
+            .and_then(|t| t["results"].get(name))
+            .and_then(|r| r["gflops"].as_f64());
+        let ratio = t.map(|t| ms / t);
+        let fmt = |x: Option<f64>, p: usize| x.map_or("-".into(), |x| format!("{x:.p$}"));
+        println!(
+            "| {name} | {ms:.1} | {} | {} | {} | {} |",
+            fmt(t, 1),
+            ratio.map_or("-".into(), |r| format!("{r:.2}x")),
+            fmt(v["gflops"].as_f64(), 1),
+            fmt(tg, 1)
+        );
+        rows.push(json!({"name": name, "mopt_ms": ms, "torch_ms": t, "ratio": ratio}));
+    }
+    let mopt_peak = bench.results["sgemm_2048_gflops"].as_f64();
+    let torch_peak = torch.as_ref().and_then(|t| t["sgemm_2048_gflops"].as_f64());
+    println!(
+        "\nSGEMM 2048^3: mopt (Flex) {:.1} GFLOP/s, PyTorch {} GFLOP/s",
+        mopt_peak.unwrap_or(f64::NAN),
+        torch_peak.map_or("-".into(), |x| format!("{x:.1}"))
+    );
+    let report = json!({
+        "cpu": cpu_info(),
+        "threads": bench.args.threads,
+        "mopt": { "backend": "burn-flex 0.22.1", "results": bench.results },
+        "torch": torch,
+        "rows": rows,
+    });
+    std::fs::write(out, serde_json::to_string_pretty(&report).expect("json")).expect("write results");
+    println!("results: {}", out.display());
+}

@@ -1,0 +1,163 @@
+//! Backward nodes of the fused ops for `Autodiff<Flex, C>` (Burn's autodiff extension points:
+//! `Backward`, `OpsKind`, `Gradients`). Each node keeps what its backward reads (the input, or
+//! the output for softmax) and computes the gradient with one fused kernel.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{unary, Backward, Ops, OpsKind};
+use burn::backend::autodiff::Autodiff;
+use burn::backend::flex::FlexTensor;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::Flex;
+
+use crate::flex;
+
+type Ad<C> = FloatTensor<Autodiff<Flex, C>>;
+
+#[derive(Debug)]
+struct GeluBackward;
+
+impl Backward<Flex, 1> for GeluBackward {
+    type State = FlexTensor;
+
+    fn backward(self, ops: Ops<FlexTensor, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let x = ops.state;
+        unary::<Flex, _>(ops.parents, ops.node, grads, |g| flex::gelu_backward(&x, g));
+    }
+}
+
+pub fn gelu<C: CheckpointStrategy>(x: Ad<C>) -> Ad<C> {
+    match GeluBackward.prepare::<C>([x.node()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let p = x.primitive().clone();
+            prep.finish(p.clone(), flex::gelu(p))
+        }
+        OpsKind::UnTracked(prep) => prep.finish(flex::gelu(x.into_primitive())),
+    }
+}
+
+#[derive(Debug)]
+struct SoftmaxBackward;
+
+impl Backward<Flex, 1> for SoftmaxBackward {
+    type State = FlexTensor;
+
+    fn backward(self, ops: Ops<FlexTensor, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let y = ops.state;
+        unary::<Flex, _>(ops.parents, ops.node, grads, |g| {
+            flex::softmax_backward(&y, g)
+        });
+    }
+}
+
+pub fn softmax<C: CheckpointStrategy>(x: Ad<C>) -> Ad<C> {
+    match SoftmaxBackward
+        .prepare::<C>([x.node()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let y = flex::softmax(x.primitive().clone());
+            prep.finish(y.clone(), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(flex::softmax(x.into_primitive())),
+    }
+}
+
+#[derive(Debug)]
+struct LayerNormBackward {
+    eps: f64,
+}
+
+impl Backward<Flex, 3> for LayerNormBackward {
+    /// (input, gamma)
+    type State = (FlexTensor, FlexTensor);
+
+    fn backward(
+        self,
+        ops: Ops<(FlexTensor, FlexTensor), 3>,
+        grads: &mut Gradients,
+        _: &mut Checkpointer,
+    ) {
+        let (x, gamma) = ops.state;
+        let g = grads.consume::<Flex>(&ops.node);
+        let [px, pg, pb] = ops.parents;
+        let (dx, dgamma, dbeta) = flex::layer_norm_backward(&x, &gamma, g, self.eps);
+        if let Some(n) = px {
+            grads.register::<Flex>(n.id, dx);
+        }
+        if let Some(n) = pg {
+            grads.register::<Flex>(n.id, dgamma);
+        }
+        if let Some(n) = pb {
+            grads.register::<Flex>(n.id, dbeta);
+        }
+    }
+}
+
+pub fn layer_norm<C: CheckpointStrategy>(x: Ad<C>, gamma: Ad<C>, beta: Ad<C>, eps: f64) -> Ad<C> {
+    let nodes = [x.node(), gamma.node(), beta.node()];
+    let op = LayerNormBackward { eps };
+    match op
+        .prepare::<C>(nodes)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let (xp, gp) = (x.primitive().clone(), gamma.primitive().clone());
+            let y = flex::layer_norm(xp.clone(), &gp, beta.primitive(), eps);
+            prep.finish((xp, gp), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(flex::layer_norm(
+            x.into_primitive(),
+            gamma.primitive(),
+            beta.primitive(),
+            eps,
+        )),
+    }
+}
+
+#[derive(Debug)]
+struct EmbeddingBackward {
+    vocab: usize,
+}
+
+impl Backward<Flex, 1> for EmbeddingBackward {
+    type State = std::sync::Arc<Vec<usize>>;
+
+    fn backward(
+        self,
+        ops: Ops<std::sync::Arc<Vec<usize>>, 1>,
+        grads: &mut Gradients,
+        _: &mut Checkpointer,
+    ) {
+        let ids = ops.state;
+        unary::<Flex, _>(ops.parents, ops.node, grads, |g| {
+            flex::embedding_backward(&ids, g, self.vocab)
+        });
+    }
+}
+
+pub fn embedding<C: CheckpointStrategy>(
+    table: Ad<C>,
+    ids: Vec<usize>,
+    batch: usize,
+    seq: usize,
+) -> Ad<C> {
+    let vocab = burn::backend::TensorMetadata::shape(table.primitive())[0];
+    let op = EmbeddingBackward { vocab };
+    match op
+        .prepare::<C>([table.node()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let y = flex::embedding(table.primitive(), &ids, batch, seq);
+            prep.finish(std::sync::Arc::new(ids), y)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(flex::embedding(table.primitive(), &ids, batch, seq))
+        }
+    }
+}

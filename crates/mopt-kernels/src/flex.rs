@@ -1,0 +1,147 @@
+//! The kernels on Burn Flex tensors (f32, any layout: non-contiguous inputs are copied once).
+
+use burn::backend::flex::FlexTensor;
+use burn::backend::TensorMetadata;
+use burn::tensor::{DType, Shape, TensorData};
+
+use crate::cpu;
+
+fn contiguous(t: FlexTensor) -> FlexTensor {
+    if t.as_slice::<f32>().is_some() {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
+
+fn make(data: Vec<f32>, shape: Shape) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(data, shape))
+}
+
+fn f32s(t: &FlexTensor) -> &[f32] {
+    t.as_slice::<f32>().expect("contiguous f32 tensor")
+}
+
+/// Run `f` on `g`'s values in place when `g` is uniquely owned and contiguous, on a copy
+/// otherwise.
+fn in_place(g: FlexTensor, f: impl FnOnce(&mut [f32])) -> FlexTensor {
+    let mut g = contiguous(g);
+    let shape = g.shape();
+    if g.layout().start_offset() == 0 {
+        if let Some(s) = g.try_storage_mut::<f32>() {
+            if s.len() == shape.num_elements() {
+                f(s);
+                return g;
+            }
+        }
+    }
+    let mut v = f32s(&g).to_vec();
+    f(&mut v);
+    make(v, shape)
+}
+
+/// The values of `t` as one contiguous slice (borrowed when possible).
+pub fn f32s_contiguous(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
+    match t.as_slice::<f32>() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(f32s(&t.to_contiguous()).to_vec()),
+    }
+}
+
+pub fn scale(x: FlexTensor, factor: f32) -> FlexTensor {
+    in_place(x, |v| cpu::scale(v, factor))
+}
+
+fn last_dim(t: &FlexTensor) -> usize {
+    let s = t.shape();
+    s[s.num_dims() - 1]
+}
+
+pub fn gelu(x: FlexTensor) -> FlexTensor {
+    let x = contiguous(x);
+    let mut out = vec![0.0f32; x.shape().num_elements()];
+    cpu::gelu(f32s(&x), &mut out);
+    make(out, x.shape())
+}
+
+pub fn gelu_backward(x: &FlexTensor, g: FlexTensor) -> FlexTensor {
+    let x = contiguous(x.clone());
+    in_place(g, |g| cpu::gelu_backward(f32s(&x), g))
+}
+
+pub fn softmax(x: FlexTensor) -> FlexTensor {
+    let x = contiguous(x);
+    let mut out = vec![0.0f32; x.shape().num_elements()];
+    cpu::softmax(f32s(&x), &mut out, last_dim(&x));
+    make(out, x.shape())
+}
+
+pub fn softmax_backward(y: &FlexTensor, g: FlexTensor) -> FlexTensor {
+    let y = contiguous(y.clone());
+    let n = last_dim(&y);
+    in_place(g, |g| cpu::softmax_backward(f32s(&y), g, n))
+}
+
+pub fn layer_norm(x: FlexTensor, gamma: &FlexTensor, beta: &FlexTensor, eps: f64) -> FlexTensor {
+    let (x, gamma, beta) = (
+        contiguous(x),
+        contiguous(gamma.clone()),
+        contiguous(beta.clone()),
+    );
+    let mut out = vec![0.0f32; x.shape().num_elements()];
+    cpu::layer_norm(f32s(&x), f32s(&gamma), f32s(&beta), eps as f32, &mut out);
+    make(out, x.shape())
+}
+
+/// (dx, dgamma, dbeta)
+pub fn layer_norm_backward(
+    x: &FlexTensor,
+    gamma: &FlexTensor,
+    g: FlexTensor,
+    eps: f64,
+) -> (FlexTensor, FlexTensor, FlexTensor) {
+    let (x, gamma) = (contiguous(x.clone()), contiguous(gamma.clone()));
+    let mut sums = (Vec::new(), Vec::new());
+    let dx = in_place(g, |g| {
+        sums = cpu::layer_norm_backward(f32s(&x), f32s(&gamma), g, eps as f32)
+    });
+    let n = gamma.shape();
+    (dx, make(sums.0, n.clone()), make(sums.1, n))
+}
+
+/// Token ids as indices (any integer dtype Flex stores).
+pub fn indices(ids: &FlexTensor) -> Vec<usize> {
+    let ids = if ids.layout().is_contiguous() && ids.layout().start_offset() == 0 {
+        ids.clone()
+    } else {
+        ids.to_contiguous()
+    };
+    match ids.dtype() {
+        DType::I64 => ids.storage::<i64>().iter().map(|&i| i as usize).collect(),
+        DType::I32 => ids.storage::<i32>().iter().map(|&i| i as usize).collect(),
+        DType::U32 => ids.storage::<u32>().iter().map(|&i| i as usize).collect(),
+        DType::U64 => ids.storage::<u64>().iter().map(|&i| i as usize).collect(),
+        other => panic!("embedding ids of dtype {other:?} are not supported"),
+    }
+}
+
+/// `[batch, seq]` ids into `[batch, seq, hidden]` rows of `table`.
+pub fn embedding(table: &FlexTensor, ids: &[usize], batch: usize, seq: usize) -> FlexTensor {
+    let table = contiguous(table.clone());
+    let [vocab, n] = table.shape().dims();
+    if let Some(&bad) = ids.iter().find(|&&i| i >= vocab) {
+        panic!("token id {bad} is outside the embedding table of {vocab} rows");
+    }
+    let mut out = vec![0.0f32; ids.len() * n];
+    cpu::embedding(f32s(&table), ids, n, &mut out);
+    make(out, Shape::from(vec![batch, seq, n]))
+}
+
+pub fn embedding_backward(ids: &[usize], g: FlexTensor, vocab: usize) -> FlexTensor {
+    let g = contiguous(g);
+    let n = last_dim(&g);
+    make(
+        cpu::embedding_backward(ids, f32s(&g), vocab, n),
+        Shape::from(vec![vocab, n]),
+    )
+}

@@ -1,0 +1,222 @@
+//! # mopt-kernels
+//!
+//! Fused CPU kernels with their backward passes, for the ops where Burn Flex training spends
+//! its time outside matrix multiplies (measured by `benches/speed.rs -- --ops`):
+//!
+//! | op | Burn 0.22 under autodiff | here |
+//! |---|---|---|
+//! | [`gelu`] | scalar `erf` per element, forward and backward | vectorised rational `erf`, one pass each way |
+//! | [`softmax`] (last dim) | decomposed into exp/sum/div, each with its own backward | one pass forward, one backward (`y ⊙ (g − Σg⊙y)`) |
+//! | [`layer_norm`] | decomposed (mean, var, sub, div, mul, add) | one pass forward; one backward giving dx, dγ, dβ |
+//! | [`embedding`] | dense zeros + generic scatter | gather; scatter-add of touched rows into zeroed pages |
+//!
+//! Each function takes and returns ordinary Burn tensors. On Flex (plain or autodiff) f32
+//! tensors it runs the fused kernel; on any other backend or dtype, or when fused kernels are
+//! off ([`set_enabled`], or `MOPT_KERNELS=plain` in the environment), it runs the plain Burn
+//! composition in [`reference`]. The tests check the two against each other (values and
+//! gradients).
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, NoCheckpointing};
+use burn::backend::autodiff::Autodiff;
+use burn::backend::Flex;
+use burn::prelude::*;
+use burn::tensor::DType;
+
+pub mod adamw;
+mod autodiff;
+pub mod cpu;
+mod flex;
+pub mod reference;
+
+pub use adamw::FusedAdamW;
+
+/// 0 = not read yet, 1 = fused, 2 = plain.
+static MODE: AtomicU8 = AtomicU8::new(0);
+
+/// Whether the fused kernels are used (default: yes, unless `MOPT_KERNELS=plain`).
+pub fn enabled() -> bool {
+    match MODE.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let plain = std::env::var("MOPT_KERNELS").is_ok_and(|v| v == "plain");
+            MODE.store(if plain { 2 } else { 1 }, Ordering::Relaxed);
+            !plain
+        }
+    }
+}
+
+/// Turn the fused kernels on or off for the whole process (benchmarks and tests compare both).
+pub fn set_enabled(on: bool) {
+    MODE.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+}
+
+type Ad = Autodiff<Flex, NoCheckpointing>;
+/// The autodiff device with gradient checkpointing (`device.autodiff().gradient_checkpointing()`).
+type AdCk = Autodiff<Flex, BalancedCheckpointing>;
+
+/// Where a float tensor lives, for routing.
+enum Route<const D: usize> {
+    Flex(burn::backend::flex::FlexTensor),
+    Autodiff(burn::backend::tensor::FloatTensor<Ad>),
+    Checkpointed(burn::backend::tensor::FloatTensor<AdCk>),
+    Other(Tensor<D>),
+}
+
+fn route<const D: usize>(x: Tensor<D>) -> Route<D> {
+    if !enabled() || x.dtype() != DType::F32 {
+        return Route::Other(x);
+    }
+    if let Ok(p) = x.clone().try_into_primitive::<Ad>() {
+        return Route::Autodiff(p);
+    }
+    if let Ok(p) = x.clone().try_into_primitive::<AdCk>() {
+        return Route::Checkpointed(p);
+    }
+    match x.clone().try_into_primitive::<Flex>() {
+        Ok(p) => Route::Flex(p),
+        Err(_) => Route::Other(x),
+    }
+}
+
+/// Whether an op on `x` runs a fused kernel (Flex f32, plain or autodiff, kernels enabled).
+pub fn is_fused<const D: usize>(x: &Tensor<D>) -> bool {
+    !matches!(route(x.clone()), Route::Other(_))
+}
+
+/// Whether `x` is a tracked (autodiff) tensor.
+pub fn is_autodiff<const D: usize>(x: &Tensor<D>) -> bool {
+    matches!(route(x.clone()), Route::Autodiff(_) | Route::Checkpointed(_))
+}
+
+/// `Σ x²` over all elements, in f64 (one pass; gradient clipping).
+pub fn sum_squares<const D: usize>(x: &Tensor<D>) -> f64 {
+    match route(x.clone()) {
+        Route::Flex(p) => cpu::sum_squares(flex::f32s_contiguous(&p).as_ref()),
+        _ => x.clone().square().sum().into_scalar::<f32>() as f64,
+    }
+}
+
+/// `x · factor` (in place when `x` owns its buffer; gradient clipping).
+pub fn scale<const D: usize>(x: Tensor<D>, factor: f32) -> Tensor<D> {
+    match route(x) {
+        Route::Flex(p) => Tensor::from_primitive::<Flex>(flex::scale(p, factor)),
+        Route::Autodiff(p) => Tensor::from_primitive::<Ad>(p).mul_scalar(factor),
+        Route::Checkpointed(p) => Tensor::from_primitive::<AdCk>(p).mul_scalar(factor),
+        Route::Other(x) => x.mul_scalar(factor),
+    }
+}
+
+/// Exact (erf) GELU, as BERT's `hidden_act = "gelu"`.
+///
+/// # Shapes
+/// any → same
+pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    match route(x) {
+        Route::Flex(p) => Tensor::from_primitive::<Flex>(flex::gelu(p)),
+        Route::Autodiff(p) => Tensor::from_primitive::<Ad>(autodiff::gelu::<NoCheckpointing>(p)),
+        Route::Checkpointed(p) => {
+            Tensor::from_primitive::<AdCk>(autodiff::gelu::<BalancedCheckpointing>(p))
+        }
+        Route::Other(x) => reference::gelu(x),
+    }
+}
+
+/// Softmax over `dim`; fused when `dim` is the last dimension.
+///
+/// # Shapes
+/// any → same
+pub fn softmax<const D: usize>(x: Tensor<D>, dim: usize) -> Tensor<D> {
+    if dim + 1 != D {
+        return reference::softmax(x, dim);
+    }
+    match route(x) {
+        Route::Flex(p) => Tensor::from_primitive::<Flex>(flex::softmax(p)),
+        Route::Autodiff(p) => Tensor::from_primitive::<Ad>(autodiff::softmax::<NoCheckpointing>(p)),
+        Route::Checkpointed(p) => {
+            Tensor::from_primitive::<AdCk>(autodiff::softmax::<BalancedCheckpointing>(p))
+        }
+        Route::Other(x) => reference::softmax(x, dim),
+    }
+}
+
+/// LayerNorm over the last dimension: `(x − mean) / √(var + eps) · gamma + beta` (biased
+/// variance).
+///
+/// # Shapes
+/// - x: `[.., n]`; gamma, beta: `[n]` → `[.., n]`
+pub fn layer_norm<const D: usize>(
+    x: Tensor<D>,
+    gamma: Tensor<1>,
+    beta: Tensor<1>,
+    eps: f64,
+) -> Tensor<D> {
+    let fallback = |x, g, b| reference::layer_norm(x, g, b, eps);
+    if gamma.dtype() != DType::F32 || beta.dtype() != DType::F32 {
+        return fallback(x, gamma, beta);
+    }
+    match route(x) {
+        Route::Flex(p) => match (
+            gamma.clone().try_into_primitive::<Flex>(),
+            beta.clone().try_into_primitive::<Flex>(),
+        ) {
+            (Ok(g), Ok(b)) => Tensor::from_primitive::<Flex>(flex::layer_norm(p, &g, &b, eps)),
+            _ => fallback(Tensor::from_primitive::<Flex>(p), gamma, beta),
+        },
+        Route::Autodiff(p) => match (
+            gamma.clone().try_into_primitive::<Ad>(),
+            beta.clone().try_into_primitive::<Ad>(),
+        ) {
+            (Ok(g), Ok(b)) => Tensor::from_primitive::<Ad>(autodiff::layer_norm::<NoCheckpointing>(p, g, b, eps)),
+            _ => fallback(Tensor::from_primitive::<Ad>(p), gamma, beta),
+        },
+        Route::Checkpointed(p) => match (
+            gamma.clone().try_into_primitive::<AdCk>(),
+            beta.clone().try_into_primitive::<AdCk>(),
+        ) {
+            (Ok(g), Ok(b)) => Tensor::from_primitive::<AdCk>(
+                autodiff::layer_norm::<BalancedCheckpointing>(p, g, b, eps),
+            ),
+            _ => fallback(Tensor::from_primitive::<AdCk>(p), gamma, beta),
+        },
+        Route::Other(x) => fallback(x, gamma, beta),
+    }
+}
+
+/// Embedding lookup: rows `ids` of `table`. Its gradient is a scatter-add of the output
+/// gradient into the touched rows of a zeroed table.
+///
+/// # Shapes
+/// - table: `[vocab, n]`; ids: `[batch, seq]` → `[batch, seq, n]`
+pub fn embedding(table: Tensor<2>, ids: Tensor<2, Int>) -> Tensor<3> {
+    let [batch, seq] = ids.dims();
+    // Int primitives are Flex tensors on both the plain and the autodiff device.
+    let index = |ids: Tensor<2, Int>| -> Option<Vec<usize>> {
+        let p = ids
+            .clone()
+            .try_into_primitive::<Flex>()
+            .or_else(|_| ids.clone().try_into_primitive::<Ad>())
+            .or_else(|_| ids.try_into_primitive::<AdCk>())
+            .ok()?;
+        Some(flex::indices(&p))
+    };
+    match route(table) {
+        Route::Flex(p) => match index(ids.clone()) {
+            Some(i) => Tensor::from_primitive::<Flex>(flex::embedding(&p, &i, batch, seq)),
+            None => reference::embedding(Tensor::from_primitive::<Flex>(p), ids),
+        },
+        Route::Autodiff(p) => match index(ids.clone()) {
+            Some(i) => Tensor::from_primitive::<Ad>(autodiff::embedding::<NoCheckpointing>(p, i, batch, seq)),
+            None => reference::embedding(Tensor::from_primitive::<Ad>(p), ids),
+        },
+        Route::Checkpointed(p) => match index(ids.clone()) {
+            Some(i) => Tensor::from_primitive::<AdCk>(autodiff::embedding::<BalancedCheckpointing>(
+                p, i, batch, seq,
+            )),
+            None => reference::embedding(Tensor::from_primitive::<AdCk>(p), ids),
+        },
+        Route::Other(t) => reference::embedding(t, ids),
+    }
+}

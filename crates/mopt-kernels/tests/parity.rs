@@ -1,0 +1,206 @@
+//! The fused kernels against Burn's plain ops: values and gradients, on the plain and the
+//! autodiff Flex device.
+
+use burn::prelude::*;
+use burn::tensor::{Distribution, TensorData};
+use mopt_kernels::reference;
+
+fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().try_to_vec().unwrap()
+}
+
+/// Largest |a − b| / max(1, |b|).
+fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / y.abs().max(1.0))
+        .fold(0.0, f32::max)
+}
+
+fn assert_close(what: &str, a: Vec<f32>, b: Vec<f32>, tol: f32) {
+    let e = max_rel(&a, &b);
+    assert!(e <= tol, "{what}: max relative difference {e} > {tol}");
+    // The comparison is not vacuous: the values are not all zero.
+    assert!(b.iter().any(|v| v.abs() > 1e-3), "{what}: reference is all zeros");
+}
+
+fn ad() -> Device {
+    Device::flex().autodiff()
+}
+
+/// `L = Σ w ⊙ f(x)` with a fixed random `w`, so every output element gets its own upstream
+/// gradient; returns (f(x), dL/dx).
+fn value_and_grad<const D: usize>(
+    x: &Tensor<D>,
+    w: &Tensor<D>,
+    f: impl Fn(Tensor<D>) -> Tensor<D>,
+) -> (Vec<f32>, Vec<f32>) {
+    let x = Tensor::<D>::from_data(x.to_data(), &ad()).require_grad();
+    assert!(mopt_kernels::is_fused(&x), "the autodiff Flex path is fused");
+    let w = Tensor::<D>::from_data(w.to_data(), &ad());
+    let y = f(x.clone());
+    let g = (y.clone() * w).sum().backward();
+    (values(y.inner()), values(x.grad(&g).expect("grad")))
+}
+
+fn random<const D: usize>(shape: [usize; D], std: f64) -> Tensor<D> {
+    Tensor::random(shape, Distribution::Normal(0.0, std), &Device::flex())
+}
+
+#[test]
+fn gelu_matches_burn_values_and_gradients() {
+    let x = random([4, 7, 37], 3.0);
+    let w = random([4, 7, 37], 1.0);
+    let (y1, g1) = value_and_grad(&x, &w, mopt_kernels::gelu);
+    let (y2, g2) = value_and_grad(&x, &w, reference::gelu);
+    assert_close("gelu", y1, y2, 1e-5);
+    assert_close("gelu grad", g1, g2, 1e-5);
+    // Plain device too.
+    assert!(mopt_kernels::is_fused(&x));
+    assert_close(
+        "gelu (plain device)",
+        values(mopt_kernels::gelu(x.clone())),
+        values(reference::gelu(x)),
+        1e-5,
+    );
+}
+
+#[test]
+fn softmax_matches_burn_with_padding_bias() {
+    // Rows of 13 (not a multiple of the 8 lanes) and a -10000 bias on some keys, as attention.
+    let mut x = random([3, 2, 5, 13], 2.0);
+    let bias: Vec<f32> = (0..13).map(|j| if j > 9 { -10000.0 } else { 0.0 }).collect();
+    x = x + Tensor::<1>::from_floats(bias.as_slice(), &Device::flex()).reshape([1, 1, 1, 13]);
+    let w = random([3, 2, 5, 13], 1.0);
+    let (y1, g1) = value_and_grad(&x, &w, |t| mopt_kernels::softmax(t, 3));
+    let (y2, g2) = value_and_grad(&x, &w, |t| reference::softmax(t, 3));
+    assert_close("softmax", y1.clone(), y2, 1e-5);
+    assert_close("softmax grad", g1, g2, 1e-5);
+    assert!(y1.iter().all(|&p| (0.0..=1.0).contains(&p)));
+}
+
+#[test]
+fn layer_norm_matches_burn_for_input_gamma_and_beta() {
+    let n = 45;
+    let x = random([6, 11, n], 2.0).add_scalar(3.0);
+    let w = random([6, 11, n], 1.0);
+    let gamma = random([n], 1.0).add_scalar(1.0);
+    let beta = random([n], 1.0);
+    let run = |fused: bool| {
+        let d = ad();
+        let xa = Tensor::<3>::from_data(x.to_data(), &d).require_grad();
+        let ga = Tensor::<1>::from_data(gamma.to_data(), &d).require_grad();
+        let ba = Tensor::<1>::from_data(beta.to_data(), &d).require_grad();
+        let wa = Tensor::<3>::from_data(w.to_data(), &d);
+        let y = if fused {
+            mopt_kernels::layer_norm(xa.clone(), ga.clone(), ba.clone(), 1e-12)
+        } else {
+            reference::layer_norm(xa.clone(), ga.clone(), ba.clone(), 1e-12)
+        };
+        let g = (y.clone() * wa).sum().backward();
+        (
+            values(y.inner()),
+            values(xa.grad(&g).unwrap()),
+            values(ga.grad(&g).unwrap()),
+            values(ba.grad(&g).unwrap()),
+        )
+    };
+    let (a, b) = (run(true), run(false));
+    assert_close("layer_norm", a.0, b.0, 1e-5);
+    assert_close("layer_norm dx", a.1, b.1, 2e-5);
+    assert_close("layer_norm dgamma", a.2, b.2, 2e-5);
+    assert_close("layer_norm dbeta", a.3, b.3, 1e-5);
+}
+
+#[test]
+fn embedding_gradient_is_a_scatter_add_of_repeated_ids() {
+    let d = ad();
+    let table = random([50, 9], 1.0);
+    // Id 3 appears three times: its gradient row is the sum of three output rows.
+    let ids = Tensor::<2, Int>::from_data([[3, 7, 3], [0, 3, 49]], &Device::flex());
+    let w = random([2, 3, 9], 1.0);
+    let run = |fused: bool| {
+        let t = Tensor::<2>::from_data(table.to_data(), &d).require_grad();
+        let i = Tensor::<2, Int>::from_data(ids.to_data(), &d);
+        let y = if fused {
+            mopt_kernels::embedding(t.clone(), i)
+        } else {
+            reference::embedding(t.clone(), i)
+        };
+        let g = (y.clone() * Tensor::from_data(w.to_data(), &d)).sum().backward();
+        (values(y.inner()), values(t.grad(&g).unwrap()))
+    };
+    let (a, b) = (run(true), run(false));
+    assert_close("embedding", a.0, b.0, 0.0);
+    assert_close("embedding grad", a.1.clone(), b.1, 1e-6);
+    let wv = values(w);
+    for c in 0..9 {
+        let want = wv[c] + wv[2 * 9 + c] + wv[4 * 9 + c];
+        assert!((a.1[3 * 9 + c] - want).abs() < 1e-6);
+        assert_eq!(a.1[10 * 9 + c], 0.0, "untouched rows get zero gradient");
+    }
+}
+
+#[test]
+fn fused_ops_compose_under_gradient_checkpointing() {
+    let d = Device::flex().autodiff().gradient_checkpointing();
+    let x = random([4, 8, 16], 1.0);
+    let gamma = Tensor::<1>::ones([16], &d).require_grad();
+    let beta = Tensor::<1>::zeros([16], &d).require_grad();
+    let run = |fused: bool| {
+        let xa = Tensor::<3>::from_data(x.to_data(), &d).require_grad();
+        assert!(mopt_kernels::is_fused(&xa), "checkpointed autodiff tensors are fused too");
+        let y = if fused {
+            let h = mopt_kernels::layer_norm(xa.clone(), gamma.clone(), beta.clone(), 1e-12);
+            mopt_kernels::softmax(mopt_kernels::gelu(h), 2)
+        } else {
+            let h = reference::layer_norm(xa.clone(), gamma.clone(), beta.clone(), 1e-12);
+            reference::softmax(reference::gelu(h), 2)
+        };
+        let g = (y.clone() * y).sum().backward();
+        values(xa.grad(&g).unwrap())
+    };
+    assert_close("checkpointed chain grad", run(true), run(false), 2e-5);
+}
+
+#[test]
+fn fused_adamw_follows_burns_adamw_step_for_step() {
+    use burn::nn::{Linear, LinearConfig};
+    use burn::optim::{AdamWConfig, GradientsParams};
+    let d = ad();
+    let start: Linear = LinearConfig::new(37, 19).init(&d);
+    let run = |fused: bool| {
+        let mut optim = if fused {
+            mopt_kernels::FusedAdamW::new(0.9, 0.98, 1e-6, 0.05).init()
+        } else {
+            AdamWConfig::new()
+                .with_beta_1(0.9)
+                .with_beta_2(0.98)
+                .with_epsilon(1e-6)
+                .with_weight_decay(0.05)
+                .init()
+        };
+        let mut m = start.clone();
+        for step in 0..6 {
+            // Deterministic inputs (the device RNG is shared with tests running in parallel).
+            let v: Vec<f32> = (0..8 * 37)
+                .map(|i| ((i * 31 + step * 7) % 17) as f32 / 8.0 - 1.0)
+                .collect();
+            let x = Tensor::<2>::from_data(TensorData::new(v, [8, 37]), &d);
+            let loss = m.forward(x).square().mean();
+            let grads = GradientsParams::from_grads(loss.backward(), &m);
+            m = optim.step(1e-2, m, grads);
+        }
+        (values(m.weight.val().inner()), values(m.bias.unwrap().val().inner()))
+    };
+    let before = mopt_kernels::adamw::fused_steps();
+    let a = run(true);
+    // 6 steps × (weight, bias), at least (other tests may run fused steps concurrently).
+    assert!(mopt_kernels::adamw::fused_steps() - before >= 12);
+    let b = run(false);
+    assert_close("adamw weight", a.0.clone(), b.0, 1e-6);
+    assert_close("adamw bias", a.1, b.1, 1e-6);
+    let moved = max_rel(&a.0, &values(start.weight.val().inner()));
+    assert!(moved > 1e-3, "the steps changed the weights ({moved})");
+}
