@@ -209,6 +209,18 @@ fn sgemm_gflops(device: &Device, n: usize) -> f64 {
     2.0 * (n as f64).powi(3) / (median(&ms) / 1e3) / 1e9
 }
 
+/// GFLOP/s of mopt's own GEMM (`mopt_kernels::gemm`, which the linear layers run on).
+fn mopt_sgemm_gflops(n: usize) -> f64 {
+    use mopt_kernels::gemm::{sgemm, View};
+    let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32 * 0.1).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| (i % 5) as f32 * 0.1).collect();
+    let mut c = vec![0.0f32; n * n];
+    let ms = time_ms(2, 7, |_| {
+        sgemm(View::row_major(&a, n, n), View::row_major(&b, n, n), &mut c, 1.0, false);
+    });
+    2.0 * (n as f64).powi(3) / (median(&ms) / 1e3) / 1e9
+}
+
 fn main() {
     let args = parse_args();
     rayon::ThreadPoolBuilder::new()
@@ -351,16 +363,25 @@ fn run_steps(bench: &mut Bench, work: &Path) {
 
     // Teacher fine-tune step.
     let teacher_ad = || build_model(&p.teacher_recipe, &p.teacher_config, &ad).expect("teacher").0;
-    {
-        let mut slot = Some(teacher_ad());
-        let mut task = FinetuneTask::new(&ad);
+    // Teacher fine-tune step, without and with gradient checkpointing (time and peak memory).
+    let ck = device.clone().autodiff().gradient_checkpointing();
+    for (name, dev) in [("teacher_step", &ad), ("teacher_step_checkpointed", &ck)] {
+        let model = build_model(&p.teacher_recipe, &p.teacher_config, dev).expect("teacher").0;
+        let dev_batches: Vec<TextBatch> = chunks.iter().map(|c| batcher.batch(c, dev)).collect();
+        let mut slot = Some(model);
+        let mut task = FinetuneTask::new(dev);
         let mut optim = adamw();
+        reset_peak_rss();
         let ms = time_ms(warmup, steps, |i| {
             let m = slot.take().expect("model");
-            slot = Some(train_step(&mut task, m, &mut optim, &batches[i], &index_chunks[i], clip, lr));
+            slot = Some(train_step(&mut task, m, &mut optim, &dev_batches[i], &index_chunks[i], clip, lr));
         });
         let f = step_flops(&p.teacher_config, None);
-        bench.record("teacher_step", &ms, bsz, Some(f));
+        bench.record(name, &ms, bsz, Some(f));
+        if let Some(peak) = mopt_train::memory::peak_rss_bytes() {
+            bench.results.get_mut(name).expect("recorded")["peak_rss_mb"] =
+                json!(peak as f64 / 1048576.0);
+        }
     }
     // Student, hard labels.
     {
@@ -440,10 +461,14 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         }
     }
     let peak = sgemm_gflops(&device, 2048);
-    eprintln!("  sgemm 2048^3: {peak:.1} GFLOP/s");
+    let ours = mopt_sgemm_gflops(2048);
+    eprintln!("  sgemm 2048^3: Burn matmul {peak:.1} GFLOP/s, mopt GEMM {ours:.1} GFLOP/s");
     bench
         .results
         .insert("sgemm_2048_gflops".into(), json!(peak));
+    bench
+        .results
+        .insert("mopt_sgemm_2048_gflops".into(), json!(ours));
 
     // Reference logits for the PyTorch side's identity check (eval mode, first batch).
     let b0 = batcher.batch(&chunks[0], &device);
@@ -486,6 +511,12 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         "sgemm_n": 2048,
     });
     std::fs::write(work.join("spec.json"), spec.to_string()).expect("spec.json");
+}
+
+/// Reset the process's peak RSS (`VmHWM`) so the next measurement reports its own peak
+/// (Linux: write 5 to `/proc/self/clear_refs`).
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
 fn fixed_len_batch(items: &[&Encoded], len: usize, pad: u32, device: &Device) -> TextBatch {
@@ -559,11 +590,13 @@ fn finish(bench: &Bench, work: &Path, out: &Path) {
         );
         rows.push(json!({"name": name, "mopt_ms": ms, "torch_ms": t, "ratio": ratio}));
     }
-    let mopt_peak = bench.results["sgemm_2048_gflops"].as_f64();
+    let flex_peak = bench.results["sgemm_2048_gflops"].as_f64();
+    let mopt_peak = bench.results["mopt_sgemm_2048_gflops"].as_f64();
     let torch_peak = torch.as_ref().and_then(|t| t["sgemm_2048_gflops"].as_f64());
     println!(
-        "\nSGEMM 2048^3: mopt (Flex) {:.1} GFLOP/s, PyTorch {} GFLOP/s",
+        "\nSGEMM 2048^3: mopt GEMM {:.1} GFLOP/s, Burn Flex matmul {:.1} GFLOP/s, PyTorch {} GFLOP/s",
         mopt_peak.unwrap_or(f64::NAN),
+        flex_peak.unwrap_or(f64::NAN),
         torch_peak.map_or("-".into(), |x| format!("{x:.1}"))
     );
     let report = json!({

@@ -38,7 +38,7 @@ def record(results, name, ms, samples=0, flops=None):
     if flops:
         r["gflops"] = flops / (m / 1e3) / 1e9
     results[name] = r
-    print(f"  {name:<28} {m:>9.1} ms", flush=True)
+    print(f"  {name:<28} {m:>9.1f} ms", flush=True)
 
 
 def forward_flops(cfg, batch, seq):
@@ -119,6 +119,7 @@ def steps(spec, out_path):
     import copy
 
     train(copy.deepcopy(teacher), ce, "teacher_step")
+    results["teacher_step"]["peak_rss_mb"] = peak_rss_mb()
     train(copy.deepcopy(student), ce, "student_step")
 
     d = spec["distill"]
@@ -178,6 +179,11 @@ def steps(spec, out_path):
         json.dump(results_out, f, indent=1)
 
 
+def peak_rss_mb():
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
 def sgemm(n):
     a, b = torch.rand(n, n), torch.rand(n, n)
     ms = timed(2, 7, lambda _: a @ b)
@@ -214,6 +220,9 @@ def ops(out_path):
     for name, k, n in [("matmul 2048x384 @ 384x384", H, H), ("matmul 2048x384 @ 384x1536", H, FF),
                        ("matmul 2048x1536 @ 1536x384", FF, H)]:
         op(name, [(t, k), (k, n)], lambda x, w: x @ w)
+    op("linear as batched matmul [32,64,384] @ 384x1536", [(B, S, H), (H, FF)], lambda x, w: x @ w)
+    op("dropout 0.1 [32,64,384]", [(B, S, H)], lambda x: F.dropout(x, 0.1, training=True))
+    op("dropout 0.1 [32,12,64,64]", [(B, HEADS, S, S)], lambda x: F.dropout(x, 0.1, training=True))
     op("gelu [32,64,1536]", [(B, S, FF)], F.gelu)
     op("softmax [32,12,64,64]", [(B, HEADS, S, S)], lambda x: torch.softmax(x, 3))
     ln = torch.nn.LayerNorm(H, eps=1e-12)

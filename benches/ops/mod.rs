@@ -133,6 +133,35 @@ pub fn run(args: &Args, work: &Path, out: &Path) {
     ] {
         o.binary(name, [t, k], [k, n], |x, w| x.matmul(w));
     }
+    for (name, k, n) in [
+        ("matmul 2048x384 @ 384x384", H, H),
+        ("matmul 2048x384 @ 384x1536", H, F),
+        ("matmul 2048x1536 @ 1536x384", F, H),
+    ] {
+        let bias = Tensor::<1>::zeros([n], &o.plain);
+        let bias_a = o.leaf(&bias);
+        o.binary(&fused(name), [t, k], [k, n], |x, w| {
+            let b = if x.device().is_autodiff() { bias_a.clone() } else { bias.clone() };
+            mopt_kernels::linear(x, w, b)
+        });
+    }
+    o.binary(
+        "linear as batched matmul [32,64,384] @ 384x1536",
+        [B, S, H],
+        [H, F],
+        |x, w| x.matmul(w.unsqueeze()),
+    );
+    {
+        let drop = burn::nn::DropoutConfig::new(0.1).init();
+        o.unary("dropout 0.1 [32,64,384]", [B, S, H], |x| drop.forward(x));
+        o.unary("dropout 0.1 [32,12,64,64]", [B, HEADS, S, S], |x| drop.forward(x));
+        o.unary(&fused("dropout 0.1 [32,64,384]"), [B, S, H], |x| {
+            mopt_kernels::dropout(x, 0.1)
+        });
+        o.unary(&fused("dropout 0.1 [32,12,64,64]"), [B, HEADS, S, S], |x| {
+            mopt_kernels::dropout(x, 0.1)
+        });
+    }
     o.unary("gelu [32,64,1536]", [B, S, F], gelu);
     o.unary(&fused("gelu [32,64,1536]"), [B, S, F], mopt_kernels::gelu);
     o.unary("softmax [32,12,64,64]", [B, HEADS, S, S], |x| softmax(x, 3));

@@ -385,7 +385,7 @@ pub fn run(
 ) -> Result<DistillReport, TrainError> {
     let wall = std::time::Instant::now();
     let device = device_spec.device();
-    let ad = device.clone().autodiff();
+    let ad = device_spec.train_device(&recipe.train);
     let teacher_trained = ensure_teacher(recipe, device_spec)?;
     let s = setup(recipe, &device)?;
     let (source, cache_summary) = if s.spec.enabled {

@@ -161,3 +161,70 @@ pub fn embedding<C: CheckpointStrategy>(
         }
     }
 }
+
+#[derive(Debug)]
+struct LinearBackward;
+
+impl Backward<Flex, 3> for LinearBackward {
+    /// (input, weight)
+    type State = (FlexTensor, FlexTensor);
+
+    fn backward(
+        self,
+        ops: Ops<(FlexTensor, FlexTensor), 3>,
+        grads: &mut Gradients,
+        _: &mut Checkpointer,
+    ) {
+        let (x, w) = ops.state;
+        let g = grads.consume::<Flex>(&ops.node);
+        let [px, pw, pb] = ops.parents;
+        let want = (px.is_some(), pw.is_some(), pb.is_some());
+        let (dx, dw, db) = flex::linear_backward(&x, &w, g, want);
+        for (parent, grad) in [(px, dx), (pw, dw), (pb, db)] {
+            if let (Some(n), Some(g)) = (parent, grad) {
+                grads.register::<Flex>(n.id, g);
+            }
+        }
+    }
+}
+
+pub fn linear<C: CheckpointStrategy>(x: Ad<C>, w: Ad<C>, b: Ad<C>) -> Ad<C> {
+    let nodes = [x.node(), w.node(), b.node()];
+    match LinearBackward.prepare::<C>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let (xp, wp) = (x.primitive().clone(), w.primitive().clone());
+            let y = flex::linear(xp.clone(), &wp, b.primitive());
+            prep.finish((xp, wp), y)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(flex::linear(x.into_primitive(), w.primitive(), b.primitive()))
+        }
+    }
+}
+
+#[derive(Debug)]
+struct DropoutBackward {
+    seed: u64,
+    keep: f32,
+}
+
+impl Backward<Flex, 1> for DropoutBackward {
+    type State = ();
+
+    fn backward(self, ops: Ops<(), 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        unary::<Flex, _>(ops.parents, ops.node, grads, |g| {
+            flex::dropout_backward(g, self.seed, self.keep)
+        });
+    }
+}
+
+pub fn dropout<C: CheckpointStrategy>(x: Ad<C>, seed: u64, keep: f32) -> Ad<C> {
+    let op = DropoutBackward { seed, keep };
+    match op.prepare::<C>([x.node()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let y = flex::dropout(x.primitive().clone(), seed, keep);
+            prep.finish((), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(flex::dropout(x.into_primitive(), seed, keep)),
+    }
+}

@@ -323,6 +323,134 @@ pub fn embedding_backward(ids: &[usize], g: &[f32], vocab: usize, n: usize) -> V
 }
 
 // ---------------------------------------------------------------------------------------------
+// Dropout (counter-based mask: element i of a call with seed s is kept when
+// hash(s, i) < keep · 2²⁴, so the backward pass regenerates the mask instead of storing it)
+
+#[inline(always)]
+fn fmix32(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^ (h >> 16)
+}
+
+#[inline(always)]
+fn kept(seed: u64, i: usize, threshold: u32) -> bool {
+    let lo = seed as u32;
+    let hi = (seed >> 32) as u32;
+    let h = fmix32(fmix32((i as u32).wrapping_mul(0x9e37_79b9) ^ lo) ^ hi);
+    (h >> 8) < threshold
+}
+
+fn threshold(keep: f32) -> u32 {
+    (keep as f64 * (1u64 << 24) as f64) as u32
+}
+
+/// `out = x · mask / keep` with the mask of `seed` (see above).
+pub fn dropout(x: &[f32], out: &mut [f32], seed: u64, keep: f32) {
+    let t = threshold(keep);
+    let scale = 1.0 / keep;
+    out.par_chunks_mut(GRAIN)
+        .zip(x.par_chunks(GRAIN))
+        .enumerate()
+        .for_each(|(c, (o, x))| {
+            simd(|| {
+                let base = c * GRAIN;
+                for (j, (o, &x)) in o.iter_mut().zip(x).enumerate() {
+                    *o = if kept(seed, base + j, t) { x * scale } else { 0.0 };
+                }
+            })
+        });
+}
+
+/// `g ← g · mask / keep` in place, the mask regenerated from `seed`.
+pub fn dropout_backward(g: &mut [f32], seed: u64, keep: f32) {
+    let t = threshold(keep);
+    let scale = 1.0 / keep;
+    g.par_chunks_mut(GRAIN).enumerate().for_each(|(c, g)| {
+        simd(|| {
+            let base = c * GRAIN;
+            for (j, g) in g.iter_mut().enumerate() {
+                *g = if kept(seed, base + j, t) { *g * scale } else { 0.0 };
+            }
+        })
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Linear layers
+
+/// Column sums of a row-major `rows × n` matrix (the bias gradient).
+pub fn column_sums(g: &[f32], n: usize) -> Vec<f32> {
+    let per = rows_per_task(n) * n;
+    let partials: Vec<Vec<f32>> = g
+        .par_chunks(per)
+        .map(|c| {
+            simd(|| {
+                let mut acc = vec![0.0f32; n];
+                for row in c.chunks_exact(n) {
+                    for (a, &v) in acc.iter_mut().zip(row) {
+                        *a += v;
+                    }
+                }
+                acc
+            })
+        })
+        .collect();
+    let mut out = vec![0.0f32; n];
+    for p in partials {
+        for (o, v) in out.iter_mut().zip(p) {
+            *o += v;
+        }
+    }
+    out
+}
+
+/// `out = x · w + b` for row-major `x: [m, k]`, `w: [k, n]`, `b: [n]`.
+pub fn linear(x: &[f32], w: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; m * n];
+    out.par_chunks_mut(rows_per_task(n) * n).for_each(|c| {
+        for row in c.chunks_exact_mut(n) {
+            row.copy_from_slice(b);
+        }
+    });
+    crate::gemm::sgemm(
+        crate::gemm::View::row_major(x, m, k),
+        crate::gemm::View::row_major(w, k, n),
+        &mut out,
+        1.0,
+        true,
+    );
+    out
+}
+
+/// Gradients of `x · w + b` from the output gradient `g: [m, n]`: (dx = g·wᵀ, dw = xᵀ·g,
+/// db = Σ rows of g); each only when asked for.
+pub fn linear_backward(
+    x: &[f32],
+    w: &[f32],
+    g: &[f32],
+    (m, k, n): (usize, usize, usize),
+    (want_dx, want_dw, want_db): (bool, bool, bool),
+) -> (Option<Vec<f32>>, Option<Vec<f32>>, Option<Vec<f32>>) {
+    use crate::gemm::{sgemm, View};
+    let gv = View::row_major(g, m, n);
+    let dx = want_dx.then(|| {
+        let mut dx = vec![0.0f32; m * k];
+        sgemm(gv, View::row_major(w, k, n).t(), &mut dx, 1.0, false);
+        dx
+    });
+    let dw = want_dw.then(|| {
+        let mut dw = vec![0.0f32; k * n];
+        sgemm(View::row_major(x, m, k).t(), gv, &mut dw, 1.0, false);
+        dw
+    });
+    let db = want_db.then(|| column_sums(g, n));
+    (dx, dw, db)
+}
+
+// ---------------------------------------------------------------------------------------------
 // Optimizer and clipping
 
 /// One AdamW step's constants (Burn's `AdamW` formula, term for term).
@@ -415,6 +543,23 @@ mod tests {
     }
 
     #[test]
+    fn dropout_keeps_the_requested_fraction_and_backward_uses_the_same_mask() {
+        let n = 200_000;
+        let x = vec![1.0f32; n];
+        let mut y = vec![0.0f32; n];
+        dropout(&x, &mut y, 12345, 0.9);
+        let kept = y.iter().filter(|&&v| v != 0.0).count() as f64 / n as f64;
+        assert!((kept - 0.9).abs() < 0.005, "kept {kept}");
+        assert!(y.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.9).abs() < 1e-6));
+        let mut g = vec![1.0f32; n];
+        dropout_backward(&mut g, 12345, 0.9);
+        assert_eq!(g, y, "backward mask = forward mask");
+        let mut other = vec![0.0f32; n];
+        dropout(&x, &mut other, 54321, 0.9);
+        assert_ne!(other, y, "another seed, another mask");
+    }
+
+    #[test]
     fn softmax_rows_sum_to_one_and_backward_is_the_jacobian_product() {
         let x: Vec<f32> = (0..24).map(|i| ((i * 7) % 11) as f32 * 0.3 - 1.0).collect();
         let mut y = vec![0.0; 24];
@@ -440,3 +585,4 @@ mod tests {
         }
     }
 }
+

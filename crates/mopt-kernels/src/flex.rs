@@ -145,3 +145,43 @@ pub fn embedding_backward(ids: &[usize], g: FlexTensor, vocab: usize) -> FlexTen
         Shape::from(vec![vocab, n]),
     )
 }
+
+/// `x · w + b`, x: `[m, k]`, w: `[k, n]`, b: `[n]`.
+pub fn linear(x: FlexTensor, w: &FlexTensor, b: &FlexTensor) -> FlexTensor {
+    let (x, w, b) = (contiguous(x), contiguous(w.clone()), contiguous(b.clone()));
+    let [m, k] = x.shape().dims();
+    let n = w.shape()[1];
+    make(
+        cpu::linear(f32s(&x), f32s(&w), f32s(&b), m, k, n),
+        Shape::from(vec![m, n]),
+    )
+}
+
+/// (dx, dw, db), each when its flag is set.
+pub fn linear_backward(
+    x: &FlexTensor,
+    w: &FlexTensor,
+    g: FlexTensor,
+    want: (bool, bool, bool),
+) -> (Option<FlexTensor>, Option<FlexTensor>, Option<FlexTensor>) {
+    let (x, w, g) = (contiguous(x.clone()), contiguous(w.clone()), contiguous(g));
+    let [m, k] = x.shape().dims();
+    let n = w.shape()[1];
+    let (dx, dw, db) = cpu::linear_backward(f32s(&x), f32s(&w), f32s(&g), (m, k, n), want);
+    (
+        dx.map(|v| make(v, Shape::from(vec![m, k]))),
+        dw.map(|v| make(v, Shape::from(vec![k, n]))),
+        db.map(|v| make(v, Shape::from(vec![n]))),
+    )
+}
+
+pub fn dropout(x: FlexTensor, seed: u64, keep: f32) -> FlexTensor {
+    let x = contiguous(x);
+    let mut out = vec![0.0f32; x.shape().num_elements()];
+    cpu::dropout(f32s(&x), &mut out, seed, keep);
+    make(out, x.shape())
+}
+
+pub fn dropout_backward(g: FlexTensor, seed: u64, keep: f32) -> FlexTensor {
+    in_place(g, |g| cpu::dropout_backward(g, seed, keep))
+}

@@ -28,6 +28,7 @@ pub mod adamw;
 mod autodiff;
 pub mod cpu;
 mod flex;
+pub mod gemm;
 pub mod reference;
 
 pub use adamw::FusedAdamW;
@@ -182,6 +183,77 @@ pub fn layer_norm<const D: usize>(
             _ => fallback(Tensor::from_primitive::<AdCk>(p), gamma, beta),
         },
         Route::Other(x) => fallback(x, gamma, beta),
+    }
+}
+
+/// A linear layer `x · w + b` on the GEMM of [`gemm`] (forward and both backward products).
+///
+/// # Shapes
+/// - x: `[m, k]`; w: `[k, n]` (Burn's `Linear.weight` layout); b: `[n]` → `[m, n]`
+pub fn linear(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> {
+    let fallback = |x: Tensor<2>, w: Tensor<2>, b: Tensor<1>| reference::linear(x, w, b);
+    if w.dtype() != DType::F32 || b.dtype() != DType::F32 {
+        return fallback(x, w, b);
+    }
+    match route(x) {
+        Route::Flex(p) => match (
+            w.clone().try_into_primitive::<Flex>(),
+            b.clone().try_into_primitive::<Flex>(),
+        ) {
+            (Ok(wp), Ok(bp)) => Tensor::from_primitive::<Flex>(flex::linear(p, &wp, &bp)),
+            _ => fallback(Tensor::from_primitive::<Flex>(p), w, b),
+        },
+        Route::Autodiff(p) => match (
+            w.clone().try_into_primitive::<Ad>(),
+            b.clone().try_into_primitive::<Ad>(),
+        ) {
+            (Ok(wp), Ok(bp)) => {
+                Tensor::from_primitive::<Ad>(autodiff::linear::<NoCheckpointing>(p, wp, bp))
+            }
+            _ => fallback(Tensor::from_primitive::<Ad>(p), w, b),
+        },
+        Route::Checkpointed(p) => match (
+            w.clone().try_into_primitive::<AdCk>(),
+            b.clone().try_into_primitive::<AdCk>(),
+        ) {
+            (Ok(wp), Ok(bp)) => Tensor::from_primitive::<AdCk>(
+                autodiff::linear::<BalancedCheckpointing>(p, wp, bp),
+            ),
+            _ => fallback(Tensor::from_primitive::<AdCk>(p), w, b),
+        },
+        Route::Other(x) => fallback(x, w, b),
+    }
+}
+
+/// Dropout of a training forward pass: zero each element with probability `prob` and scale the
+/// rest by `1/(1−prob)`. Like Burn's `Dropout`, it only acts on autodiff (training) tensors and
+/// its masks follow the device's seed (one draw from the device RNG per call seeds a
+/// counter-based mask, which the backward pass regenerates instead of storing).
+///
+/// # Shapes
+/// any → same
+pub fn dropout<const D: usize>(x: Tensor<D>, prob: f64) -> Tensor<D> {
+    if prob <= 0.0 || !x.device().is_autodiff() {
+        return x;
+    }
+    let keep = (1.0 - prob) as f32;
+    let draw = || -> u64 {
+        let r: Tensor<1> = Tensor::random(
+            [2],
+            burn::tensor::Distribution::Uniform(0.0, 4_294_967_296.0),
+            &x.device(),
+        );
+        let v: Vec<f32> = r.into_data().convert::<f32>().try_to_vec().expect("f32");
+        ((v[0] as u64) << 32) ^ (v[1] as u64)
+    };
+    match route(x.clone()) {
+        Route::Autodiff(p) => {
+            Tensor::from_primitive::<Ad>(autodiff::dropout::<NoCheckpointing>(p, draw(), keep))
+        }
+        Route::Checkpointed(p) => Tensor::from_primitive::<AdCk>(
+            autodiff::dropout::<BalancedCheckpointing>(p, draw(), keep),
+        ),
+        _ => reference::dropout(x, prob),
     }
 }
 

@@ -23,3 +23,11 @@ pub fn layer_norm<const D: usize>(
 pub fn embedding(table: Tensor<2>, ids: Tensor<2, Int>) -> Tensor<3> {
     burn::tensor::module::embedding(table, ids)
 }
+
+pub fn linear(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> {
+    x.matmul(w) + b.unsqueeze()
+}
+
+pub fn dropout<const D: usize>(x: Tensor<D>, prob: f64) -> Tensor<D> {
+    burn::nn::DropoutConfig::new(prob).init().forward(x)
+}

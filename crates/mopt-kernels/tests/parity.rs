@@ -204,3 +204,39 @@ fn fused_adamw_follows_burns_adamw_step_for_step() {
     let moved = max_rel(&a.0, &values(start.weight.val().inner()));
     assert!(moved > 1e-3, "the steps changed the weights ({moved})");
 }
+
+#[test]
+fn linear_matches_burn_for_input_weight_and_bias() {
+    let (m, k, n) = (70, 45, 37);
+    let x = random([m, k], 1.0);
+    let w = random([k, n], 0.3);
+    let b = random([n], 1.0);
+    let up = random([m, n], 1.0);
+    let run = |fused: bool| {
+        let d = ad();
+        let xa = Tensor::<2>::from_data(x.to_data(), &d).require_grad();
+        let wa = Tensor::<2>::from_data(w.to_data(), &d).require_grad();
+        let ba = Tensor::<1>::from_data(b.to_data(), &d).require_grad();
+        assert!(mopt_kernels::is_fused(&xa));
+        let y = if fused {
+            mopt_kernels::linear(xa.clone(), wa.clone(), ba.clone())
+        } else {
+            reference::linear(xa.clone(), wa.clone(), ba.clone())
+        };
+        let g = (y.clone() * Tensor::from_data(up.to_data(), &d)).sum().backward();
+        (
+            values(y.inner()),
+            values(xa.grad(&g).unwrap()),
+            values(wa.grad(&g).unwrap()),
+            values(ba.grad(&g).unwrap()),
+        )
+    };
+    let (a, r) = (run(true), run(false));
+    assert_close("linear", a.0, r.0, 1e-5);
+    assert_close("linear dx", a.1, r.1, 1e-5);
+    assert_close("linear dw", a.2, r.2, 1e-5);
+    assert_close("linear db", a.3, r.3, 1e-5);
+    // Plain device.
+    let y = mopt_kernels::linear(x.clone(), w.clone(), b.clone());
+    assert_close("linear (plain)", values(y), values(reference::linear(x, w, b)), 1e-5);
+}

@@ -150,6 +150,7 @@ pub struct RawTrain {
     pub grad_clip_norm: Option<f32>,
     pub best_metric: Option<String>,
     pub log_every: Option<usize>,
+    pub gradient_checkpointing: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

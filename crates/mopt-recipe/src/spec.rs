@@ -311,6 +311,9 @@ pub struct TrainSpec {
     pub best_metric: BestMetric,
     /// Log a training line / TensorBoard point every this many optimizer steps.
     pub log_every: usize,
+    /// Recompute cheap activations in the backward pass instead of keeping them (Burn's
+    /// balanced gradient checkpointing): less activation memory for more compute.
+    pub gradient_checkpointing: bool,
 }
 
 /// `[lr-find]`: the LR range test.
@@ -666,6 +669,7 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
         grad_clip_norm,
         best_metric,
         log_every: cx.positive("train.log-every", t.log_every, 20)?,
+        gradient_checkpointing: t.gradient_checkpointing.unwrap_or(false),
     };
 
     // [lr-find]

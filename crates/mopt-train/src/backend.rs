@@ -31,6 +31,17 @@ impl DeviceSpec {
         }
     }
 
+    /// The training (autodiff) device for `train`: with Burn's balanced gradient
+    /// checkpointing when `train.gradient-checkpointing` is on.
+    pub fn train_device(&self, train: &mopt_recipe::TrainSpec) -> Device {
+        let ad = self.device().autodiff();
+        if train.gradient_checkpointing {
+            ad.gradient_checkpointing()
+        } else {
+            ad
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             DeviceSpec::Cpu => "cpu (burn-flex)",

@@ -65,7 +65,7 @@ pub fn lr_find(
 ) -> Result<LrFindResult, TrainError> {
     let spec = &recipe.lr_find;
     let t = &recipe.train;
-    let ad = device_spec.device().autodiff();
+    let ad = device_spec.train_device(&recipe.train);
     let prepared = prepare_data(recipe, None)?;
     let data = &prepared.data;
     let config = model_config(recipe, &data.labels, prepared.tokenizer.vocab_size())?;

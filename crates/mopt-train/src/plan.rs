@@ -123,6 +123,12 @@ pub fn check_plan(recipe: &Recipe, device: &DeviceSpec, force: bool) -> Result<S
         t.grad_clip_norm.map_or("off".into(), |n| format!("global norm {n}"))
     );
     let _ = writeln!(s, "best by    validation {}", t.best_metric.name());
+    if t.gradient_checkpointing {
+        let _ = writeln!(
+            s,
+            "grad ckpt  on: Burn's balanced checkpointing recomputes memory-bound activations in the backward pass (the activation estimate below is the upper bound without it)"
+        );
+    }
     let _ = writeln!(
         s,
         "memory     ~{} (weights {}, grads {}, AdamW moments {}, activations {} at batch {} x {} tokens)",

@@ -247,7 +247,7 @@ pub fn train(
     run_dir: &Path,
     opts: &TrainOptions,
 ) -> Result<TrainReport, TrainError> {
-    let ad_device = device_spec.device().autodiff();
+    let ad_device = device_spec.train_device(&recipe.train);
     eprintln!("preparing data ({})", recipe.data.source_label());
     let prepared = prepare_data(recipe, None)?;
     let config = model_config(
@@ -351,7 +351,7 @@ pub fn fit<T: Task>(
     let data = ctx.data;
     let t = &recipe.train;
     let device = ctx.device_spec.device();
-    let ad_device = device.clone().autodiff();
+    let ad_device = ctx.device_spec.train_device(t);
     describe_data(recipe, data)?;
     // Dropout masks (and anything else random in training) follow the run's seed.
     ad_device.seed(recipe.run.seed);

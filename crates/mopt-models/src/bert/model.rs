@@ -51,6 +51,31 @@ fn norm<const D: usize>(ln: &LayerNorm, eps: f64, x: Tensor<D>) -> Tensor<D> {
     }
 }
 
+/// A linear layer over the last dimension of `[batch, seq, d_in]`, run as one 2-D GEMM over
+/// all `batch × seq` rows with mopt's fused linear kernel (bias in the GEMM's output, both
+/// backward products on the same GEMM). Burn's `Linear` on a 3-D input broadcasts the weight
+/// into a batched matmul, which Flex runs as `batch` small GEMMs that each repack the weight.
+fn linear(l: &Linear, x: Tensor<3>) -> Tensor<3> {
+    let [b, s, d] = x.dims();
+    let x = x.reshape([b * s, d]);
+    let y = match &l.bias {
+        Some(bias) => mopt_kernels::linear(x, l.weight.val(), bias.val()),
+        None => l.forward(x),
+    };
+    let n = y.dims()[1];
+    y.reshape([b, s, n])
+}
+
+/// Dropout through mopt's fused kernel (one pass each way, mask regenerated in backward);
+/// Burn's `Dropout` keeps the probability and the training flag.
+fn dropout<const D: usize>(d: &Dropout, x: Tensor<D>) -> Tensor<D> {
+    if d.training.is_enabled() {
+        mopt_kernels::dropout(x, d.prob)
+    } else {
+        x
+    }
+}
+
 /// Added to attention scores at padded key positions (the value ONNX exporters use too).
 pub const MASK_BIAS: f32 = -10000.0;
 
@@ -120,7 +145,7 @@ impl BertEmbeddings {
         let x = table(&self.word_embeddings, input_ids)
             + table(&self.position_embeddings, positions)
             + table(&self.token_type_embeddings, token_type_ids);
-        self.dropout.forward(norm(&self.layer_norm, self.eps, x))
+        dropout(&self.dropout, norm(&self.layer_norm, self.eps, x))
     }
 }
 
@@ -143,12 +168,12 @@ impl BertSelfAttention {
         let [batch, seq, _] = x.dims();
         let (h, d) = (self.num_heads, self.head_size);
         let split = |t: Tensor<3>| t.reshape([batch, seq, h, d]).swap_dims(1, 2);
-        let q = split(self.query.forward(x.clone()));
-        let k = split(self.key.forward(x.clone()));
-        let v = split(self.value.forward(x));
+        let q = split(linear(&self.query, x.clone()));
+        let k = split(linear(&self.key, x.clone()));
+        let v = split(linear(&self.value, x));
         let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((d as f32).sqrt());
         let probs = softmax(scores.clone() + mask_bias, 3);
-        let ctx = self.dropout.forward(probs.clone()).matmul(v);
+        let ctx = dropout(&self.dropout, probs.clone()).matmul(v);
         (
             ctx.swap_dims(1, 2).reshape([batch, seq, h * d]),
             scores,
@@ -182,7 +207,7 @@ impl BertResidualOutput {
     /// # Shapes
     /// - x: `[batch, seq, d_in]`, residual: `[batch, seq, hidden]` → `[batch, seq, hidden]`
     pub fn forward(&self, x: Tensor<3>, residual: Tensor<3>) -> Tensor<3> {
-        let x = self.dropout.forward(self.dense.forward(x)) + residual;
+        let x = dropout(&self.dropout, linear(&self.dense, x)) + residual;
         norm(&self.layer_norm, self.eps, x)
     }
 }
@@ -240,7 +265,7 @@ impl BertLayer {
     pub fn forward(&self, x: Tensor<3>, mask_bias: Tensor<4>) -> (Tensor<3>, Tensor<4>, Tensor<4>) {
         let (ctx, scores, probs) = self.attention.self_attn.forward(x.clone(), mask_bias);
         let attn_out = self.attention.output.forward(ctx, x);
-        let inter = gelu(self.intermediate.dense.forward(attn_out.clone()));
+        let inter = gelu(linear(&self.intermediate.dense, attn_out.clone()));
         (self.output.forward(inter, attn_out), scores, probs)
     }
 }
@@ -354,7 +379,7 @@ impl BertForSequenceClassification {
         let pooled = tanh(self.bert.pooler.dense.forward(cls));
         let logits = self
             .classifier
-            .forward(self.dropout.forward(pooled.clone()));
+            .forward(dropout(&self.dropout, pooled.clone()));
         BertOutputs {
             logits,
             last_hidden_state: x,
