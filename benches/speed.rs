@@ -16,7 +16,8 @@
 //! CPU model and its SIMD features go to `benches/results/speed.json` (and `ops.json`).
 //!
 //! Options: `--steps N` (timed steps, default 20), `--warmup N` (3), `--threads N` (2),
-//! `--ops`, `--no-torch`, `--python PATH` (python3), `--out FILE`.
+//! `--ops`, `--plain` (also time every row on Burn Flex's own ops), `--no-torch`,
+//! `--python PATH` (python3), `--out FILE`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -45,6 +46,10 @@ struct Args {
     threads: usize,
     ops: bool,
     torch: bool,
+    /// Also time every row with mopt's fused kernels off (Burn Flex's own ops).
+    plain: bool,
+    /// Only the rows whose name contains this (profiling one step).
+    only: Option<String>,
     python: String,
     out: Option<PathBuf>,
 }
@@ -56,6 +61,8 @@ fn parse_args() -> Args {
         threads: 2,
         ops: false,
         torch: true,
+        plain: false,
+        only: None,
         python: "python3".into(),
         out: None,
     };
@@ -72,6 +79,8 @@ fn parse_args() -> Args {
             "--threads" => a.threads = num("--threads"),
             "--ops" => a.ops = true,
             "--no-torch" => a.torch = false,
+            "--plain" => a.plain = true,
+            "--only" => a.only = Some(it.next().expect("--only needs a row name")),
             "--python" => a.python = it.next().expect("--python needs a path"),
             "--out" => a.out = Some(it.next().expect("--out needs a file").into()),
             // `cargo bench` passes `--bench`; ignore it and anything libtest-like.
@@ -175,9 +184,16 @@ struct Bench {
     args: Args,
     root: PathBuf,
     results: BTreeMap<String, Value>,
+    /// Rows timed with the fused kernels off (`--plain`).
+    plain: BTreeMap<String, Value>,
+    recording_plain: bool,
 }
 
 impl Bench {
+    fn wants(&self, name: &str) -> bool {
+        self.args.only.as_ref().is_none_or(|o| name.contains(o.as_str()))
+    }
+
     fn record(&mut self, name: &str, ms: &[f64], samples: usize, flops: Option<f64>) {
         let m = median(ms);
         let mut v = json!({
@@ -192,7 +208,11 @@ impl Bench {
             v["gflops"] = json!(f / (m / 1e3) / 1e9);
         }
         eprintln!("  {name:<28} {m:>9.1} ms");
-        self.results.insert(name.to_string(), v);
+        if self.recording_plain {
+            self.plain.insert(name.to_string(), v);
+        } else {
+            self.results.insert(name.to_string(), v);
+        }
     }
 }
 
@@ -222,6 +242,11 @@ fn mopt_sgemm_gflops(n: usize) -> f64 {
 }
 
 fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        // Built and started by `cargo test`: nothing to time here.
+        println!("speed harness: run it with `cargo bench --profile dev --bench speed` (see benches/README.md)");
+        return;
+    }
     let args = parse_args();
     rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads)
@@ -232,6 +257,8 @@ fn main() {
         args,
         root: root.clone(),
         results: BTreeMap::new(),
+        plain: BTreeMap::new(),
+        recording_plain: false,
     };
     let work = root.join("target").join("mopt-bench");
     std::fs::create_dir_all(&work).expect("work folder");
@@ -245,6 +272,15 @@ fn main() {
             .unwrap_or(out_dir.join("ops.json"));
         ops::run(&bench.args, &work, &out);
         return;
+    }
+    if bench.args.plain {
+        eprintln!("Burn Flex's own ops (mopt's fused kernels off):");
+        mopt_kernels::set_enabled(false);
+        bench.recording_plain = true;
+        run_steps(&mut bench, &work);
+        mopt_kernels::set_enabled(true);
+        bench.recording_plain = false;
+        eprintln!("mopt's fused kernels:");
     }
     run_steps(&mut bench, &work);
     let out = bench
@@ -366,6 +402,9 @@ fn run_steps(bench: &mut Bench, work: &Path) {
     // Teacher fine-tune step, without and with gradient checkpointing (time and peak memory).
     let ck = device.clone().autodiff().gradient_checkpointing();
     for (name, dev) in [("teacher_step", &ad), ("teacher_step_checkpointed", &ck)] {
+        if !bench.wants(name) {
+            continue;
+        }
         let model = build_model(&p.teacher_recipe, &p.teacher_config, dev).expect("teacher").0;
         let dev_batches: Vec<TextBatch> = chunks.iter().map(|c| batcher.batch(c, dev)).collect();
         let mut slot = Some(model);
@@ -379,12 +418,16 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         let f = step_flops(&p.teacher_config, None);
         bench.record(name, &ms, bsz, Some(f));
         if let Some(peak) = mopt_train::memory::peak_rss_bytes() {
-            bench.results.get_mut(name).expect("recorded")["peak_rss_mb"] =
-                json!(peak as f64 / 1048576.0);
+            let table = if bench.recording_plain {
+                &mut bench.plain
+            } else {
+                &mut bench.results
+            };
+            table.get_mut(name).expect("recorded")["peak_rss_mb"] = json!(peak as f64 / 1048576.0);
         }
     }
     // Student, hard labels.
-    {
+    if bench.wants("student_step") {
         let mut slot = Some(from_teacher_layers(&teacher_ad(), &p.layers));
         let mut task = FinetuneTask::new(&ad);
         let mut optim = adamw();
@@ -398,6 +441,14 @@ fn run_steps(bench: &mut Bench, work: &Path) {
     // Distillation (distill_bert.toml's objective), cached and live teacher.
     let s = setup(&p.distill_recipe, &device).expect("distillation setup");
     for cached in [true, false] {
+        let name = if cached {
+            "distill_step_cached"
+        } else {
+            "distill_step_live"
+        };
+        if !bench.wants(name) {
+            continue;
+        }
         let source = if cached {
             TeacherSource::Cache(compute(
                 &p.teacher,
@@ -423,11 +474,6 @@ fn run_steps(bench: &mut Bench, work: &Path) {
             let m = slot.take().expect("model");
             slot = Some(train_step(&mut task, m, &mut optim, &batches[i], &index_chunks[i], clip, lr));
         });
-        let name = if cached {
-            "distill_step_cached"
-        } else {
-            "distill_step_live"
-        };
         let f = step_flops(
             &p.student_config,
             (!cached).then_some(&p.teacher_config),
@@ -440,6 +486,9 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         ("student", &p.student, &p.student_config),
     ] {
         for b in [1usize, 32] {
+            if !bench.wants(&format!("{name}_forward_b{b}")) {
+                continue;
+            }
             let ids: Vec<&Encoded> = p
                 .subset
                 .iter()
@@ -463,12 +512,14 @@ fn run_steps(bench: &mut Bench, work: &Path) {
     let peak = sgemm_gflops(&device, 2048);
     let ours = mopt_sgemm_gflops(2048);
     eprintln!("  sgemm 2048^3: Burn matmul {peak:.1} GFLOP/s, mopt GEMM {ours:.1} GFLOP/s");
-    bench
-        .results
-        .insert("sgemm_2048_gflops".into(), json!(peak));
-    bench
-        .results
-        .insert("mopt_sgemm_2048_gflops".into(), json!(ours));
+    if !bench.recording_plain {
+        bench
+            .results
+            .insert("sgemm_2048_gflops".into(), json!(peak));
+        bench
+            .results
+            .insert("mopt_sgemm_2048_gflops".into(), json!(ours));
+    }
 
     // Reference logits for the PyTorch side's identity check (eval mode, first batch).
     let b0 = batcher.batch(&chunks[0], &device);
@@ -565,8 +616,13 @@ fn finish(bench: &Bench, work: &Path, out: &Path) {
     };
     let mut rows = Vec::new();
     println!();
-    println!("| step ({} threads) | mopt ms | PyTorch ms | mopt / PyTorch | mopt GFLOP/s | PyTorch GFLOP/s |", bench.args.threads);
-    println!("|---|---|---|---|---|---|");
+    let with_plain = !bench.plain.is_empty();
+    println!(
+        "| step ({} threads) | mopt ms | PyTorch ms | mopt / PyTorch | mopt GFLOP/s | PyTorch GFLOP/s |{}",
+        bench.args.threads,
+        if with_plain { " Burn Flex ops ms | Burn ops / PyTorch |" } else { "" }
+    );
+    println!("|---|---|---|---|---|---|{}", if with_plain { "---|---|" } else { "" });
     for (name, v) in &bench.results {
         let Some(ms) = v.get("median_ms").and_then(Value::as_f64) else {
             continue;
@@ -581,14 +637,26 @@ fn finish(bench: &Bench, work: &Path, out: &Path) {
             .and_then(|r| r["gflops"].as_f64());
         let ratio = t.map(|t| ms / t);
         let fmt = |x: Option<f64>, p: usize| x.map_or("-".into(), |x| format!("{x:.p$}"));
+        let plain = bench.plain.get(name).and_then(|p| p["median_ms"].as_f64());
+        let extra = if with_plain {
+            format!(
+                " {} | {} |",
+                fmt(plain, 1),
+                plain
+                    .zip(t)
+                    .map_or("-".into(), |(p, t)| format!("{:.2}x", p / t))
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "| {name} | {ms:.1} | {} | {} | {} | {} |",
+            "| {name} | {ms:.1} | {} | {} | {} | {} |{extra}",
             fmt(t, 1),
             ratio.map_or("-".into(), |r| format!("{r:.2}x")),
             fmt(v["gflops"].as_f64(), 1),
             fmt(tg, 1)
         );
-        rows.push(json!({"name": name, "mopt_ms": ms, "torch_ms": t, "ratio": ratio}));
+        rows.push(json!({"name": name, "mopt_ms": ms, "torch_ms": t, "ratio": ratio, "burn_plain_ms": plain}));
     }
     let flex_peak = bench.results["sgemm_2048_gflops"].as_f64();
     let mopt_peak = bench.results["mopt_sgemm_2048_gflops"].as_f64();
@@ -602,7 +670,8 @@ fn finish(bench: &Bench, work: &Path, out: &Path) {
     let report = json!({
         "cpu": cpu_info(),
         "threads": bench.args.threads,
-        "mopt": { "backend": "burn-flex 0.22.1", "results": bench.results },
+        "mopt": { "backend": "burn-flex 0.22.1 + mopt-kernels", "results": bench.results },
+        "burn_plain": { "backend": "burn-flex 0.22.1 (MOPT_KERNELS=plain)", "results": bench.plain },
         "torch": torch,
         "rows": rows,
     });

@@ -264,6 +264,19 @@ pub fn run(args: &Args, work: &Path, out: &Path) {
             .into_scalar();
         });
         o.push(&fused("attention core (split, QK, softmax, PV, merge)"), &fwd, &fb);
+        // The fused attention kernel on the unsplit projections (mask of zeros, no dropout).
+        let mask = Tensor::<2>::zeros([B, S], &o.plain);
+        let mask_a = Tensor::<2>::zeros([B, S], &o.ad);
+        let fwd = time_ms(3, o.runs, |_| {
+            let y = mopt_kernels::attention(q.clone(), k.clone(), v.clone(), mask.clone(), HEADS, 0.0);
+            let _: f32 = y.sum().into_scalar();
+        });
+        let fb = time_ms(3, o.runs, |_| {
+            let y = mopt_kernels::attention(qa.clone(), ka.clone(), va.clone(), mask_a.clone(), HEADS, 0.0);
+            let g = y.sum().backward();
+            let _ = (qa.grad(&g), ka.grad(&g), va.grad(&g));
+        });
+        o.push("attention core (split, QK, softmax, PV, merge) [mopt fused kernel]", &fwd, &fb);
     }
     optimizer_rows(&mut o);
 
@@ -291,7 +304,7 @@ pub fn run(args: &Args, work: &Path, out: &Path) {
             t["ops"]
                 .as_array()?
                 .iter()
-                .find(|x| x["name"].as_str() == Some(name.trim_end_matches(FUSED).trim_end_matches(" [mopt]")))
+                .find(|x| x["name"].as_str() == Some(name.trim_end_matches(" [mopt fused kernel]").trim_end_matches(FUSED).trim_end_matches(" [mopt]")))
                 .cloned()
         });
         let f = |v: &Value| v.as_f64().map_or("-".into(), |x| format!("{x:.2}"));

@@ -228,3 +228,50 @@ pub fn dropout<C: CheckpointStrategy>(x: Ad<C>, seed: u64, keep: f32) -> Ad<C> {
         OpsKind::UnTracked(prep) => prep.finish(flex::dropout(x.into_primitive(), seed, keep)),
     }
 }
+
+#[derive(Debug)]
+struct AttentionBackward {
+    shape: crate::cpu::Attn,
+}
+
+impl Backward<Flex, 3> for AttentionBackward {
+    /// (q, k, v, probabilities)
+    type State = (FlexTensor, FlexTensor, FlexTensor, FlexTensor);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (q, k, v, probs) = ops.state;
+        let g = grads.consume::<Flex>(&ops.node);
+        let (dq, dk, dv) = flex::attention_backward(&q, &k, &v, &probs, g, self.shape);
+        for (parent, grad) in ops.parents.into_iter().zip([dq, dk, dv]) {
+            if let Some(n) = parent {
+                grads.register::<Flex>(n.id, grad);
+            }
+        }
+    }
+}
+
+pub fn attention<C: CheckpointStrategy>(
+    q: Ad<C>,
+    k: Ad<C>,
+    v: Ad<C>,
+    mask: &FlexTensor,
+    shape: crate::cpu::Attn,
+) -> Ad<C> {
+    let nodes = [q.node(), k.node(), v.node()];
+    let op = AttentionBackward { shape };
+    match op.prepare::<C>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let (qp, kp, vp) = (
+                q.primitive().clone(),
+                k.primitive().clone(),
+                v.primitive().clone(),
+            );
+            let (ctx, probs) = flex::attention(&qp, &kp, &vp, mask, shape);
+            prep.finish((qp, kp, vp, probs), ctx)
+        }
+        OpsKind::UnTracked(prep) => {
+            let (ctx, _) = flex::attention(q.primitive(), k.primitive(), v.primitive(), mask, shape);
+            prep.finish(ctx)
+        }
+    }
+}

@@ -379,6 +379,259 @@ pub fn dropout_backward(g: &mut [f32], seed: u64, keep: f32) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Attention core: softmax(QKᵀ·scale + mask) → dropout → ·V, per (batch, head), reading the
+// heads straight out of the `[batch·seq, heads·d]` projections (no split or merge copies).
+
+/// Shape of an attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct Attn {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub head_size: usize,
+    /// `1/√head_size`
+    pub scale: f32,
+    /// Dropout keep probability on the attention probabilities (1 = no dropout).
+    pub keep: f32,
+    pub seed: u64,
+}
+
+impl Attn {
+    fn width(&self) -> usize {
+        self.heads * self.head_size
+    }
+}
+
+#[inline(always)]
+fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// Head `h` of token rows `[seq, w]` of one batch element, transposed to `[d, seq]`.
+#[inline(always)]
+fn head_t(rows: &[f32], a: &Attn, h: usize, out: &mut [f32]) {
+    let (s, d, w) = (a.seq, a.head_size, a.width());
+    for j in 0..s {
+        for c in 0..d {
+            out[c * s + j] = rows[j * w + h * d + c];
+        }
+    }
+}
+
+/// One batch element of the forward pass (a struct, not a closure, so that `pulp` compiles it
+/// inline in its AVX2/AVX-512 context).
+struct AttnForward<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    mask: &'a [f32],
+    b: usize,
+    a: Attn,
+    ctx: &'a mut [f32],
+    probs: &'a mut [f32],
+}
+
+impl WithSimd for AttnForward<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _simd: S) {
+        let AttnForward {
+            q: qb,
+            k: kb,
+            v: vb,
+            mask: mb,
+            b,
+            a,
+            ctx,
+            probs,
+        } = self;
+        let (s, d, w, hn) = (a.seq, a.head_size, a.width(), a.heads);
+        let t = threshold(a.keep);
+        let inv_keep = 1.0 / a.keep;
+        let mut kt = vec![0.0f32; d * s];
+        let mut pd = vec![0.0f32; s];
+        for h in 0..hn {
+            head_t(kb, &a, h, &mut kt);
+            for i in 0..s {
+                let p = &mut probs[(h * s + i) * s..(h * s + i + 1) * s];
+                p.copy_from_slice(mb);
+                let qi = &qb[i * w + h * d..i * w + h * d + d];
+                for c in 0..d {
+                    axpy(p, qi[c] * a.scale, &kt[c * s..(c + 1) * s]);
+                }
+                let m = max(p);
+                for x in p.iter_mut() {
+                    *x = exp(*x - m);
+                }
+                let inv = 1.0 / sum(p);
+                for x in p.iter_mut() {
+                    *x *= inv;
+                }
+                let base = ((b * hn + h) * s + i) * s;
+                if a.keep >= 1.0 {
+                    pd.copy_from_slice(p);
+                } else {
+                    for j in 0..s {
+                        pd[j] = if kept(a.seed, base + j, t) {
+                            p[j] * inv_keep
+                        } else {
+                            0.0
+                        };
+                    }
+                }
+                let out = &mut ctx[i * w + h * d..i * w + h * d + d];
+                for j in 0..s {
+                    axpy(out, pd[j], &vb[j * w + h * d..j * w + h * d + d]);
+                }
+            }
+        }
+    }
+}
+
+/// Forward. `q`, `k`, `v`: `[batch·seq, heads·d]`; `mask`: `[batch, seq]` additive key bias.
+/// Returns the context `[batch·seq, heads·d]` and the probabilities `[batch, heads, seq, seq]`
+/// (before dropout).
+pub fn attention(q: &[f32], k: &[f32], v: &[f32], mask: &[f32], a: Attn) -> (Vec<f32>, Vec<f32>) {
+    let (s, w, hn) = (a.seq, a.width(), a.heads);
+    let mut ctx = vec![0.0f32; a.batch * s * w];
+    let mut probs = vec![0.0f32; a.batch * hn * s * s];
+    ctx.par_chunks_mut(s * w)
+        .zip(probs.par_chunks_mut(hn * s * s))
+        .enumerate()
+        .for_each(|(b, (ctx, probs))| {
+            let rows = b * s * w..(b + 1) * s * w;
+            Arch::new().dispatch(AttnForward {
+                q: &q[rows.clone()],
+                k: &k[rows.clone()],
+                v: &v[rows],
+                mask: &mask[b * s..(b + 1) * s],
+                b,
+                a,
+                ctx,
+                probs,
+            });
+        });
+    (ctx, probs)
+}
+
+struct AttnBackward<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    g: &'a [f32],
+    probs: &'a [f32],
+    b: usize,
+    a: Attn,
+    dq: &'a mut [f32],
+    dk: &'a mut [f32],
+    dv: &'a mut [f32],
+}
+
+impl WithSimd for AttnBackward<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _simd: S) {
+        let AttnBackward {
+            q: qb,
+            k: kb,
+            v: vb,
+            g: gb,
+            probs,
+            b,
+            a,
+            dq,
+            dk,
+            dv,
+        } = self;
+        let (s, d, w, hn) = (a.seq, a.head_size, a.width(), a.heads);
+        let t = threshold(a.keep);
+        let inv_keep = 1.0 / a.keep;
+                let mut vt = vec![0.0f32; d * s];
+                let mut dp = vec![0.0f32; s];
+                for h in 0..hn {
+                    head_t(vb, &a, h, &mut vt);
+                    for i in 0..s {
+                        let p = &probs[(h * s + i) * s..(h * s + i + 1) * s];
+                        let gi = &gb[i * w + h * d..i * w + h * d + d];
+                        // dPd = g_i · Vᵀ
+                        dp.fill(0.0);
+                        for c in 0..d {
+                            axpy(&mut dp, gi[c], &vt[c * s..(c + 1) * s]);
+                        }
+                        let base = ((b * hn + h) * s + i) * s;
+                        for j in 0..s {
+                            let m = if a.keep >= 1.0 {
+                                1.0
+                            } else if kept(a.seed, base + j, t) {
+                                inv_keep
+                            } else {
+                                0.0
+                            };
+                            // dV_j += Pd_ij · g_i
+                            let pdj = p[j] * m;
+                            if pdj != 0.0 {
+                                axpy(&mut dv[j * w + h * d..j * w + h * d + d], pdj, gi);
+                            }
+                            dp[j] *= m;
+                        }
+                        // Softmax backward, then the scale.
+                        let sdot = dot(&dp, p);
+                        for j in 0..s {
+                            dp[j] = p[j] * (dp[j] - sdot) * a.scale;
+                        }
+                        let qi = &qb[i * w + h * d..i * w + h * d + d];
+                        for j in 0..s {
+                            let ds = dp[j];
+                            if ds != 0.0 {
+                                let kj = &kb[j * w + h * d..j * w + h * d + d];
+                                axpy(&mut dq[i * w + h * d..i * w + h * d + d], ds, kj);
+                                axpy(&mut dk[j * w + h * d..j * w + h * d + d], ds, qi);
+                            }
+                        }
+                    }
+                }
+    }
+}
+
+/// Backward: from `g` (= dL/dctx, `[batch·seq, heads·d]`) to (dq, dk, dv).
+pub fn attention_backward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    probs: &[f32],
+    g: &[f32],
+    a: Attn,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (s, w, hn) = (a.seq, a.width(), a.heads);
+    let n = a.batch * s * w;
+    let (mut dq, mut dk, mut dv) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
+    dq.par_chunks_mut(s * w)
+        .zip(dk.par_chunks_mut(s * w))
+        .zip(dv.par_chunks_mut(s * w))
+        .enumerate()
+        .for_each(|(b, ((dq, dk), dv))| {
+            let rows = b * s * w..(b + 1) * s * w;
+            Arch::new().dispatch(AttnBackward {
+                q: &q[rows.clone()],
+                k: &k[rows.clone()],
+                v: &v[rows.clone()],
+                g: &g[rows],
+                probs: &probs[b * hn * s * s..(b + 1) * hn * s * s],
+                b,
+                a,
+                dq,
+                dk,
+                dv,
+            });
+        });
+    (dq, dk, dv)
+}
+
+// ---------------------------------------------------------------------------------------------
 // Linear layers
 
 /// Column sums of a row-major `rows × n` matrix (the bias gradient).

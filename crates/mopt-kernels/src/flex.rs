@@ -185,3 +185,40 @@ pub fn dropout(x: FlexTensor, seed: u64, keep: f32) -> FlexTensor {
 pub fn dropout_backward(g: FlexTensor, seed: u64, keep: f32) -> FlexTensor {
     in_place(g, |g| cpu::dropout_backward(g, seed, keep))
 }
+
+/// Attention core (see `cpu::attention`): q, k, v `[b·s, h·d]`, mask `[b, s]` → (ctx, probs).
+pub fn attention(
+    q: &FlexTensor,
+    k: &FlexTensor,
+    v: &FlexTensor,
+    mask: &FlexTensor,
+    a: cpu::Attn,
+) -> (FlexTensor, FlexTensor) {
+    let c = |t: &FlexTensor| contiguous(t.clone());
+    let (q, k, v, mask) = (c(q), c(k), c(v), c(mask));
+    let (ctx, probs) = cpu::attention(f32s(&q), f32s(&k), f32s(&v), f32s(&mask), a);
+    (
+        make(ctx, q.shape()),
+        make(
+            probs,
+            Shape::from(vec![a.batch, a.heads, a.seq, a.seq]),
+        ),
+    )
+}
+
+/// (dq, dk, dv)
+pub fn attention_backward(
+    q: &FlexTensor,
+    k: &FlexTensor,
+    v: &FlexTensor,
+    probs: &FlexTensor,
+    g: FlexTensor,
+    a: cpu::Attn,
+) -> (FlexTensor, FlexTensor, FlexTensor) {
+    let c = |t: &FlexTensor| contiguous(t.clone());
+    let (q, k, v, probs, g) = (c(q), c(k), c(v), c(probs), contiguous(g));
+    let (dq, dk, dv) =
+        cpu::attention_backward(f32s(&q), f32s(&k), f32s(&v), f32s(&probs), f32s(&g), a);
+    let shape = q.shape();
+    (make(dq, shape.clone()), make(dk, shape.clone()), make(dv, shape))
+}

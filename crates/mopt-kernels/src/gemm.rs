@@ -78,6 +78,14 @@ fn pack_b(b: &View, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut Vec<f3
                     let s = b.offset + (p0 + k) * b.rs + j;
                     dst.copy_from_slice(&b.data[s..s + NR]);
                 }
+            } else if b.rs == 1 {
+                // A transposed operand (e.g. Wᵀ in dX = G·Wᵀ): read each column as a run.
+                for c in 0..w {
+                    let s = b.offset + p0 + (j + c) * b.cs;
+                    for (k, &v) in b.data[s..s + kc].iter().enumerate() {
+                        panel[k * NR + c] = v;
+                    }
+                }
             } else {
                 for (k, dst) in panel.chunks_exact_mut(NR).enumerate() {
                     for (c, d) in dst.iter_mut().enumerate().take(w) {
@@ -90,6 +98,23 @@ fn pack_b(b: &View, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut Vec<f3
 
 /// Pack `A[i0..i0+mc, p0..p0+kc]` into panels of `MR` rows, k-major, zero-padded.
 fn pack_a(a: &View, i0: usize, mc: usize, p0: usize, kc: usize, out: &mut [f32]) {
+    if a.rs == 1 && a.cs != 1 {
+        // A transposed operand (e.g. Xᵀ in dW = Xᵀ·G): row k of the block is a contiguous run
+        // of `mc` values; spread it over the panels.
+        let panels = out.len() / (kc * MR);
+        for k in 0..kc {
+            let s = a.offset + i0 + (p0 + k) * a.cs;
+            let run = &a.data[s..s + mc];
+            for ip in 0..panels {
+                let dst = &mut out[ip * kc * MR + k * MR..ip * kc * MR + (k + 1) * MR];
+                let lo = ip * MR;
+                let h = MR.min(mc - lo);
+                dst[..h].copy_from_slice(&run[lo..lo + h]);
+                dst[h..].fill(0.0);
+            }
+        }
+        return;
+    }
     for (ip, panel) in out.chunks_exact_mut(kc * MR).enumerate() {
         let i = i0 + ip * MR;
         let h = MR.min(i0 + mc - i);
@@ -248,6 +273,14 @@ pub fn sgemm(a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool) {
     }
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     let v3 = pulp::x86::V3::try_new();
+    // Row blocks: MC rows, or fewer when that would leave threads idle (batch-1 inference has
+    // 64 rows: two blocks of 36 and 28 rather than one of 64).
+    let threads = rayon::current_num_threads().max(1);
+    let mc_rows = if m < MC * threads {
+        m.div_ceil(threads).div_ceil(MR).max(1) * MR
+    } else {
+        MC
+    };
     let mut bpack = Vec::new();
     for j0 in (0..n).step_by(NC) {
         let nc = NC.min(n - j0);
@@ -258,11 +291,11 @@ pub fn sgemm(a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool) {
             let bp = &bpack;
             // Row blocks of C in parallel; each owns its rows of C.
             c[..m * n]
-                .par_chunks_mut(MC * n)
+                .par_chunks_mut(mc_rows * n)
                 .enumerate()
                 .for_each(|(ib, rows)| {
-                    let i0 = ib * MC;
-                    let mc = MC.min(m - i0);
+                    let i0 = ib * mc_rows;
+                    let mc = mc_rows.min(m - i0);
                     let mut apack = vec![0.0f32; mc.div_ceil(MR) * MR * kc];
                     pack_a(&a, i0, mc, p0, kc, &mut apack);
                     let block = Block {
@@ -351,4 +384,3 @@ mod tests {
         }
     }
 }
-

@@ -236,24 +236,126 @@ pub fn dropout<const D: usize>(x: Tensor<D>, prob: f64) -> Tensor<D> {
     if prob <= 0.0 || !x.device().is_autodiff() {
         return x;
     }
-    let keep = (1.0 - prob) as f32;
-    let draw = || -> u64 {
-        let r: Tensor<1> = Tensor::random(
-            [2],
-            burn::tensor::Distribution::Uniform(0.0, 4_294_967_296.0),
-            &x.device(),
-        );
-        let v: Vec<f32> = r.into_data().convert::<f32>().try_to_vec().expect("f32");
-        ((v[0] as u64) << 32) ^ (v[1] as u64)
+    if is_autodiff(&x) {
+        let seed = draw_seed(&x.device());
+        dropout_seeded(x, prob, seed)
+    } else {
+        reference::dropout(x, prob)
+    }
+}
+
+/// The attention core of a BERT layer: `softmax(Q·Kᵀ/√d + mask) → dropout → ·V` per head, read
+/// straight out of the `[batch, seq, heads·d]` projections and written back in that layout (no
+/// head split or merge copies), with one fused backward pass. Dropout (probability `dropout`)
+/// applies on autodiff tensors only, like [`dropout`].
+///
+/// # Shapes
+/// - q, k, v: `[batch, seq, heads·d]`; mask_bias: `[batch, seq]` (added to every query's scores)
+/// - output: `[batch, seq, heads·d]`
+pub fn attention(
+    q: Tensor<3>,
+    k: Tensor<3>,
+    v: Tensor<3>,
+    mask_bias: Tensor<2>,
+    heads: usize,
+    dropout: f64,
+) -> Tensor<3> {
+    let seed = if dropout > 0.0 && q.device().is_autodiff() {
+        Some(draw_seed(&q.device()))
+    } else {
+        None
     };
+    attention_seeded(q, k, v, mask_bias, heads, dropout, seed)
+}
+
+/// [`attention`] with an explicit dropout seed (`None`: no dropout). The mask of element
+/// `(b, h, i, j)` is the one [`dropout_seeded`] gives a flat `[batch, heads, seq, seq]` tensor
+/// with the same seed (the tests rely on it).
+pub fn attention_seeded(
+    q: Tensor<3>,
+    k: Tensor<3>,
+    v: Tensor<3>,
+    mask_bias: Tensor<2>,
+    heads: usize,
+    dropout: f64,
+    seed: Option<u64>,
+) -> Tensor<3> {
+    let [batch, seq, width] = q.dims();
+    let d = width / heads.max(1);
+    let shape = cpu::Attn {
+        batch,
+        seq,
+        heads,
+        head_size: d,
+        scale: 1.0 / (d as f32).sqrt(),
+        keep: if seed.is_some() { (1.0 - dropout) as f32 } else { 1.0 },
+        seed: seed.unwrap_or(0),
+    };
+    let reference = |q, k, v, m| reference::attention(q, k, v, m, heads, dropout, seed);
+    let mask = if mask_bias.device().is_autodiff() {
+        mask_bias.clone().inner()
+    } else {
+        mask_bias.clone()
+    };
+    let Ok(mask_p) = mask.try_into_primitive::<Flex>() else {
+        return reference(q, k, v, mask_bias);
+    };
+    if width % heads.max(1) != 0 || k.dims() != q.dims() || v.dims() != q.dims() {
+        return reference(q, k, v, mask_bias);
+    }
+    let flat = |t: Tensor<3>| t.reshape([batch * seq, width]);
+    let (qf, kf, vf) = (flat(q.clone()), flat(k.clone()), flat(v.clone()));
+    let routes = (route(qf), route(kf), route(vf));
+    if !matches!(routes.0, Route::Other(_)) {
+        FUSED_ATTENTION.fetch_add(1, Ordering::Relaxed);
+    }
+    match routes {
+        (Route::Flex(a), Route::Flex(b), Route::Flex(c)) => {
+            let (ctx, _) = flex::attention(&a, &b, &c, &mask_p, shape);
+            Tensor::<2>::from_primitive::<Flex>(ctx).reshape([batch, seq, width])
+        }
+        (Route::Autodiff(a), Route::Autodiff(b), Route::Autodiff(c)) => {
+            let ctx = autodiff::attention::<NoCheckpointing>(a, b, c, &mask_p, shape);
+            Tensor::<2>::from_primitive::<Ad>(ctx).reshape([batch, seq, width])
+        }
+        (Route::Checkpointed(a), Route::Checkpointed(b), Route::Checkpointed(c)) => {
+            let ctx = autodiff::attention::<BalancedCheckpointing>(a, b, c, &mask_p, shape);
+            Tensor::<2>::from_primitive::<AdCk>(ctx).reshape([batch, seq, width])
+        }
+        _ => reference(q, k, v, mask_bias),
+    }
+}
+
+static FUSED_ATTENTION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Attention calls that ran the fused kernel so far in this process.
+pub fn fused_attention_calls() -> u64 {
+    FUSED_ATTENTION.load(Ordering::Relaxed)
+}
+
+/// A dropout seed drawn from the device's RNG (so masks follow the run's seed).
+fn draw_seed(device: &Device) -> u64 {
+    let r: Tensor<1> = Tensor::random(
+        [2],
+        burn::tensor::Distribution::Uniform(0.0, 4_294_967_296.0),
+        device,
+    );
+    let v: Vec<f32> = r.into_data().convert::<f32>().try_to_vec().expect("f32");
+    ((v[0] as u64) << 32) ^ (v[1] as u64)
+}
+
+/// [`dropout`] with an explicit seed: element `i` (row-major) is kept when the counter-based
+/// hash of `(seed, i)` says so. Autodiff Flex tensors only; others pass through unchanged.
+pub fn dropout_seeded<const D: usize>(x: Tensor<D>, prob: f64, seed: u64) -> Tensor<D> {
+    let keep = (1.0 - prob) as f32;
     match route(x.clone()) {
         Route::Autodiff(p) => {
-            Tensor::from_primitive::<Ad>(autodiff::dropout::<NoCheckpointing>(p, draw(), keep))
+            Tensor::from_primitive::<Ad>(autodiff::dropout::<NoCheckpointing>(p, seed, keep))
         }
         Route::Checkpointed(p) => Tensor::from_primitive::<AdCk>(
-            autodiff::dropout::<BalancedCheckpointing>(p, draw(), keep),
+            autodiff::dropout::<BalancedCheckpointing>(p, seed, keep),
         ),
-        _ => reference::dropout(x, prob),
+        _ => x,
     }
 }
 

@@ -31,3 +31,31 @@ pub fn linear(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> {
 pub fn dropout<const D: usize>(x: Tensor<D>, prob: f64) -> Tensor<D> {
     burn::nn::DropoutConfig::new(prob).init().forward(x)
 }
+
+/// The attention core composed of Burn ops (head split, QKᵀ/√d + mask, softmax, dropout, ·V,
+/// merge); dropout through [`crate::dropout_seeded`] when a seed is given.
+pub fn attention(
+    q: Tensor<3>,
+    k: Tensor<3>,
+    v: Tensor<3>,
+    mask_bias: Tensor<2>,
+    heads: usize,
+    dropout: f64,
+    seed: Option<u64>,
+) -> Tensor<3> {
+    let [b, s, w] = q.dims();
+    let d = w / heads;
+    let split = |t: Tensor<3>| t.reshape([b, s, heads, d]).swap_dims(1, 2);
+    let scores = split(q)
+        .matmul(split(k).swap_dims(2, 3))
+        .div_scalar((d as f32).sqrt());
+    let probs = softmax(scores + mask_bias.reshape([b, 1, 1, s]), 3);
+    let probs = match seed {
+        Some(seed) if dropout > 0.0 => crate::dropout_seeded(probs, dropout, seed),
+        _ => probs,
+    };
+    probs
+        .matmul(split(v))
+        .swap_dims(1, 2)
+        .reshape([b, s, w])
+}

@@ -240,3 +240,51 @@ fn linear_matches_burn_for_input_weight_and_bias() {
     let y = mopt_kernels::linear(x.clone(), w.clone(), b.clone());
     assert_close("linear (plain)", values(y), values(reference::linear(x, w, b)), 1e-5);
 }
+
+#[test]
+fn attention_matches_the_composed_core_with_mask_and_dropout() {
+    let (b, s, heads, d) = (3, 11, 4, 8);
+    let w = heads * d;
+    let q = random([b, s, w], 1.0);
+    let k = random([b, s, w], 1.0);
+    let v = random([b, s, w], 1.0);
+    let up = random([b, s, w], 1.0);
+    // The last three keys of the second sequence are padding.
+    let mut m = vec![0.0f32; b * s];
+    for j in s - 3..s {
+        m[s + j] = -10000.0;
+    }
+    let mask = Tensor::<2>::from_data(TensorData::new(m, [b, s]), &Device::flex());
+    for seed in [None, Some(99u64)] {
+        let run = |fused: bool| {
+            let dv = ad();
+            let leaf = |t: &Tensor<3>| Tensor::<3>::from_data(t.to_data(), &dv).require_grad();
+            let (qa, ka, va) = (leaf(&q), leaf(&k), leaf(&v));
+            let ma = Tensor::<2>::from_data(mask.to_data(), &dv);
+            let y = if fused {
+                mopt_kernels::attention_seeded(qa.clone(), ka.clone(), va.clone(), ma, heads, 0.25, seed)
+            } else {
+                reference::attention(qa.clone(), ka.clone(), va.clone(), ma, heads, 0.25, seed)
+            };
+            let g = (y.clone() * Tensor::from_data(up.to_data(), &dv)).sum().backward();
+            (
+                values(y.inner()),
+                values(qa.grad(&g).unwrap()),
+                values(ka.grad(&g).unwrap()),
+                values(va.grad(&g).unwrap()),
+            )
+        };
+        let before = mopt_kernels::fused_attention_calls();
+        let (a, r) = (run(true), run(false));
+        assert!(mopt_kernels::fused_attention_calls() > before, "the fused kernel ran");
+        let tag = if seed.is_some() { " (dropout)" } else { "" };
+        assert_close(&format!("attention{tag}"), a.0, r.0, 1e-5);
+        assert_close(&format!("attention dq{tag}"), a.1, r.1, 1e-5);
+        assert_close(&format!("attention dk{tag}"), a.2, r.2, 1e-5);
+        assert_close(&format!("attention dv{tag}"), a.3, r.3, 1e-5);
+    }
+    // Plain device (inference, no dropout).
+    let y = mopt_kernels::attention(q.clone(), k.clone(), v.clone(), mask.clone(), heads, 0.1);
+    let r = reference::attention(q, k, v, mask, heads, 0.0, None);
+    assert_close("attention (plain)", values(y), values(r), 1e-5);
+}
