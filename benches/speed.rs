@@ -191,7 +191,10 @@ struct Bench {
 
 impl Bench {
     fn wants(&self, name: &str) -> bool {
-        self.args.only.as_ref().is_none_or(|o| name.contains(o.as_str()))
+        self.args
+            .only
+            .as_ref()
+            .is_none_or(|o| name.contains(o.as_str()))
     }
 
     fn record(&mut self, name: &str, ms: &[f64], samples: usize, flops: Option<f64>) {
@@ -236,7 +239,13 @@ fn mopt_sgemm_gflops(n: usize) -> f64 {
     let b: Vec<f32> = (0..n * n).map(|i| (i % 5) as f32 * 0.1).collect();
     let mut c = vec![0.0f32; n * n];
     let ms = time_ms(2, 7, |_| {
-        sgemm(View::row_major(&a, n, n), View::row_major(&b, n, n), &mut c, 1.0, false);
+        sgemm(
+            View::row_major(&a, n, n),
+            View::row_major(&b, n, n),
+            &mut c,
+            1.0,
+            false,
+        );
     });
     2.0 * (n as f64).powi(3) / (median(&ms) / 1e3) / 1e9
 }
@@ -265,11 +274,7 @@ fn main() {
     let out_dir = root.join("benches").join("results");
     std::fs::create_dir_all(&out_dir).expect("results folder");
     if bench.args.ops {
-        let out = bench
-            .args
-            .out
-            .clone()
-            .unwrap_or(out_dir.join("ops.json"));
+        let out = bench.args.out.clone().unwrap_or(out_dir.join("ops.json"));
         ops::run(&bench.args, &work, &out);
         return;
     }
@@ -283,11 +288,7 @@ fn main() {
         eprintln!("mopt's fused kernels:");
     }
     run_steps(&mut bench, &work);
-    let out = bench
-        .args
-        .out
-        .clone()
-        .unwrap_or(out_dir.join("speed.json"));
+    let out = bench.args.out.clone().unwrap_or(out_dir.join("speed.json"));
     finish(&bench, &work, &out);
 }
 
@@ -306,22 +307,21 @@ struct Prepared {
 
 fn prepare(bench: &Bench, work: &Path) -> Prepared {
     let teacher_recipe = recipe(&bench.root, "finetune_teacher.toml");
-    let prepared = prepare_data(&teacher_recipe, None).expect("data (run datasets/fetch.sh --text)");
+    let prepared =
+        prepare_data(&teacher_recipe, None).expect("data (run datasets/fetch.sh --text)");
     let data = &prepared.data;
-    let config = model_config(&teacher_recipe, &data.labels, prepared.tokenizer.vocab_size())
-        .expect("config");
+    let config = model_config(
+        &teacher_recipe,
+        &data.labels,
+        prepared.tokenizer.vocab_size(),
+    )
+    .expect("config");
     let device = Device::flex();
     let (teacher, _) = build_model(&teacher_recipe, &config, &device).expect("teacher weights");
     // The teacher as a mopt checkpoint (for the distillation setup) and in HF form (for PyTorch).
     let ckpt = work.join("teacher");
-    save_checkpoint_dir(
-        &teacher,
-        &config,
-        data,
-        &prepared.tokenizer.path,
-        &ckpt,
-    )
-    .expect("teacher checkpoint");
+    save_checkpoint_dir(&teacher, &config, data, &prepared.tokenizer.path, &ckpt)
+        .expect("teacher checkpoint");
     weights::save_hf(&teacher, &config, &work.join("teacher-hf")).expect("teacher hf");
     let b = teacher_recipe.train.batch_size;
     let n = (bench.args.warmup + bench.args.steps) * b;
@@ -398,14 +398,20 @@ fn run_steps(bench: &mut Bench, work: &Path) {
     );
 
     // Teacher fine-tune step.
-    let teacher_ad = || build_model(&p.teacher_recipe, &p.teacher_config, &ad).expect("teacher").0;
+    let teacher_ad = || {
+        build_model(&p.teacher_recipe, &p.teacher_config, &ad)
+            .expect("teacher")
+            .0
+    };
     // Teacher fine-tune step, without and with gradient checkpointing (time and peak memory).
     let ck = device.clone().autodiff().gradient_checkpointing();
     for (name, dev) in [("teacher_step", &ad), ("teacher_step_checkpointed", &ck)] {
         if !bench.wants(name) {
             continue;
         }
-        let model = build_model(&p.teacher_recipe, &p.teacher_config, dev).expect("teacher").0;
+        let model = build_model(&p.teacher_recipe, &p.teacher_config, dev)
+            .expect("teacher")
+            .0;
         let dev_batches: Vec<TextBatch> = chunks.iter().map(|c| batcher.batch(c, dev)).collect();
         let mut slot = Some(model);
         let mut task = FinetuneTask::new(dev);
@@ -413,7 +419,15 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         reset_peak_rss();
         let ms = time_ms(warmup, steps, |i| {
             let m = slot.take().expect("model");
-            slot = Some(train_step(&mut task, m, &mut optim, &dev_batches[i], &index_chunks[i], clip, lr));
+            slot = Some(train_step(
+                &mut task,
+                m,
+                &mut optim,
+                &dev_batches[i],
+                &index_chunks[i],
+                clip,
+                lr,
+            ));
         });
         let f = step_flops(&p.teacher_config, None);
         bench.record(name, &ms, bsz, Some(f));
@@ -433,7 +447,15 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         let mut optim = adamw();
         let ms = time_ms(warmup, steps, |i| {
             let m = slot.take().expect("model");
-            slot = Some(train_step(&mut task, m, &mut optim, &batches[i], &index_chunks[i], clip, lr));
+            slot = Some(train_step(
+                &mut task,
+                m,
+                &mut optim,
+                &batches[i],
+                &index_chunks[i],
+                clip,
+                lr,
+            ));
         });
         let f = step_flops(&p.student_config, None);
         bench.record("student_step", &ms, bsz, Some(f));
@@ -472,12 +494,17 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         let mut optim = adamw();
         let ms = time_ms(warmup, steps, |i| {
             let m = slot.take().expect("model");
-            slot = Some(train_step(&mut task, m, &mut optim, &batches[i], &index_chunks[i], clip, lr));
+            slot = Some(train_step(
+                &mut task,
+                m,
+                &mut optim,
+                &batches[i],
+                &index_chunks[i],
+                clip,
+                lr,
+            ));
         });
-        let f = step_flops(
-            &p.student_config,
-            (!cached).then_some(&p.teacher_config),
-        );
+        let f = step_flops(&p.student_config, (!cached).then_some(&p.teacher_config));
         bench.record(name, &ms, bsz, Some(f));
     }
     // Inference at a fixed length of 64 (as the distillation report measures latency).
@@ -622,7 +649,10 @@ fn finish(bench: &Bench, work: &Path, out: &Path) {
         bench.args.threads,
         if with_plain { " Burn Flex ops ms | Burn ops / PyTorch |" } else { "" }
     );
-    println!("|---|---|---|---|---|---|{}", if with_plain { "---|---|" } else { "" });
+    println!(
+        "|---|---|---|---|---|---|{}",
+        if with_plain { "---|---|" } else { "" }
+    );
     for (name, v) in &bench.results {
         let Some(ms) = v.get("median_ms").and_then(Value::as_f64) else {
             continue;
@@ -675,6 +705,7 @@ fn finish(bench: &Bench, work: &Path, out: &Path) {
         "torch": torch,
         "rows": rows,
     });
-    std::fs::write(out, serde_json::to_string_pretty(&report).expect("json")).expect("write results");
+    std::fs::write(out, serde_json::to_string_pretty(&report).expect("json"))
+        .expect("write results");
     println!("results: {}", out.display());
 }

@@ -125,7 +125,10 @@ pub fn run(args: &Args, work: &Path, out: &Path) {
         rows: Vec::new(),
     };
     let t = B * S;
-    eprintln!("per-op breakdown, {} threads (medians of {} runs)", args.threads, o.runs);
+    eprintln!(
+        "per-op breakdown, {} threads (medians of {} runs)",
+        args.threads, o.runs
+    );
     for (name, k, n) in [
         ("matmul 2048x384 @ 384x384", H, H),
         ("matmul 2048x384 @ 384x1536", H, F),
@@ -141,7 +144,11 @@ pub fn run(args: &Args, work: &Path, out: &Path) {
         let bias = Tensor::<1>::zeros([n], &o.plain);
         let bias_a = o.leaf(&bias);
         o.binary(&fused(name), [t, k], [k, n], |x, w| {
-            let b = if x.device().is_autodiff() { bias_a.clone() } else { bias.clone() };
+            let b = if x.device().is_autodiff() {
+                bias_a.clone()
+            } else {
+                bias.clone()
+            };
             mopt_kernels::linear(x, w, b)
         });
     }
@@ -154,7 +161,9 @@ pub fn run(args: &Args, work: &Path, out: &Path) {
     {
         let drop = burn::nn::DropoutConfig::new(0.1).init();
         o.unary("dropout 0.1 [32,64,384]", [B, S, H], |x| drop.forward(x));
-        o.unary("dropout 0.1 [32,12,64,64]", [B, HEADS, S, S], |x| drop.forward(x));
+        o.unary("dropout 0.1 [32,12,64,64]", [B, HEADS, S, S], |x| {
+            drop.forward(x)
+        });
         o.unary(&fused("dropout 0.1 [32,64,384]"), [B, S, H], |x| {
             mopt_kernels::dropout(x, 0.1)
         });
@@ -183,7 +192,10 @@ pub fn run(args: &Args, work: &Path, out: &Path) {
         });
         o.push("layer_norm [32,64,384] (+gamma,beta)", &fwd, &fb);
         let (g, b) = (ln.gamma.val(), ln.beta.clone().expect("beta").val());
-        let (gp, bp) = (ln_plain.gamma.val(), ln_plain.beta.clone().expect("beta").val());
+        let (gp, bp) = (
+            ln_plain.gamma.val(),
+            ln_plain.beta.clone().expect("beta").val(),
+        );
         let fwd = time_ms(3, o.runs, |_| {
             let y = mopt_kernels::layer_norm(x.clone(), gp.clone(), bp.clone(), 1e-12);
             let _: f32 = y.sum().into_scalar();
@@ -263,20 +275,36 @@ pub fn run(args: &Args, work: &Path, out: &Path) {
             .sum()
             .into_scalar();
         });
-        o.push(&fused("attention core (split, QK, softmax, PV, merge)"), &fwd, &fb);
+        o.push(
+            &fused("attention core (split, QK, softmax, PV, merge)"),
+            &fwd,
+            &fb,
+        );
         // The fused attention kernel on the unsplit projections (mask of zeros, no dropout).
         let mask = Tensor::<2>::zeros([B, S], &o.plain);
         let mask_a = Tensor::<2>::zeros([B, S], &o.ad);
         let fwd = time_ms(3, o.runs, |_| {
-            let y = mopt_kernels::attention(q.clone(), k.clone(), v.clone(), mask.clone(), HEADS, 0.0);
+            let y =
+                mopt_kernels::attention(q.clone(), k.clone(), v.clone(), mask.clone(), HEADS, 0.0);
             let _: f32 = y.sum().into_scalar();
         });
         let fb = time_ms(3, o.runs, |_| {
-            let y = mopt_kernels::attention(qa.clone(), ka.clone(), va.clone(), mask_a.clone(), HEADS, 0.0);
+            let y = mopt_kernels::attention(
+                qa.clone(),
+                ka.clone(),
+                va.clone(),
+                mask_a.clone(),
+                HEADS,
+                0.0,
+            );
             let g = y.sum().backward();
             let _ = (qa.grad(&g), ka.grad(&g), va.grad(&g));
         });
-        o.push("attention core (split, QK, softmax, PV, merge) [mopt fused kernel]", &fwd, &fb);
+        o.push(
+            "attention core (split, QK, softmax, PV, merge) [mopt fused kernel]",
+            &fwd,
+            &fb,
+        );
     }
     optimizer_rows(&mut o);
 
@@ -304,13 +332,20 @@ pub fn run(args: &Args, work: &Path, out: &Path) {
             t["ops"]
                 .as_array()?
                 .iter()
-                .find(|x| x["name"].as_str() == Some(name.trim_end_matches(" [mopt fused kernel]").trim_end_matches(FUSED).trim_end_matches(" [mopt]")))
+                .find(|x| {
+                    x["name"].as_str()
+                        == Some(
+                            name.trim_end_matches(" [mopt fused kernel]")
+                                .trim_end_matches(FUSED)
+                                .trim_end_matches(" [mopt]"),
+                        )
+                })
                 .cloned()
         });
         let f = |v: &Value| v.as_f64().map_or("-".into(), |x| format!("{x:.2}"));
-        let (tf, tfb) = tr
-            .as_ref()
-            .map_or(("-".into(), "-".into()), |t| (f(&t["fwd_ms"]), f(&t["fwd_bwd_ms"])));
+        let (tf, tfb) = tr.as_ref().map_or(("-".into(), "-".into()), |t| {
+            (f(&t["fwd_ms"]), f(&t["fwd_bwd_ms"]))
+        });
         let ratio = tr
             .as_ref()
             .and_then(|t| Some(r["fwd_bwd_ms"].as_f64()? / t["fwd_bwd_ms"].as_f64()?))
@@ -321,7 +356,8 @@ pub fn run(args: &Args, work: &Path, out: &Path) {
             f(&r["fwd_bwd_ms"])
         );
     }
-    let report = json!({"cpu": cpu_info(), "threads": args.threads, "mopt": o.rows, "torch": torch});
+    let report =
+        json!({"cpu": cpu_info(), "threads": args.threads, "mopt": o.rows, "torch": torch});
     std::fs::write(out, serde_json::to_string_pretty(&report).expect("json")).expect("write");
     println!("results: {}", out.display());
 }

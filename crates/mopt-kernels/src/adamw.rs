@@ -10,7 +10,9 @@
 
 use burn::backend::flex::FlexTensor;
 use burn::backend::Flex;
-use burn::optim::{AdamW, AdamWConfig, AdamWState, AdaptiveMomentumState, ModuleOptimizer, Optimizer};
+use burn::optim::{
+    AdamW, AdamWConfig, AdamWState, AdaptiveMomentumState, ModuleOptimizer, Optimizer,
+};
 use burn::prelude::*;
 use burn::tensor::DType;
 
@@ -109,7 +111,11 @@ impl Optimizer for FusedAdamW {
         let device = tensor.device();
         let flat = |t: Tensor<D>| flex(t.reshape([n])).map(writable);
         let (time, m, v) = match state {
-            Some(s) => (s.momentum.time + 1, s.momentum.moment_1, s.momentum.moment_2),
+            Some(s) => (
+                s.momentum.time + 1,
+                s.momentum.moment_1,
+                s.momentum.moment_2,
+            ),
             None => {
                 let zeros = || Tensor::<D>::zeros(shape.clone(), &device);
                 (1, zeros(), zeros())

@@ -28,7 +28,11 @@ impl Backward<Flex, 1> for GeluBackward {
 }
 
 pub fn gelu<C: CheckpointStrategy>(x: Ad<C>) -> Ad<C> {
-    match GeluBackward.prepare::<C>([x.node()]).compute_bound().stateful() {
+    match GeluBackward
+        .prepare::<C>([x.node()])
+        .compute_bound()
+        .stateful()
+    {
         OpsKind::Tracked(prep) => {
             let p = x.primitive().clone();
             prep.finish(p.clone(), flex::gelu(p))
@@ -99,11 +103,7 @@ impl Backward<Flex, 3> for LayerNormBackward {
 pub fn layer_norm<C: CheckpointStrategy>(x: Ad<C>, gamma: Ad<C>, beta: Ad<C>, eps: f64) -> Ad<C> {
     let nodes = [x.node(), gamma.node(), beta.node()];
     let op = LayerNormBackward { eps };
-    match op
-        .prepare::<C>(nodes)
-        .compute_bound()
-        .stateful()
-    {
+    match op.prepare::<C>(nodes).compute_bound().stateful() {
         OpsKind::Tracked(prep) => {
             let (xp, gp) = (x.primitive().clone(), gamma.primitive().clone());
             let y = flex::layer_norm(xp.clone(), &gp, beta.primitive(), eps);
@@ -147,11 +147,7 @@ pub fn embedding<C: CheckpointStrategy>(
 ) -> Ad<C> {
     let vocab = burn::backend::TensorMetadata::shape(table.primitive())[0];
     let op = EmbeddingBackward { vocab };
-    match op
-        .prepare::<C>([table.node()])
-        .compute_bound()
-        .stateful()
-    {
+    match op.prepare::<C>([table.node()]).compute_bound().stateful() {
         OpsKind::Tracked(prep) => {
             let y = flex::embedding(table.primitive(), &ids, batch, seq);
             prep.finish(std::sync::Arc::new(ids), y)
@@ -190,15 +186,21 @@ impl Backward<Flex, 3> for LinearBackward {
 
 pub fn linear<C: CheckpointStrategy>(x: Ad<C>, w: Ad<C>, b: Ad<C>) -> Ad<C> {
     let nodes = [x.node(), w.node(), b.node()];
-    match LinearBackward.prepare::<C>(nodes).compute_bound().stateful() {
+    match LinearBackward
+        .prepare::<C>(nodes)
+        .compute_bound()
+        .stateful()
+    {
         OpsKind::Tracked(prep) => {
             let (xp, wp) = (x.primitive().clone(), w.primitive().clone());
             let y = flex::linear(xp.clone(), &wp, b.primitive());
             prep.finish((xp, wp), y)
         }
-        OpsKind::UnTracked(prep) => {
-            prep.finish(flex::linear(x.into_primitive(), w.primitive(), b.primitive()))
-        }
+        OpsKind::UnTracked(prep) => prep.finish(flex::linear(
+            x.into_primitive(),
+            w.primitive(),
+            b.primitive(),
+        )),
     }
 }
 
@@ -270,7 +272,8 @@ pub fn attention<C: CheckpointStrategy>(
             prep.finish((qp, kp, vp, probs), ctx)
         }
         OpsKind::UnTracked(prep) => {
-            let (ctx, _) = flex::attention(q.primitive(), k.primitive(), v.primitive(), mask, shape);
+            let (ctx, _) =
+                flex::attention(q.primitive(), k.primitive(), v.primitive(), mask, shape);
             prep.finish(ctx)
         }
     }

@@ -44,7 +44,7 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0; // 1.5 · 2^23
-    let x = x.max(-87.0).min(88.0);
+    let x = x.clamp(-87.0, 88.0);
     let t = x * LOG2E + MAGIC;
     let n = t - MAGIC;
     let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
@@ -53,7 +53,7 @@ pub fn exp(x: f32) -> f32 {
     y = y * r + 8.333_452e-3;
     y = y * r + 4.166_579_6e-2;
     y = y * r + 1.666_666_5e-1;
-    y = y * r + 5.000_000_1e-1;
+    y = y * r + 0.5;
     y = y * r * r + r + 1.0;
     let pow2 = (t.to_bits().wrapping_sub(0x4B40_0000).wrapping_add(127)) << 23;
     y * f32::from_bits(pow2)
@@ -221,7 +221,11 @@ fn moments(x: &[f32], eps: f32) -> (f32, f32) {
     let mean = sum(x) / n;
     let mut acc = [0.0f32; LANES];
     let chunks = x.chunks_exact(LANES);
-    let tail: f32 = chunks.remainder().iter().map(|&v| (v - mean) * (v - mean)).sum();
+    let tail: f32 = chunks
+        .remainder()
+        .iter()
+        .map(|&v| (v - mean) * (v - mean))
+        .sum();
     for c in chunks {
         for i in 0..LANES {
             let d = c[i] - mean;
@@ -252,7 +256,12 @@ pub fn layer_norm(x: &[f32], gamma: &[f32], beta: &[f32], eps: f32, out: &mut [f
 
 /// LayerNorm backward: `g` (upstream, rows of `n`) becomes `dx` in place; returns
 /// (`dgamma`, `dbeta`), summed over rows.
-pub fn layer_norm_backward(x: &[f32], gamma: &[f32], g: &mut [f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
+pub fn layer_norm_backward(
+    x: &[f32],
+    gamma: &[f32],
+    g: &mut [f32],
+    eps: f32,
+) -> (Vec<f32>, Vec<f32>) {
     let n = gamma.len();
     let per = rows_per_task(n) * n;
     let partials: Vec<(Vec<f32>, Vec<f32>)> = g
@@ -358,7 +367,11 @@ pub fn dropout(x: &[f32], out: &mut [f32], seed: u64, keep: f32) {
             simd(|| {
                 let base = c * GRAIN;
                 for (j, (o, &x)) in o.iter_mut().zip(x).enumerate() {
-                    *o = if kept(seed, base + j, t) { x * scale } else { 0.0 };
+                    *o = if kept(seed, base + j, t) {
+                        x * scale
+                    } else {
+                        0.0
+                    };
                 }
             })
         });
@@ -372,7 +385,11 @@ pub fn dropout_backward(g: &mut [f32], seed: u64, keep: f32) {
         simd(|| {
             let base = c * GRAIN;
             for (j, g) in g.iter_mut().enumerate() {
-                *g = if kept(seed, base + j, t) { *g * scale } else { 0.0 };
+                *g = if kept(seed, base + j, t) {
+                    *g * scale
+                } else {
+                    0.0
+                };
             }
         })
     });
@@ -550,50 +567,50 @@ impl WithSimd for AttnBackward<'_> {
         let (s, d, w, hn) = (a.seq, a.head_size, a.width(), a.heads);
         let t = threshold(a.keep);
         let inv_keep = 1.0 / a.keep;
-                let mut vt = vec![0.0f32; d * s];
-                let mut dp = vec![0.0f32; s];
-                for h in 0..hn {
-                    head_t(vb, &a, h, &mut vt);
-                    for i in 0..s {
-                        let p = &probs[(h * s + i) * s..(h * s + i + 1) * s];
-                        let gi = &gb[i * w + h * d..i * w + h * d + d];
-                        // dPd = g_i · Vᵀ
-                        dp.fill(0.0);
-                        for c in 0..d {
-                            axpy(&mut dp, gi[c], &vt[c * s..(c + 1) * s]);
-                        }
-                        let base = ((b * hn + h) * s + i) * s;
-                        for j in 0..s {
-                            let m = if a.keep >= 1.0 {
-                                1.0
-                            } else if kept(a.seed, base + j, t) {
-                                inv_keep
-                            } else {
-                                0.0
-                            };
-                            // dV_j += Pd_ij · g_i
-                            let pdj = p[j] * m;
-                            if pdj != 0.0 {
-                                axpy(&mut dv[j * w + h * d..j * w + h * d + d], pdj, gi);
-                            }
-                            dp[j] *= m;
-                        }
-                        // Softmax backward, then the scale.
-                        let sdot = dot(&dp, p);
-                        for j in 0..s {
-                            dp[j] = p[j] * (dp[j] - sdot) * a.scale;
-                        }
-                        let qi = &qb[i * w + h * d..i * w + h * d + d];
-                        for j in 0..s {
-                            let ds = dp[j];
-                            if ds != 0.0 {
-                                let kj = &kb[j * w + h * d..j * w + h * d + d];
-                                axpy(&mut dq[i * w + h * d..i * w + h * d + d], ds, kj);
-                                axpy(&mut dk[j * w + h * d..j * w + h * d + d], ds, qi);
-                            }
-                        }
+        let mut vt = vec![0.0f32; d * s];
+        let mut dp = vec![0.0f32; s];
+        for h in 0..hn {
+            head_t(vb, &a, h, &mut vt);
+            for i in 0..s {
+                let p = &probs[(h * s + i) * s..(h * s + i + 1) * s];
+                let gi = &gb[i * w + h * d..i * w + h * d + d];
+                // dPd = g_i · Vᵀ
+                dp.fill(0.0);
+                for c in 0..d {
+                    axpy(&mut dp, gi[c], &vt[c * s..(c + 1) * s]);
+                }
+                let base = ((b * hn + h) * s + i) * s;
+                for j in 0..s {
+                    let m = if a.keep >= 1.0 {
+                        1.0
+                    } else if kept(a.seed, base + j, t) {
+                        inv_keep
+                    } else {
+                        0.0
+                    };
+                    // dV_j += Pd_ij · g_i
+                    let pdj = p[j] * m;
+                    if pdj != 0.0 {
+                        axpy(&mut dv[j * w + h * d..j * w + h * d + d], pdj, gi);
+                    }
+                    dp[j] *= m;
+                }
+                // Softmax backward, then the scale.
+                let sdot = dot(&dp, p);
+                for j in 0..s {
+                    dp[j] = p[j] * (dp[j] - sdot) * a.scale;
+                }
+                let qi = &qb[i * w + h * d..i * w + h * d + d];
+                for j in 0..s {
+                    let ds = dp[j];
+                    if ds != 0.0 {
+                        let kj = &kb[j * w + h * d..j * w + h * d + d];
+                        axpy(&mut dq[i * w + h * d..i * w + h * d + d], ds, kj);
+                        axpy(&mut dk[j * w + h * d..j * w + h * d + d], ds, qi);
                     }
                 }
+            }
+        }
     }
 }
 
@@ -678,6 +695,9 @@ pub fn linear(x: &[f32], w: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> 
     out
 }
 
+/// (dx, dw, db), each present when asked for.
+pub type LinearGrads = (Option<Vec<f32>>, Option<Vec<f32>>, Option<Vec<f32>>);
+
 /// Gradients of `x · w + b` from the output gradient `g: [m, n]`: (dx = g·wᵀ, dw = xᵀ·g,
 /// db = Σ rows of g); each only when asked for.
 pub fn linear_backward(
@@ -686,7 +706,7 @@ pub fn linear_backward(
     g: &[f32],
     (m, k, n): (usize, usize, usize),
     (want_dx, want_dw, want_db): (bool, bool, bool),
-) -> (Option<Vec<f32>>, Option<Vec<f32>>, Option<Vec<f32>>) {
+) -> LinearGrads {
     use crate::gemm::{sgemm, View};
     let gv = View::row_major(g, m, n);
     let dx = want_dx.then(|| {
@@ -746,9 +766,7 @@ pub fn adamw(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: AdamWSte
 
 /// Σx² in f64 (partial sums in f32 lanes per chunk).
 pub fn sum_squares(x: &[f32]) -> f64 {
-    x.par_chunks(GRAIN)
-        .map(|c| simd(|| dot(c, c)) as f64)
-        .sum()
+    x.par_chunks(GRAIN).map(|c| simd(|| dot(c, c)) as f64).sum()
 }
 
 /// `x ← x · factor` in place.
@@ -786,7 +804,7 @@ mod tests {
             let want = (x as f64).exp();
             assert!(((e - want) / want).abs() < 3e-7, "exp({x}) = {e} vs {want}");
         }
-        assert_eq!(exp(-10000.0) < 1e-37, true);
+        assert!(exp(-10000.0) < 1e-37);
         for i in -600..=600 {
             let x = i as f32 * 0.01;
             let got = erf(x) as f64;
@@ -838,4 +856,3 @@ mod tests {
         }
     }
 }
-

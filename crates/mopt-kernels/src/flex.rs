@@ -199,10 +199,7 @@ pub fn attention(
     let (ctx, probs) = cpu::attention(f32s(&q), f32s(&k), f32s(&v), f32s(&mask), a);
     (
         make(ctx, q.shape()),
-        make(
-            probs,
-            Shape::from(vec![a.batch, a.heads, a.seq, a.seq]),
-        ),
+        make(probs, Shape::from(vec![a.batch, a.heads, a.seq, a.seq])),
     )
 }
 
@@ -220,5 +217,9 @@ pub fn attention_backward(
     let (dq, dk, dv) =
         cpu::attention_backward(f32s(&q), f32s(&k), f32s(&v), f32s(&probs), f32s(&g), a);
     let shape = q.shape();
-    (make(dq, shape.clone()), make(dk, shape.clone()), make(dv, shape))
+    (
+        make(dq, shape.clone()),
+        make(dk, shape.clone()),
+        make(dv, shape),
+    )
 }

@@ -344,14 +344,24 @@ mod tests {
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
-            .map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 2001) as f32 / 1000.0 - 1.0)
+            .map(|i| {
+                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 2001) as f32
+                    / 1000.0
+                    - 1.0
+            })
             .collect()
     }
 
     #[test]
     fn matches_the_naive_product_for_odd_shapes_and_transposes() {
         // Shapes that straddle MR, NR, KC, MC and NC boundaries.
-        for &(m, k, n) in &[(1, 1, 1), (7, 3, 17), (13, 300, 33), (97, 257, 20), (6, 16, 2050)] {
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (7, 3, 17),
+            (13, 300, 33),
+            (97, 257, 20),
+            (6, 16, 2050),
+        ] {
             let ad = data(m * k, 1);
             let bd = data(k * n, 2);
             for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
@@ -373,7 +383,10 @@ mod tests {
                     .zip(&want)
                     .map(|(x, y)| (x - y).abs())
                     .fold(0.0f32, f32::max);
-                assert!(err < 1e-4 * (k as f32).sqrt(), "{m}x{k}x{n} t=({ta},{tb}): {err}");
+                assert!(
+                    err < 1e-4 * (k as f32).sqrt(),
+                    "{m}x{k}x{n} t=({ta},{tb}): {err}"
+                );
                 // Accumulate mode adds the product to C.
                 let mut c2 = vec![1.0f32; m * n];
                 sgemm(a, b, &mut c2, 2.0, true);

@@ -89,7 +89,10 @@ pub fn is_fused<const D: usize>(x: &Tensor<D>) -> bool {
 
 /// Whether `x` is a tracked (autodiff) tensor.
 pub fn is_autodiff<const D: usize>(x: &Tensor<D>) -> bool {
-    matches!(route(x.clone()), Route::Autodiff(_) | Route::Checkpointed(_))
+    matches!(
+        route(x.clone()),
+        Route::Autodiff(_) | Route::Checkpointed(_)
+    )
 }
 
 /// `Σ x²` over all elements, in f64 (one pass; gradient clipping).
@@ -170,16 +173,18 @@ pub fn layer_norm<const D: usize>(
             gamma.clone().try_into_primitive::<Ad>(),
             beta.clone().try_into_primitive::<Ad>(),
         ) {
-            (Ok(g), Ok(b)) => Tensor::from_primitive::<Ad>(autodiff::layer_norm::<NoCheckpointing>(p, g, b, eps)),
+            (Ok(g), Ok(b)) => {
+                Tensor::from_primitive::<Ad>(autodiff::layer_norm::<NoCheckpointing>(p, g, b, eps))
+            }
             _ => fallback(Tensor::from_primitive::<Ad>(p), gamma, beta),
         },
         Route::Checkpointed(p) => match (
             gamma.clone().try_into_primitive::<AdCk>(),
             beta.clone().try_into_primitive::<AdCk>(),
         ) {
-            (Ok(g), Ok(b)) => Tensor::from_primitive::<AdCk>(
-                autodiff::layer_norm::<BalancedCheckpointing>(p, g, b, eps),
-            ),
+            (Ok(g), Ok(b)) => Tensor::from_primitive::<AdCk>(autodiff::layer_norm::<
+                BalancedCheckpointing,
+            >(p, g, b, eps)),
             _ => fallback(Tensor::from_primitive::<AdCk>(p), gamma, beta),
         },
         Route::Other(x) => fallback(x, gamma, beta),
@@ -216,9 +221,9 @@ pub fn linear(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> {
             w.clone().try_into_primitive::<AdCk>(),
             b.clone().try_into_primitive::<AdCk>(),
         ) {
-            (Ok(wp), Ok(bp)) => Tensor::from_primitive::<AdCk>(
-                autodiff::linear::<BalancedCheckpointing>(p, wp, bp),
-            ),
+            (Ok(wp), Ok(bp)) => {
+                Tensor::from_primitive::<AdCk>(autodiff::linear::<BalancedCheckpointing>(p, wp, bp))
+            }
             _ => fallback(Tensor::from_primitive::<AdCk>(p), w, b),
         },
         Route::Other(x) => fallback(x, w, b),
@@ -288,7 +293,11 @@ pub fn attention_seeded(
         heads,
         head_size: d,
         scale: 1.0 / (d as f32).sqrt(),
-        keep: if seed.is_some() { (1.0 - dropout) as f32 } else { 1.0 },
+        keep: if seed.is_some() {
+            (1.0 - dropout) as f32
+        } else {
+            1.0
+        },
         seed: seed.unwrap_or(0),
     };
     let reference = |q, k, v, m| reference::attention(q, k, v, m, heads, dropout, seed);
@@ -352,9 +361,9 @@ pub fn dropout_seeded<const D: usize>(x: Tensor<D>, prob: f64, seed: u64) -> Ten
         Route::Autodiff(p) => {
             Tensor::from_primitive::<Ad>(autodiff::dropout::<NoCheckpointing>(p, seed, keep))
         }
-        Route::Checkpointed(p) => Tensor::from_primitive::<AdCk>(
-            autodiff::dropout::<BalancedCheckpointing>(p, seed, keep),
-        ),
+        Route::Checkpointed(p) => Tensor::from_primitive::<AdCk>(autodiff::dropout::<
+            BalancedCheckpointing,
+        >(p, seed, keep)),
         _ => x,
     }
 }
@@ -382,13 +391,15 @@ pub fn embedding(table: Tensor<2>, ids: Tensor<2, Int>) -> Tensor<3> {
             None => reference::embedding(Tensor::from_primitive::<Flex>(p), ids),
         },
         Route::Autodiff(p) => match index(ids.clone()) {
-            Some(i) => Tensor::from_primitive::<Ad>(autodiff::embedding::<NoCheckpointing>(p, i, batch, seq)),
+            Some(i) => Tensor::from_primitive::<Ad>(autodiff::embedding::<NoCheckpointing>(
+                p, i, batch, seq,
+            )),
             None => reference::embedding(Tensor::from_primitive::<Ad>(p), ids),
         },
         Route::Checkpointed(p) => match index(ids.clone()) {
-            Some(i) => Tensor::from_primitive::<AdCk>(autodiff::embedding::<BalancedCheckpointing>(
-                p, i, batch, seq,
-            )),
+            Some(i) => Tensor::from_primitive::<AdCk>(
+                autodiff::embedding::<BalancedCheckpointing>(p, i, batch, seq),
+            ),
             None => reference::embedding(Tensor::from_primitive::<AdCk>(p), ids),
         },
         Route::Other(t) => reference::embedding(t, ids),

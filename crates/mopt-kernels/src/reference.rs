@@ -54,8 +54,5 @@ pub fn attention(
         Some(seed) if dropout > 0.0 => crate::dropout_seeded(probs, dropout, seed),
         _ => probs,
     };
-    probs
-        .matmul(split(v))
-        .swap_dims(1, 2)
-        .reshape([b, s, w])
+    probs.matmul(split(v)).swap_dims(1, 2).reshape([b, s, w])
 }

@@ -22,7 +22,10 @@ fn assert_close(what: &str, a: Vec<f32>, b: Vec<f32>, tol: f32) {
     let e = max_rel(&a, &b);
     assert!(e <= tol, "{what}: max relative difference {e} > {tol}");
     // The comparison is not vacuous: the values are not all zero.
-    assert!(b.iter().any(|v| v.abs() > 1e-3), "{what}: reference is all zeros");
+    assert!(
+        b.iter().any(|v| v.abs() > 1e-3),
+        "{what}: reference is all zeros"
+    );
 }
 
 fn ad() -> Device {
@@ -37,7 +40,10 @@ fn value_and_grad<const D: usize>(
     f: impl Fn(Tensor<D>) -> Tensor<D>,
 ) -> (Vec<f32>, Vec<f32>) {
     let x = Tensor::<D>::from_data(x.to_data(), &ad()).require_grad();
-    assert!(mopt_kernels::is_fused(&x), "the autodiff Flex path is fused");
+    assert!(
+        mopt_kernels::is_fused(&x),
+        "the autodiff Flex path is fused"
+    );
     let w = Tensor::<D>::from_data(w.to_data(), &ad());
     let y = f(x.clone());
     let g = (y.clone() * w).sum().backward();
@@ -70,7 +76,9 @@ fn gelu_matches_burn_values_and_gradients() {
 fn softmax_matches_burn_with_padding_bias() {
     // Rows of 13 (not a multiple of the 8 lanes) and a -10000 bias on some keys, as attention.
     let mut x = random([3, 2, 5, 13], 2.0);
-    let bias: Vec<f32> = (0..13).map(|j| if j > 9 { -10000.0 } else { 0.0 }).collect();
+    let bias: Vec<f32> = (0..13)
+        .map(|j| if j > 9 { -10000.0 } else { 0.0 })
+        .collect();
     x = x + Tensor::<1>::from_floats(bias.as_slice(), &Device::flex()).reshape([1, 1, 1, 13]);
     let w = random([3, 2, 5, 13], 1.0);
     let (y1, g1) = value_and_grad(&x, &w, |t| mopt_kernels::softmax(t, 3));
@@ -128,7 +136,9 @@ fn embedding_gradient_is_a_scatter_add_of_repeated_ids() {
         } else {
             reference::embedding(t.clone(), i)
         };
-        let g = (y.clone() * Tensor::from_data(w.to_data(), &d)).sum().backward();
+        let g = (y.clone() * Tensor::from_data(w.to_data(), &d))
+            .sum()
+            .backward();
         (values(y.inner()), values(t.grad(&g).unwrap()))
     };
     let (a, b) = (run(true), run(false));
@@ -150,7 +160,10 @@ fn fused_ops_compose_under_gradient_checkpointing() {
     let beta = Tensor::<1>::zeros([16], &d).require_grad();
     let run = |fused: bool| {
         let xa = Tensor::<3>::from_data(x.to_data(), &d).require_grad();
-        assert!(mopt_kernels::is_fused(&xa), "checkpointed autodiff tensors are fused too");
+        assert!(
+            mopt_kernels::is_fused(&xa),
+            "checkpointed autodiff tensors are fused too"
+        );
         let y = if fused {
             let h = mopt_kernels::layer_norm(xa.clone(), gamma.clone(), beta.clone(), 1e-12);
             mopt_kernels::softmax(mopt_kernels::gelu(h), 2)
@@ -192,7 +205,10 @@ fn fused_adamw_follows_burns_adamw_step_for_step() {
             let grads = GradientsParams::from_grads(loss.backward(), &m);
             m = optim.step(1e-2, m, grads);
         }
-        (values(m.weight.val().inner()), values(m.bias.unwrap().val().inner()))
+        (
+            values(m.weight.val().inner()),
+            values(m.bias.unwrap().val().inner()),
+        )
     };
     let before = mopt_kernels::adamw::fused_steps();
     let a = run(true);
@@ -223,7 +239,9 @@ fn linear_matches_burn_for_input_weight_and_bias() {
         } else {
             reference::linear(xa.clone(), wa.clone(), ba.clone())
         };
-        let g = (y.clone() * Tensor::from_data(up.to_data(), &d)).sum().backward();
+        let g = (y.clone() * Tensor::from_data(up.to_data(), &d))
+            .sum()
+            .backward();
         (
             values(y.inner()),
             values(xa.grad(&g).unwrap()),
@@ -238,7 +256,12 @@ fn linear_matches_burn_for_input_weight_and_bias() {
     assert_close("linear db", a.3, r.3, 1e-5);
     // Plain device.
     let y = mopt_kernels::linear(x.clone(), w.clone(), b.clone());
-    assert_close("linear (plain)", values(y), values(reference::linear(x, w, b)), 1e-5);
+    assert_close(
+        "linear (plain)",
+        values(y),
+        values(reference::linear(x, w, b)),
+        1e-5,
+    );
 }
 
 #[test]
@@ -262,11 +285,21 @@ fn attention_matches_the_composed_core_with_mask_and_dropout() {
             let (qa, ka, va) = (leaf(&q), leaf(&k), leaf(&v));
             let ma = Tensor::<2>::from_data(mask.to_data(), &dv);
             let y = if fused {
-                mopt_kernels::attention_seeded(qa.clone(), ka.clone(), va.clone(), ma, heads, 0.25, seed)
+                mopt_kernels::attention_seeded(
+                    qa.clone(),
+                    ka.clone(),
+                    va.clone(),
+                    ma,
+                    heads,
+                    0.25,
+                    seed,
+                )
             } else {
                 reference::attention(qa.clone(), ka.clone(), va.clone(), ma, heads, 0.25, seed)
             };
-            let g = (y.clone() * Tensor::from_data(up.to_data(), &dv)).sum().backward();
+            let g = (y.clone() * Tensor::from_data(up.to_data(), &dv))
+                .sum()
+                .backward();
             (
                 values(y.inner()),
                 values(qa.grad(&g).unwrap()),
@@ -276,7 +309,10 @@ fn attention_matches_the_composed_core_with_mask_and_dropout() {
         };
         let before = mopt_kernels::fused_attention_calls();
         let (a, r) = (run(true), run(false));
-        assert!(mopt_kernels::fused_attention_calls() > before, "the fused kernel ran");
+        assert!(
+            mopt_kernels::fused_attention_calls() > before,
+            "the fused kernel ran"
+        );
         let tag = if seed.is_some() { " (dropout)" } else { "" };
         assert_close(&format!("attention{tag}"), a.0, r.0, 1e-5);
         assert_close(&format!("attention dq{tag}"), a.1, r.1, 1e-5);
