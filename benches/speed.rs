@@ -180,6 +180,33 @@ fn train_step<T: Task>(
     optim.step(lr, model, grads)
 }
 
+/// Milliseconds of each timed optimizer step of `task` on `model`, batch `i` at step `i`.
+#[allow(clippy::too_many_arguments)]
+fn time_training<T: Task>(
+    (warmup, steps): (usize, usize),
+    task: &mut T,
+    model: T::Model,
+    mut optim: ModuleOptimizer,
+    batches: &[TextBatch],
+    indices: &[Vec<usize>],
+    clip: f32,
+    lr: f64,
+) -> Vec<f64> {
+    let mut slot = Some(model);
+    time_ms(warmup, steps, |i| {
+        let m = slot.take().expect("model");
+        slot = Some(train_step(
+            task,
+            m,
+            &mut optim,
+            &batches[i],
+            &indices[i],
+            clip,
+            lr,
+        ));
+    })
+}
+
 struct Bench {
     args: Args,
     root: PathBuf,
@@ -397,7 +424,7 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         bench.args.threads
     );
 
-    // Teacher fine-tune step.
+    // The teacher on the training device (the students start from its layers).
     let teacher_ad = || {
         build_model(&p.teacher_recipe, &p.teacher_config, &ad)
             .expect("teacher")
@@ -413,22 +440,18 @@ fn run_steps(bench: &mut Bench, work: &Path) {
             .expect("teacher")
             .0;
         let dev_batches: Vec<TextBatch> = chunks.iter().map(|c| batcher.batch(c, dev)).collect();
-        let mut slot = Some(model);
         let mut task = FinetuneTask::new(dev);
-        let mut optim = adamw();
         reset_peak_rss();
-        let ms = time_ms(warmup, steps, |i| {
-            let m = slot.take().expect("model");
-            slot = Some(train_step(
-                &mut task,
-                m,
-                &mut optim,
-                &dev_batches[i],
-                &index_chunks[i],
-                clip,
-                lr,
-            ));
-        });
+        let ms = time_training(
+            (warmup, steps),
+            &mut task,
+            model,
+            adamw(),
+            &dev_batches,
+            &index_chunks,
+            clip,
+            lr,
+        );
         let f = step_flops(&p.teacher_config, None);
         bench.record(name, &ms, bsz, Some(f));
         if let Some(peak) = mopt_train::memory::peak_rss_bytes() {
@@ -442,21 +465,17 @@ fn run_steps(bench: &mut Bench, work: &Path) {
     }
     // Student, hard labels.
     if bench.wants("student_step") {
-        let mut slot = Some(from_teacher_layers(&teacher_ad(), &p.layers));
         let mut task = FinetuneTask::new(&ad);
-        let mut optim = adamw();
-        let ms = time_ms(warmup, steps, |i| {
-            let m = slot.take().expect("model");
-            slot = Some(train_step(
-                &mut task,
-                m,
-                &mut optim,
-                &batches[i],
-                &index_chunks[i],
-                clip,
-                lr,
-            ));
-        });
+        let ms = time_training(
+            (warmup, steps),
+            &mut task,
+            from_teacher_layers(&teacher_ad(), &p.layers),
+            adamw(),
+            &batches,
+            &index_chunks,
+            clip,
+            lr,
+        );
         let f = step_flops(&p.student_config, None);
         bench.record("student_step", &ms, bsz, Some(f));
     }
@@ -490,20 +509,17 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         };
         let mut task = DistillTask::new(s.spec.clone(), s.plan.clone(), source, &ad);
         let student = from_teacher_layers(&teacher_ad(), &p.layers);
-        let mut slot = Some(DistillModel::new(student, &s.plan.projections, &ad));
-        let mut optim = adamw();
-        let ms = time_ms(warmup, steps, |i| {
-            let m = slot.take().expect("model");
-            slot = Some(train_step(
-                &mut task,
-                m,
-                &mut optim,
-                &batches[i],
-                &index_chunks[i],
-                clip,
-                lr,
-            ));
-        });
+        let model = DistillModel::new(student, &s.plan.projections, &ad);
+        let ms = time_training(
+            (warmup, steps),
+            &mut task,
+            model,
+            adamw(),
+            &batches,
+            &index_chunks,
+            clip,
+            lr,
+        );
         let f = step_flops(&p.student_config, (!cached).then_some(&p.teacher_config));
         bench.record(name, &ms, bsz, Some(f));
     }
