@@ -28,11 +28,13 @@ use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use mopt_data::{epoch_order, Batcher, Encoded, TextBatch};
 use mopt_distill::cache::compute;
-use mopt_distill::pipeline::setup;
+use mopt_distill::matching::MatchPlan;
+use mopt_distill::spec::DistillSpec;
 use mopt_distill::student::from_teacher_layers;
 use mopt_distill::{DistillModel, DistillTask, TeacherSource};
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
 use mopt_recipe::Recipe;
+use mopt_stages::kinds::distill::DistillStage;
 use mopt_train::clip::clip_global_norm;
 use mopt_train::setup::{build_model, model_config, prepare_data};
 use mopt_train::trainer::{save_checkpoint_dir, FinetuneTask, Task};
@@ -327,24 +329,30 @@ struct Prepared {
     teacher_config: BertConfig,
     student: BertForSequenceClassification,
     student_config: BertConfig,
-    distill_recipe: Recipe,
+    distill_train: mopt_recipe::TrainSpec,
+    distill_spec: DistillSpec,
+    plan: MatchPlan,
     subset: Vec<Encoded>,
     pad_id: u32,
 }
 
 fn prepare(bench: &Bench, work: &Path) -> Prepared {
     let teacher_recipe = recipe(&bench.root, "finetune_teacher.toml");
-    let prepared =
-        prepare_data(&teacher_recipe, None).expect("data (run datasets/fetch.sh --text)");
+    let prepared = prepare_data(&teacher_recipe.tokenizer, &teacher_recipe.data, None)
+        .expect("data (run datasets/fetch.sh --text)");
     let data = &prepared.data;
+    let model_spec = teacher_recipe.model.as_ref().expect("[model]");
     let config = model_config(
-        &teacher_recipe,
+        model_spec,
+        &teacher_recipe.tokenizer,
+        &teacher_recipe.scope.nested("model"),
         &data.labels,
         prepared.tokenizer.vocab_size(),
     )
     .expect("config");
     let device = Device::flex();
-    let (teacher, _) = build_model(&teacher_recipe, &config, &device).expect("teacher weights");
+    let (teacher, _) = build_model(model_spec, teacher_recipe.run.seed, &config, &device)
+        .expect("teacher weights");
     // The teacher as a mopt checkpoint (for the distillation setup) and in HF form (for PyTorch).
     let ckpt = work.join("teacher");
     save_checkpoint_dir(&teacher, &config, data, &prepared.tokenizer.path, &ckpt)
@@ -359,12 +367,19 @@ fn prepare(bench: &Bench, work: &Path) -> Prepared {
         .take(n)
         .map(|&i| data.train[i].clone())
         .collect();
-    let mut distill_recipe = recipe(&bench.root, "distill_bert.toml");
-    if let Some(t) = distill_recipe.teacher.as_mut() {
-        t.checkpoint = ckpt;
-    }
-    let layers = distill_recipe
-        .model
+    let distill_recipe = recipe(&bench.root, "distill_bert.toml");
+    let stage = DistillStage::from_entry(&distill_recipe.stages[0]).expect("distill stage");
+    let (_, plan) = stage
+        .student_config(
+            &config,
+            &data.labels,
+            &distill_recipe.tokenizer,
+            prepared.tokenizer.vocab_size(),
+        )
+        .expect("distill_bert.toml's student fits the teacher");
+    let _ = ckpt;
+    let layers = stage
+        .student
         .init_from_teacher_layers
         .clone()
         .expect("distill_bert.toml initialises from teacher layers");
@@ -379,7 +394,9 @@ fn prepare(bench: &Bench, work: &Path) -> Prepared {
         teacher_config: config,
         student,
         student_config,
-        distill_recipe,
+        distill_train: distill_recipe.stages[0].train.clone(),
+        distill_spec: stage.spec.clone(),
+        plan,
         subset,
         pad_id: prepared.tokenizer.pad_id,
     }
@@ -403,7 +420,7 @@ fn run_steps(bench: &mut Bench, work: &Path) {
     let tokens = padded_tokens(&chunks);
     let mean_seq = tokens[warmup..].iter().sum::<usize>() as f64 / (steps * bsz) as f64;
     let batches: Vec<TextBatch> = chunks.iter().map(|c| batcher.batch(c, &ad)).collect();
-    let t = &p.distill_recipe.train;
+    let t = &p.distill_train;
     let clip = t.grad_clip_norm.unwrap_or(1.0);
     let lr = 5e-5;
     let adamw = || mopt_train::trainer::adamw(t);
@@ -426,9 +443,14 @@ fn run_steps(bench: &mut Bench, work: &Path) {
 
     // The teacher on the training device (the students start from its layers).
     let teacher_ad = || {
-        build_model(&p.teacher_recipe, &p.teacher_config, &ad)
-            .expect("teacher")
-            .0
+        build_model(
+            p.teacher_recipe.model.as_ref().expect("[model]"),
+            p.teacher_recipe.run.seed,
+            &p.teacher_config,
+            &ad,
+        )
+        .expect("teacher")
+        .0
     };
     // Teacher fine-tune step, without and with gradient checkpointing (time and peak memory).
     let ck = device.clone().autodiff().gradient_checkpointing();
@@ -436,9 +458,14 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         if !bench.wants(name) {
             continue;
         }
-        let model = build_model(&p.teacher_recipe, &p.teacher_config, dev)
-            .expect("teacher")
-            .0;
+        let model = build_model(
+            p.teacher_recipe.model.as_ref().expect("[model]"),
+            p.teacher_recipe.run.seed,
+            &p.teacher_config,
+            dev,
+        )
+        .expect("teacher")
+        .0;
         let dev_batches: Vec<TextBatch> = chunks.iter().map(|c| batcher.batch(c, dev)).collect();
         let mut task = FinetuneTask::new(dev);
         reset_peak_rss();
@@ -480,7 +507,6 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         bench.record("student_step", &ms, bsz, Some(f));
     }
     // Distillation (distill_bert.toml's objective), cached and live teacher.
-    let s = setup(&p.distill_recipe, &device).expect("distillation setup");
     for cached in [true, false] {
         let name = if cached {
             "distill_step_cached"
@@ -494,7 +520,7 @@ fn run_steps(bench: &mut Bench, work: &Path) {
             TeacherSource::Cache(compute(
                 &p.teacher,
                 &p.subset,
-                &s.plan.needs,
+                &p.plan.needs,
                 &batcher,
                 bsz,
                 &device,
@@ -507,9 +533,9 @@ fn run_steps(bench: &mut Bench, work: &Path) {
                 device: device.clone(),
             }
         };
-        let mut task = DistillTask::new(s.spec.clone(), s.plan.clone(), source, &ad);
+        let mut task = DistillTask::new(p.distill_spec.clone(), p.plan.clone(), source, &ad);
         let student = from_teacher_layers(&teacher_ad(), &p.layers);
-        let model = DistillModel::new(student, &s.plan.projections, &ad);
+        let model = DistillModel::new(student, &p.plan.projections, &ad);
         let ms = time_training(
             (warmup, steps),
             &mut task,
@@ -592,7 +618,7 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         "distill": {
             "alpha": 0.5,
             "temperature": 4.0,
-            "hidden_pairs": s.plan.matches.iter().flat_map(|m| m.pairs.iter().map(|p| (p.student, p.teacher))).collect::<Vec<_>>(),
+            "hidden_pairs": p.plan.matches.iter().flat_map(|m| m.pairs.iter().map(|p| (p.student, p.teacher))).collect::<Vec<_>>(),
         },
         "batches": chunks.iter().map(|c| json!({
             "ids": to_rows(c, &|e| e.ids.clone()),

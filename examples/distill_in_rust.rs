@@ -1,84 +1,97 @@
-//! A distillation set up entirely in Rust against the library crates, with a custom loss term.
-//!
-//! Data, tokenizer and optimiser settings come from the teacher's recipe; the teacher, the
-//! student, the objective and the matches are declared here, and a custom term (a confidence
-//! penalty on the student's predictions) is added by wrapping mopt's distillation task.
+//! A pipeline declared in Rust: the shared sections (teacher, data, tokenizer, evaluation) come
+//! from `recipes/distill_bert.toml`; the stages are declared here — a 2-layer distillation with a
+//! custom loss term, a custom stage (drop the student's last layer), each gated against the
+//! teacher with rollback, then the ONNX export.
 //!
 //! ```sh
 //! cargo run --example distill_in_rust -- 500     # keep 500 training examples for a quick run
 //! ```
 
-use std::path::PathBuf;
+use std::path::Path;
+use std::sync::Arc;
 
-use burn::prelude::*;
 use burn::tensor::activation::{log_softmax, softmax};
-use mopt_data::TextBatch;
-use mopt_distill::pipeline::{ensure_teacher, init_student, setup, teacher_source};
-use mopt_distill::{DistillModel, DistillTask};
-use mopt_models::bert::BertForSequenceClassification;
-use mopt_recipe::{
-    DistillSpec, Feature, HeadPolicy, LayerMap, MatchLoss, MatchSpec, Schedule, SoftLoss,
-    TeacherSpec, Tokens,
-};
-use mopt_train::trainer::{fit, RunContext, Task, TrainOptions};
-use mopt_train::{rundir, DeviceSpec};
+use mopt_distill::spec::*;
+use mopt_distill::student::from_teacher_layers;
+use mopt_models::bert::{weights, BertConfig};
+use mopt_recipe::{GateMetric, GateReference, GateSpec, OnFail, StageEntry};
+use mopt_stages::kinds::distill::DistillStage;
+use mopt_stages::kinds::export::ExportStage;
+use mopt_stages::{Pipeline, RunOptions, Stage, StageContext, StageError, StageOutput, StagePlan};
+use mopt_train::trainer::save_checkpoint_dir;
+use mopt_train::DeviceSpec;
 
-/// mopt's distillation objective plus `β · (−entropy)` of the student's predictions, which
-/// discourages over-confident students (Pereyra et al., 2017).
-struct WithConfidencePenalty {
-    inner: DistillTask,
-    beta: f32,
+/// A custom stage: remove the input's last encoder layer (embeddings, pooler and head kept).
+struct DropLastLayer;
+
+fn shallower(c: &BertConfig) -> BertConfig {
+    let n = c.num_hidden_layers - 1;
+    let mut out = c.clone();
+    out.num_hidden_layers = n;
+    out.mopt_layer_heads = c.mopt_layer_heads.as_ref().map(|h| h[..n].to_vec());
+    out.mopt_layer_intermediate_sizes = c
+        .mopt_layer_intermediate_sizes
+        .as_ref()
+        .map(|f| f[..n].to_vec());
+    out
 }
 
-impl Task for WithConfidencePenalty {
-    type Model = DistillModel;
-
-    fn loss(
-        &mut self,
-        model: &DistillModel,
-        b: &TextBatch,
-        idx: &[usize],
-        progress: f64,
-    ) -> (Tensor<1>, Vec<(&'static str, f64)>) {
-        let (loss, mut parts) = self.inner.objective(model, b, idx, progress);
-        let logits = model.student.forward(
-            b.input_ids.clone(),
-            b.attention_mask.clone(),
-            b.token_type_ids.clone(),
-        );
-        let [batch, _] = logits.dims();
-        let neg_entropy = (softmax(logits.clone(), 1) * log_softmax(logits, 1))
-            .sum()
-            .div_scalar(batch as f32);
-        let v: f32 = neg_entropy.clone().into_scalar();
-        parts.push(("confidence_penalty", v as f64));
-        (loss + neg_entropy.mul_scalar(self.beta), parts)
+impl Stage for DropLastLayer {
+    fn kind(&self) -> &str {
+        "drop-last-layer"
     }
 
-    fn classifier<'a>(&self, model: &'a DistillModel) -> &'a BertForSequenceClassification {
-        &model.student
+    fn plan(
+        &self,
+        _: &StageEntry,
+        input: &BertConfig,
+        _: &mopt_stages::stage::PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        Ok(StagePlan {
+            output: shallower(input),
+            settings: vec!["remove the last encoder layer".into()],
+            memory: None,
+            extra_memory: Vec::new(),
+        })
+    }
+
+    fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+        let (model, config) = weights::load_checkpoint(input, &cx.device.device())?;
+        let keep: Vec<usize> = (0..config.num_hidden_layers - 1).collect();
+        let out = cx.dir.join("model");
+        save_checkpoint_dir(
+            &from_teacher_layers(&model, &keep),
+            &shallower(&config),
+            cx.data,
+            cx.tokenizer_file,
+            &out,
+        )?;
+        Ok(StageOutput {
+            checkpoint: out,
+            steps: 0,
+            facts: serde_json::json!({ "layers_kept": keep }),
+            notes: vec![format!(
+                "kept layers {keep:?} of {}",
+                config.num_hidden_layers
+            )],
+            references: Vec::new(),
+            logit_error_vs_input: None,
+            artifacts: Vec::new(),
+        })
     }
 }
 
 fn main() -> anyhow::Result<()> {
     let keep: Option<usize> = std::env::args().nth(1).map(|s| s.parse()).transpose()?;
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let teacher_recipe = root.join("recipes/finetune_teacher.toml");
-
-    let mut recipe = mopt_recipe::load(&teacher_recipe)?;
-    recipe.run.name = "distill-in-rust".into();
-    recipe.teacher = Some(TeacherSpec {
-        checkpoint: root.join("checkpoints/finetune-teacher/best"),
-        recipe: Some(teacher_recipe),
-    });
-    // Student: 2 layers taken from teacher layers 1 and 4.
-    recipe.model.weights = None;
-    recipe.model.init_from_teacher_layers = Some(vec![1, 4]);
-    recipe.model.overrides.num_hidden_layers = Some(2);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut recipe = mopt_recipe::load(root.join("recipes/distill_bert.toml"))?;
     recipe.data.max_train = keep;
-    recipe.train.epochs = 1;
-    recipe.train.lr = 1e-4;
-    recipe.distill = Some(DistillSpec {
+
+    // The student: the recipe's student table, 2 layers taken from teacher layers 1 and 4.
+    let mut student = DistillStage::from_entry(&recipe.stages[0])?.student;
+    student.init_from_teacher_layers = Some(vec![1, 4]);
+    student.overrides.num_hidden_layers = Some(2);
+    let objective = DistillSpec {
         enabled: true,
         alpha: Schedule::Linear { from: 0.7, to: 0.3 },
         temperature: Schedule::Constant(4.0),
@@ -97,39 +110,67 @@ fn main() -> anyhow::Result<()> {
             rows: 0,
             index: 0,
         }],
-    });
-
-    let device_spec = DeviceSpec::Cpu;
-    let device = device_spec.device();
-    let ad = device.clone().autodiff();
-    ensure_teacher(&recipe, &device_spec)?;
-    let s = setup(&recipe, &device)?;
-    let (source, cache) = teacher_source(&recipe, &s, &device)?;
-    println!("teacher cache hit: {}", cache.hit);
-    let dir = rundir::create_run_dir(&recipe, &recipe.run.run_dir(), true)?;
-    let opts = TrainOptions::default();
-    let ctx = RunContext {
-        recipe: &recipe,
-        device_spec: &device_spec,
-        run_dir: &dir,
-        opts: &opts,
-        data: &s.prepared.data,
-        tokenizer_file: &s.prepared.tokenizer.path,
-        pad_id: s.prepared.tokenizer.pad_id,
-        config: &s.student_config,
     };
-    let model = DistillModel::new(init_student(&recipe, &s, &ad)?, &s.plan.projections, &ad);
-    let task = WithConfidencePenalty {
-        inner: DistillTask::new(s.spec.clone(), s.plan.clone(), source, &ad),
-        beta: 0.1,
-    };
-    let report = fit(&ctx, task, model)?;
-    println!(
-        "2-layer student: test accuracy {:.4}, macro-F1 {:.4} ({} steps); run folder {}",
-        report.test.accuracy,
-        report.test.macro_f1,
-        report.steps,
-        dir.display()
+    // A custom loss term: β · (−entropy) of the student's predictions, which discourages
+    // over-confident students (Pereyra et al., 2017).
+    let confidence_penalty = Arc::new(
+        |model: &mopt_distill::DistillModel, b: &mopt_data::TextBatch| {
+            let logits = model.student.forward(
+                b.input_ids.clone(),
+                b.attention_mask.clone(),
+                b.token_type_ids.clone(),
+            );
+            let batch = logits.dims()[0] as f32;
+            let neg_entropy = (softmax(logits.clone(), 1) * log_softmax(logits, 1))
+                .sum()
+                .div_scalar(batch);
+            let v: f32 = neg_entropy.clone().into_scalar();
+            (
+                neg_entropy.mul_scalar(0.1),
+                vec![("confidence_penalty", v as f64)],
+            )
+        },
     );
+    let distill =
+        DistillStage::new(student, objective, recipe.scope.stage(1)).with_term(confidence_penalty);
+
+    let mut train = recipe.train.clone();
+    train.epochs = 1;
+    train.lr = 1e-4;
+    let gate = GateSpec {
+        metric: GateMetric::Accuracy,
+        against: GateReference::Baseline,
+        max_drop: Some(0.05),
+        max_relative_drop: None,
+        max_logit_error: None,
+        on_fail: OnFail::Rollback,
+    };
+    let export = ExportStage {
+        samples: 200,
+        tolerance: 1e-4,
+        latency_runs: Some(10),
+        include_baseline: true,
+    };
+    let report = Pipeline::shared(recipe)
+        .named("distill-in-rust")
+        .push("distill-2l", train.clone(), Some(gate.clone()), distill)
+        .push("drop-last-layer", train.clone(), Some(gate), DropLastLayer)
+        .push("export", train, None, export)
+        .run(&RunOptions {
+            force: true,
+            ..RunOptions::new(DeviceSpec::Cpu)
+        })?;
+    for st in &report.stages {
+        println!(
+            "{} {}: {} — validation accuracy {:.4}, test {:.4}, {} layers",
+            st.index,
+            st.name,
+            st.decision.action.label(),
+            st.model.valid.accuracy,
+            st.model.test.accuracy,
+            st.model.layers
+        );
+    }
+    println!("report: {}/report.md", report.run_dir);
     Ok(())
 }

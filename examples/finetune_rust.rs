@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use burn::prelude::*;
 use mopt_data::{Batcher, Encoded, LabelMap, TextTokenizer};
 use mopt_models::bert::weights;
-use mopt_train::{rundir, trainer, DeviceSpec};
+use mopt_stages::{Pipeline, RunOptions};
+use mopt_train::DeviceSpec;
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
@@ -26,14 +27,20 @@ fn main() -> anyhow::Result<()> {
     recipe.run.name = format!("{}-rust-example", recipe.run.name);
     recipe.data.max_train = Some(keep);
     recipe.data.max_eval = Some(keep / 2);
-    recipe.train.epochs = 1;
+    // Each stage carries its own training settings ([train] with its [stage.train] overrides).
+    for stage in &mut recipe.stages {
+        stage.train.epochs = 1;
+    }
 
     let device = DeviceSpec::Cpu;
-    let dir = rundir::create_run_dir(&recipe, &recipe.run.run_dir(), true)?;
-    let report = trainer::train(&recipe, &device, &dir, &trainer::TrainOptions::default())?;
+    let dir = recipe.run.run_dir();
+    let report = Pipeline::from_recipe(recipe.clone())?.run(&RunOptions {
+        force: true,
+        ..RunOptions::new(device.clone())
+    })?;
     println!(
         "test accuracy {:.3} on {} examples",
-        report.test.accuracy, report.test.examples
+        report.final_model.test.accuracy, report.final_model.test.examples
     );
 
     // Classify new text with the saved checkpoint.

@@ -5,9 +5,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use mopt_train::{lr_find, plan, rundir, trainer, DeviceSpec, TrainError};
+use mopt_train::{lr_find, rundir, DeviceSpec, TrainError};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -29,13 +28,19 @@ struct RunArgs {
     /// The TOML recipe to run.
     #[arg(required = true)]
     recipe: Option<PathBuf>,
-    /// Validate the recipe and print the resolved plan (sizes, parameters, memory) without training.
+    /// Validate the recipe and print the stage plan (shapes, parameters, settings, gates, memory)
+    /// without running anything (a dry run: an existing run folder does not stop it).
     #[arg(long)]
     check: bool,
     /// Replace an existing run folder (otherwise refused).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "resume")]
     force: bool,
-    /// Stop after N optimizer steps (smoke runs); validation and test still run.
+    /// Continue an interrupted run at its first unfinished stage; finished stages are reused
+    /// after their outputs' sha256 is checked.
+    #[arg(long)]
+    resume: bool,
+    /// Stop every training after N optimizer steps (smoke runs), a teacher trained on the way
+    /// included; validation and test still run.
     #[arg(long, value_name = "N")]
     max_steps: Option<usize>,
     /// Device to run on (overrides [run] device): `cpu`.
@@ -154,54 +159,50 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         None => {
             let args = cli.run;
             let path = args.recipe.expect("clap requires RECIPE");
-            let recipe = mopt_recipe::load(&path)?;
-            let device = device_for(&recipe, &args.device)?;
-            if recipe.distill.is_some() {
-                mopt_distill::pipeline::precheck(&recipe)?;
-            }
+            let pipeline = mopt_stages::Pipeline::load(&path)?;
+            let device = device_for(&pipeline.recipe, &args.device)?;
             if args.check {
-                print!("{}", plan::check_plan(&recipe, &device, args.force)?);
+                print!("{}", pipeline.check(&device)?);
                 println!("recipe OK");
                 return Ok(());
             }
-            let dir = rundir::create_run_dir(&recipe, &recipe.run.run_dir(), args.force)?;
-            let opts = trainer::TrainOptions {
+            let opts = mopt_stages::RunOptions {
+                device,
+                force: args.force,
+                resume: args.resume,
                 max_steps: args.max_steps,
+                run_dir: None,
             };
-            if recipe.distill.is_some() {
-                let r = mopt_distill::run(&recipe, &device, &dir, &opts)
-                    .with_context(|| format!("run {}", dir.display()))?;
+            let report = pipeline.run(&opts)?;
+            for st in &report.stages {
                 println!(
-                    "teacher accuracy {:.4}, student {:.4}: retention {:.1}%, {:.2}x faster at batch 1 ({:.2}x at 32){}",
-                    r.teacher.test.accuracy,
-                    r.student.test.accuracy,
-                    r.retention * 100.0,
-                    r.speedup_b1,
-                    r.speedup_b32,
-                    r.baseline
-                        .map_or(String::new(), |b| format!("; without distillation {:.4}", b.accuracy))
+                    "{} {} ({}): {}; validation accuracy {:.4}, test {:.4}, {:.2}M params",
+                    st.index,
+                    st.name,
+                    st.kind,
+                    st.decision.action.label(),
+                    st.model.valid.accuracy,
+                    st.model.test.accuracy,
+                    st.model.params as f64 / 1e6
                 );
-                println!("report: {}", dir.join("report.md").display());
-                return Ok(());
             }
-            let report = trainer::train(&recipe, &device, &dir, &opts)
-                .with_context(|| format!("run {}", dir.display()))?;
             println!(
-                "test accuracy {:.4}, macro-F1 {:.4} (best epoch {} by validation {}); {:.0}s wall, {:.1} train samples/s",
-                report.test.accuracy,
-                report.test.macro_f1,
-                report.best_epoch,
-                report.best_metric,
-                report.wall_time_s,
-                report.train_samples_per_s
+                "final model: stage {} -> {}/best (test accuracy {:.4}); {:.0}s wall",
+                report.final_stage,
+                report.run_dir,
+                report.final_model.test.accuracy,
+                report.wall_time_s
             );
-            println!("run folder: {}", dir.display());
+            println!("report: {}/report.md", report.run_dir);
         }
     }
     Ok(())
 }
 
 fn exit_code(err: &anyhow::Error) -> u8 {
+    if let Some(e) = err.downcast_ref::<mopt_stages::StageError>() {
+        return if e.is_input_error() { 2 } else { 1 };
+    }
     if let Some(e) = err.downcast_ref::<mopt_export::ExportError>() {
         return if e.is_input_error() { 2 } else { 1 };
     }

@@ -39,8 +39,14 @@ fn tiny_run_writes_a_complete_run_folder() {
     let run = tmp.path().join("runs/tiny");
     for f in [
         "recipe.toml",
-        "metrics.jsonl",
+        "01-finetune/metrics.jsonl",
+        "01-finetune/report.json",
         "report.json",
+        "report.md",
+        "chart.svg",
+        "golden.json",
+        "00-baseline/stage.json",
+        "01-finetune/stage.json",
         "best/model.bpk",
         "best/config.json",
         "best/labels.json",
@@ -54,8 +60,8 @@ fn tiny_run_writes_a_complete_run_folder() {
         std::fs::read_to_string(&recipe).unwrap()
     );
 
-    // Report: 96 train examples, 40 valid/test, 2 epochs of 6 steps.
-    let report = read_json(&run.join("report.json"));
+    // The stage's training report: 96 train examples, 40 valid/test, 2 epochs of 6 steps.
+    let report = read_json(&run.join("01-finetune/report.json"));
     assert_eq!(report["train_examples"], 96);
     assert_eq!(report["test_examples"], 40);
     assert_eq!(report["steps"], 12);
@@ -65,11 +71,12 @@ fn tiny_run_writes_a_complete_run_folder() {
     assert!((0.0..=1.0).contains(&acc));
 
     // metrics.jsonl: train points every 2 steps, 2 valid, 1 test.
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(run.join("01-finetune/metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
     let count = |s: &str| lines.iter().filter(|l| l["split"] == s).count();
     assert_eq!(count("train"), 6);
     assert_eq!(count("valid"), 2);
@@ -80,7 +87,7 @@ fn tiny_run_writes_a_complete_run_folder() {
     assert!(first_lr > 0.0 && first_lr <= 1e-3);
 
     // TensorBoard reads the event files.
-    let tb = tensorboard_scalars(&run.join("events"));
+    let tb = tensorboard_scalars(&run.join("01-finetune/events"));
     assert_eq!(tb["train/loss"].as_array().unwrap().len(), 6, "{tb}");
     assert_eq!(tb["valid/accuracy"].as_array().unwrap().len(), 2);
     assert!(
@@ -90,6 +97,20 @@ fn tiny_run_writes_a_complete_run_folder() {
     );
     let tb_test = tb["test/accuracy"][0][1].as_f64().unwrap();
     assert!((tb_test - acc).abs() < 1e-6);
+
+    // The run's report: the baseline and the one finetune stage, whose test accuracy is the
+    // training report's (the same checkpoint, evaluated again by the runner).
+    let run_report = read_json(&run.join("report.json"));
+    let stages = run_report["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 2);
+    assert_eq!(stages[0]["kind"], "baseline");
+    assert_eq!(stages[1]["kind"], "finetune");
+    assert_eq!(stages[1]["decision"]["action"], "kept");
+    assert!((stages[1]["model"]["test"]["accuracy"].as_f64().unwrap() - acc).abs() < 1e-9);
+    assert_eq!(
+        run_report["final_model"]["sha256"],
+        stages[1]["model"]["sha256"]
+    );
 
     // The reloaded best checkpoint reproduces the logits recorded at training time.
     let golden: Golden =
@@ -128,7 +149,7 @@ fn tiny_run_writes_a_complete_run_folder() {
     // --force replaces it; --max-steps stops early (same seed, same first steps).
     let forced = mopt(&[recipe.to_str().unwrap(), "--force", "--max-steps", "3"]);
     assert!(forced.status.success(), "{}", stderr(&forced));
-    let report = read_json(&run.join("report.json"));
+    let report = read_json(&run.join("01-finetune/report.json"));
     assert_eq!(report["steps"], 3);
 
     // export-hf writes an HF folder.
@@ -148,10 +169,10 @@ fn seeded_runs_are_reproducible() {
     let recipe = write_tiny_recipe(tmp.path(), "repro", "");
     let a = mopt(&[recipe.to_str().unwrap(), "--max-steps", "4"]);
     assert!(a.status.success(), "{}", stderr(&a));
-    let first = read_json(&tmp.path().join("runs/repro/report.json"));
+    let first = read_json(&tmp.path().join("runs/repro/01-finetune/report.json"));
     let b = mopt(&[recipe.to_str().unwrap(), "--max-steps", "4", "--force"]);
     assert!(b.status.success(), "{}", stderr(&b));
-    let second = read_json(&tmp.path().join("runs/repro/report.json"));
+    let second = read_json(&tmp.path().join("runs/repro/01-finetune/report.json"));
     assert_eq!(
         first["epochs"][0]["train_loss"],
         second["epochs"][0]["train_loss"]
@@ -171,17 +192,39 @@ fn check_prints_the_plan_and_writes_nothing() {
         num_labels: 2,
         ..mopt_models::bert::BertConfig::tiny(30522, 2)
     };
+    let params = format!("{:.2}M params", c.num_params() as f64 / 1e6);
     assert!(
-        text.contains(&format!("params     {}", c.num_params())),
+        text.contains("baseline   [model]") && text.contains(&params),
         "{text}"
     );
     assert!(
-        text.contains("memory") && text.contains("AdamW moments") && text.contains("recipe OK"),
+        text.contains("stage 1    finetune (kind finetune)"),
+        "{text}"
+    );
+    // Settings print the way a recipe writes them.
+    assert!(
+        text.contains("lr = 1e-3") && text.contains("best-metric = \"accuracy\""),
+        "{text}"
+    );
+    let mem = mopt_train::memory::MemoryEstimate::for_bert(&c, 16, 32);
+    assert!(
+        text.contains(&format!(
+            "memory   ~{}",
+            mopt_train::memory::human_bytes(mem.total())
+        )) && text.contains("AdamW moments")
+            && text.contains("recipe OK"),
         "{text}"
     );
     assert!(
         !tmp.path().join("runs").exists(),
         "--check must not write the run folder"
+    );
+    // A dry run: an existing run folder does not stop it (it says so).
+    std::fs::create_dir_all(tmp.path().join("runs/plan")).unwrap();
+    let again = mopt(&[recipe.to_str().unwrap(), "--check"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("exists: a run needs --resume or --force")
     );
 }
 
@@ -263,7 +306,7 @@ fn gradient_accumulation_matches_the_larger_batch() {
         std::fs::write(&recipe, text).unwrap();
         let out = mopt(&[recipe.to_str().unwrap(), "--max-steps", "4"]);
         assert!(out.status.success(), "{}", stderr(&out));
-        read_json(&dir.join(format!("runs/{name}/report.json")))
+        read_json(&dir.join(format!("runs/{name}/01-finetune/report.json")))
     };
     let big = run("big", 16, 1);
     let acc = run("acc", 16, 2);

@@ -6,21 +6,32 @@ use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
 use common::{mopt, read_json, stderr, write_tiny_recipe};
+use mopt_data::LabelMap;
 use mopt_data::{Batcher, Encoded};
-use mopt_distill::pipeline::{init_student, setup, teacher_source, with_word_table};
+use mopt_distill::pipeline::{init_student, teacher_source, with_word_table, TeacherOutputs};
 use mopt_distill::{DistillModel, DistillTask, TeacherSource};
+use mopt_models::bert::weights;
+use mopt_stages::kinds::distill::DistillStage;
+use mopt_train::setup::prepare_data;
 use mopt_train::trainer::Task;
 
-/// A tiny teacher recipe (2 layers) plus a distillation recipe whose student takes teacher layer 1.
+/// A tiny teacher recipe (2 layers) plus a distillation recipe (teacher -> distill stage) whose
+/// student takes teacher layer 1. `distill_extra` goes at the end of the stage (matches),
+/// `student_model` under `[stage.student]`.
 fn write_pair(dir: &Path, distill_extra: &str, student_model: &str) -> PathBuf {
     let teacher = write_tiny_recipe(dir, "teacher", "");
     std::fs::rename(&teacher, dir.join("teacher.toml")).unwrap();
     let base = std::fs::read_to_string(dir.join("teacher.toml")).unwrap();
+    let cfg = dir.join("tiny-config.json");
+    let model = format!("[model]\nconfig = \"{}\"\n", cfg.display());
+    assert!(base.contains(&model));
     let body = base
         .replace("name = \"teacher\"", "name = \"student\"")
-        .replace("\n[tokenizer]", &format!("{student_model}\n\n[tokenizer]"));
+        .replace(&model, "");
+    let student = student_model.replace("[model.overrides]", "[stage.student.overrides]");
     let text = format!(
-        "{body}\n[teacher]\ncheckpoint = \"runs/teacher/best\"\nrecipe = \"teacher.toml\"\n\n[distill]\nalpha = 0.5\ntemperature = 2.0\nbaseline = true\n{distill_extra}\n\n[report]\nlatency-warmup = 1\nlatency-runs = 3\nlatency-seq-len = 16\n"
+        "{body}\n[teacher]\ncheckpoint = \"runs/teacher/best\"\nrecipe = \"teacher.toml\"\n\n[evaluation]\nlatency-warmup = 1\nlatency-runs = 3\nlatency-seq-len = 16\n\n[[stage]]\nkind = \"distill\"\nalpha = 0.5\ntemperature = 2.0\nbaseline = true\n\n[stage.student]\nconfig = \"{}\"\n{student}\n{distill_extra}\n",
+        cfg.display()
     );
     let p = dir.join("distill.toml");
     std::fs::write(&p, text).unwrap();
@@ -30,11 +41,11 @@ fn write_pair(dir: &Path, distill_extra: &str, student_model: &str) -> PathBuf {
 const LAYER_INIT: &str = "init-from-teacher-layers = [1]\n[model.overrides]\nnum-hidden-layers = 1";
 
 const MATCHES: &str = r#"
-[[distill.match]]
+[[stage.match]]
 feature = "hidden"
 layers = "uniform"
 
-[[distill.match]]
+[[stage.match]]
 feature = "attention"
 layers = [[1, 2]]
 "#;
@@ -47,30 +58,38 @@ fn tiny_distillation_trains_teacher_then_student_and_reuses_the_cache() {
     assert!(out.status.success(), "{}", stderr(&out));
     let run = tmp.path().join("runs/student");
     let r = read_json(&run.join("report.json"));
-    assert_eq!(r["teacher_trained_in_this_run"], true);
-    assert!(tmp.path().join("runs/teacher/best/model.bpk").is_file());
-    assert_eq!(r["teacher_cache"]["hit"], false);
-    assert_eq!(r["teacher_cache"]["teacher_forwards"], 96);
-    assert_eq!(r["student"]["layers"], 1);
-    assert_eq!(r["teacher"]["layers"], 2);
-    assert!(r["student"]["params"].as_u64() < r["teacher"]["params"].as_u64());
-    let retention = r["retention"].as_f64().unwrap();
-    let (sa, ta) = (
-        r["student"]["test"]["accuracy"].as_f64().unwrap(),
-        r["teacher"]["test"]["accuracy"].as_f64().unwrap(),
+    let (teacher, student) = (&r["stages"][0], &r["stages"][1]);
+    assert!(
+        teacher["decision"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("fine-tuned in this run"),
+        "{teacher}"
     );
-    assert!((retention - sa / ta).abs() < 1e-9);
-    assert!(r["baseline"]["accuracy"].is_number());
-    assert_eq!(r["student"]["latency"].as_array().unwrap().len(), 2);
-    assert_eq!(r["student"]["latency"][1]["batch"], 32);
-    assert!(run.join("baseline/best/model.bpk").is_file());
+    assert!(tmp.path().join("runs/teacher/best/model.bpk").is_file());
+    assert_eq!(student["facts"]["teacher_cache"]["hit"], false);
+    assert_eq!(student["facts"]["teacher_cache"]["teacher_forwards"], 96);
+    assert_eq!(student["model"]["layers"], 1);
+    assert_eq!(teacher["model"]["layers"], 2);
+    assert!(student["model"]["params"].as_u64() < teacher["model"]["params"].as_u64());
+    let (sv, tv) = (
+        student["model"]["valid"]["accuracy"].as_f64().unwrap(),
+        teacher["model"]["valid"]["accuracy"].as_f64().unwrap(),
+    );
+    assert!((student["delta_valid_vs_baseline"].as_f64().unwrap() - (sv - tv)).abs() < 1e-9);
+    let twin = &student["references"][0];
+    assert!(twin["name"].as_str().unwrap().contains("twin"), "{student}");
+    assert!(twin["model"]["test"]["accuracy"].is_number());
+    assert_eq!(student["model"]["latency"].as_array().unwrap().len(), 2);
+    assert_eq!(student["model"]["latency"][1]["batch"], 32);
+    assert!(run.join("01-distill/twin/best/model.bpk").is_file());
     let md = std::fs::read_to_string(run.join("report.md")).unwrap();
     assert!(
-        md.contains("Retention") && md.contains("without distillation"),
+        md.contains("hard-label twin") && md.contains("| 1 | distill | distill | kept |"),
         "{md}"
     );
     // Every loss component is logged on its own.
-    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let metrics = std::fs::read_to_string(run.join("01-distill/metrics.jsonl")).unwrap();
     let train: serde_json::Value = metrics
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
@@ -97,11 +116,21 @@ fn tiny_distillation_trains_teacher_then_student_and_reuses_the_cache() {
     let again = mopt(&[recipe.to_str().unwrap(), "--force"]);
     assert!(again.status.success(), "{}", stderr(&again));
     let r2 = read_json(&run.join("report.json"));
-    assert_eq!(r2["teacher_trained_in_this_run"], false);
-    assert_eq!(r2["teacher_cache"]["hit"], true);
-    assert_eq!(r2["teacher_cache"]["teacher_forwards"], 0);
+    assert!(
+        !r2["stages"][0]["decision"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("fine-tuned in this run"),
+        "{}",
+        r2["stages"][0]
+    );
+    assert_eq!(r2["stages"][1]["facts"]["teacher_cache"]["hit"], true);
     assert_eq!(
-        r2["student"]["test"], r["student"]["test"],
+        r2["stages"][1]["facts"]["teacher_cache"]["teacher_forwards"],
+        0
+    );
+    assert_eq!(
+        r2["stages"][1]["model"]["test"], r["stages"][1]["model"]["test"],
         "same seed, same cached teacher: same result"
     );
 
@@ -113,8 +142,11 @@ fn tiny_distillation_trains_teacher_then_student_and_reuses_the_cache() {
     let third = mopt(&[recipe.to_str().unwrap(), "--force", "--max-steps", "2"]);
     assert!(third.status.success(), "{}", stderr(&third));
     let r3 = read_json(&run.join("report.json"));
-    assert_eq!(r3["teacher_cache"]["hit"], false);
-    assert_eq!(r3["teacher_cache"]["teacher_forwards"], 80);
+    assert_eq!(r3["stages"][1]["facts"]["teacher_cache"]["hit"], false);
+    assert_eq!(
+        r3["stages"][1]["facts"]["teacher_cache"]["teacher_forwards"],
+        80
+    );
 }
 
 #[test]
@@ -123,40 +155,62 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
     // A narrower student (hidden 16) so the hidden match needs a projection.
     let student = "[model.overrides]\nnum-hidden-layers = 1\nhidden-size = 16\nnum-attention-heads = 2\nintermediate-size = 32";
     // The [CLS]-only match is on in epoch 1 only (TinyBERT-style two stages).
-    let matches = "[[distill.match]]\nfeature = \"hidden\"\nlayers = [[1, 2]]\nprojection = true\n\n[[distill.match]]\nfeature = \"attention-scores\"\nlayers = [[1, 1]]\nheads = \"mean\"\n\n[[distill.match]]\nfeature = \"hidden\"\ntokens = \"cls\"\nlayers = [[1, 2]]\nprojection = true\nuntil-epoch = 1\n\n[[distill.match]]\nfeature = \"word-embeddings\"\nprojection = true\nrows = 64\nweight = 0.5\n";
+    let matches = "[[stage.match]]\nfeature = \"hidden\"\nlayers = [[1, 2]]\nprojection = true\n\n[[stage.match]]\nfeature = \"attention-scores\"\nlayers = [[1, 1]]\nheads = \"mean\"\n\n[[stage.match]]\nfeature = \"hidden\"\ntokens = \"cls\"\nlayers = [[1, 2]]\nprojection = true\nuntil-epoch = 1\n\n[[stage.match]]\nfeature = \"word-embeddings\"\nprojection = true\nrows = 64\nweight = 0.5\n";
     let recipe_path = write_pair(tmp.path(), matches, student);
     // Train the teacher through the binary (the distillation itself is driven from Rust here).
     let teacher = mopt(&[tmp.path().join("teacher.toml").to_str().unwrap()]);
     assert!(teacher.status.success(), "{}", stderr(&teacher));
     let recipe = mopt_recipe::load(&recipe_path).unwrap();
+    let stage = DistillStage::from_entry(&recipe.stages[0]).unwrap();
     let device = Device::flex();
     let ad = device.clone().autodiff();
-    let s = setup(&recipe, &device).unwrap();
-    assert_eq!(s.plan.projections, vec![(16, 32), (16, 32), (16, 32)]);
+    let t = recipe.teacher.as_ref().unwrap();
+    let (teacher, teacher_config) = weights::load_checkpoint(&t.checkpoint, &device).unwrap();
+    let labels = LabelMap::load(&t.checkpoint.join("labels.json")).unwrap();
+    let prepared = prepare_data(&recipe.tokenizer, &recipe.data, Some(labels)).unwrap();
+    let (config, plan) = stage
+        .student_config(
+            &teacher_config,
+            &prepared.data.labels,
+            &recipe.tokenizer,
+            prepared.tokenizer.vocab_size(),
+        )
+        .unwrap();
+    assert_eq!(plan.projections, vec![(16, 32), (16, 32), (16, 32)]);
     let model = DistillModel::new(
-        init_student(&recipe, &s, &ad).unwrap(),
-        &s.plan.projections,
+        init_student(&stage.student, 7, &config, &t.checkpoint, &ad).unwrap(),
+        &plan.projections,
         &ad,
     );
-    let (cached, summary) = teacher_source(&recipe, &s, &device).unwrap();
+    let outputs = TeacherOutputs {
+        teacher_dir: &t.checkpoint,
+        teacher: &teacher,
+        data: &recipe.data,
+        train: &prepared.data.train,
+        pad_id: 0,
+        batch_size: 32,
+    };
+    let (cached, summary) = teacher_source(&outputs, &stage.spec, &plan, &device).unwrap();
     assert!(summary.enabled && !summary.hit);
     let live = TeacherSource::Live {
-        teacher: Box::new(s.teacher.clone()),
-        examples: s.prepared.data.train.clone(),
+        teacher: Box::new(teacher.clone()),
+        examples: prepared.data.train.clone(),
         batcher: Batcher::new(0),
         device: device.clone(),
     };
     let indices = [3usize, 17, 40, 41, 90];
-    let items: Vec<&Encoded> = indices.iter().map(|&i| &s.prepared.data.train[i]).collect();
+    let items: Vec<&Encoded> = indices.iter().map(|&i| &prepared.data.train[i]).collect();
     let batch = Batcher::new(0).batch(&items, &ad);
     let mut a = with_word_table(
-        DistillTask::new(s.spec.clone(), s.plan.clone(), cached, &ad),
-        &s,
+        DistillTask::new(stage.spec.clone(), plan.clone(), cached, &ad),
+        &plan,
+        &teacher,
         &ad,
     );
     let b = with_word_table(
-        DistillTask::new(s.spec.clone(), s.plan.clone(), live, &ad),
-        &s,
+        DistillTask::new(stage.spec.clone(), plan.clone(), live, &ad),
+        &plan,
+        &teacher,
         &ad,
     );
     // Dropout off, so both forward passes of the student are identical and only the teacher's
@@ -250,23 +304,23 @@ fn distillation_recipe_errors_are_clear() {
     let cases: Vec<(&str, &str, &[&str])> =
         vec![
         (
-            "[[distill.match]]\nfeature = \"hidden\"\nlayers = [[5, 1]]",
+            "[[stage.match]]\nfeature = \"hidden\"\nlayers = [[5, 1]]",
             LAYER_INIT,
-            &["distill.match.layers", "out of range"],
+            &["stage[1].match.layers", "out of range"],
         ),
         (
-            "[[distill.match]]\nfeature = \"hidden\"\nlayers = \"uniform\"",
+            "[[stage.match]]\nfeature = \"hidden\"\nlayers = \"uniform\"",
             "[model.overrides]\nnum-hidden-layers = 1\nhidden-size = 16\nnum-attention-heads = 2",
             &[
-                "distill.match.projection",
+                "stage[1].match.projection",
                 "width 16 differs from teacher width 32",
                 "projection = true",
             ],
         ),
         (
-            "[[distill.match]]\nfeature = \"attention\"\nlayers = [[1, 1]]",
+            "[[stage.match]]\nfeature = \"attention\"\nlayers = [[1, 1]]",
             "[model.overrides]\nnum-hidden-layers = 1\nhidden-size = 16\nnum-attention-heads = 2",
-            &["distill.match.heads", "2 heads", "heads = \\\"mean\\\""],
+            &["stage[1].match.heads", "2 heads", "heads = \\\"mean\\\""],
         ),
         (
             "",
@@ -274,34 +328,34 @@ fn distillation_recipe_errors_are_clear() {
             &["unknown field `vocab-size`"],
         ),
         (
-            "[[distill.match]]\nfeature = \"attention\"\ntokens = \"cls\"\nlayers = [[1, 2]]",
+            "[[stage.match]]\nfeature = \"attention\"\ntokens = \"cls\"\nlayers = [[1, 2]]",
             LAYER_INIT,
-            &["distill.match.tokens", "hidden-state matches only"],
+            &["stage[1].match.tokens", "hidden-state matches only"],
         ),
         (
-            "[[distill.match]]\nfeature = \"hidden\"\nlayers = [[1, 2]]\nuntil-epoch = 2",
+            "[[stage.match]]\nfeature = \"hidden\"\nlayers = [[1, 2]]\nuntil-epoch = 2",
             LAYER_INIT,
-            &["distill.match.until-epoch", "train.epochs = 2"],
+            &["stage[1].match.until-epoch", "[train] epochs = 2"],
         ),
         (
-            "[[distill.match]]\nfeature = \"word-embeddings\"\nlayers = [[1, 2]]",
+            "[[stage.match]]\nfeature = \"word-embeddings\"\nlayers = [[1, 2]]",
             LAYER_INIT,
-            &["distill.match.layers", "take no layer map"],
+            &["stage[1].match.layers", "take no layer map"],
         ),
         (
-            "[[distill.match]]\nfeature = \"hidden\"",
+            "[[stage.match]]\nfeature = \"hidden\"",
             LAYER_INIT,
-            &["distill.match.layers", "`layers` is missing", "uniform"],
+            &["stage[1].match.layers", "`layers` is missing", "uniform"],
         ),
         (
-            "[[distill.match]]\nfeature = \"hidden\"\nlayers = [[1, 2]]\nrows = 100",
+            "[[stage.match]]\nfeature = \"hidden\"\nlayers = [[1, 2]]\nrows = 100",
             LAYER_INIT,
-            &["distill.match.rows", "word-embedding matches only"],
+            &["stage[1].match.rows", "word-embedding matches only"],
         ),
         (
-            "[[distill.match]]\nfeature = \"word-embeddings\"",
+            "[[stage.match]]\nfeature = \"word-embeddings\"",
             "[model.overrides]\nnum-hidden-layers = 1\nhidden-size = 16\nnum-attention-heads = 2",
-            &["distill.match.projection", "width 16 differs", "projection = true"],
+            &["stage[1].match.projection", "width 16 differs", "projection = true"],
         ),
     ];
     for (i, (matches, student, needles)) in cases.into_iter().enumerate() {
@@ -345,22 +399,22 @@ fn distillation_recipe_errors_are_clear() {
     let out = mopt(&[recipe.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("vocabulary") && stderr(&out).contains("model.config"),
+        stderr(&out).contains("vocabulary") && stderr(&out).contains("stage[1].student.config"),
         "{}",
         stderr(&out)
     );
     // alpha and temperature are checked when the recipe is read.
     for (from, to, key) in [
-        ("alpha = 0.5", "alpha = 1.5", "distill.alpha"),
+        ("alpha = 0.5", "alpha = 1.5", "stage[1].alpha"),
         (
             "temperature = 2.0",
             "temperature = 0.0",
-            "distill.temperature",
+            "stage[1].temperature",
         ),
         (
             "alpha = 0.5",
             "alpha = { from = 0.2, to = -0.1 }",
-            "distill.alpha",
+            "stage[1].alpha",
         ),
     ] {
         let text = std::fs::read_to_string(&recipe).unwrap().replace(from, to);
@@ -384,6 +438,14 @@ fn distilled_student_and_teacher_export_through_the_cli() {
         .unwrap()
         .replace("baseline = true", "baseline = false");
     std::fs::write(&recipe, text).unwrap();
+    // The teacher's own recipe first (a smoke teacher inside the student's run would not be
+    // the [teacher] checkpoint that `export` exports beside the student).
+    let teacher = mopt(&[
+        tmp.path().join("teacher.toml").to_str().unwrap(),
+        "--max-steps",
+        "2",
+    ]);
+    assert!(teacher.status.success(), "{}", stderr(&teacher));
     let out = mopt(&[recipe.to_str().unwrap(), "--max-steps", "2"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let exp = mopt(&[

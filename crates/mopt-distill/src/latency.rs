@@ -7,7 +7,7 @@ use mopt_models::bert::BertForSequenceClassification;
 use serde::Serialize;
 
 /// Latency percentiles of one shape, in milliseconds.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize)]
 pub struct LatencyStats {
     pub batch: usize,
     pub seq_len: usize,

@@ -4,17 +4,19 @@
 //! with α and T schedules), intermediate matches declared as data (hidden states, attention
 //! probabilities or scores, embeddings; explicit or uniform layer maps; learned projections where
 //! widths differ), student initialisation from teacher layers, a disk cache of teacher outputs,
-//! and the distillation pipeline with its report. Everything is usable from Rust without the CLI.
+//! and the pieces a distillation stage is assembled from. Everything is usable from Rust without
+//! the CLI; the `distill` stage kind of `mopt_stages` runs it from a recipe.
 
 pub mod cache;
 pub mod latency;
 pub mod loss;
 pub mod matching;
 pub mod pipeline;
+pub mod spec;
 pub mod student;
 pub mod task;
 
 pub use loss::soft_loss;
-pub use pipeline::{run, DistillReport};
+pub use pipeline::CacheSummary;
 pub use student::DistillModel;
 pub use task::{DistillTask, TeacherSource};

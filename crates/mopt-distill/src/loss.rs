@@ -1,8 +1,8 @@
 //! Distillation losses on logits.
 
+use crate::spec::SoftLoss;
 use burn::prelude::*;
 use burn::tensor::activation::{log_softmax, softmax};
-use mopt_recipe::SoftLoss;
 
 /// The soft (teacher) term.
 ///

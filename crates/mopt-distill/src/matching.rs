@@ -1,13 +1,13 @@
-//! Intermediate matches: resolving `[[distill.match]]` against the two model shapes, and their losses.
+//! Intermediate matches: resolving `[[stage.match]]` against the two model shapes, and their losses.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use burn::nn::Linear;
 use burn::prelude::*;
 use mopt_models::bert::{BertConfig, BertOutputs};
-use mopt_recipe::{
-    Feature, HeadPolicy, LayerMap, MatchLoss, MatchSpec, Recipe, RecipeError, Tokens,
-};
+use mopt_recipe::{RecipeError, Scope};
+
+use crate::spec::{Feature, HeadPolicy, LayerMap, MatchLoss, MatchSpec, Tokens};
 
 /// One student ↔ teacher pair of a match. Hidden indices count the embedding output as 0;
 /// attention indices are 1-based layers.
@@ -65,14 +65,15 @@ fn leak(s: String) -> &'static str {
     Box::leak(s.into_boxed_str())
 }
 
-/// Resolve the recipe's matches for these shapes. Errors are recipe errors that name the key.
+/// Resolve the matches for these shapes. Errors are recipe errors that name the key in `cx`
+/// (the distill stage's block).
 pub fn resolve(
-    recipe: &Recipe,
+    cx: &Scope,
     specs: &[MatchSpec],
     student: &BertConfig,
     teacher: &BertConfig,
 ) -> Result<MatchPlan, RecipeError> {
-    let err = |key: &str, message: String, hint: &str| recipe.invalid(key, message, hint);
+    let err = |key: &str, message: String, hint: &str| cx.err(key, message, hint);
     let (ls, lt) = (student.num_hidden_layers, teacher.num_hidden_layers);
     let mut plan = MatchPlan {
         matches: Vec::new(),
@@ -96,7 +97,7 @@ pub fn resolve(
         for &(s, t) in &pairs {
             if s < lo || s > ls || t < lo || t > lt {
                 return Err(err(
-                    "distill.match.layers",
+                    "match.layers",
                     format!(
                         "match {i}: pair [{s}, {t}] is out of range: the student has {} {}, the teacher {}",
                         ls,
@@ -126,7 +127,7 @@ pub fn resolve(
                         HeadPolicy::Mean => pair.mean_heads = true,
                         HeadPolicy::Error => {
                             return Err(err(
-                                "distill.match.heads",
+                                "match.heads",
                                 format!("match {i}: student layer {s} has {hs} heads, teacher layer {t} has {ht}"),
                                 "set `heads = \"mean\"` to compare head-averaged attention, or match layers with equal head counts",
                             ))
@@ -144,7 +145,7 @@ pub fn resolve(
                     plan.projections.push((ws, wt));
                 } else if ws != wt {
                     return Err(err(
-                        "distill.match.projection",
+                        "match.projection",
                         format!("match {i}: student width {ws} differs from teacher width {wt}"),
                         "set `projection = true` to learn a linear map from the student's width to the teacher's",
                     ));

@@ -4,11 +4,11 @@
 //! following their schedules over training. With `enabled = false` only the CE term remains (the
 //! hard-label twin).
 
+use crate::spec::{DistillSpec, Feature};
 use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::prelude::*;
 use mopt_data::{Batcher, Encoded, TextBatch};
 use mopt_models::bert::{BertForSequenceClassification, ForwardOptions};
-use mopt_recipe::{DistillSpec, Feature};
 use mopt_train::trainer::Task;
 
 use crate::cache::{live_batch, TeacherCache};

@@ -55,7 +55,7 @@ fn export_one(
         )));
     }
     let labels = LabelMap::load(&ckpt.join("labels.json")).map_err(mopt_train::TrainError::from)?;
-    let prepared = prepare_data(recipe, Some(labels))?;
+    let prepared = prepare_data(&recipe.tokenizer, &recipe.data, Some(labels))?;
     let test = &prepared.data.test;
     let device = Device::flex();
     let (model, config) = weights::load_checkpoint(ckpt, &device)?;
@@ -81,6 +81,24 @@ fn export_one(
         force: opts.force,
     };
     export_checkpoint(ckpt, out, &samples, &eo)
+}
+
+/// ONNX Runtime latency (p50/p90/p99 at batch 1 and 32) of the model at `onnx`.
+pub fn ort_latency(
+    onnx: &Path,
+    seq_len: usize,
+    warmup: usize,
+    runs: usize,
+) -> Result<serde_json::Value, ExportError> {
+    let v = python::tool(&[
+        "bench",
+        &onnx.display().to_string(),
+        &seq_len.to_string(),
+        &warmup.to_string(),
+        &runs.to_string(),
+        "30522",
+    ])?;
+    Ok(v["latency"].clone())
 }
 
 /// Export the recipe's best checkpoint (default `<run>/best` → `<run>/export`), plus the teacher of
@@ -131,17 +149,15 @@ pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSumma
         }
         for (name, path) in models {
             eprintln!("benchmarking {name} in ONNX Runtime");
-            let v = python::tool(&[
-                "bench",
-                &path.display().to_string(),
-                &recipe.report.latency_seq_len.to_string(),
-                &recipe.report.latency_warmup.to_string(),
-                &opts.latency_runs.to_string(),
-                "30522",
-            ])?;
+            let e = &recipe.evaluation;
             latency.push(OrtLatency {
                 model: name,
-                latency: v["latency"].clone(),
+                latency: ort_latency(
+                    &path,
+                    e.latency_seq_len,
+                    e.latency_warmup,
+                    opts.latency_runs,
+                )?,
             });
         }
     }

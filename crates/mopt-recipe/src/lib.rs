@@ -5,15 +5,28 @@
 //! where an enum belongs. Relative paths resolve against the recipe's folder. Every error names the
 //! file, the key (and its line), what is wrong and how to fix it.
 //!
-//! Sections: `[run]`, `[model]`, `[tokenizer]`, `[data]`, `[train]`, `[lr-find]`. Later stages
-//! (distillation, pruning, quantization, export) add their own optional sections.
+//! Shared sections, once: `[run]`, `[teacher]` or `[model]` (the baseline), `[tokenizer]`,
+//! `[data]`, `[train]` (defaults for every stage), `[evaluation]`, `[lr-find]`. Then any number of
+//! ordered `[[stage]]` blocks, each with a `kind`, its own `[stage.train]` overrides and
+//! `[stage.gate]`. The common parts of a stage are validated here ([`StageEntry`]); each stage
+//! kind validates its own keys through the [`Scope`] it is handed (`mopt_stages`).
 
+mod data;
 mod error;
-mod raw;
+mod model;
+pub mod raw;
+mod scope;
 mod spec;
+mod stage;
+mod train;
 
+pub use data::*;
 pub use error::{locate, Invalid, RecipeError};
+pub use model::*;
+pub use scope::{normalize, Scope};
 pub use spec::*;
+pub use stage::*;
+pub use train::*;
 
 use std::path::Path;
 

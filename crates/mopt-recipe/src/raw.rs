@@ -1,4 +1,5 @@
-//! Raw serde mirror of the recipe file. Only [`crate::spec`] reads these.
+//! Raw serde mirror of the recipe's shared sections. Only the validators read these; stage kinds
+//! deserialize their own settings.
 
 use serde::Deserialize;
 
@@ -6,16 +7,23 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RawRecipe {
     pub run: RawRun,
-    pub model: RawModel,
+    pub model: Option<RawModel>,
     pub tokenizer: RawTokenizer,
     pub data: RawData,
-    pub train: RawTrain,
+    /// Kept as a table: each stage's `[stage.train]` overrides are merged over it.
+    #[serde(default)]
+    pub train: toml::Table,
     #[serde(default)]
     pub lr_find: RawLrFind,
     pub teacher: Option<RawTeacher>,
-    pub distill: Option<RawDistill>,
     #[serde(default)]
-    pub report: RawReport,
+    pub evaluation: RawEvaluation,
+    /// `[[stage]]` blocks; each kind validates its own keys.
+    #[serde(default)]
+    pub stage: Vec<toml::Table>,
+    /// The pre-stages form (`[distill]`, `[report]`): refused with a migration hint.
+    pub distill: Option<toml::Value>,
+    pub report: Option<toml::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -23,55 +31,6 @@ pub struct RawRecipe {
 pub struct RawTeacher {
     pub checkpoint: String,
     pub recipe: Option<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum RawSchedule {
-    Constant(f64),
-    Linear { from: f64, to: f64 },
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct RawDistill {
-    pub enabled: Option<bool>,
-    pub alpha: Option<RawSchedule>,
-    pub temperature: Option<RawSchedule>,
-    pub soft_loss: Option<String>,
-    pub teacher_cache: Option<bool>,
-    pub baseline: Option<bool>,
-    #[serde(default, rename = "match")]
-    pub matches: Vec<RawMatch>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum RawLayers {
-    Named(String),
-    Pairs(Vec<[usize; 2]>),
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct RawMatch {
-    pub feature: String,
-    pub loss: Option<String>,
-    pub layers: Option<RawLayers>,
-    pub weight: Option<f64>,
-    pub projection: Option<bool>,
-    pub heads: Option<String>,
-    pub tokens: Option<String>,
-    pub until_epoch: Option<usize>,
-    pub rows: Option<usize>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct RawReport {
-    pub latency_warmup: Option<usize>,
-    pub latency_runs: Option<usize>,
-    pub latency_seq_len: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -83,7 +42,7 @@ pub struct RawRun {
     pub device: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RawModel {
     pub arch: Option<String>,
@@ -96,7 +55,7 @@ pub struct RawModel {
     pub overrides: RawOverrides,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RawOverrides {
     pub num_hidden_layers: Option<usize>,
@@ -159,4 +118,25 @@ pub struct RawLrFind {
     pub start_lr: Option<f64>,
     pub end_lr: Option<f64>,
     pub steps: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawEvaluation {
+    pub golden_samples: Option<usize>,
+    pub latency_warmup: Option<usize>,
+    pub latency_runs: Option<usize>,
+    pub latency_seq_len: Option<usize>,
+    pub analysis: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawGate {
+    pub metric: Option<String>,
+    pub against: Option<String>,
+    pub max_drop: Option<f64>,
+    pub max_relative_drop: Option<f64>,
+    pub max_logit_error: Option<f64>,
+    pub on_fail: Option<String>,
 }

@@ -12,7 +12,6 @@ pub mod logging;
 pub mod lr_find;
 pub mod memory;
 pub mod metrics;
-pub mod plan;
 pub mod rundir;
 pub mod schedule;
 pub mod setup;

@@ -66,10 +66,23 @@ pub fn lr_find(
     let spec = &recipe.lr_find;
     let t = &recipe.train;
     let ad = device_spec.train_device(&recipe.train);
-    let prepared = prepare_data(recipe, None)?;
+    let Some(m) = &recipe.model else {
+        return Err(TrainError::Recipe(recipe.invalid(
+            "model",
+            "lr-find sweeps the recipe's [model]; this recipe starts from a [teacher]",
+            "run lr-find on the teacher's recipe, or give the recipe a [model]",
+        )));
+    };
+    let prepared = prepare_data(&recipe.tokenizer, &recipe.data, None)?;
     let data = &prepared.data;
-    let config = model_config(recipe, &data.labels, prepared.tokenizer.vocab_size())?;
-    let (mut model, _) = build_model(recipe, &config, &ad)?;
+    let config = model_config(
+        m,
+        &recipe.tokenizer,
+        &recipe.scope.nested("model"),
+        &data.labels,
+        prepared.tokenizer.vocab_size(),
+    )?;
+    let (mut model, _) = build_model(m, recipe.run.seed, &config, &ad)?;
     let batcher = Batcher::new(prepared.tokenizer.pad_id);
     let mut optim = crate::trainer::adamw(t);
     let ce = CrossEntropyLossConfig::new().init(&ad);

@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 /// Accuracy, macro-F1 and mean loss over a data split.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq)]
 pub struct EvalMetrics {
     pub loss: f64,
     pub accuracy: f64,

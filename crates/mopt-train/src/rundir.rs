@@ -2,13 +2,15 @@
 
 use std::path::{Path, PathBuf};
 
-use mopt_recipe::Recipe;
-
 use crate::error::TrainError;
 
 /// Create `dir` for a new run. An existing folder is an input error unless `force`, in which case
 /// it is replaced. The recipe's text is copied to `dir/recipe.toml`.
-pub fn create_run_dir(recipe: &Recipe, dir: &Path, force: bool) -> Result<PathBuf, TrainError> {
+pub fn create_run_dir(
+    recipe: &mopt_recipe::Recipe,
+    dir: &Path,
+    force: bool,
+) -> Result<PathBuf, TrainError> {
     if dir.exists() {
         if !force {
             return Err(TrainError::Input(format!(

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use burn::prelude::*;
 use mopt_data::{encode_splits, load_splits, EncodedSplits, LabelMap, TextTokenizer};
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
-use mopt_recipe::{DataSource, Recipe};
+use mopt_recipe::{DataSpec, ModelSpec, Scope, TokenizerSpec};
 
 use crate::error::TrainError;
 
@@ -15,39 +15,41 @@ pub struct PreparedData {
     pub data: EncodedSplits,
 }
 
-/// The main data file of a recipe (its folder holds the token cache).
-pub fn data_anchor(recipe: &Recipe) -> PathBuf {
-    match &recipe.data.source {
-        DataSource::Single { path, .. } => path.clone(),
-        DataSource::Files { train, .. } => train.clone(),
-    }
-}
-
 /// Load, split and tokenize the recipe's data (token ids cached in `.mopt-cache/` beside it).
 /// The label map is `labels` (e.g. a teacher's), else the recipe's, else the training split's.
-pub fn prepare_data(recipe: &Recipe, labels: Option<LabelMap>) -> Result<PreparedData, TrainError> {
-    let tok = &recipe.tokenizer;
+pub fn prepare_data(
+    tok: &TokenizerSpec,
+    data: &DataSpec,
+    labels: Option<LabelMap>,
+) -> Result<PreparedData, TrainError> {
     let tokenizer = TextTokenizer::from_file(&tok.path, tok.max_len, tok.lowercase)?;
-    let splits = load_splits(&recipe.data)?;
-    let anchor = data_anchor(recipe);
-    let cache_dir = cache_dir(recipe);
-    let labels = labels.or_else(|| recipe.data.labels.clone().map(LabelMap::new));
-    let data = encode_splits(&tokenizer, &splits, labels, cache_dir.as_deref(), &anchor)?;
+    let splits = load_splits(data)?;
+    let cache_dir = cache_dir(data);
+    let labels = labels.or_else(|| data.labels.clone().map(LabelMap::new));
+    let data = encode_splits(
+        &tokenizer,
+        &splits,
+        labels,
+        cache_dir.as_deref(),
+        data.anchor(),
+    )?;
     Ok(PreparedData { tokenizer, data })
 }
 
 /// Folder for caches derived from the recipe's data (token ids, teacher outputs).
-pub fn cache_dir(recipe: &Recipe) -> Option<PathBuf> {
-    data_anchor(recipe).parent().map(|p| p.join(".mopt-cache"))
+pub fn cache_dir(data: &DataSpec) -> Option<PathBuf> {
+    data.anchor().parent().map(|p| p.join(".mopt-cache"))
 }
 
-/// The model config: the recipe's `config.json`, its overrides, its dropout, the label count.
+/// The model config: the model table's `config.json`, its overrides, its dropout, the label
+/// count. Errors name keys of the model table `cx` (`model.` or `stage[2].student.`).
 pub fn model_config(
-    recipe: &Recipe,
+    m: &ModelSpec,
+    tok: &TokenizerSpec,
+    cx: &Scope,
     labels: &LabelMap,
     vocab_size: usize,
 ) -> Result<BertConfig, TrainError> {
-    let m = &recipe.model;
     let mut c = BertConfig::from_file(&m.config)?;
     let o = &m.overrides;
     if let Some(v) = o.num_hidden_layers {
@@ -75,34 +77,33 @@ pub fn model_config(
     }
     c.num_labels = labels.len();
     c.mopt_labels = Some(labels.labels.clone());
-    let bad = |key: &str, message: String, hint: &str| {
-        TrainError::Recipe(recipe.invalid(key, message, hint))
-    };
+    let bad =
+        |key: &str, message: String, hint: &str| TrainError::Recipe(cx.err(key, message, hint));
     c.check().map_err(|msg| {
         bad(
-            "model.overrides",
+            "overrides",
             msg,
             "make the overrides consistent with each other and with config.json",
         )
     })?;
     if vocab_size > c.vocab_size {
         return Err(bad(
-            "tokenizer.path",
+            "config",
             format!(
                 "the tokenizer has {vocab_size} tokens but the model's vocab_size is {}",
                 c.vocab_size
             ),
-            "use the tokenizer that belongs to the model's checkpoint",
+            "use the tokenizer that belongs to the model's checkpoint ([tokenizer] path), or a config with its vocabulary",
         ));
     }
-    if recipe.tokenizer.max_len > c.max_position_embeddings {
+    if tok.max_len > c.max_position_embeddings {
         return Err(bad(
-            "tokenizer.max-len",
+            "config",
             format!(
-                "{} exceeds the model's {} positions",
-                recipe.tokenizer.max_len, c.max_position_embeddings
+                "[tokenizer] max-len {} exceeds the model's {} positions",
+                tok.max_len, c.max_position_embeddings
             ),
-            "lower max-len",
+            "lower [tokenizer] max-len",
         ));
     }
     Ok(c)
@@ -110,13 +111,14 @@ pub fn model_config(
 
 /// Build the model on `device` and load the recipe's weights, if any.
 pub fn build_model(
-    recipe: &Recipe,
+    m: &ModelSpec,
+    seed: u64,
     config: &BertConfig,
     device: &Device,
 ) -> Result<(BertForSequenceClassification, Option<weights::LoadReport>), TrainError> {
-    device.seed(recipe.run.seed);
+    device.seed(seed);
     let mut model = BertForSequenceClassification::new(config, device);
-    let report = match &recipe.model.weights {
+    let report = match &m.weights {
         None => None,
         Some(w) if is_burnpack(w) => {
             weights::load_burnpack(&mut model, w)?;
@@ -125,7 +127,7 @@ pub fn build_model(
         Some(w) => Some(weights::load_hf_safetensors(
             &mut model,
             w,
-            recipe.model.allow_fresh_head,
+            m.allow_fresh_head,
         )?),
     };
     Ok((model, report))

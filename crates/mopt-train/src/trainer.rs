@@ -10,7 +10,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use mopt_data::{epoch_order, Batcher, Encoded, EncodedSplits, TextBatch};
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
-use mopt_recipe::{BestMetric, Recipe};
+use mopt_recipe::{BestMetric, TrainSpec};
 use serde::Serialize;
 use serde_json::json;
 
@@ -21,7 +21,6 @@ use crate::logging::{Progress, RunLogger};
 use crate::memory::peak_rss_bytes;
 use crate::metrics::{accuracy, macro_f1, EvalMetrics};
 use crate::schedule::warmup_cosine;
-use crate::setup::{build_model, model_config, prepare_data};
 
 /// Options that do not belong in a recipe.
 #[derive(Debug, Clone, Default)]
@@ -45,7 +44,6 @@ pub struct EpochRecord {
 #[derive(Debug, Clone, Serialize)]
 pub struct TrainReport {
     pub run: String,
-    pub recipe: String,
     pub device: String,
     pub mopt_version: &'static str,
     pub burn_version: &'static str,
@@ -229,8 +227,13 @@ impl Task for FinetuneTask {
 }
 
 /// Everything a training run reads besides the task and the model.
+#[derive(Clone, Copy)]
 pub struct RunContext<'a> {
-    pub recipe: &'a Recipe,
+    /// Names the run in its report.
+    pub name: &'a str,
+    pub train: &'a TrainSpec,
+    /// Data order and dropout follow it.
+    pub seed: u64,
     pub device_spec: &'a DeviceSpec,
     pub run_dir: &'a Path,
     pub opts: &'a TrainOptions,
@@ -240,50 +243,11 @@ pub struct RunContext<'a> {
     pub config: &'a BertConfig,
 }
 
-/// Fine-tune the recipe's model; writes checkpoints, logs and `report.json` into `run_dir`.
-pub fn train(
-    recipe: &Recipe,
-    device_spec: &DeviceSpec,
-    run_dir: &Path,
-    opts: &TrainOptions,
-) -> Result<TrainReport, TrainError> {
-    let ad_device = device_spec.train_device(&recipe.train);
-    eprintln!("preparing data ({})", recipe.data.source_label());
-    let prepared = prepare_data(recipe, None)?;
-    let config = model_config(
-        recipe,
-        &prepared.data.labels,
-        prepared.tokenizer.vocab_size(),
-    )?;
-    let (model, load) = build_model(recipe, &config, &ad_device)?;
-    if let Some(l) = &load {
-        eprintln!(
-            "weights: {} tensors loaded, {} fresh ({}), {} skipped",
-            l.applied,
-            l.fresh.len(),
-            l.fresh.join(", "),
-            l.skipped.len()
-        );
-    }
-    let ctx = RunContext {
-        recipe,
-        device_spec,
-        run_dir,
-        opts,
-        data: &prepared.data,
-        tokenizer_file: &prepared.tokenizer.path,
-        pad_id: prepared.tokenizer.pad_id,
-        config: &config,
-    };
-    fit(&ctx, FinetuneTask::new(&ad_device), model)
-}
-
 /// Check that every split has examples and print their sizes.
-pub fn describe_data(recipe: &Recipe, data: &EncodedSplits) -> Result<(), TrainError> {
+pub fn describe_data(source: &str, data: &EncodedSplits) -> Result<(), TrainError> {
     if data.train.is_empty() || data.valid.is_empty() || data.test.is_empty() {
         return Err(TrainError::Input(format!(
-            "{}: a split is empty (train {}, valid {}, test {}); use more data or other fractions",
-            recipe.path.display(),
+            "{source}: a split is empty (train {}, valid {}, test {}); use more data or other [data] fractions",
             data.train.len(),
             data.valid.len(),
             data.test.len()
@@ -347,14 +311,12 @@ pub fn fit<T: Task>(
     mut model: T::Model,
 ) -> Result<TrainReport, TrainError> {
     let wall = Instant::now();
-    let recipe = ctx.recipe;
     let data = ctx.data;
-    let t = &recipe.train;
+    let t = ctx.train;
     let device = ctx.device_spec.device();
     let ad_device = ctx.device_spec.train_device(t);
-    describe_data(recipe, data)?;
     // Dropout masks (and anything else random in training) follow the run's seed.
-    ad_device.seed(recipe.run.seed);
+    ad_device.seed(ctx.seed);
     let batcher = Batcher::new(ctx.pad_id);
 
     let mut optim = adamw(t);
@@ -378,7 +340,7 @@ pub fn fit<T: Task>(
     for epoch in 0..t.epochs {
         task.begin_epoch(epoch + 1);
         let epoch_start = Instant::now();
-        let order = epoch_order(data.train.len(), recipe.run.seed, epoch);
+        let order = epoch_order(data.train.len(), ctx.seed, epoch);
         let mut accum = GradientsAccumulator::new();
         let mut pending = 0usize;
         let (mut loss_sum, mut loss_n) = (0.0f64, 0usize);
@@ -552,8 +514,7 @@ pub fn fit<T: Task>(
     logger.flush();
 
     let report = TrainReport {
-        run: recipe.run.name.clone(),
-        recipe: recipe.path.display().to_string(),
+        run: ctx.name.to_string(),
         device: ctx.device_spec.name().to_string(),
         mopt_version: env!("CARGO_PKG_VERSION"),
         burn_version: "0.22.1",

@@ -178,24 +178,94 @@ impl BertConfig {
 
     /// Number of parameters the model built from this config holds.
     pub fn num_params(&self) -> usize {
-        let h = self.hidden_size;
-        let hd = self.head_size();
-        let emb =
-            (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * h + 2 * h;
         let layers: usize = (0..self.num_hidden_layers)
             .map(|i| {
-                let a = self.heads(i) * hd;
-                let f = self.ffn(i);
-                3 * (h * a + a) + (a * h + h) + 2 * h + (h * f + f) + (f * h + h) + 2 * h
+                let (attn, ffn) = self.layer_params(i);
+                attn + ffn
             })
             .sum();
-        emb + layers + (h * h + h) + (h * self.num_labels + self.num_labels)
+        self.embedding_params() + layers + self.head_params()
+    }
+
+    /// Parameters of the embeddings: word, position and token-type tables and their LayerNorm.
+    pub fn embedding_params(&self) -> usize {
+        let h = self.hidden_size;
+        (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * h + 2 * h
+    }
+
+    /// Parameters of layer `i`: (attention block with its output projection and LayerNorm, FFN
+    /// block with its LayerNorm).
+    pub fn layer_params(&self, i: usize) -> (usize, usize) {
+        let h = self.hidden_size;
+        let a = self.heads(i) * self.head_size();
+        let f = self.ffn(i);
+        (
+            3 * (h * a + a) + (a * h + h) + 2 * h,
+            (h * f + f) + (f * h + h) + 2 * h,
+        )
+    }
+
+    /// Parameters of the pooler and the classifier.
+    pub fn head_params(&self) -> usize {
+        let h = self.hidden_size;
+        (h * h + h) + (h * self.num_labels + self.num_labels)
+    }
+
+    /// Forward FLOPs (2 per multiply-add) of layer `i` for one example of `seq` tokens:
+    /// (attention: Q/K/V and output projections plus scores and context; FFN: both projections).
+    pub fn layer_flops(&self, i: usize, seq: usize) -> (u64, u64) {
+        let (s, h) = (seq as u64, self.hidden_size as u64);
+        let a = (self.heads(i) * self.head_size()) as u64;
+        let f = self.ffn(i) as u64;
+        (2 * s * (4 * h * a) + 4 * s * s * a, 2 * s * (2 * h * f))
+    }
+
+    /// Forward FLOPs of the pooler and classifier for one example (the embeddings are lookups).
+    pub fn head_flops(&self) -> u64 {
+        let h = self.hidden_size as u64;
+        2 * (h * h + h * self.num_labels as u64)
+    }
+
+    /// Forward FLOPs of the whole model for one example of `seq` tokens.
+    pub fn forward_flops(&self, seq: usize) -> u64 {
+        (0..self.num_hidden_layers)
+            .map(|i| {
+                let (a, f) = self.layer_flops(i, seq);
+                a + f
+            })
+            .sum::<u64>()
+            + self.head_flops()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flops_count_every_matmul() {
+        // hidden 32, 4 heads x 8, FFN 64, 2 labels, 10 tokens: Q/K/V/O 4·32·32 MACs a token,
+        // scores and context 2·10·32 a token, FFN 2·32·64 a token, pooler 32·32 + head 32·2.
+        let c = BertConfig {
+            num_labels: 2,
+            ..BertConfig::tiny(100, 2)
+        };
+        let (attn, ffn) = c.layer_flops(0, 10);
+        assert_eq!(attn, 2 * 10 * (4 * 32 * 32 + 2 * 10 * 32));
+        assert_eq!(ffn, 2 * 10 * 2 * 32 * 64);
+        assert_eq!(
+            c.forward_flops(10),
+            2 * (attn + ffn) + 2 * (32 * 32 + 32 * 2)
+        );
+        let mut pruned = c.clone();
+        pruned.mopt_layer_heads = Some(vec![2, 4]);
+        assert!(pruned.forward_flops(10) < c.forward_flops(10));
+        let (a, f) = c.layer_params(0);
+        assert_eq!(
+            c.num_params(),
+            c.embedding_params() + 2 * (a + f) + c.head_params()
+        );
+    }
 
     #[test]
     fn per_layer_shapes_default_and_override() {

@@ -265,8 +265,25 @@ impl BertLayer {
     pub fn forward(&self, x: Tensor<3>, mask_bias: Tensor<4>) -> (Tensor<3>, Tensor<4>, Tensor<4>) {
         let (ctx, scores, probs) = self.attention.self_attn.forward(x.clone(), mask_bias);
         let attn_out = self.attention.output.forward(ctx, x);
-        let inter = gelu(linear(&self.intermediate.dense, attn_out.clone()));
-        (self.output.forward(inter, attn_out), scores, probs)
+        (self.ffn(attn_out), scores, probs)
+    }
+
+    /// The attention block alone: self-attention, output projection, residual and LayerNorm.
+    ///
+    /// # Shapes
+    /// - x: `[batch, seq, hidden]`, mask_bias `[batch, 1, 1, seq]`; output `[batch, seq, hidden]`
+    pub fn attention_block(&self, x: Tensor<3>, mask_bias: Tensor<4>) -> Tensor<3> {
+        let (ctx, _, _) = self.attention.self_attn.forward(x.clone(), mask_bias);
+        self.attention.output.forward(ctx, x)
+    }
+
+    /// The FFN block alone: up-projection, GELU, down-projection, residual and LayerNorm.
+    ///
+    /// # Shapes
+    /// - x, output: `[batch, seq, hidden]`
+    pub fn ffn(&self, x: Tensor<3>) -> Tensor<3> {
+        let inter = gelu(linear(&self.intermediate.dense, x.clone()));
+        self.output.forward(inter, x)
     }
 }
 
@@ -337,6 +354,18 @@ impl BertForSequenceClassification {
         .logits
     }
 
+    /// Pooler and classifier on the encoder output: (pooled `[batch, hidden]`, logits
+    /// `[batch, num_labels]`).
+    pub fn head(&self, x: Tensor<3>) -> (Tensor<2>, Tensor<2>) {
+        let [batch, _, hidden] = x.dims();
+        let cls = x.slice([0..batch, 0..1]).reshape([batch, hidden]);
+        let pooled = tanh(self.bert.pooler.dense.forward(cls));
+        let logits = self
+            .classifier
+            .forward(dropout(&self.dropout, pooled.clone()));
+        (pooled, logits)
+    }
+
     /// Full forward pass, collecting what `opts` asks for.
     ///
     /// # Shapes
@@ -374,12 +403,7 @@ impl BertForSequenceClassification {
                 attentions.push(probs);
             }
         }
-        let hidden = x.dims()[2];
-        let cls = x.clone().slice([0..batch, 0..1]).reshape([batch, hidden]);
-        let pooled = tanh(self.bert.pooler.dense.forward(cls));
-        let logits = self
-            .classifier
-            .forward(dropout(&self.dropout, pooled.clone()));
+        let (pooled, logits) = self.head(x.clone());
         BertOutputs {
             logits,
             last_hidden_state: x,

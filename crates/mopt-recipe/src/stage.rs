@@ -1,0 +1,278 @@
+//! `[[stage]]` blocks: the parts every stage has (kind, name, training overrides, gate). The
+//! kind-specific keys stay a table here; the stage kind that owns them validates them.
+
+use crate::error::RecipeError;
+use crate::raw::{RawGate, RawTrain};
+use crate::scope::Scope;
+use crate::train::{merge_tables, train_spec, TrainSpec};
+
+/// Which validation metric a gate compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateMetric {
+    Accuracy,
+    MacroF1,
+}
+
+impl GateMetric {
+    pub fn name(self) -> &'static str {
+        match self {
+            GateMetric::Accuracy => "accuracy",
+            GateMetric::MacroF1 => "macro-f1",
+        }
+    }
+}
+
+/// What a gate compares against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateReference {
+    /// The golden baseline (the teacher, or the recipe's model).
+    Baseline,
+    /// The model this stage started from (the last passing one).
+    Previous,
+}
+
+impl GateReference {
+    pub fn name(self) -> &'static str {
+        match self {
+            GateReference::Baseline => "baseline",
+            GateReference::Previous => "previous",
+        }
+    }
+}
+
+/// What happens when a stage fails its gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFail {
+    /// Keep going; the next stage gets the last passing model.
+    Rollback,
+    /// Stop the run (exit 1) after writing the report.
+    Abort,
+    /// The kind's own gentler retry (pruning: fewer rounds; quantization: more float fallbacks).
+    Retry,
+}
+
+impl OnFail {
+    pub fn name(self) -> &'static str {
+        match self {
+            OnFail::Rollback => "rollback",
+            OnFail::Abort => "abort",
+            OnFail::Retry => "retry",
+        }
+    }
+}
+
+/// `[stage.gate]`: the tolerance a stage's output must meet on the validation split.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateSpec {
+    pub metric: GateMetric,
+    pub against: GateReference,
+    /// Largest allowed drop of the metric, absolute (0.02 = 2 points of accuracy).
+    pub max_drop: Option<f64>,
+    /// Largest allowed drop as a fraction of the reference's value.
+    pub max_relative_drop: Option<f64>,
+    /// Largest allowed max |logit − input model's logit| on the golden set.
+    pub max_logit_error: Option<f64>,
+    pub on_fail: OnFail,
+}
+
+impl GateSpec {
+    /// The gate as a recipe writes it: `{ max-drop = 0.03, against = "baseline", on-fail = "rollback" }`.
+    pub fn to_toml(&self) -> String {
+        let mut parts = vec![format!("metric = \"{}\"", self.metric.name())];
+        if let Some(v) = self.max_drop {
+            parts.push(format!("max-drop = {v}"));
+        }
+        if let Some(v) = self.max_relative_drop {
+            parts.push(format!("max-relative-drop = {v}"));
+        }
+        if let Some(v) = self.max_logit_error {
+            parts.push(format!("max-logit-error = {v:?}"));
+        }
+        parts.push(format!("against = \"{}\"", self.against.name()));
+        parts.push(format!("on-fail = \"{}\"", self.on_fail.name()));
+        format!("{{ {} }}", parts.join(", "))
+    }
+}
+
+/// One `[[stage]]`, validated in its common parts.
+#[derive(Debug, Clone)]
+pub struct StageEntry {
+    /// 1-based position in the recipe.
+    pub index: usize,
+    pub kind: String,
+    /// Unique within the recipe; the stage's folder is `NN-name`.
+    pub name: String,
+    /// `[train]` with this stage's `[stage.train]` overrides.
+    pub train: TrainSpec,
+    /// Whether `[stage.train]` changed anything.
+    pub train_overridden: bool,
+    pub gate: Option<GateSpec>,
+    /// The kind's own keys, validated by the kind.
+    pub settings: toml::Table,
+    /// Where this block is, for the kind's errors.
+    pub scope: Scope,
+}
+
+impl StageEntry {
+    /// The stage's folder name inside the run folder.
+    pub fn dir_name(&self) -> String {
+        format!("{:02}-{}", self.index, self.name)
+    }
+}
+
+fn take_table(
+    cx: &Scope,
+    t: &mut toml::Table,
+    key: &str,
+) -> Result<Option<toml::Table>, RecipeError> {
+    match t.remove(key) {
+        None => Ok(None),
+        Some(toml::Value::Table(v)) => Ok(Some(v)),
+        Some(_) => Err(cx.err(
+            key,
+            format!("`{key}` must be a table"),
+            format!("write it as a `[stage.{key}]` section under the stage"),
+        )),
+    }
+}
+
+fn gate_spec(cx: &Scope, g: RawGate) -> Result<GateSpec, RecipeError> {
+    let metric = match g.metric.as_deref().unwrap_or("accuracy") {
+        "accuracy" => GateMetric::Accuracy,
+        "macro-f1" => GateMetric::MacroF1,
+        other => {
+            return Err(cx.err(
+                "metric",
+                format!("unknown gate metric `{other}`"),
+                "use `accuracy` or `macro-f1` (measured on the validation split)",
+            ))
+        }
+    };
+    let against = match g.against.as_deref().unwrap_or("baseline") {
+        "baseline" => GateReference::Baseline,
+        "previous" => GateReference::Previous,
+        other => return Err(cx.err(
+            "against",
+            format!("unknown gate reference `{other}`"),
+            "use `baseline` (the teacher or the recipe's model) or `previous` (this stage's input)",
+        )),
+    };
+    let on_fail = match g.on_fail.as_deref().unwrap_or("rollback") {
+        "rollback" => OnFail::Rollback,
+        "abort" => OnFail::Abort,
+        "retry" => OnFail::Retry,
+        other => {
+            return Err(cx.err(
+                "on-fail",
+                format!("unknown on-fail `{other}`"),
+                "use `rollback` (the next stage gets the last passing model), `abort`, or `retry` where the kind has one",
+            ))
+        }
+    };
+    for (k, v) in [
+        ("max-drop", g.max_drop),
+        ("max-relative-drop", g.max_relative_drop),
+        ("max-logit-error", g.max_logit_error),
+    ] {
+        if let Some(v) = v {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(cx.err(
+                    k,
+                    format!("{v} must be a finite number >= 0"),
+                    "e.g. max-drop = 0.02 (two points of accuracy)",
+                ));
+            }
+        }
+    }
+    if g.max_drop.is_none() && g.max_relative_drop.is_none() && g.max_logit_error.is_none() {
+        return Err(cx.err(
+            "max-drop",
+            "a gate needs a tolerance",
+            "set `max-drop` (absolute), `max-relative-drop` (fraction of the reference) or `max-logit-error`, or remove [stage.gate]",
+        ));
+    }
+    Ok(GateSpec {
+        metric,
+        against,
+        max_drop: g.max_drop,
+        max_relative_drop: g.max_relative_drop,
+        max_logit_error: g.max_logit_error,
+        on_fail,
+    })
+}
+
+/// Validate the common parts of every `[[stage]]`; `shared_train` is the recipe's `[train]`.
+pub fn stage_entries(
+    root: &Scope,
+    raw: Vec<toml::Table>,
+    shared_train: &toml::Table,
+) -> Result<Vec<StageEntry>, RecipeError> {
+    let mut out: Vec<StageEntry> = Vec::new();
+    for (i, mut t) in raw.into_iter().enumerate() {
+        let index = i + 1;
+        let cx = root.stage(index);
+        let kind = match t.remove("kind") {
+            Some(toml::Value::String(k)) => k,
+            Some(_) => return Err(cx.err("kind", "must be a string", "e.g. kind = \"distill\"")),
+            None => {
+                return Err(cx.err(
+                    "kind",
+                    "every [[stage]] needs a kind",
+                    "add e.g. kind = \"finetune\" (kinds: finetune, distill, export)",
+                ))
+            }
+        };
+        let name = match t.remove("name") {
+            Some(toml::Value::String(n)) => n,
+            Some(_) => {
+                return Err(cx.err("name", "must be a string", "e.g. name = \"distill-3l\""))
+            }
+            None => kind.clone(),
+        };
+        let name = if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(cx.err(
+                "name",
+                format!("`{name}` is not a usable stage name"),
+                "use letters, digits, `-` and `_` (it names the stage's folder)",
+            ));
+        } else if out.iter().any(|s| s.name == name) {
+            format!("{name}-{index}")
+        } else {
+            name
+        };
+        let overrides = take_table(&cx, &mut t, "train")?;
+        let train_cx = cx.nested("train");
+        let train = match &overrides {
+            Some(o) => {
+                let raw: RawTrain = train_cx.deserialize(merge_tables(shared_train, o))?;
+                train_spec(&train_cx, raw)?
+            }
+            None => {
+                let raw: RawTrain = train_cx.deserialize(shared_train.clone())?;
+                train_spec(&root.nested("train"), raw)?
+            }
+        };
+        let gate = match take_table(&cx, &mut t, "gate")? {
+            Some(g) => {
+                let gcx = cx.nested("gate");
+                Some(gate_spec(&gcx, gcx.deserialize(g)?)?)
+            }
+            None => None,
+        };
+        out.push(StageEntry {
+            index,
+            kind,
+            name,
+            train,
+            train_overridden: overrides.is_some_and(|o| !o.is_empty()),
+            gate,
+            settings: t,
+            scope: cx,
+        });
+    }
+    Ok(out)
+}

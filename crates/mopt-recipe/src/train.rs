@@ -1,0 +1,150 @@
+//! `[train]` and a stage's `[stage.train]` overrides.
+
+use crate::error::RecipeError;
+use crate::raw::RawTrain;
+use crate::scope::Scope;
+
+/// Metric that picks the best checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BestMetric {
+    Accuracy,
+    MacroF1,
+    Loss,
+}
+
+impl BestMetric {
+    pub fn name(self) -> &'static str {
+        match self {
+            BestMetric::Accuracy => "accuracy",
+            BestMetric::MacroF1 => "macro-f1",
+            BestMetric::Loss => "loss",
+        }
+    }
+    /// Whether a larger value is better.
+    pub fn higher_is_better(self) -> bool {
+        !matches!(self, BestMetric::Loss)
+    }
+}
+
+/// `[train]`: optimisation.
+#[derive(Debug, Clone)]
+pub struct TrainSpec {
+    pub epochs: usize,
+    pub batch_size: usize,
+    pub eval_batch_size: usize,
+    pub grad_accum_steps: usize,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub adam_beta1: f32,
+    pub adam_beta2: f32,
+    pub adam_epsilon: f32,
+    pub warmup_fraction: f64,
+    pub final_lr_ratio: f64,
+    /// Global-norm clipping; `None` disables it.
+    pub grad_clip_norm: Option<f32>,
+    pub best_metric: BestMetric,
+    /// Log a training line / TensorBoard point every this many optimizer steps.
+    pub log_every: usize,
+    /// Recompute cheap activations in the backward pass instead of keeping them (Burn's
+    /// balanced gradient checkpointing): less activation memory for more compute.
+    pub gradient_checkpointing: bool,
+}
+
+/// `[lr-find]`: the LR range test.
+#[derive(Debug, Clone)]
+pub struct LrFindSpec {
+    pub start_lr: f64,
+    pub end_lr: f64,
+    pub steps: usize,
+}
+
+/// Validate a train table; `cx` is the scope of the table (`train.` or `stage[2].train.`).
+pub fn train_spec(cx: &Scope, t: RawTrain) -> Result<TrainSpec, RecipeError> {
+    let lr = t.lr.unwrap_or(5e-5);
+    if !(lr > 0.0 && lr <= 1.0) {
+        return Err(cx.err(
+            "lr",
+            format!("{lr} is not in (0, 1]"),
+            "BERT fine-tuning uses 2e-5 to 1e-4",
+        ));
+    }
+    let weight_decay = t.weight_decay.unwrap_or(0.01);
+    if !(0.0..1.0).contains(&weight_decay) {
+        return Err(cx.err(
+            "weight-decay",
+            format!("{weight_decay} is outside [0, 1)"),
+            "0.01 is the usual AdamW value",
+        ));
+    }
+    let final_lr_ratio = t.final_lr_ratio.unwrap_or(0.1);
+    if !(0.0..=1.0).contains(&final_lr_ratio) {
+        return Err(cx.err(
+            "final-lr-ratio",
+            format!("{final_lr_ratio} is outside [0, 1]"),
+            "0.1 decays to a tenth of the peak",
+        ));
+    }
+    let grad_clip_norm = match t.grad_clip_norm {
+        Some(n) if n < 0.0 || !n.is_finite() => {
+            return Err(cx.err(
+                "grad-clip-norm",
+                format!("{n} must be positive (0 turns clipping off)"),
+                "1.0 is a good start",
+            ))
+        }
+        Some(0.0) => None,
+        Some(n) => Some(n),
+        None => Some(1.0),
+    };
+    let best_metric = match t.best_metric.as_deref().unwrap_or("accuracy") {
+        "accuracy" => BestMetric::Accuracy,
+        "macro-f1" => BestMetric::MacroF1,
+        "loss" => BestMetric::Loss,
+        other => {
+            return Err(cx.err(
+                "best-metric",
+                format!("unknown metric `{other}`"),
+                "use `accuracy`, `macro-f1` or `loss`",
+            ))
+        }
+    };
+    let beta1 = t.adam_beta1.unwrap_or(0.9);
+    let beta2 = t.adam_beta2.unwrap_or(0.999);
+    for (k, b) in [("adam-beta1", beta1), ("adam-beta2", beta2)] {
+        if !(0.0..1.0).contains(&b) {
+            return Err(cx.err(k, format!("{b} is outside [0, 1)"), "use 0.9 / 0.999"));
+        }
+    }
+    let batch_size = cx.positive("batch-size", t.batch_size, 32)?;
+    Ok(TrainSpec {
+        epochs: cx.positive("epochs", t.epochs, 3)?,
+        batch_size,
+        eval_batch_size: cx.positive("eval-batch-size", t.eval_batch_size, batch_size * 2)?,
+        grad_accum_steps: cx.positive("grad-accum-steps", t.grad_accum_steps, 1)?,
+        lr,
+        weight_decay,
+        adam_beta1: beta1,
+        adam_beta2: beta2,
+        adam_epsilon: t.adam_epsilon.unwrap_or(1e-8),
+        warmup_fraction: cx.fraction(
+            "warmup-fraction",
+            t.warmup_fraction,
+            0.1,
+            "0.05 to 0.1 of the steps",
+        )?,
+        final_lr_ratio,
+        grad_clip_norm,
+        best_metric,
+        log_every: cx.positive("log-every", t.log_every, 20)?,
+        gradient_checkpointing: t.gradient_checkpointing.unwrap_or(false),
+    })
+}
+
+/// `base` with the keys of `overrides` replaced (a stage's `[stage.train]` over `[train]`).
+pub fn merge_tables(base: &toml::Table, overrides: &toml::Table) -> toml::Table {
+    let mut t = base.clone();
+    for (k, v) in overrides {
+        t.insert(k.clone(), v.clone());
+    }
+    t
+}

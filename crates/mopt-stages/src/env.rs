@@ -1,0 +1,59 @@
+//! The environment a report was measured in: versions, CPU model and SIMD features, threads, OS.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Environment {
+    pub mopt_version: String,
+    pub burn_version: String,
+    pub cpu_model: String,
+    /// SIMD features the CPU reports (`avx2`, `fma`, `avx512f`, …).
+    pub simd: Vec<String>,
+    pub logical_cpus: usize,
+    /// Threads the CPU kernels use (rayon's pool).
+    pub threads: usize,
+    pub os: String,
+}
+
+impl Environment {
+    pub fn detect() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let field = |name: &str| {
+            cpuinfo
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default()
+        };
+        let simd = field("flags")
+            .split_whitespace()
+            .filter(|f| {
+                f.starts_with("avx") || f.starts_with("sse") || *f == "fma" || f.starts_with("amx")
+            })
+            .map(str::to_string)
+            .collect();
+        let os_release = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
+        let pretty = os_release
+            .lines()
+            .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+            .map(|v| v.trim_matches('"').to_string())
+            .unwrap_or_else(|| std::env::consts::OS.to_string());
+        Self {
+            mopt_version: env!("CARGO_PKG_VERSION").into(),
+            burn_version: "0.22.1".into(),
+            cpu_model: {
+                let m = field("model name");
+                if m.is_empty() {
+                    std::env::consts::ARCH.to_string()
+                } else {
+                    m
+                }
+            },
+            simd,
+            logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads: rayon::current_num_threads(),
+            os: format!("{pretty} ({})", std::env::consts::ARCH),
+        }
+    }
+}

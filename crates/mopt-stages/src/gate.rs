@@ -1,0 +1,206 @@
+//! Gate decisions: a stage's validation metric against the baseline or its input, and its logit
+//! error against its input, under the stage's `[stage.gate]` tolerances.
+
+use mopt_recipe::{GateMetric, GateReference, GateSpec, OnFail};
+use mopt_train::metrics::EvalMetrics;
+use serde::{Deserialize, Serialize};
+
+/// What the runner did with a stage's output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// The golden baseline the stages start from.
+    Baseline,
+    /// Passed (or had no gate): the next stage starts from this output.
+    Kept,
+    /// Failed with `on-fail = "rollback"`: the next stage starts from the last passing model.
+    RolledBack,
+    /// Failed with `on-fail = "abort"`: the run stopped here.
+    Aborted,
+}
+
+impl Action {
+    pub fn label(self) -> &'static str {
+        match self {
+            Action::Baseline => "baseline",
+            Action::Kept => "kept",
+            Action::RolledBack => "rolled back",
+            Action::Aborted => "aborted",
+        }
+    }
+}
+
+/// A gate's verdict on one stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub action: Action,
+    pub passed: bool,
+    /// Why, in numbers a reader can check.
+    pub reason: String,
+}
+
+fn metric(m: GateMetric, e: &EvalMetrics) -> f64 {
+    match m {
+        GateMetric::Accuracy => e.accuracy,
+        GateMetric::MacroF1 => e.macro_f1,
+    }
+}
+
+/// Decide on a stage from its validation metrics, the baseline's and its input's, and its max
+/// logit error against its input (on the golden set). Test metrics are never an input.
+pub fn decide(
+    gate: Option<&GateSpec>,
+    valid: &EvalMetrics,
+    baseline: &EvalMetrics,
+    input: &EvalMetrics,
+    logit_error_vs_input: f64,
+) -> Decision {
+    let Some(g) = gate else {
+        return Decision {
+            action: Action::Kept,
+            passed: true,
+            reason: "no gate".into(),
+        };
+    };
+    let reference = match g.against {
+        GateReference::Baseline => baseline,
+        GateReference::Previous => input,
+    };
+    let (name, now, then) = (
+        g.metric.name(),
+        metric(g.metric, valid),
+        metric(g.metric, reference),
+    );
+    let drop = then - now;
+    let mut failures = Vec::new();
+    let mut checks = Vec::new();
+    if let Some(max) = g.max_drop {
+        let line = format!(
+            "validation {name} {now:.4} vs {} {then:.4}: drop {:.2} points (max-drop {:.2})",
+            g.against.name(),
+            drop * 100.0,
+            max * 100.0
+        );
+        if drop > max + 1e-12 {
+            failures.push(line);
+        } else {
+            checks.push(line);
+        }
+    }
+    if let Some(max) = g.max_relative_drop {
+        let rel = if then > 0.0 { drop / then } else { 0.0 };
+        let line = format!(
+            "validation {name} {now:.4} vs {} {then:.4}: relative drop {:.2}% (max-relative-drop {:.2}%)",
+            g.against.name(),
+            rel * 100.0,
+            max * 100.0
+        );
+        if rel > max + 1e-12 {
+            failures.push(line);
+        } else {
+            checks.push(line);
+        }
+    }
+    if let Some(max) = g.max_logit_error {
+        let line = format!(
+            "max |logit - input's logit| on the golden set {logit_error_vs_input:.3e} (max-logit-error {max:.1e})"
+        );
+        if logit_error_vs_input > max || !logit_error_vs_input.is_finite() {
+            failures.push(line);
+        } else {
+            checks.push(line);
+        }
+    }
+    if failures.is_empty() {
+        return Decision {
+            action: Action::Kept,
+            passed: true,
+            reason: format!("gate passed: {}", checks.join("; ")),
+        };
+    }
+    let action = match g.on_fail {
+        OnFail::Abort => Action::Aborted,
+        // Kinds with a gentler retry run it before the runner sees a failure.
+        OnFail::Rollback | OnFail::Retry => Action::RolledBack,
+    };
+    Decision {
+        action,
+        passed: false,
+        reason: format!(
+            "gate failed: {}{}",
+            failures.join("; "),
+            if action == Action::RolledBack {
+                "; the next stage starts from the last passing model"
+            } else {
+                "; the run stops"
+            }
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(acc: f64) -> EvalMetrics {
+        EvalMetrics {
+            loss: 0.5,
+            accuracy: acc,
+            macro_f1: acc - 0.01,
+            examples: 100,
+        }
+    }
+
+    fn gate(
+        max_drop: Option<f64>,
+        rel: Option<f64>,
+        logit: Option<f64>,
+        against: GateReference,
+    ) -> GateSpec {
+        GateSpec {
+            metric: GateMetric::Accuracy,
+            against,
+            max_drop,
+            max_relative_drop: rel,
+            max_logit_error: logit,
+            on_fail: OnFail::Rollback,
+        }
+    }
+
+    #[test]
+    fn absolute_and_relative_drops_against_baseline_or_input() {
+        let g = gate(Some(0.02), None, None, GateReference::Baseline);
+        assert!(decide(Some(&g), &m(0.81), &m(0.83), &m(0.80), 0.0).passed);
+        let d = decide(Some(&g), &m(0.80), &m(0.83), &m(0.80), 0.0);
+        assert!(!d.passed && d.action == Action::RolledBack, "{d:?}");
+        assert!(
+            d.reason.contains("drop 3.00 points") && d.reason.contains("max-drop 2.00"),
+            "{}",
+            d.reason
+        );
+        // Against the input (previous stage) the same model passes: it lost nothing there.
+        let p = gate(Some(0.02), None, None, GateReference::Previous);
+        assert!(decide(Some(&p), &m(0.80), &m(0.83), &m(0.80), 0.0).passed);
+        // 5% relative of 0.80 is 0.04.
+        let r = gate(None, Some(0.05), None, GateReference::Baseline);
+        assert!(decide(Some(&r), &m(0.77), &m(0.80), &m(0.80), 0.0).passed);
+        assert!(!decide(Some(&r), &m(0.75), &m(0.80), &m(0.80), 0.0).passed);
+    }
+
+    #[test]
+    fn logit_error_gate_and_abort() {
+        let mut g = gate(None, None, Some(1e-4), GateReference::Baseline);
+        assert!(decide(Some(&g), &m(0.8), &m(0.8), &m(0.8), 5e-5).passed);
+        assert!(!decide(Some(&g), &m(0.8), &m(0.8), &m(0.8), 2e-4).passed);
+        assert!(!decide(Some(&g), &m(0.8), &m(0.8), &m(0.8), f64::NAN).passed);
+        g.on_fail = OnFail::Abort;
+        assert_eq!(
+            decide(Some(&g), &m(0.8), &m(0.8), &m(0.8), 1.0).action,
+            Action::Aborted
+        );
+        assert_eq!(
+            decide(None, &m(0.1), &m(0.9), &m(0.9), 9.0).action,
+            Action::Kept
+        );
+    }
+}

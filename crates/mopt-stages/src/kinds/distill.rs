@@ -1,0 +1,691 @@
+//! `kind = "distill"`: distil the input model (the teacher) into the student declared in
+//! `[stage.student]`, with KD on logits plus any `[[stage.match]]` intermediate matches; the
+//! hard-label twin (same init, same budget, no teacher) is trained too when `baseline = true`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use burn::prelude::*;
+use mopt_data::{LabelMap, TextBatch};
+use mopt_distill::matching::MatchPlan;
+use mopt_distill::pipeline::{
+    check_compat, init_student, teacher_source, with_word_table, TeacherOutputs,
+};
+use mopt_distill::spec::*;
+use mopt_distill::{DistillModel, DistillTask, TeacherSource};
+use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
+use mopt_recipe::raw::RawModel;
+use mopt_recipe::{model_spec, ModelSpec, RecipeError, Scope, StageEntry, TrainSpec};
+use mopt_train::memory::MemoryEstimate;
+use mopt_train::setup::model_config;
+use mopt_train::trainer::{fit, RunContext, Task};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::error::StageError;
+use crate::plan::train_settings;
+use crate::stage::{
+    PlanContext, ReferenceModel, Stage, StageContext, StageKind, StageOutput, StagePlan,
+};
+
+/// The kind.
+pub struct Distill;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum RawSchedule {
+    Constant(f64),
+    Linear { from: f64, to: f64 },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawDistillStage {
+    student: Option<RawModel>,
+    enabled: Option<bool>,
+    alpha: Option<RawSchedule>,
+    temperature: Option<RawSchedule>,
+    soft_loss: Option<String>,
+    teacher_cache: Option<bool>,
+    baseline: Option<bool>,
+    #[serde(default, rename = "match")]
+    matches: Vec<RawMatch>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawLayers {
+    Named(String),
+    Pairs(Vec<[usize; 2]>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawMatch {
+    feature: String,
+    loss: Option<String>,
+    layers: Option<RawLayers>,
+    weight: Option<f64>,
+    projection: Option<bool>,
+    heads: Option<String>,
+    tokens: Option<String>,
+    until_epoch: Option<usize>,
+    rows: Option<usize>,
+}
+
+/// Validate a distill stage's own keys.
+fn distill_spec(
+    cx: &Scope,
+    d: RawDistillStage,
+    train: &TrainSpec,
+) -> Result<(ModelSpec, DistillSpec), RecipeError> {
+    let Some(raw_student) = d.student else {
+        return Err(cx.err(
+            "student",
+            "a distill stage needs its student",
+            "add [stage.student] with `config` (and `init-from-teacher-layers`, `weights` or neither for random init) and optional [stage.student.overrides]",
+        ));
+    };
+    let scx = cx.nested("student");
+    let student = model_spec(&scx, raw_student)?;
+    if student.init_from_teacher_layers.is_some() && student.weights.is_some() {
+        return Err(scx.err(
+            "init-from-teacher-layers",
+            "conflicts with `weights`",
+            "keep one way to initialise the student",
+        ));
+    }
+    let sched = |raw: Option<RawSchedule>, default: f64| match raw {
+        None => Schedule::Constant(default),
+        Some(RawSchedule::Constant(v)) => Schedule::Constant(v),
+        Some(RawSchedule::Linear { from, to }) => Schedule::Linear { from, to },
+    };
+    let alpha = sched(d.alpha, 0.5);
+    let (a0, a1) = (alpha.at(0.0), alpha.at(1.0));
+    if !(0.0..=1.0).contains(&a0) || !(0.0..=1.0).contains(&a1) {
+        return Err(cx.err(
+            "alpha",
+            format!("alpha must lie in [0, 1] (got {a0} → {a1})"),
+            "alpha weighs the hard-label loss; 0.3 to 0.7 is typical",
+        ));
+    }
+    let temperature = sched(d.temperature, 4.0);
+    let (t0, t1) = (temperature.at(0.0), temperature.at(1.0));
+    if !(t0 > 0.0 && t1 > 0.0) {
+        return Err(cx.err(
+            "temperature",
+            format!("temperature must be > 0 (got {t0} → {t1})"),
+            "use 1 to 8; 4 is a good start for classification",
+        ));
+    }
+    let soft_loss = match d.soft_loss.as_deref().unwrap_or("kl") {
+        "kl" => SoftLoss::Kl,
+        "mse" => SoftLoss::Mse,
+        other => {
+            return Err(cx.err(
+                "soft-loss",
+                format!("unknown soft loss `{other}`"),
+                "use `kl` or `mse`",
+            ))
+        }
+    };
+    let mut matches = Vec::new();
+    for (index, m) in d.matches.into_iter().enumerate() {
+        let key = |k: &str| format!("match.{k}");
+        let feature = match m.feature.as_str() {
+            "hidden" => Feature::Hidden,
+            "attention" | "attention-probs" => Feature::AttentionProbs,
+            "attention-scores" => Feature::AttentionScores,
+            "embeddings" => Feature::Embeddings,
+            "word-embeddings" => Feature::WordEmbeddings,
+            other => return Err(cx.err(
+                &key("feature"),
+                format!("match {index}: unknown feature `{other}`"),
+                "use `hidden`, `attention`, `attention-scores`, `embeddings` or `word-embeddings`",
+            )),
+        };
+        let default_loss = match feature {
+            Feature::AttentionProbs => "kl",
+            _ => "mse",
+        };
+        let loss = match m.loss.as_deref().unwrap_or(default_loss) {
+            "mse" => MatchLoss::Mse,
+            "cosine" => MatchLoss::Cosine,
+            "kl" => MatchLoss::Kl,
+            other => {
+                return Err(cx.err(
+                    &key("loss"),
+                    format!("match {index}: unknown loss `{other}`"),
+                    "use `mse`, `cosine` or `kl`",
+                ))
+            }
+        };
+        let ok = matches!(
+            (feature, loss),
+            (Feature::Hidden, MatchLoss::Mse | MatchLoss::Cosine)
+                | (
+                    Feature::Embeddings | Feature::WordEmbeddings,
+                    MatchLoss::Mse | MatchLoss::Cosine
+                )
+                | (Feature::AttentionProbs, MatchLoss::Kl)
+                | (Feature::AttentionScores, MatchLoss::Mse)
+        );
+        if !ok {
+            return Err(cx.err(
+                &key("loss"),
+                format!("match {index}: loss {loss:?} does not apply to {feature:?}"),
+                "hidden/embeddings/word-embeddings: mse or cosine; attention: kl; attention-scores: mse",
+            ));
+        }
+        let tables = matches!(feature, Feature::Embeddings | Feature::WordEmbeddings);
+        let layers = match m.layers {
+            None if tables => LayerMap::Pairs(vec![(0, 0)]),
+            Some(_) if tables => {
+                return Err(cx.err(
+                    &key("layers"),
+                    format!("match {index}: {feature:?} matches take no layer map"),
+                    "leave `layers` out: embeddings are compared at the input of the encoder",
+                ))
+            }
+            None => return Err(cx.err(
+                &key("layers"),
+                format!("match {index}: `layers` is missing"),
+                "give `layers = \"uniform\"` or [student, teacher] pairs, e.g. [[2, 4], [3, 6]]",
+            )),
+            Some(RawLayers::Named(n)) if n == "uniform" => LayerMap::Uniform,
+            Some(RawLayers::Named(n)) => {
+                return Err(cx.err(
+                    &key("layers"),
+                    format!("match {index}: unknown layer map `{n}`"),
+                    "use \"uniform\" or pairs [[student, teacher], ...]",
+                ))
+            }
+            Some(RawLayers::Pairs(p)) if p.is_empty() => {
+                return Err(cx.err(
+                    &key("layers"),
+                    format!("match {index}: empty layer map"),
+                    "list [student, teacher] pairs",
+                ))
+            }
+            Some(RawLayers::Pairs(p)) => {
+                LayerMap::Pairs(p.into_iter().map(|[s, t]| (s, t)).collect())
+            }
+        };
+        let weight = m.weight.unwrap_or(1.0);
+        if !(weight >= 0.0 && weight.is_finite()) {
+            return Err(cx.err(
+                &key("weight"),
+                format!("match {index}: weight {weight} must be >= 0"),
+                "use e.g. 1.0",
+            ));
+        }
+        let heads = match m.heads.as_deref().unwrap_or("error") {
+            "error" => HeadPolicy::Error,
+            "mean" => HeadPolicy::Mean,
+            other => {
+                return Err(cx.err(
+                    &key("heads"),
+                    format!("match {index}: unknown head policy `{other}`"),
+                    "use `mean` (average heads on both sides) or leave it out",
+                ))
+            }
+        };
+        let tokens = match m.tokens.as_deref().unwrap_or("all") {
+            "all" => Tokens::All,
+            "cls" => Tokens::Cls,
+            other => {
+                return Err(cx.err(
+                    &key("tokens"),
+                    format!("match {index}: unknown token selection `{other}`"),
+                    "use `all` (every real token) or `cls` (the [CLS] token only)",
+                ))
+            }
+        };
+        if tokens == Tokens::Cls && feature != Feature::Hidden {
+            return Err(cx.err(
+                &key("tokens"),
+                format!("match {index}: `tokens = \"cls\"` applies to hidden-state matches only"),
+                "use it with `feature = \"hidden\"`, or leave `tokens` out",
+            ));
+        }
+        if let Some(u) = m.until_epoch {
+            if u == 0 || u >= train.epochs {
+                return Err(cx.err(
+                    &key("until-epoch"),
+                    format!(
+                        "match {index}: until-epoch = {u} must lie in 1..{e} ([train] epochs = {e})",
+                        e = train.epochs
+                    ),
+                    "the match is on in epochs 1..=until-epoch; leave it out to match in every epoch",
+                ));
+            }
+        }
+        let rows = match (feature, m.rows) {
+            (Feature::WordEmbeddings, None) => 4096,
+            (Feature::WordEmbeddings, Some(r)) if r > 0 => r,
+            (Feature::WordEmbeddings, Some(_)) => {
+                return Err(cx.err(
+                    &key("rows"),
+                    format!("match {index}: rows must be > 0"),
+                    "use e.g. 4096 (vocabulary rows compared per step)",
+                ))
+            }
+            (_, Some(_)) => {
+                return Err(cx.err(
+                    &key("rows"),
+                    format!("match {index}: `rows` applies to word-embedding matches only"),
+                    "leave `rows` out, or use it with `feature = \"word-embeddings\"`",
+                ))
+            }
+            (_, None) => 0,
+        };
+        matches.push(MatchSpec {
+            feature,
+            loss,
+            layers,
+            weight,
+            projection: m.projection.unwrap_or(false),
+            heads,
+            tokens,
+            until_epoch: m.until_epoch,
+            rows,
+            index,
+        });
+    }
+    Ok((
+        student,
+        DistillSpec {
+            enabled: d.enabled.unwrap_or(true),
+            alpha,
+            temperature,
+            soft_loss,
+            teacher_cache: d.teacher_cache.unwrap_or(true),
+            baseline: d.baseline.unwrap_or(false),
+            matches,
+        },
+    ))
+}
+
+/// A loss term added to the distillation objective (Rust API): returns the term to add and
+/// named parts to log.
+pub type ExtraTerm =
+    Arc<dyn Fn(&DistillModel, &TextBatch) -> (Tensor<1>, Vec<(&'static str, f64)>) + Send + Sync>;
+
+/// A distill stage, validated.
+#[derive(Clone)]
+pub struct DistillStage {
+    /// The student's model table.
+    pub student: ModelSpec,
+    pub spec: DistillSpec,
+    /// An extra loss term (Rust API only).
+    pub extra: Option<ExtraTerm>,
+    /// The scope of the stage's block, for shape errors found against the teacher.
+    pub scope: Scope,
+}
+
+impl DistillStage {
+    /// A distill stage declared in Rust (errors name `scope`'s keys).
+    pub fn new(student: ModelSpec, spec: DistillSpec, scope: Scope) -> Self {
+        Self {
+            student,
+            spec,
+            extra: None,
+            scope,
+        }
+    }
+
+    /// Validate a `[[stage]]` block of kind `distill`.
+    pub fn from_entry(entry: &StageEntry) -> Result<Self, RecipeError> {
+        let raw: RawDistillStage = entry.scope.deserialize(entry.settings.clone())?;
+        let (student, spec) = distill_spec(&entry.scope, raw, &entry.train)?;
+        Ok(DistillStage::new(student, spec, entry.scope.clone()))
+    }
+
+    /// Add `term` to the objective.
+    pub fn with_term(mut self, term: ExtraTerm) -> Self {
+        self.extra = Some(term);
+        self
+    }
+
+    /// The student's config for this teacher and label map, and the resolved matches.
+    pub fn student_config(
+        &self,
+        teacher: &BertConfig,
+        labels: &LabelMap,
+        tokenizer: &mopt_recipe::TokenizerSpec,
+        vocab: usize,
+    ) -> Result<(BertConfig, MatchPlan), StageError> {
+        let config = model_config(
+            &self.student,
+            tokenizer,
+            &self.scope.nested("student"),
+            labels,
+            vocab,
+        )?;
+        let plan = check_compat(
+            &self.scope,
+            &self.spec,
+            &self.student,
+            &config,
+            teacher,
+            vocab,
+        )?;
+        Ok((config, plan))
+    }
+}
+
+impl StageKind for Distill {
+    fn name(&self) -> &'static str {
+        "distill"
+    }
+
+    fn about(&self) -> &'static str {
+        "distil the input model into a smaller student"
+    }
+
+    fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
+        Ok(Box::new(DistillStage::from_entry(entry)?))
+    }
+}
+
+/// mopt's distillation objective plus an optional extra term.
+struct Objective {
+    inner: DistillTask,
+    extra: Option<ExtraTerm>,
+}
+
+impl Task for Objective {
+    type Model = DistillModel;
+
+    fn loss(
+        &mut self,
+        model: &DistillModel,
+        b: &TextBatch,
+        indices: &[usize],
+        progress: f64,
+    ) -> (Tensor<1>, Vec<(&'static str, f64)>) {
+        let (loss, mut parts) = self.inner.loss(model, b, indices, progress);
+        match &self.extra {
+            None => (loss, parts),
+            Some(term) => {
+                let (extra, more) = term(model, b);
+                parts.extend(more);
+                (loss + extra, parts)
+            }
+        }
+    }
+
+    fn classifier<'a>(&self, model: &'a DistillModel) -> &'a BertForSequenceClassification {
+        &model.student
+    }
+
+    fn begin_epoch(&mut self, epoch: usize) {
+        self.inner.begin_epoch(epoch);
+    }
+}
+
+fn match_line(m: &MatchSpec) -> String {
+    let feature = match m.feature {
+        Feature::Hidden => "hidden",
+        Feature::AttentionProbs => "attention",
+        Feature::AttentionScores => "attention-scores",
+        Feature::Embeddings => "embeddings",
+        Feature::WordEmbeddings => "word-embeddings",
+    };
+    let loss = match m.loss {
+        MatchLoss::Mse => "mse",
+        MatchLoss::Cosine => "cosine",
+        MatchLoss::Kl => "kl",
+    };
+    let mut s = format!("[[stage.match]] feature = \"{feature}\", loss = \"{loss}\"");
+    match &m.layers {
+        LayerMap::Uniform => s += ", layers = \"uniform\"",
+        LayerMap::Pairs(p)
+            if m.feature != Feature::Embeddings && m.feature != Feature::WordEmbeddings =>
+        {
+            let pairs: Vec<String> = p.iter().map(|(a, b)| format!("[{a}, {b}]")).collect();
+            s += &format!(", layers = [{}]", pairs.join(", "));
+        }
+        LayerMap::Pairs(_) => {}
+    }
+    s += &format!(", weight = {:?}", m.weight);
+    if m.projection {
+        s += ", projection = true";
+    }
+    if m.heads == HeadPolicy::Mean {
+        s += ", heads = \"mean\"";
+    }
+    if m.tokens == Tokens::Cls {
+        s += ", tokens = \"cls\"";
+    }
+    if let Some(u) = m.until_epoch {
+        s += &format!(", until-epoch = {u}");
+    }
+    if m.feature == Feature::WordEmbeddings {
+        s += &format!(", rows = {}", m.rows);
+    }
+    s
+}
+
+/// Bytes of the teacher cache per training example of `t` tokens on average (`t2`: mean of
+/// the squared token count, for attention maps).
+fn cache_bytes_per_example(
+    plan: &MatchPlan,
+    teacher: &BertConfig,
+    labels: usize,
+    t: f64,
+    t2: f64,
+) -> u64 {
+    let mut b = 4.0 * labels as f64;
+    b += plan.needs.hidden.len() as f64 * t * teacher.hidden_size as f64 * 4.0;
+    for l in plan.needs.attentions.iter().chain(&plan.needs.scores) {
+        let heads = teacher.heads(l.saturating_sub(1)) as f64;
+        b += heads * t2 * 4.0;
+    }
+    b as u64
+}
+
+impl Stage for DistillStage {
+    fn kind(&self) -> &str {
+        "distill"
+    }
+
+    fn plan(
+        &self,
+        entry: &StageEntry,
+        input: &BertConfig,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        let labels = LabelMap::new(
+            (0..input.num_labels)
+                .map(|i| format!("<class {i}>"))
+                .collect(),
+        );
+        let (config, plan) = self.student_config(input, &labels, cx.tokenizer, cx.vocab)?;
+        let s = &self.spec;
+        let init = match (
+            &self.student.init_from_teacher_layers,
+            &self.student.weights,
+        ) {
+            (Some(l), _) => format!("init-from-teacher-layers = {l:?}"),
+            (None, Some(w)) => format!("weights = \"{}\"", w.display()),
+            (None, None) => "random init".into(),
+        };
+        let mut settings = vec![
+            format!(
+                "student: {} layers x {} ({:.2}M params), {init}",
+                config.num_hidden_layers,
+                config.hidden_size,
+                config.num_params() as f64 / 1e6
+            ),
+            format!(
+                "enabled = {}, alpha = {}, temperature = {}, soft-loss = \"{}\", teacher-cache = {}, baseline = {}",
+                s.enabled,
+                s.alpha.to_toml(),
+                s.temperature.to_toml(),
+                s.soft_loss.name(),
+                s.teacher_cache,
+                s.baseline
+            ),
+        ];
+        for (m, resolved) in s.matches.iter().zip(&plan.matches) {
+            let pairs: Vec<String> = resolved
+                .pairs
+                .iter()
+                .map(|p| format!("{}->{}", p.student, p.teacher))
+                .collect();
+            settings.push(format!(
+                "{} (student->teacher {})",
+                match_line(m),
+                pairs.join(", ")
+            ));
+        }
+        settings.extend(train_settings(&entry.train, entry.train_overridden));
+        let mut extra = vec![(
+            "teacher weights (inference)".to_string(),
+            4 * input.num_params() as u64,
+        )];
+        if s.enabled && s.teacher_cache {
+            let n = cx.train_examples.unwrap_or(0) as u64;
+            let per = cache_bytes_per_example(
+                &plan,
+                input,
+                input.num_labels,
+                cx.mean_tokens,
+                cx.mean_tokens_sq,
+            );
+            extra.push((
+                format!(
+                    "teacher cache ({n} examples x {:.1} tokens on average, held in memory)",
+                    cx.mean_tokens
+                ),
+                n * per,
+            ));
+        }
+        Ok(StagePlan {
+            memory: Some(MemoryEstimate::for_bert(
+                &config,
+                entry.train.batch_size,
+                cx.tokenizer.max_len,
+            )),
+            output: config,
+            settings,
+            extra_memory: extra,
+        })
+    }
+
+    fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+        let entry = cx.entry;
+        let device = cx.device.device();
+        let ad = cx.device.train_device(&entry.train);
+        let (teacher, teacher_config) = weights::load_checkpoint(input, &device)?;
+        let teacher = teacher.valid();
+        let (config, plan) =
+            self.student_config(&teacher_config, &cx.data.labels, cx.tokenizer, cx.vocab)?;
+        let (source, cache) = teacher_source(
+            &TeacherOutputs {
+                teacher_dir: input,
+                teacher: &teacher,
+                data: cx.data_spec,
+                train: &cx.data.train,
+                pad_id: cx.pad_id,
+                batch_size: entry.train.eval_batch_size,
+            },
+            &self.spec,
+            &plan,
+            &device,
+        )?;
+        let run = RunContext {
+            name: &entry.name,
+            train: &entry.train,
+            seed: cx.seed,
+            device_spec: cx.device,
+            run_dir: cx.dir,
+            opts: cx.opts,
+            data: cx.data,
+            tokenizer_file: cx.tokenizer_file,
+            pad_id: cx.pad_id,
+            config: &config,
+        };
+        let student = init_student(&self.student, cx.seed, &config, input, &ad)?;
+        let model = DistillModel::new(student, &plan.projections, &ad);
+        eprintln!(
+            "distilling: student {} layers x {} ({:.1}M params), {} matches, {} projections, alpha {}, T {}",
+            config.num_hidden_layers,
+            config.hidden_size,
+            config.num_params() as f64 / 1e6,
+            plan.matches.len(),
+            plan.projections.len(),
+            self.spec.alpha.to_toml(),
+            self.spec.temperature.to_toml()
+        );
+        let task = Objective {
+            inner: with_word_table(
+                DistillTask::new(self.spec.clone(), plan.clone(), source, &ad),
+                &plan,
+                &teacher,
+                &ad,
+            ),
+            extra: self.extra.clone(),
+        };
+        let training = fit(&run, task, model)?;
+        let mut references = Vec::new();
+        let mut notes = vec![format!(
+            "Teacher cache: {}{}; teacher pass over the training split {:.1}s (paid once with the cache, every epoch without it); student epoch times {:?} s.",
+            if cache.enabled { "on" } else { "off" },
+            if cache.hit { ", reused from disk" } else { "" },
+            cache.teacher_pass_s,
+            training.epochs.iter().map(|e| (e.epoch_time_s * 10.0).round() / 10.0).collect::<Vec<_>>()
+        )];
+        if self.spec.enabled && self.spec.baseline {
+            eprintln!("twin: the same student trained on hard labels only");
+            let dir = cx.dir.join("twin");
+            std::fs::create_dir_all(&dir).map_err(|e| StageError::io(&dir, e))?;
+            let mut twin_spec = self.spec.clone();
+            twin_spec.enabled = false;
+            let twin = DistillModel::new(
+                init_student(&self.student, cx.seed, &config, input, &ad)?,
+                &[],
+                &ad,
+            );
+            let empty = MatchPlan {
+                matches: Vec::new(),
+                projections: Vec::new(),
+                needs: Default::default(),
+            };
+            let twin_report = fit(
+                &RunContext {
+                    run_dir: &dir,
+                    ..run
+                },
+                DistillTask::new(twin_spec, empty, TeacherSource::None, &ad),
+                twin,
+            )?;
+            references.push(ReferenceModel {
+                name: format!("{} (hard-label twin)", entry.name),
+                about: "the same student, init and budget, trained on hard labels only".into(),
+                checkpoint: twin_report.checkpoint.clone(),
+            });
+            notes.push(format!(
+                "Hard-label twin (same init and budget, no teacher): test accuracy {:.4} vs the distilled student's {:.4} ({:+.2} points for distillation).",
+                twin_report.test.accuracy,
+                training.test.accuracy,
+                (training.test.accuracy - twin_report.test.accuracy) * 100.0
+            ));
+        }
+        Ok(StageOutput {
+            checkpoint: training.checkpoint.clone(),
+            steps: training.steps,
+            facts: json!({
+                "teacher_cache": cache,
+                "best_epoch": training.best_epoch,
+                "epoch_time_s": training.epochs.iter().map(|e| e.epoch_time_s).collect::<Vec<_>>(),
+                "train_samples_per_s": training.train_samples_per_s,
+            }),
+            notes,
+            references,
+            logit_error_vs_input: None,
+            artifacts: Vec::new(),
+        })
+    }
+}

@@ -1,0 +1,172 @@
+//! `kind = "export"`: write the input model as ONNX (opset 17) with its tokenizer, labels and
+//! model card, check parity in ONNX Runtime on the golden validation sentences, and benchmark it
+//! in ONNX Runtime (with the baseline beside it). The model passed on is the input, unchanged.
+
+use std::path::Path;
+
+use mopt_export::export::{export_checkpoint, ExportOptions, FLOAT_TOLERANCE};
+use mopt_export::pipeline::ort_latency;
+use mopt_models::bert::BertConfig;
+use mopt_recipe::{RecipeError, StageEntry};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::error::StageError;
+use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
+
+/// The kind.
+pub struct Export;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawExport {
+    samples: Option<usize>,
+    tolerance: Option<f64>,
+    latency_runs: Option<usize>,
+    include_baseline: Option<bool>,
+}
+
+/// An export stage.
+#[derive(Debug, Clone)]
+pub struct ExportStage {
+    /// Golden validation sentences in the parity check.
+    pub samples: usize,
+    /// Parity tolerance (max |ONNX Runtime − mopt| logit); above it nothing is written.
+    pub tolerance: f64,
+    /// ONNX Runtime timed runs at batch 32 (4x at batch 1); `None`: `[evaluation] latency-runs`.
+    pub latency_runs: Option<usize>,
+    /// Also export and benchmark the baseline, for a side-by-side ONNX Runtime latency.
+    pub include_baseline: bool,
+}
+
+impl StageKind for Export {
+    fn name(&self) -> &'static str {
+        "export"
+    }
+
+    fn about(&self) -> &'static str {
+        "ONNX export with parity and ONNX Runtime latency"
+    }
+
+    fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
+        let cx = &entry.scope;
+        let r: RawExport = cx.deserialize(entry.settings.clone())?;
+        let tolerance = r.tolerance.unwrap_or(FLOAT_TOLERANCE);
+        if !(tolerance > 0.0 && tolerance.is_finite()) {
+            return Err(cx.err(
+                "tolerance",
+                format!("{tolerance} must be > 0"),
+                "1e-4 suits float exports",
+            ));
+        }
+        if entry.train_overridden {
+            return Err(cx.err(
+                "train",
+                "an export stage does not train",
+                "remove [stage.train]",
+            ));
+        }
+        Ok(Box::new(ExportStage {
+            samples: cx.positive("samples", r.samples, 500)?,
+            tolerance,
+            latency_runs: r.latency_runs,
+            include_baseline: r.include_baseline.unwrap_or(true),
+        }))
+    }
+}
+
+impl Stage for ExportStage {
+    fn kind(&self) -> &str {
+        "export"
+    }
+
+    fn plan(
+        &self,
+        _entry: &StageEntry,
+        input: &BertConfig,
+        _cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        Ok(StagePlan {
+            output: input.clone(),
+            settings: vec![format!(
+                "samples = {}, tolerance = {:e}, latency-runs = {}, include-baseline = {} (ONNX opset 17; needs python3 with onnx and onnxruntime)",
+                self.samples,
+                self.tolerance,
+                self.latency_runs.map_or("[evaluation]".to_string(), |r| r.to_string()),
+                self.include_baseline
+            )],
+            memory: None,
+            extra_memory: Vec::new(),
+        })
+    }
+
+    fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+        let samples: Vec<Vec<u32>> = cx
+            .golden
+            .iter()
+            .take(self.samples)
+            .map(|e| e.ids.clone())
+            .collect();
+        let opts = ExportOptions {
+            tolerance: self.tolerance,
+            max_len: cx.tokenizer.max_len,
+            accuracy: None,
+            force: true,
+        };
+        let out = cx.dir.join("onnx");
+        eprintln!("export: {} -> {}", input.display(), out.display());
+        let card = export_checkpoint(input, &out, &samples, &opts)?;
+        let runs = self.latency_runs.unwrap_or(cx.evaluation.latency_runs);
+        let e = cx.evaluation;
+        let mut latency = Vec::new();
+        let mut notes = vec![format!(
+            "ONNX `{}`: parity max |ONNX Runtime - mopt| {:.2e} on {} golden validation sentences (tolerance {:e}); fused op types {:?}.",
+            out.join("model.onnx").display(),
+            card.parity.max_abs_err,
+            card.parity.samples,
+            self.tolerance,
+            card.fused_ops
+        )];
+        let mut models = vec![("model".to_string(), out.join("model.onnx"))];
+        if self.include_baseline && input != cx.baseline {
+            let b = cx.dir.join("baseline-onnx");
+            eprintln!(
+                "export: the baseline {} -> {}",
+                cx.baseline.display(),
+                b.display()
+            );
+            export_checkpoint(cx.baseline, &b, &samples, &opts)?;
+            models.push(("baseline".to_string(), b.join("model.onnx")));
+        }
+        if runs > 0 {
+            for (name, path) in &models {
+                eprintln!("export: ONNX Runtime latency of the {name}");
+                let l = ort_latency(path, e.latency_seq_len, e.latency_warmup, runs)?;
+                for row in l.as_array().into_iter().flatten() {
+                    notes.push(format!(
+                        "ONNX Runtime CPU latency, {name}, batch {} x {}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms.",
+                        row["batch"],
+                        row["seq_len"],
+                        row["p50_ms"].as_f64().unwrap_or(f64::NAN),
+                        row["p90_ms"].as_f64().unwrap_or(f64::NAN),
+                        row["p99_ms"].as_f64().unwrap_or(f64::NAN)
+                    ));
+                }
+                latency.push(json!({ "model": name, "latency": l }));
+            }
+        }
+        Ok(StageOutput {
+            checkpoint: input.to_path_buf(),
+            steps: 0,
+            facts: json!({
+                "onnx": out.join("model.onnx").display().to_string(),
+                "model_card": card,
+                "ort_latency": latency,
+            }),
+            notes,
+            references: Vec::new(),
+            logit_error_vs_input: Some(card.parity.max_abs_err),
+            artifacts: models.into_iter().map(|(_, p)| p).collect(),
+        })
+    }
+}

@@ -1,0 +1,100 @@
+//! `kind = "finetune"`: train the input model on the labels (cross-entropy), best epoch by
+//! validation. A recipe without `[[stage]]` is one finetune stage of its `[model]`.
+
+use std::path::Path;
+
+use mopt_models::bert::{weights, BertConfig};
+use mopt_recipe::{RecipeError, StageEntry};
+use mopt_train::memory::MemoryEstimate;
+use mopt_train::trainer::{fit, FinetuneTask, RunContext};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::error::StageError;
+use crate::plan::train_settings;
+use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
+
+/// The kind.
+pub struct Finetune;
+
+/// A finetune stage has no keys of its own besides `[stage.train]` and `[stage.gate]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawFinetune {}
+
+impl StageKind for Finetune {
+    fn name(&self) -> &'static str {
+        "finetune"
+    }
+
+    fn about(&self) -> &'static str {
+        "fine-tune the input model on the labels"
+    }
+
+    fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
+        let _: RawFinetune = entry.scope.deserialize(entry.settings.clone())?;
+        Ok(Box::new(FinetuneStage))
+    }
+}
+
+/// A finetune stage.
+pub struct FinetuneStage;
+
+impl Stage for FinetuneStage {
+    fn kind(&self) -> &str {
+        "finetune"
+    }
+
+    fn plan(
+        &self,
+        entry: &StageEntry,
+        input: &BertConfig,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        Ok(StagePlan {
+            output: input.clone(),
+            settings: train_settings(&entry.train, entry.train_overridden),
+            memory: Some(MemoryEstimate::for_bert(
+                input,
+                entry.train.batch_size,
+                cx.tokenizer.max_len,
+            )),
+            extra_memory: Vec::new(),
+        })
+    }
+
+    fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+        let entry = cx.entry;
+        let ad = cx.device.train_device(&entry.train);
+        let (model, config) = weights::load_checkpoint(input, &ad)?;
+        let run = RunContext {
+            name: &entry.name,
+            train: &entry.train,
+            seed: cx.seed,
+            device_spec: cx.device,
+            run_dir: cx.dir,
+            opts: cx.opts,
+            data: cx.data,
+            tokenizer_file: cx.tokenizer_file,
+            pad_id: cx.pad_id,
+            config: &config,
+        };
+        let report = fit(&run, FinetuneTask::new(&ad), model)?;
+        Ok(StageOutput {
+            checkpoint: report.checkpoint.clone(),
+            steps: report.steps,
+            facts: json!({
+                "best_epoch": report.best_epoch,
+                "epochs": report.epochs.len(),
+                "train_samples_per_s": report.train_samples_per_s,
+            }),
+            notes: vec![format!(
+                "{} optimizer steps, best epoch {} by validation {}, {:.1} train samples/s.",
+                report.steps, report.best_epoch, report.best_metric, report.train_samples_per_s
+            )],
+            references: Vec::new(),
+            logit_error_vs_input: None,
+            artifacts: Vec::new(),
+        })
+    }
+}

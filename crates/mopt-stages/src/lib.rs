@@ -1,0 +1,103 @@
+//! # mopt-stages
+//!
+//! A recipe is an ordered list of compression stages over shared sections. Before the first stage
+//! the baseline (the teacher, or the recipe's model) is measured and its logits on the validation
+//! split stored as the golden reference; every stage then takes a checkpoint in, gives one out,
+//! is measured the same way (validation and test metrics, max logit error against its input and
+//! the baseline, size, FLOPs, CPU latency) and passes or fails its gate. A failed stage is rolled
+//! back (the next stage gets the last passing model) or aborts the run. A killed run continues with
+//! `--resume` at the first unfinished stage, reusing finished ones after checking their outputs'
+//! sha256. One `report.md`/`report.json` with `chart.svg` covers the whole run.
+//!
+//! Stage kinds ([`kinds`]) own their recipe keys and their runner; Rust programs add their own
+//! stages with [`Pipeline::push`].
+//!
+//! ```no_run
+//! use mopt_stages::{Pipeline, RunOptions};
+//! use mopt_train::DeviceSpec;
+//! let pipeline = Pipeline::load("recipes/distill_bert.toml")?;
+//! print!("{}", pipeline.check(&DeviceSpec::Cpu)?);
+//! let report = pipeline.run(&RunOptions::new(DeviceSpec::Cpu))?;
+//! println!("final model: test accuracy {:.4}", report.final_model.test.accuracy);
+//! # Ok::<(), mopt_stages::StageError>(())
+//! ```
+
+pub mod analysis;
+pub mod chart;
+pub mod env;
+mod error;
+pub mod gate;
+pub mod kinds;
+pub mod plan;
+pub mod record;
+pub mod report;
+mod runner;
+pub mod stage;
+
+use std::path::Path;
+
+pub use error::StageError;
+pub use report::PipelineReport;
+pub use runner::{GoldenReference, RunOptions};
+pub use stage::{kinds, Stage, StageContext, StageKind, StageOutput, StagePlan};
+
+use mopt_recipe::{Recipe, StageEntry, TrainSpec};
+
+/// A recipe's shared sections and its validated stages.
+pub struct Pipeline {
+    pub recipe: Recipe,
+    pub stages: Vec<(StageEntry, Box<dyn Stage>)>,
+}
+
+impl Pipeline {
+    /// Read and validate a recipe, every stage with its kind.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, StageError> {
+        Self::from_recipe(mopt_recipe::load(path)?)
+    }
+
+    /// Validate the stages of a loaded recipe with their kinds.
+    pub fn from_recipe(recipe: Recipe) -> Result<Self, StageError> {
+        let parsed = stage::parse_stages(&recipe.stages)?;
+        let stages = recipe.stages.iter().cloned().zip(parsed).collect();
+        Ok(Self { recipe, stages })
+    }
+
+    /// The recipe's shared sections with no stages yet (for pipelines declared in Rust).
+    pub fn shared(mut recipe: Recipe) -> Self {
+        recipe.stages.clear();
+        Self {
+            recipe,
+            stages: Vec::new(),
+        }
+    }
+
+    /// Append a stage declared in Rust: `name` names its folder, `train` its training settings
+    /// (start from `self.recipe.train`), `gate` its tolerance.
+    pub fn push(
+        mut self,
+        name: &str,
+        train: TrainSpec,
+        gate: Option<mopt_recipe::GateSpec>,
+        stage: impl Stage + 'static,
+    ) -> Self {
+        let index = self.stages.len() + 1;
+        let entry = StageEntry {
+            index,
+            kind: stage.kind().to_string(),
+            name: name.to_string(),
+            train_overridden: false,
+            train,
+            gate,
+            settings: Default::default(),
+            scope: self.recipe.scope.stage(index),
+        };
+        self.stages.push((entry, Box::new(stage)));
+        self
+    }
+
+    /// Set the run's name (its folder is `[run] output-dir / name`).
+    pub fn named(mut self, name: &str) -> Self {
+        self.recipe.run.name = name.to_string();
+        self
+    }
+}

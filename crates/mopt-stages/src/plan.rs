@@ -1,0 +1,260 @@
+//! `--check`: the stage plan (each stage's input and output shapes, parameters, settings as a
+//! recipe writes them, its gate) and a memory estimate that counts the teacher and its cache.
+//! A dry run: reads the recipe's inputs, writes nothing, ignores an existing run folder.
+
+use std::fmt::Write;
+
+use mopt_data::{load_splits, LabelMap, TextTokenizer};
+use mopt_models::bert::BertConfig;
+use mopt_recipe::TrainSpec;
+use mopt_train::memory::human_bytes;
+use mopt_train::setup::model_config;
+use mopt_train::{DeviceSpec, TrainError};
+
+use crate::error::StageError;
+use crate::record::shown;
+use crate::stage::{PlanContext, StagePlan};
+use crate::Pipeline;
+
+/// The `[train]` settings of a stage as a recipe writes them.
+pub fn train_settings(t: &TrainSpec, overridden: bool) -> Vec<String> {
+    vec![format!(
+        "train{}: epochs = {}, batch-size = {}, grad-accum-steps = {}, lr = {:e}, weight-decay = {}, warmup-fraction = {}, final-lr-ratio = {}, grad-clip-norm = {}, best-metric = \"{}\"{}",
+        if overridden { " ([stage.train] over [train])" } else { "" },
+        t.epochs,
+        t.batch_size,
+        t.grad_accum_steps,
+        t.lr,
+        t.weight_decay,
+        t.warmup_fraction,
+        t.final_lr_ratio,
+        t.grad_clip_norm.unwrap_or(0.0),
+        t.best_metric.name(),
+        if t.gradient_checkpointing { ", gradient-checkpointing = true" } else { "" }
+    )]
+}
+
+/// One line describing a model shape.
+pub fn shape(c: &BertConfig) -> String {
+    let heads: Vec<usize> = (0..c.num_hidden_layers).map(|i| c.heads(i)).collect();
+    let ffn: Vec<usize> = (0..c.num_hidden_layers).map(|i| c.ffn(i)).collect();
+    format!(
+        "{} layers x {}, heads {:?}, FFN {:?}, {:.2}M params",
+        c.num_hidden_layers,
+        c.hidden_size,
+        heads,
+        ffn,
+        c.num_params() as f64 / 1e6
+    )
+}
+
+/// The resolved chain: the baseline's shape and each stage's plan.
+pub struct ChainPlan {
+    pub baseline: BertConfig,
+    pub baseline_source: String,
+    pub stages: Vec<StagePlan>,
+    pub vocab: usize,
+    pub train_examples: usize,
+}
+
+impl Pipeline {
+    /// The baseline's shape: the teacher checkpoint's config, the config its recipe will train,
+    /// or the recipe's `[model]`.
+    fn baseline_config(
+        &self,
+        labels: &LabelMap,
+        vocab: usize,
+    ) -> Result<(BertConfig, String), StageError> {
+        let r = &self.recipe;
+        if let Some(t) = &r.teacher {
+            let cfg = t.checkpoint.join("config.json");
+            if cfg.is_file() {
+                return Ok((
+                    BertConfig::from_file(&cfg).map_err(TrainError::from)?,
+                    format!("teacher {} (exists)", shown(&t.checkpoint)),
+                ));
+            }
+            let path = t.recipe.as_ref().expect("validated");
+            let teacher = Pipeline::load(path)?;
+            let chain = teacher.plan_chain()?;
+            let out = chain
+                .stages
+                .last()
+                .map_or(chain.baseline.clone(), |s| s.output.clone());
+            return Ok((
+                out,
+                format!(
+                    "teacher {} (missing: trained first by {})",
+                    shown(&t.checkpoint),
+                    shown(path)
+                ),
+            ));
+        }
+        let m = r.model.as_ref().expect("validated");
+        let c = model_config(m, &r.tokenizer, &r.scope.nested("model"), labels, vocab)?;
+        let init = match &m.weights {
+            Some(w) => shown(w),
+            None => "random init".into(),
+        };
+        Ok((c, format!("[model] {} ({init})", shown(&m.config))))
+    }
+
+    /// Validate every stage against its input's shape, without running anything.
+    pub fn plan_chain(&self) -> Result<ChainPlan, StageError> {
+        let r = &self.recipe;
+        let tok = TextTokenizer::from_file(
+            &r.tokenizer.path,
+            r.tokenizer.max_len,
+            r.tokenizer.lowercase,
+        )
+        .map_err(TrainError::from)?;
+        let splits = load_splits(&r.data).map_err(TrainError::from)?;
+        let labels = r.data.labels.clone().map(LabelMap::new).unwrap_or_else(|| {
+            LabelMap::from_examples(splits.train.iter().map(|e| e.label.as_str()))
+        });
+        let train_examples = r
+            .data
+            .max_train
+            .map_or(splits.train.len(), |m| m.min(splits.train.len()));
+        let sample: Vec<&str> = splits
+            .train
+            .iter()
+            .take(1000)
+            .map(|e| e.text.as_str())
+            .collect();
+        let lens: Vec<f64> = tok
+            .encode_all(&sample)
+            .map_err(TrainError::from)?
+            .iter()
+            .map(|ids| ids.len() as f64)
+            .collect();
+        let n = lens.len().max(1) as f64;
+        let mean_tokens = lens.iter().sum::<f64>() / n;
+        let mean_tokens_sq = lens.iter().map(|l| l * l).sum::<f64>() / n;
+        let (baseline, baseline_source) = self.baseline_config(&labels, tok.vocab_size())?;
+        let mut input = baseline.clone();
+        let mut stages = Vec::new();
+        for (entry, stage) in &self.stages {
+            let cx = PlanContext {
+                tokenizer: &r.tokenizer,
+                data: &r.data,
+                vocab: tok.vocab_size(),
+                train_examples: Some(train_examples),
+                mean_tokens,
+                mean_tokens_sq,
+                input_dir: None,
+            };
+            let p = stage.plan(entry, &input, &cx)?;
+            input = p.output.clone();
+            stages.push(p);
+        }
+        Ok(ChainPlan {
+            baseline,
+            baseline_source,
+            stages,
+            vocab: tok.vocab_size(),
+            train_examples,
+        })
+    }
+
+    /// The plan as `--check` prints it.
+    pub fn check(&self, device: &DeviceSpec) -> Result<String, StageError> {
+        let r = &self.recipe;
+        let chain = self.plan_chain()?;
+        let mut s = String::new();
+        let run_dir = r.run.run_dir();
+        let _ = writeln!(s, "recipe     {}", shown(&r.path));
+        let _ = writeln!(
+            s,
+            "run        {} -> {}{}",
+            r.run.name,
+            shown(&run_dir),
+            if run_dir.exists() {
+                " (exists: a run needs --resume or --force)"
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(s, "device     {}, seed {}", device.name(), r.run.seed);
+        let _ = writeln!(
+            s,
+            "tokenizer  {} (vocab {}, max-len {})",
+            shown(&r.tokenizer.path),
+            chain.vocab,
+            r.tokenizer.max_len
+        );
+        let _ = writeln!(
+            s,
+            "data       {:?} from {} ({} training examples)",
+            r.data.format,
+            shown(std::path::Path::new(&r.data.source_label())),
+            chain.train_examples
+        );
+        let golden = r
+            .evaluation
+            .golden_samples
+            .map_or("the whole validation split".to_string(), |n| {
+                format!("the first {n} validation examples")
+            });
+        let _ = writeln!(
+            s,
+            "golden     baseline logits on {golden}; gates use validation only, test is reported"
+        );
+        let _ = writeln!(
+            s,
+            "baseline   {}: {}",
+            chain.baseline_source,
+            shape(&chain.baseline)
+        );
+        let mut input = chain.baseline.clone();
+        let mut peak = 4 * chain.baseline.num_params() as u64;
+        for ((entry, _), p) in self.stages.iter().zip(&chain.stages) {
+            let _ = writeln!(
+                s,
+                "stage {}    {} (kind {}) -> {}/",
+                entry.index,
+                entry.name,
+                entry.kind,
+                shown(&run_dir.join(entry.dir_name()))
+            );
+            let _ = writeln!(s, "  in       {}", shape(&input));
+            let _ = writeln!(s, "  out      {}", shape(&p.output));
+            for line in &p.settings {
+                let _ = writeln!(s, "  set      {line}");
+            }
+            let _ = writeln!(
+                s,
+                "  gate     {}",
+                entry
+                    .gate
+                    .as_ref()
+                    .map_or("none (kept whatever it scores)".to_string(), |g| g
+                        .to_toml())
+            );
+            if let Some(m) = &p.memory {
+                let extra: u64 = p.extra_memory.iter().map(|(_, b)| b).sum();
+                let total = m.total() + extra;
+                peak = peak.max(total);
+                let _ = writeln!(
+                    s,
+                    "  memory   ~{} (student weights {}, grads {}, AdamW moments {}, activations {} at batch {} x {} tokens{})",
+                    human_bytes(total),
+                    human_bytes(m.weights),
+                    human_bytes(m.grads),
+                    human_bytes(m.adam_moments),
+                    human_bytes(m.activations),
+                    entry.train.batch_size,
+                    r.tokenizer.max_len,
+                    p.extra_memory.iter().map(|(what, b)| format!(", {what} {}", human_bytes(*b))).collect::<String>()
+                );
+            }
+            input = p.output.clone();
+        }
+        let _ = writeln!(
+            s,
+            "memory     peak ~{} (the largest stage above)",
+            human_bytes(peak)
+        );
+        Ok(s)
+    }
+}

@@ -1,0 +1,223 @@
+//! What the runner measures on every model (validation and test metrics, golden logits, size,
+//! FLOPs, CPU latency) and the per-stage record written to `stage.json`.
+
+use std::path::{Path, PathBuf};
+
+use burn::prelude::*;
+use mopt_data::{Batcher, Encoded, EncodedSplits};
+use mopt_distill::latency::{measure as measure_latency, LatencyStats};
+use mopt_models::bert::weights;
+use mopt_recipe::{normalize, EvaluationSpec};
+use mopt_train::metrics::EvalMetrics;
+use mopt_train::trainer::evaluate;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::StageError;
+use crate::gate::Decision;
+
+/// A file and its sha256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileHash {
+    pub path: String,
+    pub sha256: String,
+}
+
+/// sha256 of a file's bytes.
+pub fn sha256_file(p: &Path) -> Result<String, StageError> {
+    let bytes = std::fs::read(p).map_err(|e| StageError::io(p, e))?;
+    Ok(format!("{:x}", Sha256::digest(&bytes)))
+}
+
+/// sha256 of a checkpoint folder's weights and config (`model.bpk`, `config.json`).
+pub fn checkpoint_sha256(dir: &Path) -> Result<String, StageError> {
+    let mut h = Sha256::new();
+    for f in ["model.bpk", "config.json"] {
+        let p = dir.join(f);
+        h.update(std::fs::read(&p).map_err(|e| StageError::io(&p, e))?);
+    }
+    Ok(format!("{:x}", h.finalize()))
+}
+
+/// A path as reports print it.
+pub fn shown(p: &Path) -> String {
+    normalize(p).display().to_string()
+}
+
+/// Measured facts of one model.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModelFacts {
+    pub checkpoint: String,
+    /// [`checkpoint_sha256`] of the folder.
+    pub sha256: String,
+    pub valid: EvalMetrics,
+    pub test: EvalMetrics,
+    pub params: usize,
+    /// Forward FLOPs for one example of `[evaluation] latency-seq-len` tokens.
+    pub flops_per_example: u64,
+    pub checkpoint_bytes: u64,
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: Vec<usize>,
+    pub ffn: Vec<usize>,
+    /// mopt CPU latency at batch 1 and 32 (empty when `latency-runs = 0`).
+    pub latency: Vec<LatencyStats>,
+}
+
+impl ModelFacts {
+    /// p50 and p90 at `batch`, if measured.
+    pub fn latency_at(&self, batch: usize) -> Option<&LatencyStats> {
+        self.latency.iter().find(|l| l.batch == batch)
+    }
+}
+
+/// What the runner needs to evaluate models.
+pub struct Evaluator<'a> {
+    pub data: &'a EncodedSplits,
+    /// The golden reference: the first validation examples.
+    pub golden: &'a [Encoded],
+    pub pad_id: u32,
+    pub eval_batch_size: usize,
+    pub evaluation: &'a EvaluationSpec,
+    pub device: Device,
+}
+
+impl Evaluator<'_> {
+    /// Measure the checkpoint at `dir`; returns its facts and its logits on the golden set.
+    pub fn measure(&self, dir: &Path) -> Result<(ModelFacts, Vec<Vec<f32>>), StageError> {
+        let (model, config) = weights::load_checkpoint(dir, &self.device)?;
+        let model = model.valid();
+        let batcher = Batcher::new(self.pad_id);
+        let n = config.num_labels;
+        let valid = evaluate(
+            &model,
+            &self.data.valid,
+            &batcher,
+            self.eval_batch_size,
+            n,
+            &self.device,
+        );
+        let test = evaluate(
+            &model,
+            &self.data.test,
+            &batcher,
+            self.eval_batch_size,
+            n,
+            &self.device,
+        )
+        .metrics;
+        let golden = valid.logits[..self.golden.len()].to_vec();
+        let e = self.evaluation;
+        let latency = if e.latency_runs == 0 {
+            Vec::new()
+        } else {
+            [1usize, 32]
+                .iter()
+                .map(|&b| {
+                    let runs = if b == 1 {
+                        e.latency_runs * 4
+                    } else {
+                        e.latency_runs
+                    };
+                    measure_latency(
+                        &model,
+                        config.vocab_size,
+                        b,
+                        e.latency_seq_len,
+                        e.latency_warmup,
+                        runs,
+                        &self.device,
+                    )
+                })
+                .collect()
+        };
+        let facts = ModelFacts {
+            checkpoint: shown(dir),
+            sha256: checkpoint_sha256(dir)?,
+            valid: valid.metrics,
+            test,
+            params: config.num_params(),
+            flops_per_example: config.forward_flops(e.latency_seq_len),
+            checkpoint_bytes: std::fs::metadata(dir.join("model.bpk"))
+                .map(|m| m.len())
+                .unwrap_or(0),
+            layers: config.num_hidden_layers,
+            hidden: config.hidden_size,
+            heads: (0..config.num_hidden_layers)
+                .map(|i| config.heads(i))
+                .collect(),
+            ffn: (0..config.num_hidden_layers)
+                .map(|i| config.ffn(i))
+                .collect(),
+            latency,
+        };
+        Ok((facts, golden))
+    }
+}
+
+/// Max |a − b| over two sets of logits (∞ when their shapes differ).
+pub fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    let mut m = 0.0f64;
+    for (x, y) in a.iter().zip(b) {
+        if x.len() != y.len() {
+            return f64::INFINITY;
+        }
+        for (p, q) in x.iter().zip(y) {
+            m = m.max((p - q).abs() as f64);
+        }
+    }
+    m
+}
+
+/// A model reported beside the chain, measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReferenceRecord {
+    pub name: String,
+    pub about: String,
+    pub model: ModelFacts,
+}
+
+/// `stage.json`: everything the report says about one stage; written last, atomically, so a
+/// stage with a record is finished.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StageRecord {
+    /// 0 for the baseline.
+    pub index: usize,
+    pub name: String,
+    pub kind: String,
+    /// The settings as `--check` prints them.
+    pub settings: Vec<String>,
+    /// The input checkpoint (`None` for the baseline).
+    pub input: Option<FileHash>,
+    pub model: ModelFacts,
+    pub decision: Decision,
+    pub delta_valid_vs_baseline: f64,
+    pub delta_test_vs_baseline: f64,
+    pub max_logit_error_vs_input: f64,
+    pub max_logit_error_vs_baseline: f64,
+    pub steps: usize,
+    pub wall_time_s: f64,
+    /// The process's peak RSS when the stage ended.
+    pub peak_rss_bytes: Option<u64>,
+    /// Further outputs, checked before reuse.
+    pub artifacts: Vec<FileHash>,
+    pub facts: serde_json::Value,
+    pub notes: Vec<String>,
+    pub references: Vec<ReferenceRecord>,
+}
+
+/// Write `value` as JSON to `path` atomically (a temporary file renamed over it).
+pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), StageError> {
+    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
+    std::fs::write(&tmp, serde_json::to_vec_pretty(value).expect("json"))
+        .map_err(|e| StageError::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| StageError::io(path, e))
+}
+
+/// Read a JSON file written by [`write_json_atomic`].
+pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}

@@ -1,0 +1,282 @@
+//! `report.md`, `report.json` and `chart.svg` of a run: a row per stage (the baseline first), the
+//! golden reference, the baseline analysis, each stage's notes and the environment.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::analysis::{analyse, Analysis};
+use crate::chart;
+use crate::env::Environment;
+use crate::error::StageError;
+use crate::gate::Action;
+use crate::record::{shown, write_json_atomic, Evaluator, ModelFacts, StageRecord};
+use crate::Pipeline;
+
+/// `report.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PipelineReport {
+    pub run: String,
+    pub recipe: String,
+    pub run_dir: String,
+    /// The baseline (index 0) and every stage that ran, in order.
+    pub stages: Vec<StageRecord>,
+    /// The model the run ends with (the last passing stage's output), copied to `<run>/best`.
+    pub final_model: ModelFacts,
+    pub final_stage: String,
+    pub golden: GoldenSummary,
+    pub analysis: Option<Analysis>,
+    pub environment: Environment,
+    pub wall_time_s: f64,
+    pub peak_rss_bytes: Option<u64>,
+    pub chart: String,
+}
+
+/// Where the golden reference is and what it holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct GoldenSummary {
+    pub file: String,
+    pub examples: usize,
+    pub split: &'static str,
+    pub baseline_sha256: String,
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / 1048576.0
+}
+
+fn lat(m: &ModelFacts, batch: usize) -> String {
+    m.latency_at(batch)
+        .map_or("-".into(), |l| format!("{:.1} / {:.1}", l.p50_ms, l.p90_ms))
+}
+
+fn model_cells(m: &ModelFacts) -> String {
+    format!(
+        "{:.4} | {:.4} | {:.2}M | {:.2} | {:.1} | {} | {}",
+        m.valid.accuracy,
+        m.test.accuracy,
+        m.params as f64 / 1e6,
+        m.flops_per_example as f64 / 1e9,
+        mib(m.checkpoint_bytes),
+        lat(m, 1),
+        lat(m, 32)
+    )
+}
+
+/// The markdown report.
+pub fn markdown(r: &PipelineReport) -> String {
+    let mut s = format!("# Run report: {}\n\n", r.run);
+    let _ = writeln!(
+        s,
+        "Recipe `{}`, run folder `{}`; wall time {:.0} s, peak RSS {:.0} MiB. The final model is stage **{}**'s output (copied to `{}/best`).\n",
+        r.recipe,
+        r.run_dir,
+        r.wall_time_s,
+        r.peak_rss_bytes.map_or(0.0, mib),
+        r.final_stage,
+        r.run_dir
+    );
+    let seq = r
+        .stages
+        .first()
+        .and_then(|b| b.model.latency.first())
+        .map_or(0, |l| l.seq_len);
+    s += "## Stages\n\n";
+    let _ = writeln!(
+        s,
+        "Decisions use the validation split only; test accuracy is reported, never used to decide. Latency: mopt on this CPU, p50 / p90 ms at batch 1 and 32 x {seq} tokens. FLOPs: forward, per example.\n"
+    );
+    s += "| # | stage | kind | decision | valid acc | test acc | params | GFLOPs/ex | ckpt MiB | b1 ms | b32 ms | Δ valid vs baseline | Δ test vs baseline | max logit err vs input / baseline | wall s | peak RSS MiB |\n";
+    s += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    for st in &r.stages {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {:+.2} pts | {:+.2} pts | {:.2e} / {:.2e} | {:.0} | {:.0} |",
+            st.index,
+            st.name,
+            st.kind,
+            st.decision.action.label(),
+            model_cells(&st.model),
+            st.delta_valid_vs_baseline * 100.0,
+            st.delta_test_vs_baseline * 100.0,
+            st.max_logit_error_vs_input,
+            st.max_logit_error_vs_baseline,
+            st.wall_time_s,
+            st.peak_rss_bytes.map_or(0.0, mib)
+        );
+    }
+    let refs: Vec<_> = r
+        .stages
+        .iter()
+        .flat_map(|st| st.references.iter())
+        .collect();
+    if !refs.is_empty() {
+        s += "\nReported beside the chain (not passed on):\n\n| model | about | valid acc | test acc | params | GFLOPs/ex | ckpt MiB | b1 ms | b32 ms |\n|---|---|---|---|---|---|---|---|---|\n";
+        for rf in refs {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} |",
+                rf.name,
+                rf.about,
+                model_cells(&rf.model)
+            );
+        }
+    }
+    let _ = writeln!(s, "\n![accuracy against latency](chart.svg)\n");
+    s += "## Decisions\n\n";
+    for st in &r.stages {
+        let _ = writeln!(
+            s,
+            "- **{} {}** ({}): {}",
+            st.index,
+            st.name,
+            st.decision.action.label(),
+            st.decision.reason
+        );
+    }
+    s += "\n## Stage details\n\n";
+    for st in &r.stages {
+        let _ = writeln!(s, "### {} {} ({})\n", st.index, st.name, st.kind);
+        if let Some(i) = &st.input {
+            let _ = writeln!(
+                s,
+                "- input `{}` (sha256 {}…)",
+                i.path,
+                &i.sha256[..12.min(i.sha256.len())]
+            );
+        }
+        let _ = writeln!(
+            s,
+            "- output `{}` (sha256 {}…): {} layers x {}, heads {:?}, FFN {:?}",
+            st.model.checkpoint,
+            &st.model.sha256[..12.min(st.model.sha256.len())],
+            st.model.layers,
+            st.model.hidden,
+            st.model.heads,
+            st.model.ffn
+        );
+        for line in &st.settings {
+            let _ = writeln!(s, "- {line}");
+        }
+        for n in &st.notes {
+            let _ = writeln!(s, "- {n}");
+        }
+        s += "\n";
+    }
+    let g = &r.golden;
+    let _ = writeln!(
+        s,
+        "## Golden reference\n\nThe baseline's logits on the first {} examples of the {} split (`{}`, baseline sha256 {}…); every stage's max logit error is measured on them.\n",
+        g.examples,
+        g.split,
+        g.file,
+        &g.baseline_sha256[..12.min(g.baseline_sha256.len())]
+    );
+    if let Some(a) = &r.analysis {
+        let _ = writeln!(
+            s,
+            "## Baseline analysis\n\nWhere the baseline's parameters, FLOPs and forward time go at {} tokens (summed module times: {:.1} ms at batch 1, {:.1} ms at batch 32).\n",
+            a.seq_len, a.forward_ms_b1, a.forward_ms_b32
+        );
+        let total: usize = a.rows.iter().map(|m| m.params).sum();
+        let flops: u64 = a.rows.iter().map(|m| m.flops_per_example).sum();
+        s += "| module | params | share of params | GFLOPs/ex | share of FLOPs | time share b1 | time share b32 |\n|---|---|---|---|---|---|---|\n";
+        for m in &a.rows {
+            let _ = writeln!(
+                s,
+                "| {} | {:.2}M | {:.1}% | {:.3} | {:.1}% | {:.1}% | {:.1}% |",
+                m.module,
+                m.params as f64 / 1e6,
+                100.0 * m.params as f64 / total.max(1) as f64,
+                m.flops_per_example as f64 / 1e9,
+                100.0 * m.flops_per_example as f64 / flops.max(1) as f64,
+                100.0 * m.time_share_b1,
+                100.0 * m.time_share_b32
+            );
+        }
+        s += "\n";
+    }
+    let e = &r.environment;
+    let _ = writeln!(
+        s,
+        "## Environment\n\nmopt {}, Burn {}; CPU {} ({} logical CPUs, {} threads), SIMD {}; {}.",
+        e.mopt_version,
+        e.burn_version,
+        e.cpu_model,
+        e.logical_cpus,
+        e.threads,
+        e.simd.join(" "),
+        e.os
+    );
+    s
+}
+
+pub(crate) fn write_report(
+    p: &Pipeline,
+    run_dir: &Path,
+    records: &[StageRecord],
+    final_model: &ModelFacts,
+    ev: &Evaluator,
+    wall_time_s: f64,
+    baseline_ckpt: &Path,
+) -> Result<PipelineReport, StageError> {
+    let recipe = &p.recipe;
+    let analysis = if recipe.evaluation.analysis {
+        eprintln!("analysis: where the baseline's time goes");
+        Some(analyse(
+            baseline_ckpt,
+            recipe.evaluation.latency_seq_len,
+            recipe.evaluation.latency_runs.max(3) / 3,
+            &ev.device,
+        )?)
+    } else {
+        None
+    };
+    let final_stage = records
+        .iter()
+        .rev()
+        .find(|r| {
+            matches!(r.decision.action, Action::Kept | Action::Baseline)
+                && r.model.sha256 == final_model.sha256
+        })
+        .map_or("baseline".into(), |r| format!("{} {}", r.index, r.name));
+    let (points, x_label) = chart::points(records);
+    let chart_path = run_dir.join("chart.svg");
+    std::fs::write(
+        &chart_path,
+        chart::svg(
+            &format!(
+                "{}: test accuracy against speed, one point per stage",
+                recipe.run.name
+            ),
+            x_label,
+            "test accuracy (%)",
+            &points,
+        ),
+    )
+    .map_err(|e| StageError::io(&chart_path, e))?;
+    let report = PipelineReport {
+        run: recipe.run.name.clone(),
+        recipe: shown(&recipe.path),
+        run_dir: shown(run_dir),
+        stages: records.to_vec(),
+        final_model: final_model.clone(),
+        final_stage,
+        golden: GoldenSummary {
+            file: shown(&run_dir.join("golden.json")),
+            examples: ev.golden.len(),
+            split: "validation",
+            baseline_sha256: records[0].model.sha256.clone(),
+        },
+        analysis,
+        environment: Environment::detect(),
+        wall_time_s,
+        peak_rss_bytes: mopt_train::memory::peak_rss_bytes(),
+        chart: shown(&chart_path),
+    };
+    write_json_atomic(&run_dir.join("report.json"), &report)?;
+    let md = run_dir.join("report.md");
+    std::fs::write(&md, markdown(&report)).map_err(|e| StageError::io(&md, e))?;
+    Ok(report)
+}

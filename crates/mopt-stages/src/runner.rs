@@ -1,0 +1,589 @@
+//! Running a pipeline: the baseline and its golden reference, then each stage in order with its
+//! gate, rollback or abort, and resume of finished stages (outputs checked by sha256).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use mopt_data::LabelMap;
+use mopt_recipe::Recipe;
+use mopt_train::memory::peak_rss_bytes;
+use mopt_train::setup::{build_model, model_config, prepare_data, PreparedData};
+use mopt_train::trainer::{describe_data, save_checkpoint_dir, TrainOptions};
+use mopt_train::{DeviceSpec, TrainError};
+use serde::{Deserialize, Serialize};
+
+use crate::error::StageError;
+use crate::gate::{decide, Action, Decision};
+use crate::record::*;
+use crate::report::{write_report, PipelineReport};
+use crate::stage::{StageContext, StageOutput};
+use crate::Pipeline;
+
+/// How to run a pipeline (what does not belong in a recipe).
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub device: DeviceSpec,
+    /// Replace an existing run folder.
+    pub force: bool,
+    /// Continue an interrupted run: finished stages whose outputs verify are reused.
+    pub resume: bool,
+    /// Stop every training (stages, a teacher trained on the way) after N optimizer steps.
+    pub max_steps: Option<usize>,
+    /// The run folder (default `[run] output-dir / name`).
+    pub run_dir: Option<PathBuf>,
+}
+
+impl RunOptions {
+    pub fn new(device: DeviceSpec) -> Self {
+        Self {
+            device,
+            force: false,
+            resume: false,
+            max_steps: None,
+            run_dir: None,
+        }
+    }
+}
+
+/// The golden reference: the baseline's logits on the first validation examples.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct GoldenReference {
+    pub baseline: String,
+    pub baseline_sha256: String,
+    /// Validation examples, in split order.
+    pub examples: usize,
+    pub input_ids: Vec<Vec<u32>>,
+    pub logits: Vec<Vec<f32>>,
+}
+
+/// The model the next stage starts from.
+struct Current {
+    dir: PathBuf,
+    facts: ModelFacts,
+    logits: Vec<Vec<f32>>,
+}
+
+fn io(p: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
+    move |e| StageError::io(p, e)
+}
+
+/// Copy a checkpoint folder to `to` atomically (`to.tmp`, then renamed).
+fn copy_checkpoint(from: &Path, to: &Path) -> Result<(), StageError> {
+    let tmp = to.with_extension("tmp");
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    for entry in std::fs::read_dir(from).map_err(io(from))? {
+        let entry = entry.map_err(io(from))?;
+        if entry.file_type().map_err(io(from))?.is_file() {
+            std::fs::copy(entry.path(), tmp.join(entry.file_name())).map_err(io(&tmp))?;
+        }
+    }
+    if to.exists() {
+        std::fs::remove_dir_all(to).map_err(io(to))?;
+    }
+    std::fs::rename(&tmp, to).map_err(io(to))
+}
+
+/// Prepare the run folder: refuse, replace, or resume an existing one.
+fn open_run_dir(recipe: &Recipe, dir: &Path, opts: &RunOptions) -> Result<(), StageError> {
+    let copy = dir.join("recipe.toml");
+    if dir.exists() {
+        if opts.resume {
+            let before = std::fs::read_to_string(&copy).unwrap_or_default();
+            if before != recipe.source {
+                return Err(TrainError::Input(format!(
+                    "cannot resume {}: the recipe changed since the run started ({} differs from {}); pass --force to start over, or restore the recipe",
+                    shown(dir),
+                    shown(&recipe.path),
+                    shown(&copy)
+                ))
+                .into());
+            }
+            eprintln!("resuming {}", shown(dir));
+            return Ok(());
+        }
+        if !opts.force {
+            return Err(TrainError::Input(format!(
+                "run folder {} already exists (from an earlier run of `{}`); pass --resume to continue it, --force to replace it, or change [run] name",
+                shown(dir),
+                recipe.run.name
+            ))
+            .into());
+        }
+        std::fs::remove_dir_all(dir).map_err(io(dir))?;
+    }
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    std::fs::write(&copy, &recipe.source).map_err(io(&copy))
+}
+
+impl Pipeline {
+    /// Run the pipeline; writes the run folder, `report.md`, `report.json` and `chart.svg`.
+    pub fn run(&self, opts: &RunOptions) -> Result<PipelineReport, StageError> {
+        let wall = Instant::now();
+        let recipe = &self.recipe;
+        // Everything is validated before the run folder is touched.
+        let chain = self.plan_chain()?;
+        let run_dir = opts.run_dir.clone().unwrap_or_else(|| recipe.run.run_dir());
+        open_run_dir(recipe, &run_dir, opts)?;
+        let train_opts = TrainOptions {
+            max_steps: opts.max_steps,
+        };
+        let device = opts.device.device();
+
+        // The baseline: the teacher (trained first when missing) or the recipe's [model].
+        let base_dir = run_dir.join("00-baseline");
+        std::fs::create_dir_all(&base_dir).map_err(io(&base_dir))?;
+        let (baseline_ckpt, baseline_note) = self.baseline_checkpoint(&base_dir, opts)?;
+        let labels = match &baseline_ckpt {
+            Some(c) => Some(LabelMap::load(&c.join("labels.json")).map_err(TrainError::from)?),
+            None => None,
+        };
+        eprintln!("preparing data ({})", recipe.data.source_label());
+        let prepared = prepare_data(&recipe.tokenizer, &recipe.data, labels)?;
+        describe_data(&shown(&recipe.path), &prepared.data)?;
+        let baseline_ckpt = match baseline_ckpt {
+            Some(c) => c,
+            None => self.build_baseline(&base_dir, &prepared, opts)?,
+        };
+        let golden_n = recipe
+            .evaluation
+            .golden_samples
+            .unwrap_or(usize::MAX)
+            .min(prepared.data.valid.len());
+        let golden = &prepared.data.valid[..golden_n];
+        let ev = Evaluator {
+            data: &prepared.data,
+            golden,
+            pad_id: prepared.tokenizer.pad_id,
+            eval_batch_size: recipe.train.eval_batch_size,
+            evaluation: &recipe.evaluation,
+            device: device.clone(),
+        };
+        let baseline =
+            self.baseline_record(&base_dir, &baseline_ckpt, &baseline_note, &ev, opts)?;
+        let golden_path = run_dir.join("golden.json");
+        let baseline_logits: Vec<Vec<f32>> =
+            read_json(&base_dir.join("logits.json")).expect("baseline logits were just written");
+        write_json_atomic(
+            &golden_path,
+            &GoldenReference {
+                baseline: baseline.model.checkpoint.clone(),
+                baseline_sha256: baseline.model.sha256.clone(),
+                examples: golden.len(),
+                input_ids: golden.iter().map(|e| e.ids.clone()).collect(),
+                logits: baseline_logits.clone(),
+            },
+        )?;
+
+        let mut records = vec![baseline.clone()];
+        let mut current = Current {
+            dir: baseline_ckpt.clone(),
+            facts: baseline.model.clone(),
+            logits: baseline_logits.clone(),
+        };
+        let mut aborted: Option<(usize, String, String)> = None;
+        for (entry, stage) in &self.stages {
+            let dir = run_dir.join(entry.dir_name());
+            let reused = if opts.resume {
+                reuse(&dir, &current)?
+            } else {
+                None
+            };
+            let (record, out_logits, out_dir) = match reused {
+                Some(r) => r,
+                None => {
+                    if dir.exists() {
+                        std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+                    }
+                    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+                    eprintln!("stage {} ({}): {}", entry.index, entry.kind, entry.name);
+                    let t0 = Instant::now();
+                    let cx = StageContext {
+                        entry,
+                        device: &opts.device,
+                        data: &prepared.data,
+                        data_spec: &recipe.data,
+                        tokenizer: &recipe.tokenizer,
+                        tokenizer_file: &prepared.tokenizer.path,
+                        pad_id: prepared.tokenizer.pad_id,
+                        vocab: prepared.tokenizer.vocab_size(),
+                        evaluation: &recipe.evaluation,
+                        seed: recipe.run.seed,
+                        opts: &train_opts,
+                        baseline: &baseline_ckpt,
+                        golden,
+                        dir: &dir,
+                        run_name: &recipe.run.name,
+                    };
+                    let out = stage.run(&current.dir, &cx)?;
+                    let settings = chain.stages[entry.index - 1].settings.clone();
+                    let r = finish_stage(
+                        entry,
+                        settings,
+                        &current,
+                        &baseline,
+                        &baseline_logits,
+                        out,
+                        &ev,
+                        &dir,
+                        t0,
+                    )?;
+                    eprintln!(
+                        "stage {} ({}): {} — {}",
+                        entry.index,
+                        entry.name,
+                        r.0.decision.action.label(),
+                        r.0.decision.reason
+                    );
+                    r
+                }
+            };
+            match record.decision.action {
+                Action::Kept | Action::Baseline => {
+                    current = Current {
+                        dir: out_dir,
+                        facts: record.model.clone(),
+                        logits: out_logits,
+                    };
+                }
+                Action::RolledBack => {}
+                Action::Aborted => {
+                    aborted = Some((
+                        entry.index,
+                        entry.name.clone(),
+                        record.decision.reason.clone(),
+                    ));
+                }
+            }
+            records.push(record);
+            if aborted.is_some() {
+                break;
+            }
+        }
+
+        let final_dir = run_dir.join("best");
+        copy_checkpoint(&current.dir, &final_dir)?;
+        let report = write_report(
+            self,
+            &run_dir,
+            &records,
+            &current.facts,
+            &ev,
+            wall.elapsed().as_secs_f64(),
+            &baseline_ckpt,
+        )?;
+        if let Some((index, name, reason)) = aborted {
+            return Err(StageError::Aborted {
+                index,
+                name,
+                reason,
+                report: shown(&run_dir.join("report.md")),
+            });
+        }
+        Ok(report)
+    }
+
+    /// The teacher checkpoint, trained first when missing (`None`: the baseline is built from
+    /// `[model]` once the data is loaded). Returns a note for the report.
+    fn baseline_checkpoint(
+        &self,
+        base_dir: &Path,
+        opts: &RunOptions,
+    ) -> Result<(Option<PathBuf>, String), StageError> {
+        let Some(t) = &self.recipe.teacher else {
+            return Ok((None, "built from [model]".into()));
+        };
+        if t.checkpoint.join("model.bpk").is_file() {
+            eprintln!("teacher: reusing {}", shown(&t.checkpoint));
+            return Ok((
+                Some(t.checkpoint.clone()),
+                format!("teacher {}", shown(&t.checkpoint)),
+            ));
+        }
+        let path = t
+            .recipe
+            .as_ref()
+            .expect("validated: a teacher without checkpoint has a recipe");
+        let teacher = Pipeline::load(path)?;
+        let mut topts = RunOptions {
+            force: false,
+            resume: true,
+            run_dir: None,
+            ..opts.clone()
+        };
+        if let Some(n) = opts.max_steps {
+            // A smoke teacher stays inside this run: it must never become the shared teacher.
+            let dir = base_dir.join("teacher-run");
+            eprintln!(
+                "teacher: no checkpoint at {}; smoke run (--max-steps {n}) of {} into {}",
+                shown(&t.checkpoint),
+                shown(path),
+                shown(&dir)
+            );
+            topts.run_dir = Some(dir.clone());
+            teacher.run(&topts)?;
+            let ckpt = dir.join("best");
+            return Ok((
+                Some(ckpt),
+                format!(
+                    "teacher trained by {} with --max-steps {n} (smoke run, kept inside this run)",
+                    shown(path)
+                ),
+            ));
+        }
+        eprintln!(
+            "teacher: no checkpoint at {}; fine-tuning it first with {}",
+            shown(&t.checkpoint),
+            shown(path)
+        );
+        teacher.run(&topts)?;
+        if !t.checkpoint.join("model.bpk").is_file() {
+            return Err(TrainError::Recipe(self.recipe.invalid(
+                "teacher.checkpoint",
+                format!(
+                    "the teacher recipe ran but wrote no checkpoint at {}",
+                    shown(&t.checkpoint)
+                ),
+                "point [teacher] checkpoint at `<teacher run folder>/best`",
+            ))
+            .into());
+        }
+        Ok((
+            Some(t.checkpoint.clone()),
+            format!("teacher fine-tuned in this run by {}", shown(path)),
+        ))
+    }
+
+    /// Build the recipe's `[model]` (its weights, a fresh head if allowed) and save it as the
+    /// baseline checkpoint.
+    fn build_baseline(
+        &self,
+        base_dir: &Path,
+        prepared: &PreparedData,
+        opts: &RunOptions,
+    ) -> Result<PathBuf, StageError> {
+        let recipe = &self.recipe;
+        let m = recipe
+            .model
+            .as_ref()
+            .expect("validated: [model] or [teacher]");
+        let ckpt = base_dir.join("model");
+        if opts.resume && ckpt.join("model.bpk").is_file() {
+            return Ok(ckpt);
+        }
+        let config = model_config(
+            m,
+            &recipe.tokenizer,
+            &recipe.scope.nested("model"),
+            &prepared.data.labels,
+            prepared.tokenizer.vocab_size(),
+        )?;
+        let device = opts.device.device();
+        let (model, load) = build_model(m, recipe.run.seed, &config, &device)?;
+        if let Some(l) = &load {
+            eprintln!(
+                "weights: {} tensors loaded, {} fresh ({}), {} skipped",
+                l.applied,
+                l.fresh.len(),
+                l.fresh.join(", "),
+                l.skipped.len()
+            );
+        }
+        save_checkpoint_dir(
+            &model,
+            &config,
+            &prepared.data,
+            &prepared.tokenizer.path,
+            &ckpt,
+        )?;
+        Ok(ckpt)
+    }
+
+    fn baseline_record(
+        &self,
+        base_dir: &Path,
+        ckpt: &Path,
+        note: &str,
+        ev: &Evaluator,
+        opts: &RunOptions,
+    ) -> Result<StageRecord, StageError> {
+        let path = base_dir.join("stage.json");
+        if opts.resume {
+            if let Some(r) = read_json::<StageRecord>(&path) {
+                if r.model.sha256 == checkpoint_sha256(ckpt)?
+                    && base_dir.join("logits.json").is_file()
+                {
+                    eprintln!("baseline: measured earlier, checkpoint verified (sha256)");
+                    return Ok(r);
+                }
+                return Err(TrainError::Input(format!(
+                    "cannot resume: the baseline {} changed since the run started; pass --force to start over",
+                    shown(ckpt)
+                ))
+                .into());
+            }
+        }
+        eprintln!(
+            "baseline: measuring {} (validation, test, latency)",
+            shown(ckpt)
+        );
+        let t0 = Instant::now();
+        let (facts, logits) = ev.measure(ckpt)?;
+        let r = StageRecord {
+            index: 0,
+            name: if self.recipe.teacher.is_some() {
+                "teacher".into()
+            } else {
+                "baseline".into()
+            },
+            kind: "baseline".into(),
+            settings: vec![note.to_string()],
+            input: None,
+            model: facts,
+            decision: Decision {
+                action: Action::Baseline,
+                passed: true,
+                reason: format!("golden baseline ({note})"),
+            },
+            delta_valid_vs_baseline: 0.0,
+            delta_test_vs_baseline: 0.0,
+            max_logit_error_vs_input: 0.0,
+            max_logit_error_vs_baseline: 0.0,
+            steps: 0,
+            wall_time_s: t0.elapsed().as_secs_f64(),
+            peak_rss_bytes: peak_rss_bytes(),
+            artifacts: Vec::new(),
+            facts: serde_json::Value::Null,
+            notes: Vec::new(),
+            references: Vec::new(),
+        };
+        write_json_atomic(&base_dir.join("logits.json"), &logits)?;
+        write_json_atomic(&path, &r)?;
+        Ok(r)
+    }
+}
+
+/// A stage's record, its output's golden logits and its output checkpoint.
+type Finished = (StageRecord, Vec<Vec<f32>>, PathBuf);
+
+/// A finished stage's record, reused when its input is the current model and its outputs
+/// verify; `None` means run it (again).
+fn reuse(dir: &Path, current: &Current) -> Result<Option<Finished>, StageError> {
+    let Some(r) = read_json::<StageRecord>(&dir.join("stage.json")) else {
+        return Ok(None);
+    };
+    let Some(logits) = read_json::<Vec<Vec<f32>>>(&dir.join("logits.json")) else {
+        return Ok(None);
+    };
+    let same_input = r
+        .input
+        .as_ref()
+        .is_some_and(|i| i.sha256 == current.facts.sha256);
+    let out_dir = PathBuf::from(&r.model.checkpoint);
+    let out_ok = checkpoint_sha256(&out_dir).is_ok_and(|h| h == r.model.sha256);
+    let artifacts_ok = r
+        .artifacts
+        .iter()
+        .all(|a| sha256_file(Path::new(&a.path)).is_ok_and(|h| h == a.sha256));
+    if same_input && out_ok && artifacts_ok {
+        eprintln!(
+            "stage {} ({}): finished earlier, outputs verified (sha256), reused",
+            r.index, r.name
+        );
+        return Ok(Some((r, logits, out_dir)));
+    }
+    eprintln!(
+        "stage {} ({}): its earlier outputs do not verify ({}); running it again",
+        r.index,
+        r.name,
+        if !same_input {
+            "another input"
+        } else {
+            "changed files"
+        }
+    );
+    Ok(None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish_stage(
+    entry: &mopt_recipe::StageEntry,
+    settings: Vec<String>,
+    current: &Current,
+    baseline: &StageRecord,
+    baseline_logits: &[Vec<f32>],
+    out: StageOutput,
+    ev: &Evaluator,
+    dir: &Path,
+    t0: Instant,
+) -> Result<Finished, StageError> {
+    let (facts, logits) = if out.checkpoint == current.dir {
+        (current.facts.clone(), current.logits.clone())
+    } else {
+        eprintln!("stage {}: measuring its output", entry.index);
+        ev.measure(&out.checkpoint)?
+    };
+    let err_input = out
+        .logit_error_vs_input
+        .unwrap_or_else(|| max_abs_diff(&logits, &current.logits));
+    let err_baseline =
+        max_abs_diff(&logits, baseline_logits).max(if out.checkpoint == current.dir {
+            err_input
+        } else {
+            0.0
+        });
+    let decision = decide(
+        entry.gate.as_ref(),
+        &facts.valid,
+        &baseline.model.valid,
+        &current.facts.valid,
+        err_input,
+    );
+    let mut references = Vec::new();
+    for r in &out.references {
+        eprintln!("stage {}: measuring {}", entry.index, r.name);
+        references.push(ReferenceRecord {
+            name: r.name.clone(),
+            about: r.about.clone(),
+            model: ev.measure(&r.checkpoint)?.0,
+        });
+    }
+    let artifacts = out
+        .artifacts
+        .iter()
+        .map(|p| {
+            Ok(FileHash {
+                path: shown(p),
+                sha256: sha256_file(p)?,
+            })
+        })
+        .collect::<Result<Vec<_>, StageError>>()?;
+    let record = StageRecord {
+        index: entry.index,
+        name: entry.name.clone(),
+        kind: entry.kind.clone(),
+        settings,
+        input: Some(FileHash {
+            path: shown(&current.dir),
+            sha256: current.facts.sha256.clone(),
+        }),
+        delta_valid_vs_baseline: facts.valid.accuracy - baseline.model.valid.accuracy,
+        delta_test_vs_baseline: facts.test.accuracy - baseline.model.test.accuracy,
+        model: facts,
+        decision,
+        max_logit_error_vs_input: err_input,
+        max_logit_error_vs_baseline: err_baseline,
+        steps: out.steps,
+        wall_time_s: t0.elapsed().as_secs_f64(),
+        peak_rss_bytes: peak_rss_bytes(),
+        artifacts,
+        facts: out.facts,
+        notes: out.notes,
+        references,
+    };
+    write_json_atomic(&dir.join("logits.json"), &logits)?;
+    write_json_atomic(&dir.join("stage.json"), &record)?;
+    Ok((record, logits, out.checkpoint))
+}

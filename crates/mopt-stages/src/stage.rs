@@ -1,0 +1,165 @@
+//! The stage abstraction: a stage takes a checkpoint in and gives a checkpoint out plus facts for
+//! the report. A stage *kind* owns its recipe keys (schema and validation) and builds the stage;
+//! adding a kind is one module under `kinds/` plus one line in [`kinds`].
+
+use std::path::{Path, PathBuf};
+
+use mopt_data::EncodedSplits;
+use mopt_models::bert::BertConfig;
+use mopt_recipe::{DataSpec, EvaluationSpec, RecipeError, StageEntry, TokenizerSpec};
+use mopt_train::memory::MemoryEstimate;
+use mopt_train::trainer::TrainOptions;
+use mopt_train::DeviceSpec;
+use serde::{Deserialize, Serialize};
+
+use crate::error::StageError;
+
+/// The registered stage kinds, in the order the README lists them.
+pub fn kinds() -> &'static [&'static dyn StageKind] {
+    &[
+        &crate::kinds::finetune::Finetune,
+        &crate::kinds::distill::Distill,
+        &crate::kinds::export::Export,
+    ]
+}
+
+/// A kind of stage (`finetune`, `distill`, `export`, …): validates a `[[stage]]` block's own keys
+/// and builds the stage.
+pub trait StageKind: Sync {
+    /// The `kind = "…"` value.
+    fn name(&self) -> &'static str;
+    /// One line for `--check` and error messages.
+    fn about(&self) -> &'static str;
+    /// Validate `entry.settings` (errors through `entry.scope`) into a stage.
+    fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError>;
+    /// Whether the kind has a gentler retry for `on-fail = "retry"`.
+    fn has_retry(&self) -> bool {
+        false
+    }
+}
+
+/// What `--check` learns from a stage without running it.
+pub struct StagePlan {
+    /// The output model's shape.
+    pub output: BertConfig,
+    /// The stage's settings as a recipe writes them (`alpha = 0.5`), one per line.
+    pub settings: Vec<String>,
+    /// Training memory of the stage, when it trains.
+    pub memory: Option<MemoryEstimate>,
+    /// Memory the stage holds besides training (a teacher and its cache), in bytes, described.
+    pub extra_memory: Vec<(String, u64)>,
+}
+
+/// Read-only context of planning.
+pub struct PlanContext<'a> {
+    pub tokenizer: &'a TokenizerSpec,
+    pub data: &'a DataSpec,
+    /// Tokenizer vocabulary size.
+    pub vocab: usize,
+    /// Training examples (after `max-train`).
+    pub train_examples: Option<usize>,
+    /// Mean tokens per training example and mean of its square (from a sample of 1000).
+    pub mean_tokens: f64,
+    pub mean_tokens_sq: f64,
+    /// The input checkpoint's folder, when it exists already.
+    pub input_dir: Option<&'a Path>,
+}
+
+/// Everything a running stage may read.
+pub struct StageContext<'a> {
+    pub entry: &'a StageEntry,
+    pub device: &'a DeviceSpec,
+    pub data: &'a EncodedSplits,
+    pub data_spec: &'a DataSpec,
+    pub tokenizer: &'a TokenizerSpec,
+    pub tokenizer_file: &'a Path,
+    pub pad_id: u32,
+    /// Tokenizer vocabulary size.
+    pub vocab: usize,
+    pub evaluation: &'a EvaluationSpec,
+    pub seed: u64,
+    pub opts: &'a TrainOptions,
+    /// The run's golden baseline checkpoint.
+    pub baseline: &'a Path,
+    /// The validation examples of the golden reference (gates and logit errors use them).
+    pub golden: &'a [mopt_data::Encoded],
+    /// This stage's own folder (empty when the stage starts).
+    pub dir: &'a Path,
+    /// The run's name, for reports.
+    pub run_name: &'a str,
+}
+
+/// A model that is reported beside the chain but not passed on (e.g. distillation's hard-label twin).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReferenceModel {
+    pub name: String,
+    pub about: String,
+    pub checkpoint: PathBuf,
+}
+
+/// What a stage produced.
+pub struct StageOutput {
+    /// The output checkpoint folder (the input's, for stages that do not change the model).
+    pub checkpoint: PathBuf,
+    /// Optimizer steps run.
+    pub steps: usize,
+    /// Kind-specific facts for the report (JSON object).
+    pub facts: serde_json::Value,
+    /// Markdown lines for the report's section on this stage.
+    pub notes: Vec<String>,
+    /// Models reported beside the chain.
+    pub references: Vec<ReferenceModel>,
+    /// Max |logit error| against the input measured by the stage itself (export: ONNX Runtime
+    /// against mopt); `None`: the runner compares the output checkpoint's logits.
+    pub logit_error_vs_input: Option<f64>,
+    /// Further files whose sha256 is checked before a resumed run reuses the stage.
+    pub artifacts: Vec<PathBuf>,
+}
+
+/// One stage of a pipeline.
+pub trait Stage {
+    /// The kind's name.
+    fn kind(&self) -> &str;
+    /// Output shape, settings and memory, without running.
+    fn plan(
+        &self,
+        entry: &StageEntry,
+        input: &BertConfig,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError>;
+    /// Run on the checkpoint at `input`; write only inside `cx.dir`.
+    fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError>;
+}
+
+/// Validate every stage of a recipe with its kind.
+pub fn parse_stages(entries: &[StageEntry]) -> Result<Vec<Box<dyn Stage>>, RecipeError> {
+    entries
+        .iter()
+        .map(|e| {
+            let kind = kinds().iter().find(|k| k.name() == e.kind).ok_or_else(|| {
+                e.scope.err(
+                    "kind",
+                    format!("unknown stage kind `{}`", e.kind),
+                    format!(
+                        "use one of: {}",
+                        kinds()
+                            .iter()
+                            .map(|k| format!("`{}` ({})", k.name(), k.about()))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })?;
+            if e.gate.as_ref().is_some_and(|g| g.on_fail == mopt_recipe::OnFail::Retry)
+                && !kind.has_retry()
+            {
+                return Err(e.scope.err(
+                    "gate.on-fail",
+                    format!("kind `{}` has no gentler retry", e.kind),
+                    "use on-fail = \"rollback\" or \"abort\" (pruning and quantization stages retry)",
+                ));
+            }
+            kind.parse(e)
+        })
+        .collect()
+}
