@@ -494,3 +494,35 @@ fn distilled_student_and_teacher_export_through_the_cli() {
     assert_eq!(again.status.code(), Some(2), "{}", stderr(&again));
     assert!(stderr(&again).contains("--force"));
 }
+
+#[test]
+fn max_steps_applies_to_a_teacher_trained_on_the_way_and_keeps_it_inside_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_pair(tmp.path(), "", LAYER_INIT);
+    let text = std::fs::read_to_string(&recipe)
+        .unwrap()
+        .replace("baseline = true", "baseline = false");
+    std::fs::write(&recipe, text).unwrap();
+    let out = mopt(&[recipe.to_str().unwrap(), "--max-steps", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The smoke teacher is not the shared [teacher] checkpoint a later full run would reuse.
+    assert!(!tmp.path().join("runs/teacher").exists());
+    let inner = tmp.path().join("runs/student/00-baseline/teacher-run");
+    let teacher_report = read_json(&inner.join("01-finetune/report.json"));
+    assert_eq!(
+        teacher_report["steps"], 2,
+        "the teacher stopped at --max-steps too"
+    );
+    let r = read_json(&tmp.path().join("runs/student/report.json"));
+    assert!(
+        r["stages"][0]["decision"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("--max-steps 2 (smoke run"),
+        "{}",
+        r["stages"][0]
+    );
+    assert_eq!(r["stages"][1]["steps"], 2);
+    // Paths in messages read as written, without `dir/../`.
+    assert!(!stderr(&out).contains("/../"), "{}", stderr(&out));
+}

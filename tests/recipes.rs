@@ -149,3 +149,113 @@ fn shipped_recipes_validate() {
     }
     assert!(n >= 3, "found {n} recipes in {}", dir.display());
 }
+
+/// The error of loading `src` as a pipeline (recipe and stage kinds).
+fn pipeline_err(p: &std::path::Path, src: &str) -> String {
+    let e = match parse(p, src) {
+        Err(e) => return e.to_string(),
+        Ok(r) => match mopt_stages::Pipeline::from_recipe(r) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("accepted:\n{src}"),
+        },
+    };
+    e
+}
+
+#[test]
+fn stages_default_merge_their_training_and_get_unique_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (p, s) = good(tmp.path());
+    // No [[stage]]: one finetune stage with the shared [train].
+    let r = parse(&p, &s).unwrap();
+    assert_eq!(r.stages.len(), 1);
+    assert_eq!(r.stages[0].kind, "finetune");
+    assert_eq!(r.stages[0].train.lr, 1e-3);
+    let src = format!("{s}\n[[stage]]\nkind = \"finetune\"\n\n[[stage]]\nkind = \"finetune\"\n[stage.train]\nlr = 1e-4\n[stage.gate]\nmax-drop = 0.02\nagainst = \"previous\"\n");
+    let r = parse(&p, &src).unwrap();
+    let names: Vec<String> = r.stages.iter().map(|st| st.dir_name()).collect();
+    assert_eq!(names, ["01-finetune", "02-finetune-2"]);
+    assert_eq!((r.stages[0].train.lr, r.stages[1].train.lr), (1e-3, 1e-4));
+    assert_eq!(
+        r.stages[1].train.epochs, 2,
+        "keys not overridden come from [train]"
+    );
+    assert!(r.stages[1].train_overridden && !r.stages[0].train_overridden);
+    let g = r.stages[1].gate.as_ref().unwrap();
+    assert_eq!(g.max_drop, Some(0.02));
+    assert_eq!(g.against, mopt_recipe::GateReference::Previous);
+    assert_eq!(
+        g.to_toml(),
+        "{ metric = \"accuracy\", max-drop = 0.02, against = \"previous\", on-fail = \"rollback\" }"
+    );
+}
+
+#[test]
+fn stage_errors_name_the_stage_its_line_and_the_fix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (p, s) = good(tmp.path());
+    let cases: [(&str, &str, &[&str]); 7] = [
+        (
+            "[[stage]]\nkind = \"prune\"\n",
+            "kind = \"prune\"",
+            &["`stage[1].kind`", "unknown stage kind `prune`", "`finetune`", "`distill`", "`export`"],
+        ),
+        (
+            "[[stage]]\nkind = \"finetune\"\nalpha = 0.5\n",
+            "alpha = 0.5",
+            &["`stage[1].alpha`", "unknown field `alpha`", "fix:"],
+        ),
+        (
+            "[[stage]]\nkind = \"finetune\"\n[stage.train]\nlr = 1e-4\n\n[[stage]]\nkind = \"finetune\"\n[stage.train]\nlr = -1.0\n",
+            "lr = -1.0",
+            &["`stage[2].train.lr`", "not in (0, 1]"],
+        ),
+        (
+            "[[stage]]\nkind = \"finetune\"\n[stage.gate]\nagainst = \"baseline\"\n",
+            "[stage.gate]",
+            &["`stage[1].gate.max-drop`", "needs a tolerance"],
+        ),
+        (
+            "[[stage]]\nkind = \"finetune\"\n[stage.gate]\nmax-drop = 0.01\non-fail = \"retry\"\n",
+            "on-fail = \"retry\"",
+            &["`stage[1].gate.on-fail`", "has no gentler retry", "rollback"],
+        ),
+        (
+            "[[stage]]\nkind = \"export\"\nsamples = 0\n",
+            "samples = 0",
+            &["`stage[1].samples`", "at least 1"],
+        ),
+        (
+            "[[stage]]\nkind = \"distill\"\n",
+            "[[stage]]",
+            &["`stage[1].student`", "needs its student", "[stage.student]"],
+        ),
+    ];
+    for (stages, line_of_needle, needles) in cases {
+        let src = format!("{s}\n{stages}");
+        let msg = pipeline_err(&p, &src);
+        // The line is the needle's last occurrence (the second stage's, where there are two).
+        let want = src
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| l.starts_with(line_of_needle))
+            .map(|(i, _)| i + 1)
+            .last()
+            .unwrap();
+        assert!(
+            msg.contains(&format!("tiny.toml:{want}:")),
+            "line {want} in: {msg}"
+        );
+        for n in needles {
+            assert!(msg.contains(n), "`{n}` in: {msg}");
+        }
+    }
+    // The pre-stages form is refused with the way to migrate.
+    let msg = pipeline_err(&p, &format!("{s}\n[distill]\nalpha = 0.5\n"));
+    assert!(
+        msg.contains("is now a stage") && msg.contains("kind = \"distill\""),
+        "{msg}"
+    );
+    let msg = pipeline_err(&p, &format!("{s}\n[report]\nlatency-runs = 3\n"));
+    assert!(msg.contains("[evaluation]"), "{msg}");
+}

@@ -233,9 +233,9 @@ pub(crate) fn write_report(
     } else {
         None
     };
+    // The stage that produced the final model (later stages may pass it on unchanged).
     let final_stage = records
         .iter()
-        .rev()
         .find(|r| {
             matches!(r.decision.action, Action::Kept | Action::Baseline)
                 && r.model.sha256 == final_model.sha256

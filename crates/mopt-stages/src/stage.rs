@@ -89,6 +89,24 @@ pub struct StageContext<'a> {
     pub run_name: &'a str,
 }
 
+impl<'a> StageContext<'a> {
+    /// The trainer's context for this stage's training of a model shaped `config`, in its folder.
+    pub fn run_context(&self, config: &'a BertConfig) -> mopt_train::trainer::RunContext<'a> {
+        mopt_train::trainer::RunContext {
+            name: &self.entry.name,
+            train: &self.entry.train,
+            seed: self.seed,
+            device_spec: self.device,
+            run_dir: self.dir,
+            opts: self.opts,
+            data: self.data,
+            tokenizer_file: self.tokenizer_file,
+            pad_id: self.pad_id,
+            config,
+        }
+    }
+}
+
 /// A model that is reported beside the chain but not passed on (e.g. distillation's hard-label twin).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReferenceModel {

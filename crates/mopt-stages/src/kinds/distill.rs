@@ -595,18 +595,7 @@ impl Stage for DistillStage {
             &plan,
             &device,
         )?;
-        let run = RunContext {
-            name: &entry.name,
-            train: &entry.train,
-            seed: cx.seed,
-            device_spec: cx.device,
-            run_dir: cx.dir,
-            opts: cx.opts,
-            data: cx.data,
-            tokenizer_file: cx.tokenizer_file,
-            pad_id: cx.pad_id,
-            config: &config,
-        };
+        let run = cx.run_context(&config);
         let student = init_student(&self.student, cx.seed, &config, input, &ad)?;
         let model = DistillModel::new(student, &plan.projections, &ad);
         eprintln!(

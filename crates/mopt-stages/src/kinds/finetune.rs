@@ -6,7 +6,7 @@ use std::path::Path;
 use mopt_models::bert::{weights, BertConfig};
 use mopt_recipe::{RecipeError, StageEntry};
 use mopt_train::memory::MemoryEstimate;
-use mopt_train::trainer::{fit, FinetuneTask, RunContext};
+use mopt_train::trainer::{fit, FinetuneTask};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -67,18 +67,7 @@ impl Stage for FinetuneStage {
         let entry = cx.entry;
         let ad = cx.device.train_device(&entry.train);
         let (model, config) = weights::load_checkpoint(input, &ad)?;
-        let run = RunContext {
-            name: &entry.name,
-            train: &entry.train,
-            seed: cx.seed,
-            device_spec: cx.device,
-            run_dir: cx.dir,
-            opts: cx.opts,
-            data: cx.data,
-            tokenizer_file: cx.tokenizer_file,
-            pad_id: cx.pad_id,
-            config: &config,
-        };
+        let run = cx.run_context(&config);
         let report = fit(&run, FinetuneTask::new(&ad), model)?;
         Ok(StageOutput {
             checkpoint: report.checkpoint.clone(),
