@@ -214,6 +214,8 @@ impl Pipeline {
                         opts: &train_opts,
                         baseline: &baseline_ckpt,
                         golden,
+                        baseline_valid: &baseline.model.valid,
+                        input_valid: &current.facts.valid,
                         dir: &dir,
                         run_name: &recipe.run.name,
                     };

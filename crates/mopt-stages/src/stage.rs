@@ -8,6 +8,7 @@ use mopt_data::EncodedSplits;
 use mopt_models::bert::BertConfig;
 use mopt_recipe::{DataSpec, EvaluationSpec, RecipeError, StageEntry, TokenizerSpec};
 use mopt_train::memory::MemoryEstimate;
+use mopt_train::metrics::EvalMetrics;
 use mopt_train::trainer::TrainOptions;
 use mopt_train::DeviceSpec;
 use serde::{Deserialize, Serialize};
@@ -83,6 +84,9 @@ pub struct StageContext<'a> {
     pub baseline: &'a Path,
     /// The validation examples of the golden reference (gates and logit errors use them).
     pub golden: &'a [mopt_data::Encoded],
+    /// Validation metrics of the baseline and of this stage's input (what gates compare with).
+    pub baseline_valid: &'a EvalMetrics,
+    pub input_valid: &'a EvalMetrics,
     /// This stage's own folder (empty when the stage starts).
     pub dir: &'a Path,
     /// The run's name, for reports.
@@ -90,6 +94,20 @@ pub struct StageContext<'a> {
 }
 
 impl<'a> StageContext<'a> {
+    /// This stage's gate applied to a candidate's validation metrics and logit error against the
+    /// input: for kinds whose gentler retry judges intermediate models (pruning rounds,
+    /// quantization fallbacks) before handing one back. The runner judges the final output
+    /// the same way.
+    pub fn judge(&self, valid: &EvalMetrics, logit_error_vs_input: f64) -> crate::gate::Decision {
+        crate::gate::decide(
+            self.entry.gate.as_ref(),
+            valid,
+            self.baseline_valid,
+            self.input_valid,
+            logit_error_vs_input,
+        )
+    }
+
     /// The trainer's context for this stage's training of a model shaped `config`, in its folder.
     pub fn run_context(&self, config: &'a BertConfig) -> mopt_train::trainer::RunContext<'a> {
         mopt_train::trainer::RunContext {
