@@ -134,6 +134,7 @@ impl Pipeline {
         let (baseline, baseline_source) = self.baseline_config(&labels, tok.vocab_size())?;
         let mut input = baseline.clone();
         let mut stages = Vec::new();
+        let mut earlier = vec!["baseline".to_string()];
         for (entry, stage) in &self.stages {
             let cx = PlanContext {
                 tokenizer: &r.tokenizer,
@@ -143,8 +144,10 @@ impl Pipeline {
                 mean_tokens,
                 mean_tokens_sq,
                 input_dir: None,
+                earlier: earlier.clone(),
             };
             let p = stage.plan(entry, &input, &cx)?;
+            earlier.push(entry.name.clone());
             input = p.output.clone();
             stages.push(p);
         }

@@ -184,6 +184,7 @@ impl Pipeline {
             logits: baseline_logits.clone(),
         };
         let mut aborted: Option<(usize, String, String)> = None;
+        let mut earlier: Vec<(String, PathBuf)> = vec![("baseline".into(), baseline_ckpt.clone())];
         for (entry, stage) in &self.stages {
             let dir = run_dir.join(entry.dir_name());
             let reused = if opts.resume {
@@ -216,6 +217,7 @@ impl Pipeline {
                         golden,
                         baseline_valid: &baseline.model.valid,
                         input_valid: &current.facts.valid,
+                        earlier: &earlier,
                         dir: &dir,
                         run_name: &recipe.run.name,
                     };
@@ -242,6 +244,7 @@ impl Pipeline {
                     r
                 }
             };
+            earlier.push((entry.name.clone(), out_dir.clone()));
             match record.decision.action {
                 Action::Kept | Action::Baseline => {
                     current = Current {
@@ -299,63 +302,20 @@ impl Pipeline {
         };
         if t.checkpoint.join("model.bpk").is_file() {
             eprintln!("teacher: reusing {}", shown(&t.checkpoint));
-            return Ok((
-                Some(t.checkpoint.clone()),
-                format!("teacher {}", shown(&t.checkpoint)),
-            ));
         }
-        let path = t
-            .recipe
-            .as_ref()
-            .expect("validated: a teacher without checkpoint has a recipe");
-        let teacher = Pipeline::load(path)?;
-        let mut topts = RunOptions {
-            force: false,
-            resume: true,
-            run_dir: None,
-            ..opts.clone()
+        let Some(path) = &t.recipe else {
+            return Ok((Some(t.checkpoint.clone()), format!("teacher {}", shown(&t.checkpoint))));
         };
-        if let Some(n) = opts.max_steps {
-            // A smoke teacher stays inside this run: it must never become the shared teacher.
-            let dir = base_dir.join("teacher-run");
-            eprintln!(
-                "teacher: no checkpoint at {}; smoke run (--max-steps {n}) of {} into {}",
-                shown(&t.checkpoint),
-                shown(path),
-                shown(&dir)
-            );
-            topts.run_dir = Some(dir.clone());
-            teacher.run(&topts)?;
-            let ckpt = dir.join("best");
-            return Ok((
-                Some(ckpt),
-                format!(
-                    "teacher trained by {} with --max-steps {n} (smoke run, kept inside this run)",
-                    shown(path)
-                ),
-            ));
-        }
-        eprintln!(
-            "teacher: no checkpoint at {}; fine-tuning it first with {}",
-            shown(&t.checkpoint),
-            shown(path)
-        );
-        teacher.run(&topts)?;
-        if !t.checkpoint.join("model.bpk").is_file() {
+        let (ckpt, note) = obtain_checkpoint(&t.checkpoint, path, &base_dir.join("teacher-run"), opts)?;
+        if !ckpt.join("model.bpk").is_file() {
             return Err(TrainError::Recipe(self.recipe.invalid(
                 "teacher.checkpoint",
-                format!(
-                    "the teacher recipe ran but wrote no checkpoint at {}",
-                    shown(&t.checkpoint)
-                ),
+                format!("the teacher recipe ran but wrote no checkpoint at {}", shown(&ckpt)),
                 "point [teacher] checkpoint at `<teacher run folder>/best`",
             ))
             .into());
         }
-        Ok((
-            Some(t.checkpoint.clone()),
-            format!("teacher fine-tuned in this run by {}", shown(path)),
-        ))
+        Ok((Some(ckpt), format!("teacher {note}")))
     }
 
     /// Build the recipe's `[model]` (its weights, a fresh head if allowed) and save it as the
@@ -469,6 +429,45 @@ impl Pipeline {
 
 /// A stage's record, its output's golden logits and its output checkpoint.
 type Finished = (StageRecord, Vec<Vec<f32>>, PathBuf);
+
+/// The checkpoint `ckpt`, produced first by the recipe at `recipe` when it is missing (resuming
+/// that recipe's run when it was interrupted). With `--max-steps` the recipe runs as a smoke run
+/// into `smoke_dir` instead, so that a smoke model never becomes the shared checkpoint. Returns
+/// the checkpoint to use and a note for the report.
+pub fn obtain_checkpoint(
+    ckpt: &Path,
+    recipe: &Path,
+    smoke_dir: &Path,
+    opts: &RunOptions,
+) -> Result<(PathBuf, String), StageError> {
+    if ckpt.join("model.bpk").is_file() {
+        return Ok((ckpt.to_path_buf(), format!("{} (reused)", shown(ckpt))));
+    }
+    let producer = Pipeline::load(recipe)?;
+    let mut popts = RunOptions {
+        force: false,
+        resume: true,
+        run_dir: None,
+        ..opts.clone()
+    };
+    if let Some(n) = opts.max_steps {
+        eprintln!(
+            "no checkpoint at {}; smoke run (--max-steps {n}) of {} into {}",
+            shown(ckpt),
+            shown(recipe),
+            shown(smoke_dir)
+        );
+        popts.run_dir = Some(smoke_dir.to_path_buf());
+        producer.run(&popts)?;
+        return Ok((
+            smoke_dir.join("best"),
+            format!("trained by {} with --max-steps {n} (smoke run, kept inside this run)", shown(recipe)),
+        ));
+    }
+    eprintln!("no checkpoint at {}; running {} first", shown(ckpt), shown(recipe));
+    producer.run(&popts)?;
+    Ok((ckpt.to_path_buf(), format!("{} (fine-tuned in this run by {})", shown(ckpt), shown(recipe))))
+}
 
 /// A finished stage's record, reused when its input is the current model and its outputs
 /// verify; `None` means run it (again).

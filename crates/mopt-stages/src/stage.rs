@@ -19,7 +19,9 @@ use crate::error::StageError;
 pub fn kinds() -> &'static [&'static dyn StageKind] {
     &[
         &crate::kinds::finetune::Finetune,
+        &crate::kinds::checkpoint::Checkpoint,
         &crate::kinds::distill::Distill,
+        &crate::kinds::prune::Prune,
         &crate::kinds::export::Export,
     ]
 }
@@ -64,6 +66,8 @@ pub struct PlanContext<'a> {
     pub mean_tokens_sq: f64,
     /// The input checkpoint's folder, when it exists already.
     pub input_dir: Option<&'a Path>,
+    /// Names of the models before this stage: `baseline` and the earlier stages.
+    pub earlier: Vec<String>,
 }
 
 /// Everything a running stage may read.
@@ -87,6 +91,8 @@ pub struct StageContext<'a> {
     /// Validation metrics of the baseline and of this stage's input (what gates compare with).
     pub baseline_valid: &'a EvalMetrics,
     pub input_valid: &'a EvalMetrics,
+    /// Models before this stage, by name: `baseline`, then each earlier stage's output.
+    pub earlier: &'a [(String, PathBuf)],
     /// This stage's own folder (empty when the stage starts).
     pub dir: &'a Path,
     /// The run's name, for reports.

@@ -8,6 +8,7 @@ use mopt_export::export::{export_checkpoint, ExportOptions, FLOAT_TOLERANCE};
 use mopt_export::pipeline::ort_latency;
 use mopt_models::bert::BertConfig;
 use mopt_recipe::{RecipeError, StageEntry};
+
 use serde::Deserialize;
 use serde_json::json;
 
@@ -23,7 +24,7 @@ struct RawExport {
     samples: Option<usize>,
     tolerance: Option<f64>,
     latency_runs: Option<usize>,
-    include_baseline: Option<bool>,
+    reference: Option<String>,
 }
 
 /// An export stage.
@@ -35,8 +36,9 @@ pub struct ExportStage {
     pub tolerance: f64,
     /// ONNX Runtime timed runs at batch 32 (4x at batch 1); `None`: `[evaluation] latency-runs`.
     pub latency_runs: Option<usize>,
-    /// Also export and benchmark the baseline, for a side-by-side ONNX Runtime latency.
-    pub include_baseline: bool,
+    /// Also export and benchmark this model for a side-by-side ONNX Runtime latency:
+    /// `baseline`, an earlier stage's name, or `None`.
+    pub reference: Option<String>,
 }
 
 impl StageKind for Export {
@@ -70,7 +72,11 @@ impl StageKind for Export {
             samples: cx.positive("samples", r.samples, 500)?,
             tolerance,
             latency_runs: r.latency_runs,
-            include_baseline: r.include_baseline.unwrap_or(true),
+            reference: match r.reference.as_deref() {
+                None => Some("baseline".into()),
+                Some("none") => None,
+                Some(n) => Some(n.to_string()),
+            },
         }))
     }
 }
@@ -82,18 +88,28 @@ impl Stage for ExportStage {
 
     fn plan(
         &self,
-        _entry: &StageEntry,
+        entry: &StageEntry,
         input: &BertConfig,
-        _cx: &PlanContext,
+        cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
+        if let Some(r) = &self.reference {
+            if !cx.earlier.contains(r) {
+                return Err(RecipeError::from(entry.scope.err(
+                    "reference",
+                    format!("no model named `{r}` before this stage"),
+                    format!("use `baseline`, `none` or an earlier stage's name: {}", cx.earlier.join(", ")),
+                ))
+                .into());
+            }
+        }
         Ok(StagePlan {
             output: input.clone(),
             settings: vec![format!(
-                "samples = {}, tolerance = {:e}, latency-runs = {}, include-baseline = {} (ONNX opset 17; needs python3 with onnx and onnxruntime)",
+                "samples = {}, tolerance = {:e}, latency-runs = {}, reference = \"{}\" (ONNX opset 17; needs python3 with onnx and onnxruntime)",
                 self.samples,
                 self.tolerance,
                 self.latency_runs.map_or("[evaluation]".to_string(), |r| r.to_string()),
-                self.include_baseline
+                self.reference.as_deref().unwrap_or("none")
             )],
             memory: None,
             extra_memory: Vec::new(),
@@ -128,15 +144,16 @@ impl Stage for ExportStage {
             card.fused_ops
         )];
         let mut models = vec![("model".to_string(), out.join("model.onnx"))];
-        if self.include_baseline && input != cx.baseline {
-            let b = cx.dir.join("baseline-onnx");
-            eprintln!(
-                "export: the baseline {} -> {}",
-                cx.baseline.display(),
-                b.display()
-            );
-            export_checkpoint(cx.baseline, &b, &samples, &opts)?;
-            models.push(("baseline".to_string(), b.join("model.onnx")));
+        let reference = self
+            .reference
+            .as_ref()
+            .and_then(|n| cx.earlier.iter().find(|(name, _)| name == n))
+            .filter(|(_, dir)| dir.as_path() != input);
+        if let Some((name, dir)) = reference {
+            let b = cx.dir.join(format!("{name}-onnx"));
+            eprintln!("export: the {name} model {} -> {}", dir.display(), b.display());
+            export_checkpoint(dir, &b, &samples, &opts)?;
+            models.push((name.clone(), b.join("model.onnx")));
         }
         if runs > 0 {
             for (name, path) in &models {

@@ -1,5 +1,7 @@
 //! The stage kinds. A new kind is a module here plus one line in [`crate::stage::kinds`].
 
+pub mod checkpoint;
 pub mod distill;
 pub mod export;
 pub mod finetune;
+pub mod prune;

@@ -1,0 +1,409 @@
+//! `kind = "prune"`: structured pruning of the input in rounds (the seeds' recipe: about 10% of
+//! the prunable units a round, fine-tuning in between, up to a target). Each round scores every
+//! attention head and FFN neuron (L1, L2, first-order Taylor over training batches, or random),
+//! removes the lowest physically (`mopt_prune`), fine-tunes with the KD loss against the baseline
+//! teacher when there is one (its logit cache reused across rounds), and is judged by the stage's
+//! gate. `on-fail = "retry"` stops at the first failing round (the knee) and keeps the last
+//! passing round's model.
+
+use std::path::Path;
+
+use burn::prelude::*;
+use mopt_data::{epoch_order, Batcher, Encoded};
+use mopt_distill::matching::MatchPlan;
+use mopt_distill::pipeline::{teacher_source, TeacherOutputs};
+use mopt_distill::spec::{DistillSpec, Schedule, SoftLoss};
+use mopt_distill::{DistillModel, DistillTask, TeacherSource};
+use mopt_models::bert::{weights, BertConfig};
+use mopt_prune::{prune, select, Criterion, GroupScores, Keep, LayerTensors, Ranking, Reduce, Targets, UnitLimits};
+use mopt_recipe::{OnFail, RecipeError, StageEntry};
+use mopt_train::memory::MemoryEstimate;
+use mopt_train::trainer::{evaluate, fit, save_checkpoint_dir, Task};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::error::StageError;
+use crate::plan::train_settings;
+use crate::record::max_abs_diff;
+use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
+
+/// The kind.
+pub struct Prune;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawPrune {
+    targets: Option<Vec<String>>,
+    criterion: Option<String>,
+    reduce: Option<String>,
+    ranking: Option<String>,
+    target: Option<f64>,
+    step: Option<f64>,
+    taylor_batches: Option<usize>,
+    ffn_multiple: Option<usize>,
+    min_heads: Option<usize>,
+    ignore_layers: Option<Vec<usize>>,
+    distill: Option<bool>,
+    alpha: Option<f64>,
+    temperature: Option<f64>,
+    seed: Option<u64>,
+}
+
+/// A prune stage, validated.
+#[derive(Debug, Clone)]
+pub struct PruneStage {
+    pub targets: Targets,
+    pub criterion: Criterion,
+    pub reduce: Reduce,
+    pub ranking: Ranking,
+    /// Fraction of the input's prunable units removed by the last round.
+    pub target: f64,
+    /// Fraction of the input's units removed per round.
+    pub step: f64,
+    /// Training batches the Taylor gradients are accumulated over.
+    pub taylor_batches: usize,
+    pub limits: UnitLimits,
+    /// Fine-tune with the KD loss against the baseline (when the baseline is not the input).
+    pub distill: bool,
+    pub alpha: f64,
+    pub temperature: f64,
+    /// Seed of the random criterion.
+    pub seed: u64,
+    /// The stage's gate retries (stops at the knee).
+    pub retry: bool,
+}
+
+impl PruneStage {
+    /// The number of rounds.
+    pub fn rounds(&self) -> usize {
+        ((self.target / self.step) - 1e-9).ceil().max(1.0) as usize
+    }
+
+    /// Cumulative fraction removed after round `r` (1-based).
+    pub fn fraction(&self, r: usize) -> f64 {
+        (r as f64 * self.step).min(self.target)
+    }
+}
+
+fn one_of<T: Copy>(cx: &mopt_recipe::Scope, key: &str, v: Option<&str>, default: &str, options: &[(&str, T)]) -> Result<T, RecipeError> {
+    let v = v.unwrap_or(default);
+    options.iter().find(|(n, _)| *n == v).map(|(_, t)| *t).ok_or_else(|| {
+        cx.err(
+            key,
+            format!("unknown {key} `{v}`"),
+            format!("use one of: {}", options.iter().map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>().join(", ")),
+        )
+    })
+}
+
+impl StageKind for Prune {
+    fn name(&self) -> &'static str {
+        "prune"
+    }
+
+    fn about(&self) -> &'static str {
+        "structured pruning of heads and FFN neurons in rounds with fine-tuning"
+    }
+
+    fn has_retry(&self) -> bool {
+        true
+    }
+
+    fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
+        let cx = &entry.scope;
+        let r: RawPrune = cx.deserialize(entry.settings.clone())?;
+        let mut targets = Targets { heads: false, ffn: false };
+        for t in r.targets.unwrap_or_else(|| vec!["heads".into(), "ffn".into()]) {
+            match t.as_str() {
+                "heads" => targets.heads = true,
+                "ffn" => targets.ffn = true,
+                other => {
+                    return Err(cx.err(
+                        "targets",
+                        format!("unknown pruning target `{other}`"),
+                        "use [\"heads\", \"ffn\"] or one of them (whole layers and hidden channels are not pruned yet)",
+                    ))
+                }
+            }
+        }
+        if !targets.heads && !targets.ffn {
+            return Err(cx.err("targets", "nothing to prune", "list \"heads\" and/or \"ffn\""));
+        }
+        let criterion = one_of(cx, "criterion", r.criterion.as_deref(), "taylor", &[
+            ("l1", Criterion::L1),
+            ("l2", Criterion::L2),
+            ("taylor", Criterion::Taylor),
+            ("random", Criterion::Random),
+        ])?;
+        let reduce = one_of(cx, "reduce", r.reduce.as_deref(), "sum", &[("sum", Reduce::Sum), ("mean", Reduce::Mean), ("max", Reduce::Max)])?;
+        let ranking = one_of(cx, "ranking", r.ranking.as_deref(), "local", &[("local", Ranking::Local), ("global", Ranking::Global)])?;
+        let target = r.target.unwrap_or(0.5);
+        if !(target > 0.0 && target < 1.0) {
+            return Err(cx.err("target", format!("{target} is outside (0, 1)"), "the fraction of heads/FFN neurons removed in the end, e.g. 0.5"));
+        }
+        let step = r.step.unwrap_or(0.1);
+        if !(step > 0.0 && step <= target) {
+            return Err(cx.err("step", format!("{step} must lie in (0, target = {target}]"), "about 0.1 (10% of the units per round)"));
+        }
+        let alpha = r.alpha.unwrap_or(0.5);
+        if !(0.0..=1.0).contains(&alpha) {
+            return Err(cx.err("alpha", format!("{alpha} is outside [0, 1]"), "the hard-label weight of the KD fine-tuning, e.g. 0.5"));
+        }
+        let temperature = r.temperature.unwrap_or(4.0);
+        if !(temperature > 0.0) {
+            return Err(cx.err("temperature", format!("{temperature} must be > 0"), "e.g. 4.0"));
+        }
+        Ok(Box::new(PruneStage {
+            targets,
+            criterion,
+            reduce,
+            ranking,
+            target,
+            step,
+            taylor_batches: cx.positive("taylor-batches", r.taylor_batches, 32)?,
+            limits: UnitLimits {
+                min_heads: cx.positive("min-heads", r.min_heads, 1)?,
+                ffn_multiple: cx.positive("ffn-multiple", r.ffn_multiple, 8)?,
+                ignore_layers: r.ignore_layers.unwrap_or_default(),
+            },
+            distill: r.distill.unwrap_or(true),
+            alpha,
+            temperature,
+            seed: r.seed.unwrap_or(0),
+            retry: entry.gate.as_ref().is_some_and(|g| g.on_fail == OnFail::Retry),
+        }))
+    }
+}
+
+/// One round's record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RoundRecord {
+    pub round: usize,
+    /// Cumulative fraction of the input's units removed.
+    pub removed: f64,
+    pub heads: Vec<usize>,
+    pub ffn: Vec<usize>,
+    pub params: usize,
+    pub flops_per_example: u64,
+    pub valid_accuracy: f64,
+    pub max_logit_error_vs_input: f64,
+    pub passed: bool,
+    pub reason: String,
+    pub steps: usize,
+}
+
+fn shape_after(c: &BertConfig, keep: &Keep) -> BertConfig {
+    let mut out = c.clone();
+    out.attention_head_size = Some(c.head_size());
+    out.mopt_layer_heads = Some(keep.heads.iter().map(Vec::len).collect());
+    out.mopt_layer_intermediate_sizes = Some(keep.ffn.iter().map(Vec::len).collect());
+    out
+}
+
+/// Equal scores of the current shape (the plan's stand-in: local counts do not depend on them).
+fn flat_scores(c: &BertConfig) -> GroupScores {
+    GroupScores {
+        heads: (0..c.num_hidden_layers).map(|l| vec![1.0; c.heads(l)]).collect(),
+        ffn: (0..c.num_hidden_layers).map(|l| vec![1.0; c.ffn(l)]).collect(),
+    }
+}
+
+impl PruneStage {
+    fn units(c: &BertConfig) -> (Vec<usize>, Vec<usize>) {
+        ((0..c.num_hidden_layers).map(|l| c.heads(l)).collect(), (0..c.num_hidden_layers).map(|l| c.ffn(l)).collect())
+    }
+
+    /// The objective of Taylor scoring and fine-tuning: KD against the baseline teacher's cached
+    /// logits, or hard labels.
+    fn task(&self, input: &Path, cx: &StageContext, ad: &Device) -> Result<DistillTask, StageError> {
+        let kd = self.distill && input != cx.baseline;
+        let spec = DistillSpec {
+            enabled: kd,
+            alpha: Schedule::Constant(self.alpha),
+            temperature: Schedule::Constant(self.temperature),
+            soft_loss: SoftLoss::Kl,
+            teacher_cache: true,
+            baseline: false,
+            matches: Vec::new(),
+        };
+        let plan = MatchPlan { matches: Vec::new(), projections: Vec::new(), needs: Default::default() };
+        let source = if kd {
+            let device = cx.device.device();
+            let (teacher, _) = weights::load_checkpoint(cx.baseline, &device)?;
+            teacher_source(
+                &TeacherOutputs {
+                    teacher_dir: cx.baseline,
+                    teacher: &teacher.valid(),
+                    data: cx.data_spec,
+                    train: &cx.data.train,
+                    pad_id: cx.pad_id,
+                    batch_size: cx.entry.train.eval_batch_size,
+                },
+                &spec,
+                &plan,
+                &device,
+            )?
+            .0
+        } else {
+            TeacherSource::None
+        };
+        Ok(DistillTask::new(spec, plan, source, ad))
+    }
+
+    /// First-order Taylor gradients of every layer, summed over `taylor_batches` training batches.
+    fn taylor_gradients(&self, dir: &Path, task: &mut DistillTask, cx: &StageContext, ad: &Device) -> Result<Vec<LayerTensors>, StageError> {
+        let (student, config) = weights::load_checkpoint(dir, ad)?;
+        let model = DistillModel::new(student, &[], ad);
+        let batcher = Batcher::new(cx.pad_id);
+        let order = epoch_order(cx.data.train.len(), self.seed ^ cx.seed, 0);
+        let mut acc = vec![LayerTensors::default(); config.num_hidden_layers];
+        for chunk in order.chunks(cx.entry.train.batch_size).take(self.taylor_batches) {
+            let items: Vec<&Encoded> = chunk.iter().map(|&i| &cx.data.train[i]).collect();
+            let b = batcher.batch(&items, ad);
+            let (loss, _) = task.loss(&model, &b, chunk, 0.0);
+            let grads = loss.backward();
+            for (l, layer) in model.student.bert.encoder.layer.iter().enumerate() {
+                acc[l].add(&LayerTensors::gradients(layer, &grads));
+            }
+        }
+        Ok(acc)
+    }
+}
+
+impl Stage for PruneStage {
+    fn kind(&self) -> &str {
+        "prune"
+    }
+
+    fn plan(&self, entry: &StageEntry, input: &BertConfig, cx: &PlanContext) -> Result<StagePlan, StageError> {
+        let (orig_h, orig_f) = Self::units(input);
+        let mut settings = vec![format!(
+            "targets = [{}], criterion = \"{}\", reduce = \"{}\", ranking = \"{}\", target = {}, step = {}, taylor-batches = {}, ffn-multiple = {}, min-heads = {}, ignore-layers = {:?}, distill = {} (alpha = {}, temperature = {})",
+            [(self.targets.heads, "\"heads\""), (self.targets.ffn, "\"ffn\"")].iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect::<Vec<_>>().join(", "),
+            self.criterion.name(),
+            self.reduce.name(),
+            self.ranking.name(),
+            self.target,
+            self.step,
+            self.taylor_batches,
+            self.limits.ffn_multiple,
+            self.limits.min_heads,
+            self.limits.ignore_layers,
+            self.distill,
+            self.alpha,
+            self.temperature
+        )];
+        let mut c = input.clone();
+        for r in 1..=self.rounds() {
+            let keep = select(&flat_scores(&c), &orig_h, &orig_f, self.fraction(r), self.targets, &self.limits, self.ranking);
+            c = shape_after(&c, &keep);
+            let (h, f) = Self::units(&c);
+            settings.push(format!(
+                "round {r}: {:.0}% removed -> heads {h:?}, FFN {f:?}{}: {:.2}M params, {:.3} GFLOPs/example, then fine-tune",
+                self.fraction(r) * 100.0,
+                if self.ranking == Ranking::Global { " (global: the split across layers follows the scores)" } else { "" },
+                c.num_params() as f64 / 1e6,
+                c.forward_flops(cx.tokenizer.max_len) as f64 / 1e9
+            ));
+        }
+        settings.extend(train_settings(&entry.train, entry.train_overridden));
+        Ok(StagePlan {
+            memory: Some(MemoryEstimate::for_bert(input, entry.train.batch_size, cx.tokenizer.max_len)),
+            output: c,
+            settings,
+            extra_memory: Vec::new(),
+        })
+    }
+
+    fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+        let device = cx.device.device();
+        let ad = cx.device.train_device(&cx.entry.train);
+        let (mut model, mut config) = weights::load_checkpoint(input, &device)?;
+        let (orig_h, orig_f) = Self::units(&config);
+        let batcher = Batcher::new(cx.pad_id);
+        let golden = |m: &mopt_models::bert::BertForSequenceClassification, c: &BertConfig| {
+            evaluate(&m.valid(), cx.golden, &batcher, cx.entry.train.eval_batch_size, c.num_labels, &device).logits
+        };
+        let input_logits = golden(&model, &config);
+        let mut task = self.task(input, cx, &ad)?;
+        let mut current = input.to_path_buf();
+        let mut last_pass = input.to_path_buf();
+        let mut rounds: Vec<RoundRecord> = Vec::new();
+        let mut notes = Vec::new();
+        let mut steps = 0;
+        for r in 1..=self.rounds() {
+            let rdir = cx.dir.join(format!("round-{r}"));
+            std::fs::create_dir_all(&rdir).map_err(|e| StageError::io(&rdir, e))?;
+            eprintln!("prune round {r}/{}: scoring ({})", self.rounds(), self.criterion.name());
+            let grads = if self.criterion.needs_gradients() {
+                Some(self.taylor_gradients(&current, &mut task, cx, &ad)?)
+            } else {
+                None
+            };
+            let scores = mopt_prune::bert::scores(&model.valid(), &config, self.criterion, self.reduce, grads.as_deref(), self.seed.wrapping_add(r as u64));
+            let keep = select(&scores, &orig_h, &orig_f, self.fraction(r), self.targets, &self.limits, self.ranking);
+            let (pruned, pcfg) = prune(&model.valid(), &config, &keep);
+            let pdir = rdir.join("pruned");
+            save_checkpoint_dir(&pruned, &pcfg, cx.data, cx.tokenizer_file, &pdir)?;
+            let (h, f) = Self::units(&pcfg);
+            eprintln!("prune round {r}: heads {h:?}, FFN {f:?} ({:.2}M params); fine-tuning", pcfg.num_params() as f64 / 1e6);
+            let (student, _) = weights::load_checkpoint(&pdir, &ad)?;
+            let run = mopt_train::trainer::RunContext { run_dir: &rdir, ..cx.run_context(&pcfg) };
+            let report = fit(&run, self.task(input, cx, &ad)?, DistillModel::new(student, &[], &ad))?;
+            steps += report.steps;
+            let (m, c) = weights::load_checkpoint(&report.checkpoint, &device)?;
+            let err = max_abs_diff(&golden(&m, &c), &input_logits);
+            let d = cx.judge(&report.best_valid, err);
+            rounds.push(RoundRecord {
+                round: r,
+                removed: self.fraction(r),
+                heads: h,
+                ffn: f,
+                params: c.num_params(),
+                flops_per_example: c.forward_flops(cx.evaluation.latency_seq_len),
+                valid_accuracy: report.best_valid.accuracy,
+                max_logit_error_vs_input: err,
+                passed: d.passed,
+                reason: d.reason.clone(),
+                steps: report.steps,
+            });
+            notes.push(format!(
+                "Round {r} ({:.0}% removed): heads {:?}, FFN {:?}, {:.2}M params, {:.3} GFLOPs/example; validation accuracy {:.4} after fine-tuning; {}.",
+                self.fraction(r) * 100.0,
+                rounds[r - 1].heads,
+                rounds[r - 1].ffn,
+                c.num_params() as f64 / 1e6,
+                rounds[r - 1].flops_per_example as f64 / 1e9,
+                report.best_valid.accuracy,
+                d.reason
+            ));
+            model = m;
+            config = c;
+            current = report.checkpoint.clone();
+            if d.passed {
+                last_pass = current.clone();
+            } else if self.retry {
+                notes.push(format!(
+                    "Retry (on-fail = \"retry\"): round {r} failed the gate, so the stage stops at the knee and keeps {}.",
+                    if r == 1 { "its input (no round passed)".to_string() } else { format!("round {}'s model", r - 1) }
+                ));
+                break;
+            }
+        }
+        let out = if self.retry { last_pass } else { current };
+        Ok(StageOutput {
+            checkpoint: out,
+            steps,
+            facts: json!({
+                "criterion": self.criterion.name(),
+                "reduce": self.reduce.name(),
+                "ranking": self.ranking.name(),
+                "rounds": rounds,
+            }),
+            notes,
+            references: Vec::new(),
+            logit_error_vs_input: None,
+            artifacts: Vec::new(),
+        })
+    }
+}
