@@ -214,3 +214,109 @@ fn resume_after_sigkill_reuses_finished_stages() {
         weights
     );
 }
+
+const PRUNE: &str = "[[stage]]\nkind = \"prune\"\ncriterion = \"l1\"\ntarget = 0.5\nstep = 0.25\nffn-multiple = 4\n[stage.train]\nepochs = 1\n";
+
+#[test]
+fn prune_stage_removes_units_physically_and_retry_stops_at_the_knee() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_pipeline(tmp.path(), "prune", PRUNE);
+    // The plan shows each round's shape.
+    let check = mopt(&[recipe.to_str().unwrap(), "--check"]);
+    assert!(check.status.success(), "{}", stderr(&check));
+    let plan = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        plan.contains("round 1: 25% removed -> heads [3, 3], FFN [48, 48]"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("round 2: 50% removed -> heads [2, 2], FFN [32, 32]"),
+        "{plan}"
+    );
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = tmp.path().join("runs/prune");
+    let r = read_json(&run.join("report.json"));
+    let (before, after) = (&r["stages"][1]["model"], &r["stages"][2]["model"]);
+    assert_eq!(after["heads"], serde_json::json!([2, 2]));
+    assert_eq!(after["ffn"], serde_json::json!([32, 32]));
+    assert!(after["params"].as_u64() < before["params"].as_u64());
+    assert!(
+        after["flops_per_example"].as_u64().unwrap() * 10
+            < before["flops_per_example"].as_u64().unwrap() * 6
+    );
+    // The pruned checkpoint reloads from its own config, without knowing its history.
+    let d = burn::prelude::Device::flex();
+    let (m, c) = mopt_models::bert::weights::load_checkpoint(&run.join("best"), &d).unwrap();
+    assert_eq!((c.heads(0), c.ffn(1)), (2, 32));
+    assert_eq!(
+        m.bert.encoder.layer[0]
+            .attention
+            .self_attn
+            .query
+            .weight
+            .val()
+            .dims(),
+        [32, 16]
+    );
+    // export-hf refuses a shape transformers cannot load, and writes nothing.
+    let hf = tmp.path().join("hf");
+    let refused = mopt(&[
+        "export-hf",
+        run.join("best").to_str().unwrap(),
+        hf.to_str().unwrap(),
+    ]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("transformers cannot load") && stderr(&refused).contains("ONNX")
+    );
+    assert!(!hf.exists());
+
+    // Retry: a logit-error tolerance between round 1's and round 2's errors passes round 1 and
+    // fails round 2, so the stage stops there and hands on round 1's model.
+    let rounds = r["stages"][2]["facts"]["rounds"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let (e1, e2) = (
+        rounds[0]["max_logit_error_vs_input"].as_f64().unwrap(),
+        rounds[1]["max_logit_error_vs_input"].as_f64().unwrap(),
+    );
+    assert!(
+        e1 < e2,
+        "removing more should move the logits more: {e1} vs {e2}"
+    );
+    let gate = format!(
+        "[stage.gate]\nmax-logit-error = {}\non-fail = \"retry\"\n",
+        (e1 + e2) / 2.0
+    );
+    let dir = tmp.path().join("retry");
+    std::fs::create_dir_all(&dir).unwrap();
+    let recipe = write_pipeline(&dir, "retry", &format!("{PRUNE}{gate}"));
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = dir.join("runs/retry");
+    let r = read_json(&run.join("report.json"));
+    let st = &r["stages"][2];
+    let rounds = st["facts"]["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 2);
+    assert_eq!(
+        (rounds[0]["passed"].as_bool(), rounds[1]["passed"].as_bool()),
+        (Some(true), Some(false))
+    );
+    assert_eq!(
+        st["model"]["heads"],
+        serde_json::json!([3, 3]),
+        "round 1's model"
+    );
+    assert_eq!(
+        st["model"]["sha256"],
+        checkpoint_sha(&run.join("02-prune/round-1/best")).as_str()
+    );
+    assert_eq!(st["decision"]["action"], "kept");
+    assert!(
+        st["notes"].to_string().contains("stops at the knee"),
+        "{}",
+        st["notes"]
+    );
+}

@@ -32,7 +32,10 @@ pub struct LayerTensors {
 }
 
 fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 tensor")
+    t.into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .expect("f32 tensor")
 }
 
 fn wb(l: &Linear) -> (Vec<f32>, Vec<f32>) {
@@ -47,7 +50,10 @@ fn wb_grad(l: &Linear, grads: &burn::tensor::Gradients) -> (Vec<f32>, Vec<f32>) 
     let gb = |t: Option<Tensor<1>>| t.map(vals).unwrap_or_default();
     (
         g(l.weight.val().grad(grads)),
-        l.bias.as_ref().map(|b| gb(b.val().grad(grads))).unwrap_or_default(),
+        l.bias
+            .as_ref()
+            .map(|b| gb(b.val().grad(grads)))
+            .unwrap_or_default(),
     )
 }
 
@@ -107,7 +113,9 @@ impl LayerTensors {
 
 /// Columns `cols` of a row-major `[rows, n]` matrix, flattened.
 fn columns(w: &[f32], n: usize, cols: std::ops::Range<usize>) -> Vec<f32> {
-    w.chunks(n).flat_map(|row| row[cols.clone()].iter().copied()).collect()
+    w.chunks(n)
+        .flat_map(|row| row[cols.clone()].iter().copied())
+        .collect()
 }
 
 /// Rows `rows` of a row-major `[_, n]` matrix, flattened.
@@ -192,7 +200,10 @@ pub fn scores(
 
 fn index(ids: &[usize], device: &Device) -> Tensor<1, Int> {
     Tensor::from_data(
-        TensorData::new(ids.iter().map(|&i| i as i64).collect::<Vec<_>>(), [ids.len()]),
+        TensorData::new(
+            ids.iter().map(|&i| i as i64).collect::<Vec<_>>(),
+            [ids.len()],
+        ),
         device,
     )
 }
@@ -203,7 +214,10 @@ fn keep_outputs(l: &Linear, out: &[usize]) -> Linear {
     let idx = index(out, &dev);
     Linear {
         weight: Param::from_tensor(l.weight.val().select(1, idx.clone())),
-        bias: l.bias.as_ref().map(|b| Param::from_tensor(b.val().select(0, idx))),
+        bias: l
+            .bias
+            .as_ref()
+            .map(|b| Param::from_tensor(b.val().select(0, idx))),
     }
 }
 
@@ -293,20 +307,46 @@ mod tests {
     #[test]
     fn removal_is_physical_and_equals_masking() {
         let dev = Device::flex();
-        let c = BertConfig { hidden_dropout_prob: 0.0, attention_probs_dropout_prob: 0.0, ..BertConfig::tiny(100, 2) };
+        let c = BertConfig {
+            hidden_dropout_prob: 0.0,
+            attention_probs_dropout_prob: 0.0,
+            ..BertConfig::tiny(100, 2)
+        };
         dev.seed(3);
         let m = BertForSequenceClassification::new(&c, &dev);
-        let keep = Keep { heads: vec![vec![0, 2], vec![1]], ffn: vec![(0..64).step_by(2).collect(), vec![5, 9, 60]] };
+        let keep = Keep {
+            heads: vec![vec![0, 2], vec![1]],
+            ffn: vec![(0..64).step_by(2).collect(), vec![5, 9, 60]],
+        };
         let (p, pc) = prune(&m, &c, &keep);
         assert_eq!(pc.heads(0), 2);
         assert_eq!(pc.heads(1), 1);
         assert_eq!(pc.ffn(1), 3);
         assert!(pc.check().is_ok());
         assert!(pc.num_params() < c.num_params());
-        assert_eq!(p.bert.encoder.layer[1].attention.self_attn.query.weight.val().dims(), [32, 8]);
-        assert_eq!(p.bert.encoder.layer[1].output.dense.weight.val().dims(), [3, 32]);
-        let ids = Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 5, 7, 9, 11, 2, 3, 4], [2, 4]), &dev);
-        let got = vals(p.forward(ids.clone(), Tensor::ones([2, 4], &dev), Tensor::zeros([2, 4], &dev)));
+        assert_eq!(
+            p.bert.encoder.layer[1]
+                .attention
+                .self_attn
+                .query
+                .weight
+                .val()
+                .dims(),
+            [32, 8]
+        );
+        assert_eq!(
+            p.bert.encoder.layer[1].output.dense.weight.val().dims(),
+            [3, 32]
+        );
+        let ids = Tensor::<2, Int>::from_data(
+            TensorData::new(vec![1i64, 5, 7, 9, 11, 2, 3, 4], [2, 4]),
+            &dev,
+        );
+        let got = vals(p.forward(
+            ids.clone(),
+            Tensor::ones([2, 4], &dev),
+            Tensor::zeros([2, 4], &dev),
+        ));
         let want = masked_forward(&m, &c, &keep, ids);
         for (g, w) in got.iter().zip(&want) {
             assert!((g - w).abs() < 1e-5, "pruned {got:?} vs masked {want:?}");
@@ -325,9 +365,12 @@ mod tests {
         // Head 1 of layer 0 by hand: Q/K/V columns 8..16 (+ biases) and O rows 8..16.
         let w = LayerTensors::weights(&m.bert.encoder.layer[0]);
         let l1 = |x: &[f32]| x.iter().map(|v| v.abs() as f64).sum::<f64>();
-        let want = l1(&columns(&w.q.0, 32, 8..16)) + l1(&w.q.1[8..16])
-            + l1(&columns(&w.k.0, 32, 8..16)) + l1(&w.k.1[8..16])
-            + l1(&columns(&w.v.0, 32, 8..16)) + l1(&w.v.1[8..16])
+        let want = l1(&columns(&w.q.0, 32, 8..16))
+            + l1(&w.q.1[8..16])
+            + l1(&columns(&w.k.0, 32, 8..16))
+            + l1(&w.k.1[8..16])
+            + l1(&columns(&w.v.0, 32, 8..16))
+            + l1(&w.v.1[8..16])
             + l1(&w.o[8 * 32..16 * 32]);
         assert!((s.heads[0][1] - want).abs() < 1e-9 * want.max(1.0));
         // Random scores are seeded: same seed, same scores; another seed, others.

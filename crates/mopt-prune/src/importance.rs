@@ -40,7 +40,10 @@ impl Criterion {
             Criterion::L2 => w.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt(),
             Criterion::Taylor => {
                 let g = g.expect("Taylor importance needs gradients");
-                w.iter().zip(g).map(|(x, d)| (*x as f64 * *d as f64).abs()).sum()
+                w.iter()
+                    .zip(g)
+                    .map(|(x, d)| (*x as f64 * *d as f64).abs())
+                    .sum()
             }
             Criterion::Random => 0.0,
         }

@@ -77,7 +77,10 @@ fn counts(
             })
             .collect(),
         Ranking::Global => {
-            let total: usize = (0..layers).filter(|l| !ignore.contains(l)).map(|l| orig[l]).sum();
+            let total: usize = (0..layers)
+                .filter(|l| !ignore.contains(l))
+                .map(|l| orig[l])
+                .sum();
             let mut to_remove = (total as f64 * frac).floor() as usize;
             let already: usize = (0..layers)
                 .filter(|l| !ignore.contains(l))
@@ -116,21 +119,43 @@ pub fn select(
     ranking: Ranking,
 ) -> Keep {
     let heads = if targets.heads {
-        let n = counts(&scores.heads, orig_heads, frac, ranking, limits.min_heads.max(1), &limits.ignore_layers);
+        let n = counts(
+            &scores.heads,
+            orig_heads,
+            frac,
+            ranking,
+            limits.min_heads.max(1),
+            &limits.ignore_layers,
+        );
         scores.heads.iter().zip(n).map(|(s, n)| top(s, n)).collect()
     } else {
-        scores.heads.iter().map(|s| (0..s.len()).collect()).collect()
+        scores
+            .heads
+            .iter()
+            .map(|s| (0..s.len()).collect())
+            .collect()
     };
     let ffn = if targets.ffn {
         let m = limits.ffn_multiple.max(1);
-        let n = counts(&scores.ffn, orig_ffn, frac, ranking, m, &limits.ignore_layers);
+        let n = counts(
+            &scores.ffn,
+            orig_ffn,
+            frac,
+            ranking,
+            m,
+            &limits.ignore_layers,
+        );
         scores
             .ffn
             .iter()
             .enumerate()
             .zip(n)
             .map(|((l, s), n)| {
-                let n = if limits.ignore_layers.contains(&l) { s.len() } else { round_to(n, m, s.len()) };
+                let n = if limits.ignore_layers.contains(&l) {
+                    s.len()
+                } else {
+                    round_to(n, m, s.len())
+                };
                 top(s, n)
             })
             .collect()
@@ -145,16 +170,26 @@ mod tests {
     use super::*;
 
     fn limits() -> UnitLimits {
-        UnitLimits { min_heads: 1, ffn_multiple: 4, ignore_layers: Vec::new() }
+        UnitLimits {
+            min_heads: 1,
+            ffn_multiple: 4,
+            ignore_layers: Vec::new(),
+        }
     }
 
     #[test]
     fn local_keeps_the_best_units_of_each_layer() {
         let s = GroupScores {
             heads: vec![vec![0.1, 0.9, 0.5, 0.3], vec![4.0, 3.0, 2.0, 1.0]],
-            ffn: vec![(0..16).map(|i| i as f64).collect(), (0..16).map(|i| -(i as f64)).collect()],
+            ffn: vec![
+                (0..16).map(|i| i as f64).collect(),
+                (0..16).map(|i| -(i as f64)).collect(),
+            ],
         };
-        let t = Targets { heads: true, ffn: true };
+        let t = Targets {
+            heads: true,
+            ffn: true,
+        };
         let k = select(&s, &[4, 4], &[16, 16], 0.5, t, &limits(), Ranking::Local);
         assert_eq!(k.heads, vec![vec![1, 2], vec![0, 1]]);
         assert_eq!(k.ffn[0], (8..16).collect::<Vec<_>>());
@@ -164,7 +199,10 @@ mod tests {
         assert_eq!(k.heads, vec![vec![1], vec![0]]);
         assert_eq!(k.ffn[0], vec![12, 13, 14, 15]);
         // Ignored layers stay whole; FFN widths round to the multiple (16·0.7 = 11.2 → 12 kept).
-        let l = UnitLimits { ignore_layers: vec![1], ..limits() };
+        let l = UnitLimits {
+            ignore_layers: vec![1],
+            ..limits()
+        };
         let k = select(&s, &[4, 4], &[16, 16], 0.3, t, &l, Ranking::Local);
         assert_eq!(k.heads[1].len(), 4);
         assert_eq!(k.ffn[0].len(), 12);
@@ -176,7 +214,10 @@ mod tests {
             heads: vec![vec![0.1, 0.2, 0.3, 0.4], vec![5.0, 6.0, 7.0, 8.0]],
             ffn: vec![vec![1.0; 4], vec![1.0; 4]],
         };
-        let t = Targets { heads: true, ffn: false };
+        let t = Targets {
+            heads: true,
+            ffn: false,
+        };
         let k = select(&s, &[4, 4], &[4, 4], 0.5, t, &limits(), Ranking::Global);
         // Four heads go, all from layer 0, but it keeps its minimum of one.
         assert_eq!(k.heads, vec![vec![3], vec![1, 2, 3]]);

@@ -304,13 +304,20 @@ impl Pipeline {
             eprintln!("teacher: reusing {}", shown(&t.checkpoint));
         }
         let Some(path) = &t.recipe else {
-            return Ok((Some(t.checkpoint.clone()), format!("teacher {}", shown(&t.checkpoint))));
+            return Ok((
+                Some(t.checkpoint.clone()),
+                format!("teacher {}", shown(&t.checkpoint)),
+            ));
         };
-        let (ckpt, note) = obtain_checkpoint(&t.checkpoint, path, &base_dir.join("teacher-run"), opts)?;
+        let (ckpt, note) =
+            obtain_checkpoint(&t.checkpoint, path, &base_dir.join("teacher-run"), opts)?;
         if !ckpt.join("model.bpk").is_file() {
             return Err(TrainError::Recipe(self.recipe.invalid(
                 "teacher.checkpoint",
-                format!("the teacher recipe ran but wrote no checkpoint at {}", shown(&ckpt)),
+                format!(
+                    "the teacher recipe ran but wrote no checkpoint at {}",
+                    shown(&ckpt)
+                ),
                 "point [teacher] checkpoint at `<teacher run folder>/best`",
             ))
             .into());
@@ -461,12 +468,26 @@ pub fn obtain_checkpoint(
         producer.run(&popts)?;
         return Ok((
             smoke_dir.join("best"),
-            format!("trained by {} with --max-steps {n} (smoke run, kept inside this run)", shown(recipe)),
+            format!(
+                "trained by {} with --max-steps {n} (smoke run, kept inside this run)",
+                shown(recipe)
+            ),
         ));
     }
-    eprintln!("no checkpoint at {}; running {} first", shown(ckpt), shown(recipe));
+    eprintln!(
+        "no checkpoint at {}; running {} first",
+        shown(ckpt),
+        shown(recipe)
+    );
     producer.run(&popts)?;
-    Ok((ckpt.to_path_buf(), format!("{} (fine-tuned in this run by {})", shown(ckpt), shown(recipe))))
+    Ok((
+        ckpt.to_path_buf(),
+        format!(
+            "{} (fine-tuned in this run by {})",
+            shown(ckpt),
+            shown(recipe)
+        ),
+    ))
 }
 
 /// A finished stage's record, reused when its input is the current model and its outputs

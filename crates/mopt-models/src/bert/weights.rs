@@ -241,6 +241,26 @@ pub fn save_hf(
     config: &BertConfig,
     dir: &Path,
 ) -> Result<(), ModelError> {
+    // transformers builds every layer from `num_attention_heads` x (hidden / heads) and
+    // `intermediate_size`: a pruned shape (per-layer heads or FFN widths, or heads x head size
+    // != hidden) cannot be expressed, and it ignores `pruned_heads` on load.
+    let h = config.hidden_size;
+    let uniform = (0..config.num_hidden_layers).all(|l| {
+        config.heads(l) == config.num_attention_heads
+            && config.ffn(l) == config.intermediate_size
+            && config.heads(l) * config.head_size() == h
+    });
+    if !uniform {
+        return Err(ModelError::Config {
+            path: dir.to_path_buf(),
+            message: format!(
+                "transformers cannot load this shape (heads per layer {:?}, FFN widths {:?}, head size {}, hidden {h}): it builds every layer from num_attention_heads x hidden/heads and one intermediate_size, and ignores pruned_heads; nothing was written. Export pruned models to ONNX instead: `mopt-train export RECIPE --checkpoint DIR` (or an `export` stage)",
+                (0..config.num_hidden_layers).map(|l| config.heads(l)).collect::<Vec<_>>(),
+                (0..config.num_hidden_layers).map(|l| config.ffn(l)).collect::<Vec<_>>(),
+                config.head_size()
+            ),
+        });
+    }
     std::fs::create_dir_all(dir).map_err(|source| ModelError::Io {
         path: dir.to_path_buf(),
         source,

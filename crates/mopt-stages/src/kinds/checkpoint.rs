@@ -68,14 +68,25 @@ impl Stage for CheckpointStage {
         "checkpoint"
     }
 
-    fn plan(&self, _: &StageEntry, _input: &BertConfig, _: &PlanContext) -> Result<StagePlan, StageError> {
+    fn plan(
+        &self,
+        _: &StageEntry,
+        _input: &BertConfig,
+        _: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
         let cfg = self.path.join("config.json");
         let (output, state) = if cfg.is_file() {
             (BertConfig::from_file(&cfg)?, "exists".to_string())
         } else {
-            let recipe = self.recipe.as_ref().expect("validated: recipe or checkpoint");
+            let recipe = self
+                .recipe
+                .as_ref()
+                .expect("validated: recipe or checkpoint");
             let chain = Pipeline::load(recipe)?.plan_chain()?;
-            let out = chain.stages.last().map_or(chain.baseline.clone(), |s| s.output.clone());
+            let out = chain
+                .stages
+                .last()
+                .map_or(chain.baseline.clone(), |s| s.output.clone());
             (out, format!("missing: produced first by {}", shown(recipe)))
         };
         Ok(StagePlan {

@@ -94,12 +94,14 @@ impl Stage for ExportStage {
     ) -> Result<StagePlan, StageError> {
         if let Some(r) = &self.reference {
             if !cx.earlier.contains(r) {
-                return Err(RecipeError::from(entry.scope.err(
+                return Err(StageError::from(entry.scope.err(
                     "reference",
                     format!("no model named `{r}` before this stage"),
-                    format!("use `baseline`, `none` or an earlier stage's name: {}", cx.earlier.join(", ")),
-                ))
-                .into());
+                    format!(
+                        "use `baseline`, `none` or an earlier stage's name: {}",
+                        cx.earlier.join(", ")
+                    ),
+                )));
             }
         }
         Ok(StagePlan {
@@ -151,7 +153,11 @@ impl Stage for ExportStage {
             .filter(|(_, dir)| dir.as_path() != input);
         if let Some((name, dir)) = reference {
             let b = cx.dir.join(format!("{name}-onnx"));
-            eprintln!("export: the {name} model {} -> {}", dir.display(), b.display());
+            eprintln!(
+                "export: the {name} model {} -> {}",
+                dir.display(),
+                b.display()
+            );
             export_checkpoint(dir, &b, &samples, &opts)?;
             models.push((name.clone(), b.join("model.onnx")));
         }

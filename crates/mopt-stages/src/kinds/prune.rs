@@ -15,7 +15,9 @@ use mopt_distill::pipeline::{teacher_source, TeacherOutputs};
 use mopt_distill::spec::{DistillSpec, Schedule, SoftLoss};
 use mopt_distill::{DistillModel, DistillTask, TeacherSource};
 use mopt_models::bert::{weights, BertConfig};
-use mopt_prune::{prune, select, Criterion, GroupScores, Keep, LayerTensors, Ranking, Reduce, Targets, UnitLimits};
+use mopt_prune::{
+    prune, select, Criterion, GroupScores, Keep, LayerTensors, Ranking, Reduce, Targets, UnitLimits,
+};
 use mopt_recipe::{OnFail, RecipeError, StageEntry};
 use mopt_train::memory::MemoryEstimate;
 use mopt_train::trainer::{evaluate, fit, save_checkpoint_dir, Task};
@@ -85,15 +87,32 @@ impl PruneStage {
     }
 }
 
-fn one_of<T: Copy>(cx: &mopt_recipe::Scope, key: &str, v: Option<&str>, default: &str, options: &[(&str, T)]) -> Result<T, RecipeError> {
+fn one_of<T: Copy>(
+    cx: &mopt_recipe::Scope,
+    key: &str,
+    v: Option<&str>,
+    default: &str,
+    options: &[(&str, T)],
+) -> Result<T, RecipeError> {
     let v = v.unwrap_or(default);
-    options.iter().find(|(n, _)| *n == v).map(|(_, t)| *t).ok_or_else(|| {
-        cx.err(
-            key,
-            format!("unknown {key} `{v}`"),
-            format!("use one of: {}", options.iter().map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>().join(", ")),
-        )
-    })
+    options
+        .iter()
+        .find(|(n, _)| *n == v)
+        .map(|(_, t)| *t)
+        .ok_or_else(|| {
+            cx.err(
+                key,
+                format!("unknown {key} `{v}`"),
+                format!(
+                    "use one of: {}",
+                    options
+                        .iter()
+                        .map(|(n, _)| format!("`{n}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+        })
 }
 
 impl StageKind for Prune {
@@ -112,8 +131,14 @@ impl StageKind for Prune {
     fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
         let cx = &entry.scope;
         let r: RawPrune = cx.deserialize(entry.settings.clone())?;
-        let mut targets = Targets { heads: false, ffn: false };
-        for t in r.targets.unwrap_or_else(|| vec!["heads".into(), "ffn".into()]) {
+        let mut targets = Targets {
+            heads: false,
+            ffn: false,
+        };
+        for t in r
+            .targets
+            .unwrap_or_else(|| vec!["heads".into(), "ffn".into()])
+        {
             match t.as_str() {
                 "heads" => targets.heads = true,
                 "ffn" => targets.ffn = true,
@@ -127,31 +152,73 @@ impl StageKind for Prune {
             }
         }
         if !targets.heads && !targets.ffn {
-            return Err(cx.err("targets", "nothing to prune", "list \"heads\" and/or \"ffn\""));
+            return Err(cx.err(
+                "targets",
+                "nothing to prune",
+                "list \"heads\" and/or \"ffn\"",
+            ));
         }
-        let criterion = one_of(cx, "criterion", r.criterion.as_deref(), "taylor", &[
-            ("l1", Criterion::L1),
-            ("l2", Criterion::L2),
-            ("taylor", Criterion::Taylor),
-            ("random", Criterion::Random),
-        ])?;
-        let reduce = one_of(cx, "reduce", r.reduce.as_deref(), "sum", &[("sum", Reduce::Sum), ("mean", Reduce::Mean), ("max", Reduce::Max)])?;
-        let ranking = one_of(cx, "ranking", r.ranking.as_deref(), "local", &[("local", Ranking::Local), ("global", Ranking::Global)])?;
+        let criterion = one_of(
+            cx,
+            "criterion",
+            r.criterion.as_deref(),
+            "taylor",
+            &[
+                ("l1", Criterion::L1),
+                ("l2", Criterion::L2),
+                ("taylor", Criterion::Taylor),
+                ("random", Criterion::Random),
+            ],
+        )?;
+        let reduce = one_of(
+            cx,
+            "reduce",
+            r.reduce.as_deref(),
+            "sum",
+            &[
+                ("sum", Reduce::Sum),
+                ("mean", Reduce::Mean),
+                ("max", Reduce::Max),
+            ],
+        )?;
+        let ranking = one_of(
+            cx,
+            "ranking",
+            r.ranking.as_deref(),
+            "local",
+            &[("local", Ranking::Local), ("global", Ranking::Global)],
+        )?;
         let target = r.target.unwrap_or(0.5);
         if !(target > 0.0 && target < 1.0) {
-            return Err(cx.err("target", format!("{target} is outside (0, 1)"), "the fraction of heads/FFN neurons removed in the end, e.g. 0.5"));
+            return Err(cx.err(
+                "target",
+                format!("{target} is outside (0, 1)"),
+                "the fraction of heads/FFN neurons removed in the end, e.g. 0.5",
+            ));
         }
         let step = r.step.unwrap_or(0.1);
         if !(step > 0.0 && step <= target) {
-            return Err(cx.err("step", format!("{step} must lie in (0, target = {target}]"), "about 0.1 (10% of the units per round)"));
+            return Err(cx.err(
+                "step",
+                format!("{step} must lie in (0, target = {target}]"),
+                "about 0.1 (10% of the units per round)",
+            ));
         }
         let alpha = r.alpha.unwrap_or(0.5);
         if !(0.0..=1.0).contains(&alpha) {
-            return Err(cx.err("alpha", format!("{alpha} is outside [0, 1]"), "the hard-label weight of the KD fine-tuning, e.g. 0.5"));
+            return Err(cx.err(
+                "alpha",
+                format!("{alpha} is outside [0, 1]"),
+                "the hard-label weight of the KD fine-tuning, e.g. 0.5",
+            ));
         }
         let temperature = r.temperature.unwrap_or(4.0);
-        if !(temperature > 0.0) {
-            return Err(cx.err("temperature", format!("{temperature} must be > 0"), "e.g. 4.0"));
+        if temperature.is_nan() || temperature <= 0.0 {
+            return Err(cx.err(
+                "temperature",
+                format!("{temperature} must be > 0"),
+                "e.g. 4.0",
+            ));
         }
         Ok(Box::new(PruneStage {
             targets,
@@ -170,7 +237,10 @@ impl StageKind for Prune {
             alpha,
             temperature,
             seed: r.seed.unwrap_or(0),
-            retry: entry.gate.as_ref().is_some_and(|g| g.on_fail == OnFail::Retry),
+            retry: entry
+                .gate
+                .as_ref()
+                .is_some_and(|g| g.on_fail == OnFail::Retry),
         }))
     }
 }
@@ -203,19 +273,31 @@ fn shape_after(c: &BertConfig, keep: &Keep) -> BertConfig {
 /// Equal scores of the current shape (the plan's stand-in: local counts do not depend on them).
 fn flat_scores(c: &BertConfig) -> GroupScores {
     GroupScores {
-        heads: (0..c.num_hidden_layers).map(|l| vec![1.0; c.heads(l)]).collect(),
-        ffn: (0..c.num_hidden_layers).map(|l| vec![1.0; c.ffn(l)]).collect(),
+        heads: (0..c.num_hidden_layers)
+            .map(|l| vec![1.0; c.heads(l)])
+            .collect(),
+        ffn: (0..c.num_hidden_layers)
+            .map(|l| vec![1.0; c.ffn(l)])
+            .collect(),
     }
 }
 
 impl PruneStage {
     fn units(c: &BertConfig) -> (Vec<usize>, Vec<usize>) {
-        ((0..c.num_hidden_layers).map(|l| c.heads(l)).collect(), (0..c.num_hidden_layers).map(|l| c.ffn(l)).collect())
+        (
+            (0..c.num_hidden_layers).map(|l| c.heads(l)).collect(),
+            (0..c.num_hidden_layers).map(|l| c.ffn(l)).collect(),
+        )
     }
 
     /// The objective of Taylor scoring and fine-tuning: KD against the baseline teacher's cached
     /// logits, or hard labels.
-    fn task(&self, input: &Path, cx: &StageContext, ad: &Device) -> Result<DistillTask, StageError> {
+    fn task(
+        &self,
+        input: &Path,
+        cx: &StageContext,
+        ad: &Device,
+    ) -> Result<DistillTask, StageError> {
         let kd = self.distill && input != cx.baseline;
         let spec = DistillSpec {
             enabled: kd,
@@ -226,7 +308,11 @@ impl PruneStage {
             baseline: false,
             matches: Vec::new(),
         };
-        let plan = MatchPlan { matches: Vec::new(), projections: Vec::new(), needs: Default::default() };
+        let plan = MatchPlan {
+            matches: Vec::new(),
+            projections: Vec::new(),
+            needs: Default::default(),
+        };
         let source = if kd {
             let device = cx.device.device();
             let (teacher, _) = weights::load_checkpoint(cx.baseline, &device)?;
@@ -251,13 +337,22 @@ impl PruneStage {
     }
 
     /// First-order Taylor gradients of every layer, summed over `taylor_batches` training batches.
-    fn taylor_gradients(&self, dir: &Path, task: &mut DistillTask, cx: &StageContext, ad: &Device) -> Result<Vec<LayerTensors>, StageError> {
+    fn taylor_gradients(
+        &self,
+        dir: &Path,
+        task: &mut DistillTask,
+        cx: &StageContext,
+        ad: &Device,
+    ) -> Result<Vec<LayerTensors>, StageError> {
         let (student, config) = weights::load_checkpoint(dir, ad)?;
         let model = DistillModel::new(student, &[], ad);
         let batcher = Batcher::new(cx.pad_id);
         let order = epoch_order(cx.data.train.len(), self.seed ^ cx.seed, 0);
         let mut acc = vec![LayerTensors::default(); config.num_hidden_layers];
-        for chunk in order.chunks(cx.entry.train.batch_size).take(self.taylor_batches) {
+        for chunk in order
+            .chunks(cx.entry.train.batch_size)
+            .take(self.taylor_batches)
+        {
             let items: Vec<&Encoded> = chunk.iter().map(|&i| &cx.data.train[i]).collect();
             let b = batcher.batch(&items, ad);
             let (loss, _) = task.loss(&model, &b, chunk, 0.0);
@@ -275,7 +370,12 @@ impl Stage for PruneStage {
         "prune"
     }
 
-    fn plan(&self, entry: &StageEntry, input: &BertConfig, cx: &PlanContext) -> Result<StagePlan, StageError> {
+    fn plan(
+        &self,
+        entry: &StageEntry,
+        input: &BertConfig,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
         let (orig_h, orig_f) = Self::units(input);
         let mut settings = vec![format!(
             "targets = [{}], criterion = \"{}\", reduce = \"{}\", ranking = \"{}\", target = {}, step = {}, taylor-batches = {}, ffn-multiple = {}, min-heads = {}, ignore-layers = {:?}, distill = {} (alpha = {}, temperature = {})",
@@ -295,7 +395,15 @@ impl Stage for PruneStage {
         )];
         let mut c = input.clone();
         for r in 1..=self.rounds() {
-            let keep = select(&flat_scores(&c), &orig_h, &orig_f, self.fraction(r), self.targets, &self.limits, self.ranking);
+            let keep = select(
+                &flat_scores(&c),
+                &orig_h,
+                &orig_f,
+                self.fraction(r),
+                self.targets,
+                &self.limits,
+                self.ranking,
+            );
             c = shape_after(&c, &keep);
             let (h, f) = Self::units(&c);
             settings.push(format!(
@@ -308,7 +416,11 @@ impl Stage for PruneStage {
         }
         settings.extend(train_settings(&entry.train, entry.train_overridden));
         Ok(StagePlan {
-            memory: Some(MemoryEstimate::for_bert(input, entry.train.batch_size, cx.tokenizer.max_len)),
+            memory: Some(MemoryEstimate::for_bert(
+                input,
+                entry.train.batch_size,
+                cx.tokenizer.max_len,
+            )),
             output: c,
             settings,
             extra_memory: Vec::new(),
@@ -322,7 +434,15 @@ impl Stage for PruneStage {
         let (orig_h, orig_f) = Self::units(&config);
         let batcher = Batcher::new(cx.pad_id);
         let golden = |m: &mopt_models::bert::BertForSequenceClassification, c: &BertConfig| {
-            evaluate(&m.valid(), cx.golden, &batcher, cx.entry.train.eval_batch_size, c.num_labels, &device).logits
+            evaluate(
+                &m.valid(),
+                cx.golden,
+                &batcher,
+                cx.entry.train.eval_batch_size,
+                c.num_labels,
+                &device,
+            )
+            .logits
         };
         let input_logits = golden(&model, &config);
         let mut task = self.task(input, cx, &ad)?;
@@ -334,22 +454,51 @@ impl Stage for PruneStage {
         for r in 1..=self.rounds() {
             let rdir = cx.dir.join(format!("round-{r}"));
             std::fs::create_dir_all(&rdir).map_err(|e| StageError::io(&rdir, e))?;
-            eprintln!("prune round {r}/{}: scoring ({})", self.rounds(), self.criterion.name());
+            eprintln!(
+                "prune round {r}/{}: scoring ({})",
+                self.rounds(),
+                self.criterion.name()
+            );
             let grads = if self.criterion.needs_gradients() {
                 Some(self.taylor_gradients(&current, &mut task, cx, &ad)?)
             } else {
                 None
             };
-            let scores = mopt_prune::bert::scores(&model.valid(), &config, self.criterion, self.reduce, grads.as_deref(), self.seed.wrapping_add(r as u64));
-            let keep = select(&scores, &orig_h, &orig_f, self.fraction(r), self.targets, &self.limits, self.ranking);
+            let scores = mopt_prune::bert::scores(
+                &model.valid(),
+                &config,
+                self.criterion,
+                self.reduce,
+                grads.as_deref(),
+                self.seed.wrapping_add(r as u64),
+            );
+            let keep = select(
+                &scores,
+                &orig_h,
+                &orig_f,
+                self.fraction(r),
+                self.targets,
+                &self.limits,
+                self.ranking,
+            );
             let (pruned, pcfg) = prune(&model.valid(), &config, &keep);
             let pdir = rdir.join("pruned");
             save_checkpoint_dir(&pruned, &pcfg, cx.data, cx.tokenizer_file, &pdir)?;
             let (h, f) = Self::units(&pcfg);
-            eprintln!("prune round {r}: heads {h:?}, FFN {f:?} ({:.2}M params); fine-tuning", pcfg.num_params() as f64 / 1e6);
+            eprintln!(
+                "prune round {r}: heads {h:?}, FFN {f:?} ({:.2}M params); fine-tuning",
+                pcfg.num_params() as f64 / 1e6
+            );
             let (student, _) = weights::load_checkpoint(&pdir, &ad)?;
-            let run = mopt_train::trainer::RunContext { run_dir: &rdir, ..cx.run_context(&pcfg) };
-            let report = fit(&run, self.task(input, cx, &ad)?, DistillModel::new(student, &[], &ad))?;
+            let run = mopt_train::trainer::RunContext {
+                run_dir: &rdir,
+                ..cx.run_context(&pcfg)
+            };
+            let report = fit(
+                &run,
+                self.task(input, cx, &ad)?,
+                DistillModel::new(student, &[], &ad),
+            )?;
             steps += report.steps;
             let (m, c) = weights::load_checkpoint(&report.checkpoint, &device)?;
             let err = max_abs_diff(&golden(&m, &c), &input_logits);
