@@ -194,11 +194,11 @@ fn stages_default_merge_their_training_and_get_unique_names() {
 fn stage_errors_name_the_stage_its_line_and_the_fix() {
     let tmp = tempfile::tempdir().unwrap();
     let (p, s) = good(tmp.path());
-    let cases: [(&str, &str, &[&str]); 7] = [
+    let cases: [(&str, &str, &[&str]); 9] = [
         (
-            "[[stage]]\nkind = \"prune\"\n",
-            "kind = \"prune\"",
-            &["`stage[1].kind`", "unknown stage kind `prune`", "`finetune`", "`distill`", "`export`"],
+            "[[stage]]\nkind = \"sparsify\"\n",
+            "kind = \"sparsify\"",
+            &["`stage[1].kind`", "unknown stage kind `sparsify`", "`finetune`", "`distill`", "`prune`", "`export`"],
         ),
         (
             "[[stage]]\nkind = \"finetune\"\nalpha = 0.5\n",
@@ -224,6 +224,16 @@ fn stage_errors_name_the_stage_its_line_and_the_fix() {
             "[[stage]]\nkind = \"export\"\nsamples = 0\n",
             "samples = 0",
             &["`stage[1].samples`", "at least 1"],
+        ),
+        (
+            "[[stage]]\nkind = \"prune\"\ntarget = 1.5\n",
+            "target = 1.5",
+            &["`stage[1].target`", "outside (0, 1)"],
+        ),
+        (
+            "[[stage]]\nkind = \"prune\"\ncriterion = \"magic\"\n",
+            "criterion = \"magic\"",
+            &["`stage[1].criterion`", "unknown criterion `magic`", "`taylor`", "`random`"],
         ),
         (
             "[[stage]]\nkind = \"distill\"\n",
