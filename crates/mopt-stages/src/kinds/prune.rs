@@ -27,7 +27,9 @@ use serde_json::json;
 use crate::error::StageError;
 use crate::plan::train_settings;
 use crate::record::max_abs_diff;
-use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
+use crate::stage::{
+    PlanContext, ReferenceModel, Stage, StageContext, StageKind, StageOutput, StagePlan,
+};
 
 /// The kind.
 pub struct Prune;
@@ -49,6 +51,7 @@ struct RawPrune {
     alpha: Option<f64>,
     temperature: Option<f64>,
     seed: Option<u64>,
+    compare: Option<Vec<String>>,
 }
 
 /// A prune stage, validated.
@@ -73,6 +76,8 @@ pub struct PruneStage {
     pub seed: u64,
     /// The stage's gate retries (stops at the knee).
     pub retry: bool,
+    /// Criteria run with the same schedule for comparison, reported beside the chain.
+    pub compare: Vec<Criterion>,
 }
 
 impl PruneStage {
@@ -158,18 +163,17 @@ impl StageKind for Prune {
                 "list \"heads\" and/or \"ffn\"",
             ));
         }
-        let criterion = one_of(
-            cx,
-            "criterion",
-            r.criterion.as_deref(),
-            "taylor",
-            &[
-                ("l1", Criterion::L1),
-                ("l2", Criterion::L2),
-                ("taylor", Criterion::Taylor),
-                ("random", Criterion::Random),
-            ],
-        )?;
+        let criteria = [
+            ("l1", Criterion::L1),
+            ("l2", Criterion::L2),
+            ("taylor", Criterion::Taylor),
+            ("random", Criterion::Random),
+        ];
+        let mut compare = Vec::new();
+        for c in r.compare.clone().unwrap_or_default() {
+            compare.push(one_of(cx, "compare", Some(&c), "", &criteria)?);
+        }
+        let criterion = one_of(cx, "criterion", r.criterion.as_deref(), "taylor", &criteria)?;
         let reduce = one_of(
             cx,
             "reduce",
@@ -241,8 +245,17 @@ impl StageKind for Prune {
                 .gate
                 .as_ref()
                 .is_some_and(|g| g.on_fail == OnFail::Retry),
+            compare,
         }))
     }
+}
+
+/// What one schedule of rounds produced.
+struct Pruned {
+    checkpoint: std::path::PathBuf,
+    rounds: Vec<RoundRecord>,
+    notes: Vec<String>,
+    steps: usize,
 }
 
 /// One round's record.
@@ -365,69 +378,15 @@ impl PruneStage {
     }
 }
 
-impl Stage for PruneStage {
-    fn kind(&self) -> &str {
-        "prune"
-    }
-
-    fn plan(
+impl PruneStage {
+    /// One schedule of rounds with `criterion`, its rounds in `dir/round-N`.
+    fn schedule(
         &self,
-        entry: &StageEntry,
-        input: &BertConfig,
-        cx: &PlanContext,
-    ) -> Result<StagePlan, StageError> {
-        let (orig_h, orig_f) = Self::units(input);
-        let mut settings = vec![format!(
-            "targets = [{}], criterion = \"{}\", reduce = \"{}\", ranking = \"{}\", target = {}, step = {}, taylor-batches = {}, ffn-multiple = {}, min-heads = {}, ignore-layers = {:?}, distill = {} (alpha = {}, temperature = {})",
-            [(self.targets.heads, "\"heads\""), (self.targets.ffn, "\"ffn\"")].iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect::<Vec<_>>().join(", "),
-            self.criterion.name(),
-            self.reduce.name(),
-            self.ranking.name(),
-            self.target,
-            self.step,
-            self.taylor_batches,
-            self.limits.ffn_multiple,
-            self.limits.min_heads,
-            self.limits.ignore_layers,
-            self.distill,
-            self.alpha,
-            self.temperature
-        )];
-        let mut c = input.clone();
-        for r in 1..=self.rounds() {
-            let keep = select(
-                &flat_scores(&c),
-                &orig_h,
-                &orig_f,
-                self.fraction(r),
-                self.targets,
-                &self.limits,
-                self.ranking,
-            );
-            c = shape_after(&c, &keep);
-            let (h, f) = Self::units(&c);
-            settings.push(format!(
-                "round {r}: {:.0}% removed -> heads {h:?}, FFN {f:?}{}: {:.2}M params, {:.3} GFLOPs/example, then fine-tune",
-                self.fraction(r) * 100.0,
-                if self.ranking == Ranking::Global { " (global: the split across layers follows the scores)" } else { "" },
-                c.num_params() as f64 / 1e6,
-                c.forward_flops(cx.tokenizer.max_len) as f64 / 1e9
-            ));
-        }
-        settings.extend(train_settings(&entry.train, entry.train_overridden));
-        Ok(StagePlan {
-            memory: Some(MemoryEstimate::for_bert(
-                input,
-                entry.train.batch_size,
-                cx.tokenizer.max_len,
-            )),
-            output: c,
-            settings,
-            extra_memory: Vec::new(),
-        })
-    }
-
-    fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+        criterion: Criterion,
+        input: &Path,
+        cx: &StageContext,
+        dir: &Path,
+    ) -> Result<Pruned, StageError> {
         let device = cx.device.device();
         let ad = cx.device.train_device(&cx.entry.train);
         let (mut model, mut config) = weights::load_checkpoint(input, &device)?;
@@ -452,14 +411,14 @@ impl Stage for PruneStage {
         let mut notes = Vec::new();
         let mut steps = 0;
         for r in 1..=self.rounds() {
-            let rdir = cx.dir.join(format!("round-{r}"));
+            let rdir = dir.join(format!("round-{r}"));
             std::fs::create_dir_all(&rdir).map_err(|e| StageError::io(&rdir, e))?;
             eprintln!(
                 "prune round {r}/{}: scoring ({})",
                 self.rounds(),
-                self.criterion.name()
+                criterion.name()
             );
-            let grads = if self.criterion.needs_gradients() {
+            let grads = if criterion.needs_gradients() {
                 Some(self.taylor_gradients(&current, &mut task, cx, &ad)?)
             } else {
                 None
@@ -467,7 +426,7 @@ impl Stage for PruneStage {
             let scores = mopt_prune::bert::scores(
                 &model.valid(),
                 &config,
-                self.criterion,
+                criterion,
                 self.reduce,
                 grads.as_deref(),
                 self.seed.wrapping_add(r as u64),
@@ -539,18 +498,119 @@ impl Stage for PruneStage {
                 break;
             }
         }
-        let out = if self.retry { last_pass } else { current };
-        Ok(StageOutput {
-            checkpoint: out,
+        Ok(Pruned {
+            checkpoint: if self.retry { last_pass } else { current },
+            rounds,
+            notes,
             steps,
+        })
+    }
+}
+
+impl Stage for PruneStage {
+    fn kind(&self) -> &str {
+        "prune"
+    }
+
+    fn plan(
+        &self,
+        entry: &StageEntry,
+        input: &BertConfig,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        let (orig_h, orig_f) = Self::units(input);
+        let mut settings = vec![format!(
+            "targets = [{}], criterion = \"{}\", reduce = \"{}\", ranking = \"{}\", target = {}, step = {}, taylor-batches = {}, ffn-multiple = {}, min-heads = {}, ignore-layers = {:?}, distill = {} (alpha = {}, temperature = {}), compare = {:?}",
+            [(self.targets.heads, "\"heads\""), (self.targets.ffn, "\"ffn\"")].iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect::<Vec<_>>().join(", "),
+            self.criterion.name(),
+            self.reduce.name(),
+            self.ranking.name(),
+            self.target,
+            self.step,
+            self.taylor_batches,
+            self.limits.ffn_multiple,
+            self.limits.min_heads,
+            self.limits.ignore_layers,
+            self.distill,
+            self.alpha,
+            self.temperature,
+            self.compare.iter().map(|c| c.name()).collect::<Vec<_>>()
+        )];
+        let mut c = input.clone();
+        for r in 1..=self.rounds() {
+            let keep = select(
+                &flat_scores(&c),
+                &orig_h,
+                &orig_f,
+                self.fraction(r),
+                self.targets,
+                &self.limits,
+                self.ranking,
+            );
+            c = shape_after(&c, &keep);
+            let (h, f) = Self::units(&c);
+            settings.push(format!(
+                "round {r}: {:.0}% removed -> heads {h:?}, FFN {f:?}{}: {:.2}M params, {:.3} GFLOPs/example, then fine-tune",
+                self.fraction(r) * 100.0,
+                if self.ranking == Ranking::Global { " (global: the split across layers follows the scores)" } else { "" },
+                c.num_params() as f64 / 1e6,
+                c.forward_flops(cx.tokenizer.max_len) as f64 / 1e9
+            ));
+        }
+        settings.extend(train_settings(&entry.train, entry.train_overridden));
+        Ok(StagePlan {
+            memory: Some(MemoryEstimate::for_bert(
+                input,
+                entry.train.batch_size,
+                cx.tokenizer.max_len,
+            )),
+            output: c,
+            settings,
+            extra_memory: Vec::new(),
+        })
+    }
+
+    fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+        let main = self.schedule(self.criterion, input, cx, cx.dir)?;
+        let mut notes = main.notes;
+        let mut references = Vec::new();
+        let mut compared = Vec::new();
+        for &c in &self.compare {
+            eprintln!(
+                "prune: the same schedule with {} importance, for comparison",
+                c.name()
+            );
+            let dir = cx.dir.join(format!("compare-{}", c.name()));
+            let other = self.schedule(c, input, cx, &dir)?;
+            notes.push(format!(
+                "Comparison, the same schedule with {} importance: {}",
+                c.name(),
+                other
+                    .rounds
+                    .iter()
+                    .map(|r| format!("round {} validation {:.4}", r.round, r.valid_accuracy))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            references.push(ReferenceModel {
+                name: format!("{} ({} importance)", cx.entry.name, c.name()),
+                about: format!("the same pruning schedule scored by {}", c.name()),
+                checkpoint: other.checkpoint,
+            });
+            compared.push(json!({ "criterion": c.name(), "rounds": other.rounds }));
+        }
+        Ok(StageOutput {
+            checkpoint: main.checkpoint,
+            steps: main.steps,
             facts: json!({
                 "criterion": self.criterion.name(),
                 "reduce": self.reduce.name(),
                 "ranking": self.ranking.name(),
-                "rounds": rounds,
+                "rounds": main.rounds,
+                "compare": compared,
             }),
             notes,
-            references: Vec::new(),
+            references,
             logit_error_vs_input: None,
             artifacts: Vec::new(),
         })
