@@ -220,7 +220,10 @@ const PRUNE: &str = "[[stage]]\nkind = \"prune\"\ncriterion = \"l1\"\ntarget = 0
 #[test]
 fn prune_stage_removes_units_physically_and_retry_stops_at_the_knee() {
     let tmp = tempfile::tempdir().unwrap();
-    let with_control = PRUNE.replace("ffn-multiple = 4\n", "ffn-multiple = 4\ncompare = [\"random\"]\n");
+    let with_control = PRUNE.replace(
+        "ffn-multiple = 4\n",
+        "ffn-multiple = 4\ncompare = [\"random\"]\n",
+    );
     let recipe = write_pipeline(tmp.path(), "prune", &with_control);
     // The plan shows each round's shape.
     let check = mopt(&[recipe.to_str().unwrap(), "--check"]);
@@ -250,8 +253,16 @@ fn prune_stage_removes_units_physically_and_retry_stops_at_the_knee() {
     let control = &r["stages"][2]["references"][0];
     assert_eq!(control["name"], "prune (random importance)");
     assert_eq!(control["model"]["heads"], serde_json::json!([2, 2]));
-    assert_eq!(r["stages"][2]["facts"]["compare"][0]["rounds"].as_array().unwrap().len(), 2);
-    assert!(run.join("02-prune/compare-random/round-2/best/model.bpk").is_file());
+    assert_eq!(
+        r["stages"][2]["facts"]["compare"][0]["rounds"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert!(run
+        .join("02-prune/compare-random/round-2/best/model.bpk")
+        .is_file());
     // The pruned checkpoint reloads from its own config, without knowing its history.
     let d = burn::prelude::Device::flex();
     let (m, c) = mopt_models::bert::weights::load_checkpoint(&run.join("best"), &d).unwrap();

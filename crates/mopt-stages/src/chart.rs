@@ -90,13 +90,20 @@ pub fn svg(title: &str, x_label: &str, y_label: &str, points: &[Point]) -> Strin
         (top + h - bottom) / 2.0,
         esc(y_label)
     );
+    let mut placed: Vec<(f64, f64)> = Vec::new();
     for p in points {
         let (cx, cy) = (sx(p.x), sy(p.y));
+        // Stages that pass their model on unchanged share a point: stack their labels.
+        let stacked = placed
+            .iter()
+            .filter(|(x, y)| (x - cx).abs() < 1.0 && (y - cy).abs() < 1.0)
+            .count() as f64;
+        placed.push((cx, cy));
         s += &format!(
             "<g class=\"point\"><circle cx=\"{cx:.1}\" cy=\"{cy:.1}\" r=\"6\" fill=\"{}\" stroke=\"#1f4e9c\" stroke-width=\"2\"/><text x=\"{:.1}\" y=\"{:.1}\">{} ({:.2}, {:.2})</text></g>\n",
             if p.kept { "#1f4e9c" } else { "white" },
             cx + 9.0,
-            cy - 8.0,
+            cy - 8.0 + 15.0 * stacked,
             esc(&p.label),
             p.x,
             p.y
@@ -130,5 +137,24 @@ mod tests {
         assert_eq!(s.matches("<circle").count(), 2);
         assert!(s.contains("a&lt;b&gt;") && s.contains("fill=\"white\""));
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+        // A point shared by two stages gets two labels, one under the other.
+        let mut same = pts.clone();
+        same.push(Point {
+            label: "2 export".into(),
+            ..pts[1].clone()
+        });
+        let s = svg("t", "x", "y", &same);
+        let y_of = |label: &str| -> String {
+            let i = s.find(label).unwrap();
+            let tag = &s[s[..i].rfind("<text").unwrap()..i];
+            tag.split("y=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        assert_ne!(y_of("1 a&lt;b&gt;"), y_of("2 export"));
     }
 }
