@@ -194,7 +194,7 @@ fn stages_default_merge_their_training_and_get_unique_names() {
 fn stage_errors_name_the_stage_its_line_and_the_fix() {
     let tmp = tempfile::tempdir().unwrap();
     let (p, s) = good(tmp.path());
-    let cases: [(&str, &str, &[&str]); 9] = [
+    let cases: [(&str, &str, &[&str]); 10] = [
         (
             "[[stage]]\nkind = \"sparsify\"\n",
             "kind = \"sparsify\"",
@@ -229,6 +229,11 @@ fn stage_errors_name_the_stage_its_line_and_the_fix() {
             "[[stage]]\nkind = \"prune\"\ntarget = 1.5\n",
             "target = 1.5",
             &["`stage[1].target`", "outside (0, 1)"],
+        ),
+        (
+            "[[stage]]\nkind = \"prune\"\nranking = \"global\"\n[stage.ratios]\n\"encoder.layer.0.*\" = 0.3\n",
+            "[stage.ratios]",
+            &["`stage[1].ratios`", "need ranking = \"local\""],
         ),
         (
             "[[stage]]\nkind = \"prune\"\ncriterion = \"magic\"\n",

@@ -237,6 +237,18 @@ fn prune_stage_removes_units_physically_and_retry_stops_at_the_knee() {
         plan.contains("round 2: 50% removed -> heads [2, 2], FFN [32, 32]"),
         "{plan}"
     );
+    // A scope of its own: layer 1's FFN stops at a quarter while the rest goes to half.
+    let scoped_dir = tmp.path().join("scoped");
+    std::fs::create_dir_all(&scoped_dir).unwrap();
+    let scoped = write_pipeline(
+        &scoped_dir,
+        "scoped",
+        &format!("{PRUNE}[stage.ratios]\n\"encoder.layer.1.ffn\" = 0.25\n"),
+    );
+    let check = mopt(&[scoped.to_str().unwrap(), "--check"]);
+    assert!(check.status.success(), "{}", stderr(&check));
+    let plan = String::from_utf8_lossy(&check.stdout);
+    assert!(plan.contains("round 2: 50% removed -> heads [2, 2], FFN [32, 48]"), "{plan}");
     let out = mopt(&[recipe.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let run = tmp.path().join("runs/prune");

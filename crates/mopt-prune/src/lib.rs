@@ -15,4 +15,4 @@ pub mod schedule;
 
 pub use bert::{prune, Keep, LayerTensors};
 pub use importance::{Criterion, GroupScores, Reduce};
-pub use schedule::{select, Ranking, Targets, UnitLimits};
+pub use schedule::{glob, group_path, select, Ranking, Targets, UnitLimits};

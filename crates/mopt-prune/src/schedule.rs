@@ -31,7 +31,7 @@ impl Ranking {
 }
 
 /// Constraints every round keeps.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct UnitLimits {
     /// Heads kept per layer at least.
     pub min_heads: usize,
@@ -39,6 +39,40 @@ pub struct UnitLimits {
     pub ffn_multiple: usize,
     /// Layers (0-based) left whole.
     pub ignore_layers: Vec<usize>,
+    /// Per-scope targets: a glob over group paths (`encoder.layer.0.attention`,
+    /// `encoder.layer.2.ffn`; `*` matches anything) and the fraction removed there in the end.
+    /// The most specific matching pattern (most literal characters) wins; unmatched groups use
+    /// the stage's target.
+    pub scopes: Vec<(String, f64)>,
+}
+
+/// `*`-glob match of `text` against `pattern`.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == text,
+        Some((head, rest)) => {
+            let Some(tail) = text.strip_prefix(head) else {
+                return false;
+            };
+            (0..=tail.len()).any(|i| tail.is_char_boundary(i) && glob(rest, &tail[i..]))
+        }
+    }
+}
+
+impl UnitLimits {
+    /// The final fraction removed from the group at `path`.
+    pub fn target_of(&self, path: &str, default: f64) -> f64 {
+        self.scopes
+            .iter()
+            .filter(|(p, _)| glob(p, path))
+            .max_by_key(|(p, _)| p.chars().filter(|c| *c != '*').count())
+            .map_or(default, |(_, t)| *t)
+    }
+}
+
+/// The path of a layer's head group (`kind = "attention"`) or FFN group (`"ffn"`).
+pub fn group_path(layer: usize, kind: &str) -> String {
+    format!("encoder.layer.{layer}.{kind}")
 }
 
 /// Indices of the `n` best-scored units, ascending.
@@ -55,12 +89,12 @@ fn round_to(n: usize, m: usize, max: usize) -> usize {
     (((n + m / 2) / m) * m).max(m).min(max)
 }
 
-/// Per-layer counts to keep after removing `frac` of `orig` units (local), or the best units
-/// model-wide (global). `scores[l]` are the current units of layer `l`.
+/// Per-layer counts to keep after removing `frac[l]` of `orig` units (local), or the best units
+/// model-wide (global, one fraction). `scores[l]` are the current units of layer `l`.
 fn counts(
     scores: &[Vec<f64>],
     orig: &[usize],
-    frac: f64,
+    frac: &[f64],
     ranking: Ranking,
     min_keep: usize,
     ignore: &[usize],
@@ -72,7 +106,7 @@ fn counts(
                 if ignore.contains(&l) {
                     return scores[l].len();
                 }
-                let want = orig[l] - (orig[l] as f64 * frac).floor() as usize;
+                let want = orig[l] - (orig[l] as f64 * frac[l]).floor() as usize;
                 want.max(min_keep).min(scores[l].len())
             })
             .collect(),
@@ -81,7 +115,7 @@ fn counts(
                 .filter(|l| !ignore.contains(l))
                 .map(|l| orig[l])
                 .sum();
-            let mut to_remove = (total as f64 * frac).floor() as usize;
+            let mut to_remove = (total as f64 * frac[0]).floor() as usize;
             let already: usize = (0..layers)
                 .filter(|l| !ignore.contains(l))
                 .map(|l| orig[l] - scores[l].len())
@@ -108,21 +142,29 @@ fn counts(
 }
 
 /// The units a round keeps. `orig_heads` / `orig_ffn` are the unpruned model's per-layer counts;
-/// `frac` is the cumulative fraction of them removed after this round.
+/// after this round a group has lost `min(progress, its target)` of them, its target being its
+/// scope's (see [`UnitLimits::scopes`]) or `target`.
+#[allow(clippy::too_many_arguments)]
 pub fn select(
     scores: &GroupScores,
     orig_heads: &[usize],
     orig_ffn: &[usize],
-    frac: f64,
+    progress: f64,
+    target: f64,
     targets: Targets,
     limits: &UnitLimits,
     ranking: Ranking,
 ) -> Keep {
+    let fracs = |kind: &str| -> Vec<f64> {
+        (0..scores.heads.len())
+            .map(|l| progress.min(limits.target_of(&group_path(l, kind), target)))
+            .collect()
+    };
     let heads = if targets.heads {
         let n = counts(
             &scores.heads,
             orig_heads,
-            frac,
+            &fracs("attention"),
             ranking,
             limits.min_heads.max(1),
             &limits.ignore_layers,
@@ -140,7 +182,7 @@ pub fn select(
         let n = counts(
             &scores.ffn,
             orig_ffn,
-            frac,
+            &fracs("ffn"),
             ranking,
             m,
             &limits.ignore_layers,
@@ -174,6 +216,7 @@ mod tests {
             min_heads: 1,
             ffn_multiple: 4,
             ignore_layers: Vec::new(),
+            scopes: Vec::new(),
         }
     }
 
@@ -190,12 +233,30 @@ mod tests {
             heads: true,
             ffn: true,
         };
-        let k = select(&s, &[4, 4], &[16, 16], 0.5, t, &limits(), Ranking::Local);
+        let k = select(
+            &s,
+            &[4, 4],
+            &[16, 16],
+            0.5,
+            0.5,
+            t,
+            &limits(),
+            Ranking::Local,
+        );
         assert_eq!(k.heads, vec![vec![1, 2], vec![0, 1]]);
         assert_eq!(k.ffn[0], (8..16).collect::<Vec<_>>());
         assert_eq!(k.ffn[1], (0..8).collect::<Vec<_>>());
         // 90% leaves the minimum: one head, one FFN multiple.
-        let k = select(&s, &[4, 4], &[16, 16], 0.9, t, &limits(), Ranking::Local);
+        let k = select(
+            &s,
+            &[4, 4],
+            &[16, 16],
+            0.9,
+            0.9,
+            t,
+            &limits(),
+            Ranking::Local,
+        );
         assert_eq!(k.heads, vec![vec![1], vec![0]]);
         assert_eq!(k.ffn[0], vec![12, 13, 14, 15]);
         // Ignored layers stay whole; FFN widths round to the multiple (16·0.7 = 11.2 → 12 kept).
@@ -203,9 +264,45 @@ mod tests {
             ignore_layers: vec![1],
             ..limits()
         };
-        let k = select(&s, &[4, 4], &[16, 16], 0.3, t, &l, Ranking::Local);
+        let k = select(&s, &[4, 4], &[16, 16], 0.3, 0.3, t, &l, Ranking::Local);
         assert_eq!(k.heads[1].len(), 4);
         assert_eq!(k.ffn[0].len(), 12);
+    }
+
+    #[test]
+    fn scopes_set_their_own_targets_by_path_pattern() {
+        assert!(glob("encoder.layer.*.ffn", "encoder.layer.12.ffn"));
+        assert!(glob("encoder.layer.0.*", "encoder.layer.0.attention"));
+        assert!(!glob("encoder.layer.0.*", "encoder.layer.10.attention"));
+        assert!(glob("*", "anything"));
+        let s = GroupScores {
+            heads: vec![vec![1.0, 2.0, 3.0, 4.0]; 2],
+            ffn: vec![(0..16).map(|i| i as f64).collect(); 2],
+        };
+        let l = UnitLimits {
+            scopes: vec![
+                ("encoder.layer.*.ffn".into(), 0.75),
+                ("encoder.layer.1.ffn".into(), 0.25),
+            ],
+            ..limits()
+        };
+        let t = Targets {
+            heads: true,
+            ffn: true,
+        };
+        // Progress 0.5 of a 0.5 default: heads lose half; layer 0's FFN (scope 0.75) half so far,
+        // layer 1's FFN (the more specific pattern, 0.25) stops at a quarter.
+        let k = select(&s, &[4, 4], &[16, 16], 0.5, 0.5, t, &l, Ranking::Local);
+        assert_eq!(
+            (k.heads[0].len(), k.ffn[0].len(), k.ffn[1].len()),
+            (2, 8, 12)
+        );
+        // Later rounds go on where the scope's target is higher.
+        let k = select(&s, &[4, 4], &[16, 16], 0.8, 0.5, t, &l, Ranking::Local);
+        assert_eq!(
+            (k.heads[0].len(), k.ffn[0].len(), k.ffn[1].len()),
+            (2, 4, 12)
+        );
     }
 
     #[test]
@@ -218,7 +315,16 @@ mod tests {
             heads: true,
             ffn: false,
         };
-        let k = select(&s, &[4, 4], &[4, 4], 0.5, t, &limits(), Ranking::Global);
+        let k = select(
+            &s,
+            &[4, 4],
+            &[4, 4],
+            0.5,
+            0.5,
+            t,
+            &limits(),
+            Ranking::Global,
+        );
         // Four heads go, all from layer 0, but it keeps its minimum of one.
         assert_eq!(k.heads, vec![vec![3], vec![1, 2, 3]]);
         assert_eq!(k.ffn, vec![vec![0, 1, 2, 3], vec![0, 1, 2, 3]]);

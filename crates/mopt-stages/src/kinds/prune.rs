@@ -52,6 +52,7 @@ struct RawPrune {
     temperature: Option<f64>,
     seed: Option<u64>,
     compare: Option<Vec<String>>,
+    ratios: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 /// A prune stage, validated.
@@ -81,9 +82,29 @@ pub struct PruneStage {
 }
 
 impl PruneStage {
-    /// The number of rounds.
+    /// The number of rounds (up to the largest target, a scope's included).
     pub fn rounds(&self) -> usize {
-        ((self.target / self.step) - 1e-9).ceil().max(1.0) as usize
+        let top = self
+            .limits
+            .scopes
+            .iter()
+            .map(|(_, t)| *t)
+            .fold(self.target, f64::max);
+        ((top / self.step) - 1e-9).ceil().max(1.0) as usize
+    }
+
+    /// The units round `r` keeps.
+    fn keep(&self, scores: &GroupScores, orig: &(Vec<usize>, Vec<usize>), r: usize) -> Keep {
+        select(
+            scores,
+            &orig.0,
+            &orig.1,
+            r as f64 * self.step,
+            self.target,
+            self.targets,
+            &self.limits,
+            self.ranking,
+        )
     }
 
     /// Cumulative fraction removed after round `r` (1-based).
@@ -169,6 +190,24 @@ impl StageKind for Prune {
             ("taylor", Criterion::Taylor),
             ("random", Criterion::Random),
         ];
+        let mut scopes = Vec::new();
+        for (pattern, t) in r.ratios.clone().unwrap_or_default() {
+            if !(0.0..1.0).contains(&t) {
+                return Err(cx.err(
+                    "ratios",
+                    format!("`{pattern}` = {t} is outside [0, 1)"),
+                    "the fraction removed from the matching groups in the end, e.g. \"encoder.layer.0.*\" = 0.3",
+                ));
+            }
+            if !pattern.starts_with("encoder.layer.") && pattern != "*" {
+                return Err(cx.err(
+                    "ratios",
+                    format!("`{pattern}` matches no group"),
+                    "groups are `encoder.layer.<i>.attention` (heads) and `encoder.layer.<i>.ffn`; `*` matches anything",
+                ));
+            }
+            scopes.push((pattern, t));
+        }
         let mut compare = Vec::new();
         for c in r.compare.clone().unwrap_or_default() {
             compare.push(one_of(cx, "compare", Some(&c), "", &criteria)?);
@@ -192,6 +231,13 @@ impl StageKind for Prune {
             "local",
             &[("local", Ranking::Local), ("global", Ranking::Global)],
         )?;
+        if ranking == Ranking::Global && !scopes.is_empty() {
+            return Err(cx.err(
+                "ratios",
+                "per-scope ratios need ranking = \"local\"",
+                "drop [stage.ratios] or use local ranking",
+            ));
+        }
         let target = r.target.unwrap_or(0.5);
         if !(target > 0.0 && target < 1.0) {
             return Err(cx.err(
@@ -236,6 +282,7 @@ impl StageKind for Prune {
                 min_heads: cx.positive("min-heads", r.min_heads, 1)?,
                 ffn_multiple: cx.positive("ffn-multiple", r.ffn_multiple, 8)?,
                 ignore_layers: r.ignore_layers.unwrap_or_default(),
+                scopes,
             },
             distill: r.distill.unwrap_or(true),
             alpha,
@@ -431,15 +478,7 @@ impl PruneStage {
                 grads.as_deref(),
                 self.seed.wrapping_add(r as u64),
             );
-            let keep = select(
-                &scores,
-                &orig_h,
-                &orig_f,
-                self.fraction(r),
-                self.targets,
-                &self.limits,
-                self.ranking,
-            );
+            let keep = self.keep(&scores, &(orig_h.clone(), orig_f.clone()), r);
             let (pruned, pcfg) = prune(&model.valid(), &config, &keep);
             let pdir = rdir.join("pruned");
             save_checkpoint_dir(&pruned, &pcfg, cx.data, cx.tokenizer_file, &pdir)?;
@@ -520,7 +559,7 @@ impl Stage for PruneStage {
     ) -> Result<StagePlan, StageError> {
         let (orig_h, orig_f) = Self::units(input);
         let mut settings = vec![format!(
-            "targets = [{}], criterion = \"{}\", reduce = \"{}\", ranking = \"{}\", target = {}, step = {}, taylor-batches = {}, ffn-multiple = {}, min-heads = {}, ignore-layers = {:?}, distill = {} (alpha = {}, temperature = {}), compare = {:?}",
+            "targets = [{}], criterion = \"{}\", reduce = \"{}\", ranking = \"{}\", target = {}, step = {}, taylor-batches = {}, ffn-multiple = {}, min-heads = {}, ignore-layers = {:?}, distill = {} (alpha = {}, temperature = {}), compare = {:?}, ratios = {:?}",
             [(self.targets.heads, "\"heads\""), (self.targets.ffn, "\"ffn\"")].iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect::<Vec<_>>().join(", "),
             self.criterion.name(),
             self.reduce.name(),
@@ -534,19 +573,12 @@ impl Stage for PruneStage {
             self.distill,
             self.alpha,
             self.temperature,
-            self.compare.iter().map(|c| c.name()).collect::<Vec<_>>()
+            self.compare.iter().map(|c| c.name()).collect::<Vec<_>>(),
+            self.limits.scopes
         )];
         let mut c = input.clone();
         for r in 1..=self.rounds() {
-            let keep = select(
-                &flat_scores(&c),
-                &orig_h,
-                &orig_f,
-                self.fraction(r),
-                self.targets,
-                &self.limits,
-                self.ranking,
-            );
+            let keep = self.keep(&flat_scores(&c), &(orig_h.clone(), orig_f.clone()), r);
             c = shape_after(&c, &keep);
             let (h, f) = Self::units(&c);
             settings.push(format!(
