@@ -248,7 +248,10 @@ fn prune_stage_removes_units_physically_and_retry_stops_at_the_knee() {
     let check = mopt(&[scoped.to_str().unwrap(), "--check"]);
     assert!(check.status.success(), "{}", stderr(&check));
     let plan = String::from_utf8_lossy(&check.stdout);
-    assert!(plan.contains("round 2: 50% removed -> heads [2, 2], FFN [32, 48]"), "{plan}");
+    assert!(
+        plan.contains("round 2: 50% removed -> heads [2, 2], FFN [32, 48]"),
+        "{plan}"
+    );
     let out = mopt(&[recipe.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let run = tmp.path().join("runs/prune");

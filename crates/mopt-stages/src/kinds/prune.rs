@@ -426,10 +426,13 @@ impl PruneStage {
 }
 
 impl PruneStage {
-    /// One schedule of rounds with `criterion`, its rounds in `dir/round-N`.
+    /// One schedule of rounds with `criterion`, its rounds in `dir/round-N`. With `stop_at_knee`
+    /// (the stage's `on-fail = "retry"`) it stops at the first round that fails the gate and
+    /// hands on the last passing round's model; otherwise every round runs.
     fn schedule(
         &self,
         criterion: Criterion,
+        stop_at_knee: bool,
         input: &Path,
         cx: &StageContext,
         dir: &Path,
@@ -529,7 +532,7 @@ impl PruneStage {
             current = report.checkpoint.clone();
             if d.passed {
                 last_pass = current.clone();
-            } else if self.retry {
+            } else if stop_at_knee {
                 notes.push(format!(
                     "Retry (on-fail = \"retry\"): round {r} failed the gate, so the stage stops at the knee and keeps {}.",
                     if r == 1 { "its input (no round passed)".to_string() } else { format!("round {}'s model", r - 1) }
@@ -538,7 +541,7 @@ impl PruneStage {
             }
         }
         Ok(Pruned {
-            checkpoint: if self.retry { last_pass } else { current },
+            checkpoint: if stop_at_knee { last_pass } else { current },
             rounds,
             notes,
             steps,
@@ -603,7 +606,7 @@ impl Stage for PruneStage {
     }
 
     fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
-        let main = self.schedule(self.criterion, input, cx, cx.dir)?;
+        let main = self.schedule(self.criterion, self.retry, input, cx, cx.dir)?;
         let mut notes = main.notes;
         let mut references = Vec::new();
         let mut compared = Vec::new();
@@ -613,7 +616,8 @@ impl Stage for PruneStage {
                 c.name()
             );
             let dir = cx.dir.join(format!("compare-{}", c.name()));
-            let other = self.schedule(c, input, cx, &dir)?;
+            // Comparisons run every round (no stop at the knee): accuracy at equal sparsity.
+            let other = self.schedule(c, false, input, cx, &dir)?;
             notes.push(format!(
                 "Comparison, the same schedule with {} importance: {}",
                 c.name(),
