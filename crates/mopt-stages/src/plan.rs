@@ -140,10 +140,9 @@ impl Pipeline {
                 tokenizer: &r.tokenizer,
                 data: &r.data,
                 vocab: tok.vocab_size(),
-                train_examples: Some(train_examples),
+                train_examples,
                 mean_tokens,
                 mean_tokens_sq,
-                input_dir: None,
                 earlier: earlier.clone(),
             };
             let p = stage.plan(entry, &input, &cx)?;

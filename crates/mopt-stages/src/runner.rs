@@ -161,11 +161,9 @@ impl Pipeline {
             evaluation: &recipe.evaluation,
             device: device.clone(),
         };
-        let baseline =
+        let (baseline, baseline_logits) =
             self.baseline_record(&base_dir, &baseline_ckpt, &baseline_note, &ev, opts)?;
         let golden_path = run_dir.join("golden.json");
-        let baseline_logits: Vec<Vec<f32>> =
-            read_json(&base_dir.join("logits.json")).expect("baseline logits were just written");
         write_json_atomic(
             &golden_path,
             &GoldenReference {
@@ -219,7 +217,6 @@ impl Pipeline {
                         input_valid: &current.facts.valid,
                         earlier: &earlier,
                         dir: &dir,
-                        run_name: &recipe.run.name,
                     };
                     let out = stage.run(&current.dir, &cx)?;
                     let settings = chain.stages[entry.index - 1].settings.clone();
@@ -377,15 +374,17 @@ impl Pipeline {
         note: &str,
         ev: &Evaluator,
         opts: &RunOptions,
-    ) -> Result<StageRecord, StageError> {
+    ) -> Result<(StageRecord, Vec<Vec<f32>>), StageError> {
         let path = base_dir.join("stage.json");
+        let logits_path = base_dir.join("logits.json");
         if opts.resume {
             if let Some(r) = read_json::<StageRecord>(&path) {
-                if r.model.sha256 == checkpoint_sha256(ckpt)?
-                    && base_dir.join("logits.json").is_file()
+                let logits = read_json::<Vec<Vec<f32>>>(&logits_path);
+                if let Some(logits) =
+                    logits.filter(|_| checkpoint_sha256(ckpt).is_ok_and(|h| h == r.model.sha256))
                 {
                     eprintln!("baseline: measured earlier, checkpoint verified (sha256)");
-                    return Ok(r);
+                    return Ok((r, logits));
                 }
                 return Err(TrainError::Input(format!(
                     "cannot resume: the baseline {} changed since the run started; pass --force to start over",
@@ -428,9 +427,9 @@ impl Pipeline {
             notes: Vec::new(),
             references: Vec::new(),
         };
-        write_json_atomic(&base_dir.join("logits.json"), &logits)?;
+        write_json_atomic(&logits_path, &logits)?;
         write_json_atomic(&path, &r)?;
-        Ok(r)
+        Ok((r, logits))
     }
 }
 

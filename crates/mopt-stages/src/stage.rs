@@ -60,12 +60,10 @@ pub struct PlanContext<'a> {
     /// Tokenizer vocabulary size.
     pub vocab: usize,
     /// Training examples (after `max-train`).
-    pub train_examples: Option<usize>,
+    pub train_examples: usize,
     /// Mean tokens per training example and mean of its square (from a sample of 1000).
     pub mean_tokens: f64,
     pub mean_tokens_sq: f64,
-    /// The input checkpoint's folder, when it exists already.
-    pub input_dir: Option<&'a Path>,
     /// Names of the models before this stage: `baseline` and the earlier stages.
     pub earlier: Vec<String>,
 }
@@ -95,8 +93,6 @@ pub struct StageContext<'a> {
     pub earlier: &'a [(String, PathBuf)],
     /// This stage's own folder (empty when the stage starts).
     pub dir: &'a Path,
-    /// The run's name, for reports.
-    pub run_name: &'a str,
 }
 
 impl<'a> StageContext<'a> {

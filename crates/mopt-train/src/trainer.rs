@@ -189,6 +189,30 @@ pub trait Task {
     fn begin_epoch(&mut self, _epoch: usize) {}
 }
 
+/// A borrowed task trains too: one objective (and the teacher outputs it holds) can serve several
+/// runs, e.g. every round of a pruning schedule.
+impl<T: Task> Task for &mut T {
+    type Model = T::Model;
+
+    fn loss(
+        &mut self,
+        model: &Self::Model,
+        batch: &TextBatch,
+        indices: &[usize],
+        progress: f64,
+    ) -> (Tensor<1>, Vec<(&'static str, f64)>) {
+        (**self).loss(model, batch, indices, progress)
+    }
+
+    fn classifier<'a>(&self, model: &'a Self::Model) -> &'a BertForSequenceClassification {
+        (**self).classifier(model)
+    }
+
+    fn begin_epoch(&mut self, epoch: usize) {
+        (**self).begin_epoch(epoch)
+    }
+}
+
 /// Plain fine-tuning: cross-entropy against the labels.
 pub struct FinetuneTask {
     ce: burn::nn::loss::CrossEntropyLoss,

@@ -546,7 +546,7 @@ impl Stage for DistillStage {
             4 * input.num_params() as u64,
         )];
         if s.enabled && s.teacher_cache {
-            let n = cx.train_examples.unwrap_or(0) as u64;
+            let n = cx.train_examples as u64;
             let per = cache_bytes_per_example(
                 &plan,
                 input,

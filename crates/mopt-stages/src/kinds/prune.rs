@@ -433,6 +433,7 @@ impl PruneStage {
         &self,
         criterion: Criterion,
         stop_at_knee: bool,
+        task: &mut DistillTask,
         input: &Path,
         cx: &StageContext,
         dir: &Path,
@@ -454,7 +455,6 @@ impl PruneStage {
             .logits
         };
         let input_logits = golden(&model, &config);
-        let mut task = self.task(input, cx, &ad)?;
         let mut current = input.to_path_buf();
         let mut last_pass = input.to_path_buf();
         let mut rounds: Vec<RoundRecord> = Vec::new();
@@ -469,7 +469,7 @@ impl PruneStage {
                 criterion.name()
             );
             let grads = if criterion.needs_gradients() {
-                Some(self.taylor_gradients(&current, &mut task, cx, &ad)?)
+                Some(self.taylor_gradients(&current, task, cx, &ad)?)
             } else {
                 None
             };
@@ -495,11 +495,7 @@ impl PruneStage {
                 run_dir: &rdir,
                 ..cx.run_context(&pcfg)
             };
-            let report = fit(
-                &run,
-                self.task(input, cx, &ad)?,
-                DistillModel::new(student, &[], &ad),
-            )?;
+            let report = fit(&run, &mut *task, DistillModel::new(student, &[], &ad))?;
             steps += report.steps;
             let (m, c) = weights::load_checkpoint(&report.checkpoint, &device)?;
             let err = max_abs_diff(&golden(&m, &c), &input_logits);
@@ -606,7 +602,11 @@ impl Stage for PruneStage {
     }
 
     fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
-        let main = self.schedule(self.criterion, self.retry, input, cx, cx.dir)?;
+        // One objective for every round of every schedule: the teacher and its cached logits are
+        // loaded once.
+        let ad = cx.device.train_device(&cx.entry.train);
+        let mut task = self.task(input, cx, &ad)?;
+        let main = self.schedule(self.criterion, self.retry, &mut task, input, cx, cx.dir)?;
         let mut notes = main.notes;
         let mut references = Vec::new();
         let mut compared = Vec::new();
@@ -617,7 +617,7 @@ impl Stage for PruneStage {
             );
             let dir = cx.dir.join(format!("compare-{}", c.name()));
             // Comparisons run every round (no stop at the knee): accuracy at equal sparsity.
-            let other = self.schedule(c, false, input, cx, &dir)?;
+            let other = self.schedule(c, false, &mut task, input, cx, &dir)?;
             notes.push(format!(
                 "Comparison, the same schedule with {} importance: {}",
                 c.name(),
