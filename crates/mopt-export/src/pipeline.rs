@@ -83,9 +83,11 @@ fn export_one(
     export_checkpoint(ckpt, out, &samples, &eo)
 }
 
-/// ONNX Runtime latency (p50/p90/p99 at batch 1 and 32) of the model at `onnx`.
+/// ONNX Runtime latency (p50/p90/p99 at batch 1 and 32) of the model at `onnx`, on token ids
+/// drawn below `vocab`.
 pub fn ort_latency(
     onnx: &Path,
+    vocab: usize,
     seq_len: usize,
     warmup: usize,
     runs: usize,
@@ -96,7 +98,7 @@ pub fn ort_latency(
         &seq_len.to_string(),
         &warmup.to_string(),
         &runs.to_string(),
-        "30522",
+        &vocab.to_string(),
     ])?;
     Ok(v["latency"].clone())
 }
@@ -143,6 +145,7 @@ pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSumma
     };
     let mut latency = Vec::new();
     if opts.latency_runs > 0 {
+        let vocab = mopt_models::bert::BertConfig::from_file(&ckpt.join("config.json"))?.vocab_size;
         let mut models = vec![("student".to_string(), out.join("model.onnx"))];
         if teacher.is_some() {
             models.push(("teacher".to_string(), out.join("teacher/model.onnx")));
@@ -154,6 +157,7 @@ pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSumma
                 model: name,
                 latency: ort_latency(
                     &path,
+                    vocab,
                     e.latency_seq_len,
                     e.latency_warmup,
                     opts.latency_runs,

@@ -72,44 +72,45 @@ pub fn decide(
         metric(g.metric, reference),
     );
     let drop = then - now;
-    let mut failures = Vec::new();
-    let mut checks = Vec::new();
-    if let Some(max) = g.max_drop {
-        let line = format!(
-            "validation {name} {now:.4} vs {} {then:.4}: drop {:.2} points (max-drop {:.2})",
-            g.against.name(),
-            drop * 100.0,
-            max * 100.0
-        );
-        if drop > max + 1e-12 {
-            failures.push(line);
+    // Each tolerance gives a line, filed under failures or checks.
+    let (mut failures, mut checks) = (Vec::new(), Vec::new());
+    let mut file = |line: String, failed: bool| {
+        if failed {
+            failures.push(line)
         } else {
-            checks.push(line);
+            checks.push(line)
         }
+    };
+    if let Some(max) = g.max_drop {
+        file(
+            format!(
+                "validation {name} {now:.4} vs {} {then:.4}: drop {:.2} points (max-drop {:.2})",
+                g.against.name(),
+                drop * 100.0,
+                max * 100.0
+            ),
+            drop > max + 1e-12,
+        );
     }
     if let Some(max) = g.max_relative_drop {
         let rel = if then > 0.0 { drop / then } else { 0.0 };
-        let line = format!(
-            "validation {name} {now:.4} vs {} {then:.4}: relative drop {:.2}% (max-relative-drop {:.2}%)",
-            g.against.name(),
-            rel * 100.0,
-            max * 100.0
+        file(
+            format!(
+                "validation {name} {now:.4} vs {} {then:.4}: relative drop {:.2}% (max-relative-drop {:.2}%)",
+                g.against.name(),
+                rel * 100.0,
+                max * 100.0
+            ),
+            rel > max + 1e-12,
         );
-        if rel > max + 1e-12 {
-            failures.push(line);
-        } else {
-            checks.push(line);
-        }
     }
     if let Some(max) = g.max_logit_error {
-        let line = format!(
-            "max |logit - input's logit| on the golden set {logit_error_vs_input:.3e} (max-logit-error {max:.1e})"
+        file(
+            format!(
+                "max |logit - input's logit| on the golden set {logit_error_vs_input:.3e} (max-logit-error {max:.1e})"
+            ),
+            logit_error_vs_input > max || !logit_error_vs_input.is_finite(),
         );
-        if logit_error_vs_input > max || !logit_error_vs_input.is_finite() {
-            failures.push(line);
-        } else {
-            checks.push(line);
-        }
     }
     if failures.is_empty() {
         return Decision {

@@ -162,9 +162,10 @@ impl Stage for ExportStage {
             models.push((name.clone(), b.join("model.onnx")));
         }
         if runs > 0 {
+            let vocab = BertConfig::from_file(&input.join("config.json"))?.vocab_size;
             for (name, path) in &models {
                 eprintln!("export: ONNX Runtime latency of the {name}");
-                let l = ort_latency(path, e.latency_seq_len, e.latency_warmup, runs)?;
+                let l = ort_latency(path, vocab, e.latency_seq_len, e.latency_warmup, runs)?;
                 for row in l.as_array().into_iter().flatten() {
                     notes.push(format!(
                         "ONNX Runtime CPU latency, {name}, batch {} x {}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms.",
