@@ -125,6 +125,31 @@ fn pruned_bert_with_per_layer_heads_and_ffn_exports_and_matches() {
 }
 
 #[test]
+fn bert_with_pruned_hidden_channels_exports_and_matches() {
+    // A hidden size that is not heads x head size (hidden channels pruned, heads kept), with
+    // one layer fewer: what `mopt_prune` writes for targets = ["hidden", "layers"].
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = BertConfig::tiny(30522, 2);
+    c.hidden_size = 24;
+    c.attention_head_size = Some(8);
+    c.num_hidden_layers = 1;
+    checkpoint(&c, &tmp.path().join("ckpt"));
+    let card = export_checkpoint(
+        &tmp.path().join("ckpt"),
+        &tmp.path().join("export"),
+        &samples(20, 30522, 3),
+        &opts(),
+    )
+    .unwrap();
+    assert!(
+        card.parity.max_abs_err < 1e-4,
+        "{}",
+        card.parity.max_abs_err
+    );
+    assert_eq!(card.heads_per_layer, vec![4]);
+}
+
+#[test]
 fn parity_gate_rejects_and_writes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let c = BertConfig::tiny(30522, 2);

@@ -230,11 +230,11 @@ fn prune_stage_removes_units_physically_and_retry_stops_at_the_knee() {
     assert!(check.status.success(), "{}", stderr(&check));
     let plan = String::from_utf8_lossy(&check.stdout);
     assert!(
-        plan.contains("round 1: 25% removed -> heads [3, 3], FFN [48, 48]"),
+        plan.contains("round 1: 25% removed -> 2 layers x 32, heads [3, 3], FFN [48, 48]"),
         "{plan}"
     );
     assert!(
-        plan.contains("round 2: 50% removed -> heads [2, 2], FFN [32, 32]"),
+        plan.contains("round 2: 50% removed -> 2 layers x 32, heads [2, 2], FFN [32, 32]"),
         "{plan}"
     );
     // A scope of its own: layer 1's FFN stops at a quarter while the rest goes to half.
@@ -249,7 +249,7 @@ fn prune_stage_removes_units_physically_and_retry_stops_at_the_knee() {
     assert!(check.status.success(), "{}", stderr(&check));
     let plan = String::from_utf8_lossy(&check.stdout);
     assert!(
-        plan.contains("round 2: 50% removed -> heads [2, 2], FFN [32, 48]"),
+        plan.contains("round 2: 50% removed -> 2 layers x 32, heads [2, 2], FFN [32, 48]"),
         "{plan}"
     );
     let out = mopt(&[recipe.to_str().unwrap()]);
@@ -351,5 +351,66 @@ fn prune_stage_removes_units_physically_and_retry_stops_at_the_knee() {
         st["notes"].to_string().contains("stops at the knee"),
         "{}",
         st["notes"]
+    );
+}
+
+#[test]
+fn prune_stage_removes_hidden_channels_and_whole_layers() {
+    // Taylor over the residual stream and the layers: 2 layers x 32 -> 1 layer x 16 in one round.
+    let tmp = tempfile::tempdir().unwrap();
+    let stage = "[[stage]]\nkind = \"prune\"\ntargets = [\"hidden\", \"layers\"]\ncriterion = \"taylor\"\ntaylor-batches = 2\ntarget = 0.5\nstep = 0.5\nhidden-multiple = 8\n[stage.train]\nepochs = 1\n";
+    let recipe = write_pipeline(tmp.path(), "hidden", stage);
+    let check = mopt(&[recipe.to_str().unwrap(), "--check"]);
+    assert!(check.status.success(), "{}", stderr(&check));
+    let plan = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        plan.contains("round 1: 50% removed -> 1 layers x 16, heads [4], FFN [64]"),
+        "{plan}"
+    );
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = tmp.path().join("runs/hidden");
+    let r = read_json(&run.join("report.json"));
+    let after = &r["stages"][2]["model"];
+    assert_eq!(
+        (after["layers"].as_u64(), after["hidden"].as_u64()),
+        (Some(1), Some(16))
+    );
+    let round = &r["stages"][2]["facts"]["rounds"][0];
+    assert_eq!(
+        (round["hidden"].as_u64(), round["layers"].as_u64()),
+        (Some(16), Some(1))
+    );
+    assert!(round["latency_b32_ms"].as_f64().unwrap() > 0.0);
+    let d = burn::prelude::Device::flex();
+    let (m, c) = mopt_models::bert::weights::load_checkpoint(&run.join("best"), &d).unwrap();
+    assert_eq!(
+        (c.hidden_size, c.num_hidden_layers, c.head_size()),
+        (16, 1, 8)
+    );
+    assert_eq!(m.bert.embeddings.word_embeddings.weight.val().dims()[1], 16);
+    assert_eq!(
+        m.bert.encoder.layer[0]
+            .attention
+            .self_attn
+            .query
+            .weight
+            .val()
+            .dims(),
+        [16, 32]
+    );
+    // A recipe naming an unknown target is refused before anything runs.
+    std::fs::create_dir_all(tmp.path().join("bad")).unwrap();
+    let bad = write_pipeline(
+        &tmp.path().join("bad"),
+        "bad",
+        &stage.replace("\"layers\"]", "\"channels\"]"),
+    );
+    let out = mopt(&[bad.to_str().unwrap(), "--check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("unknown pruning target `channels`"),
+        "{}",
+        stderr(&out)
     );
 }

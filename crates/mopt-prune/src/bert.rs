@@ -1,311 +1,398 @@
-//! BERT's dependency groups, their scores, and physical removal.
+//! BERT's dependency groups and physical removal.
 //!
-//! Burn's `Linear.weight` is `[d_in, d_out]`: a head's Q/K/V slices are *columns*
-//! `h·d..(h+1)·d` (and bias entries), its slice of the attention output projection is the same
-//! *rows*; an FFN neuron is column `j` of the up-projection (and its bias) and row `j` of the
-//! down-projection.
+//! Burn's `Linear.weight` is `[d_in, d_out]`. The four kinds, each a [`GroupKind`]:
+//! - [`Heads`]: a head's Q/K/V output columns `h·d..(h+1)·d` and biases, and the same rows of the
+//!   attention output projection. Scope: its layer.
+//! - [`Ffn`]: an FFN neuron, column `j` of the up-projection (and its bias) and row `j` of the
+//!   down-projection. Scope: its layer.
+//! - [`Hidden`]: a residual-stream channel: column `i` of the three embedding tables, entry `i`
+//!   of every LayerNorm, row `i` of every Q/K/V and up-projection, column `i` (and bias) of every
+//!   attention-output and down-projection, the pooler's row and column `i` and the classifier's
+//!   row `i`. One scope (the whole model); LayerNorm statistics change, so removal is exact
+//!   slicing, not a mask.
+//! - [`Layers`]: a whole encoder layer (every tensor under `bert.encoder.layer.N.`); later layers
+//!   are renumbered. One scope.
+//!
+//! [`prune`] applies a [`Keep`] in that order (heads, FFN, hidden, layers: unit indices refer to
+//! the input model) and rebuilds the model from the shrunken config.
 
-use burn::module::Param;
-use burn::nn::Linear;
-use burn::prelude::*;
-use mopt_models::bert::{BertConfig, BertForSequenceClassification, BertLayer};
+use mopt_models::bert::{BertConfig, BertForSequenceClassification};
 
-use crate::importance::{uniform, Criterion, GroupScores, Reduce};
+use crate::group::{GroupKind, Keep, Member, Rule};
+use crate::schedule::UnitLimits;
+use crate::table::ParamTable;
 
-/// Units a pruned model keeps: `heads[layer]` and `ffn[layer]` are indices into the current
-/// model's heads and FFN neurons, ascending.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Keep {
-    pub heads: Vec<Vec<usize>>,
-    pub ffn: Vec<Vec<usize>>,
+fn layer(l: usize) -> String {
+    format!("bert.encoder.layer.{l}")
 }
 
-/// One layer's prunable tensors as flat row-major values (weights `[d_in, d_out]`).
-#[derive(Debug, Clone, Default)]
-pub struct LayerTensors {
-    pub q: (Vec<f32>, Vec<f32>),
-    pub k: (Vec<f32>, Vec<f32>),
-    pub v: (Vec<f32>, Vec<f32>),
-    pub o: Vec<f32>,
-    pub up: (Vec<f32>, Vec<f32>),
-    pub down: Vec<f32>,
+fn all(n: usize) -> Vec<usize> {
+    (0..n).collect()
 }
 
-fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.into_data()
-        .convert::<f32>()
-        .try_to_vec::<f32>()
-        .expect("f32 tensor")
+/// Attention heads.
+pub struct Heads;
+/// FFN neurons.
+pub struct Ffn;
+/// Residual-stream (hidden) channels.
+pub struct Hidden;
+/// Whole encoder layers.
+pub struct Layers;
+
+/// A BERT group kind, with the rule it follows under [`UnitLimits`].
+pub trait BertGroup: GroupKind<Config = BertConfig> + Sync {
+    fn rule(&self, limits: &UnitLimits) -> Rule;
 }
 
-fn wb(l: &Linear) -> (Vec<f32>, Vec<f32>) {
-    (
-        vals(l.weight.val()),
-        l.bias.as_ref().map(|b| vals(b.val())).unwrap_or_default(),
-    )
+/// Every BERT group kind, in the order [`prune`] applies them.
+pub fn kinds() -> [&'static dyn BertGroup; 4] {
+    [&Heads, &Ffn, &Hidden, &Layers]
 }
 
-fn wb_grad(l: &Linear, grads: &burn::tensor::Gradients) -> (Vec<f32>, Vec<f32>) {
-    let g = |t: Option<Tensor<2>>| t.map(vals).unwrap_or_default();
-    let gb = |t: Option<Tensor<1>>| t.map(vals).unwrap_or_default();
-    (
-        g(l.weight.val().grad(grads)),
-        l.bias
-            .as_ref()
-            .map(|b| gb(b.val().grad(grads)))
-            .unwrap_or_default(),
-    )
+/// The BERT group kind named `name` (`heads`, `ffn`, `hidden`, `layers`).
+pub fn kind(name: &str) -> Option<&'static dyn BertGroup> {
+    kinds().into_iter().find(|k| k.name() == name)
 }
 
-impl LayerTensors {
-    /// The layer's weights.
-    pub fn weights(layer: &BertLayer) -> Self {
-        let a = &layer.attention;
-        Self {
-            q: wb(&a.self_attn.query),
-            k: wb(&a.self_attn.key),
-            v: wb(&a.self_attn.value),
-            o: vals(a.output.dense.weight.val()),
-            up: wb(&layer.intermediate.dense),
-            down: vals(layer.output.dense.weight.val()),
+impl GroupKind for Heads {
+    type Config = BertConfig;
+    fn name(&self) -> &'static str {
+        "heads"
+    }
+    fn scopes(&self, c: &BertConfig) -> usize {
+        c.num_hidden_layers
+    }
+    fn layer_scoped(&self) -> bool {
+        true
+    }
+    fn scope_path(&self, l: usize) -> String {
+        format!("encoder.layer.{l}.attention")
+    }
+    fn units(&self, c: &BertConfig, l: usize) -> usize {
+        c.heads(l)
+    }
+    fn members(&self, c: &BertConfig, l: usize, h: usize) -> Vec<Member> {
+        let d = c.head_size();
+        let cols: Vec<usize> = (h * d..(h + 1) * d).collect();
+        let p = layer(l);
+        let mut m = Vec::new();
+        for x in ["query", "key", "value"] {
+            m.push(Member::new(
+                format!("{p}.attention.self_attn.{x}.weight"),
+                1,
+                cols.clone(),
+            ));
+            m.push(Member::new(
+                format!("{p}.attention.self_attn.{x}.bias"),
+                0,
+                cols.clone(),
+            ));
+        }
+        m.push(Member::new(
+            format!("{p}.attention.output.dense.weight"),
+            0,
+            cols,
+        ));
+        m
+    }
+    fn resize(&self, c: &BertConfig, keep: &[Vec<usize>]) -> BertConfig {
+        BertConfig {
+            attention_head_size: Some(c.head_size()),
+            mopt_layer_heads: Some(keep.iter().map(Vec::len).collect()),
+            ..c.clone()
         }
     }
+}
 
-    /// The layer's gradients from a backward pass (zeros where a tensor got none).
-    pub fn gradients(layer: &BertLayer, grads: &burn::tensor::Gradients) -> Self {
-        let a = &layer.attention;
-        let w = |l: &Linear| l.weight.val().grad(grads).map(vals).unwrap_or_default();
-        Self {
-            q: wb_grad(&a.self_attn.query, grads),
-            k: wb_grad(&a.self_attn.key, grads),
-            v: wb_grad(&a.self_attn.value, grads),
-            o: w(&a.output.dense),
-            up: wb_grad(&layer.intermediate.dense, grads),
-            down: w(&layer.output.dense),
+impl BertGroup for Heads {
+    fn rule(&self, l: &UnitLimits) -> Rule {
+        Rule {
+            min_keep: l.min_heads.max(1),
+            multiple: 1,
+            frozen_scopes: l.ignore_layers.clone(),
+            frozen_units: Vec::new(),
         }
     }
+}
 
-    /// `self += other` elementwise (accumulating gradients over batches).
-    pub fn add(&mut self, other: &Self) {
-        fn acc(a: &mut Vec<f32>, b: &[f32]) {
-            if a.is_empty() {
-                *a = b.to_vec();
-            } else if !b.is_empty() {
-                a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+impl GroupKind for Ffn {
+    type Config = BertConfig;
+    fn name(&self) -> &'static str {
+        "ffn"
+    }
+    fn scopes(&self, c: &BertConfig) -> usize {
+        c.num_hidden_layers
+    }
+    fn layer_scoped(&self) -> bool {
+        true
+    }
+    fn scope_path(&self, l: usize) -> String {
+        format!("encoder.layer.{l}.ffn")
+    }
+    fn units(&self, c: &BertConfig, l: usize) -> usize {
+        c.ffn(l)
+    }
+    fn members(&self, _: &BertConfig, l: usize, j: usize) -> Vec<Member> {
+        let p = layer(l);
+        vec![
+            Member::new(format!("{p}.intermediate.dense.weight"), 1, vec![j]),
+            Member::new(format!("{p}.intermediate.dense.bias"), 0, vec![j]),
+            Member::new(format!("{p}.output.dense.weight"), 0, vec![j]),
+        ]
+    }
+    fn resize(&self, c: &BertConfig, keep: &[Vec<usize>]) -> BertConfig {
+        BertConfig {
+            mopt_layer_intermediate_sizes: Some(keep.iter().map(Vec::len).collect()),
+            ..c.clone()
+        }
+    }
+}
+
+impl BertGroup for Ffn {
+    fn rule(&self, l: &UnitLimits) -> Rule {
+        Rule {
+            min_keep: l.ffn_multiple.max(1),
+            multiple: l.ffn_multiple.max(1),
+            frozen_scopes: l.ignore_layers.clone(),
+            frozen_units: Vec::new(),
+        }
+    }
+}
+
+impl GroupKind for Hidden {
+    type Config = BertConfig;
+    fn name(&self) -> &'static str {
+        "hidden"
+    }
+    fn scopes(&self, _: &BertConfig) -> usize {
+        1
+    }
+    fn layer_scoped(&self) -> bool {
+        false
+    }
+    fn scope_path(&self, _: usize) -> String {
+        "hidden".into()
+    }
+    fn units(&self, c: &BertConfig, _: usize) -> usize {
+        c.hidden_size
+    }
+    fn members(&self, c: &BertConfig, _: usize, i: usize) -> Vec<Member> {
+        let e = "bert.embeddings";
+        let mut m = vec![
+            Member::new(format!("{e}.word_embeddings.weight"), 1, vec![i]),
+            Member::new(format!("{e}.position_embeddings.weight"), 1, vec![i]),
+            Member::new(format!("{e}.token_type_embeddings.weight"), 1, vec![i]),
+            Member::new(format!("{e}.layer_norm.gamma"), 0, vec![i]),
+            Member::new(format!("{e}.layer_norm.beta"), 0, vec![i]),
+        ];
+        for l in 0..c.num_hidden_layers {
+            let p = layer(l);
+            for x in ["query", "key", "value"] {
+                m.push(Member::new(
+                    format!("{p}.attention.self_attn.{x}.weight"),
+                    0,
+                    vec![i],
+                ));
+            }
+            m.push(Member::new(
+                format!("{p}.intermediate.dense.weight"),
+                0,
+                vec![i],
+            ));
+            for out in ["attention.output", "output"] {
+                m.push(Member::new(format!("{p}.{out}.dense.weight"), 1, vec![i]));
+                m.push(Member::new(format!("{p}.{out}.dense.bias"), 0, vec![i]));
+                m.push(Member::new(
+                    format!("{p}.{out}.layer_norm.gamma"),
+                    0,
+                    vec![i],
+                ));
+                m.push(Member::new(
+                    format!("{p}.{out}.layer_norm.beta"),
+                    0,
+                    vec![i],
+                ));
             }
         }
-        for (a, b) in [
-            (&mut self.q.0, &other.q.0),
-            (&mut self.q.1, &other.q.1),
-            (&mut self.k.0, &other.k.0),
-            (&mut self.k.1, &other.k.1),
-            (&mut self.v.0, &other.v.0),
-            (&mut self.v.1, &other.v.1),
-            (&mut self.o, &other.o),
-            (&mut self.up.0, &other.up.0),
-            (&mut self.up.1, &other.up.1),
-            (&mut self.down, &other.down),
-        ] {
-            acc(a, b);
+        // The pooler maps hidden to hidden and the config has one size for both: its output
+        // channel `i` (and the classifier row it feeds) goes with the residual channel `i`.
+        m.push(Member::new("bert.pooler.dense.weight", 0, vec![i]));
+        m.push(Member::new("bert.pooler.dense.weight", 1, vec![i]));
+        m.push(Member::new("bert.pooler.dense.bias", 0, vec![i]));
+        m.push(Member::new("classifier.weight", 0, vec![i]));
+        m
+    }
+    fn resize(&self, c: &BertConfig, keep: &[Vec<usize>]) -> BertConfig {
+        BertConfig {
+            hidden_size: keep[0].len(),
+            attention_head_size: Some(c.head_size()),
+            ..c.clone()
         }
     }
 }
 
-/// Columns `cols` of a row-major `[rows, n]` matrix, flattened.
-fn columns(w: &[f32], n: usize, cols: std::ops::Range<usize>) -> Vec<f32> {
-    w.chunks(n)
-        .flat_map(|row| row[cols.clone()].iter().copied())
-        .collect()
+impl BertGroup for Hidden {
+    fn rule(&self, l: &UnitLimits) -> Rule {
+        Rule {
+            min_keep: l.hidden_multiple.max(1),
+            multiple: l.hidden_multiple.max(1),
+            frozen_scopes: Vec::new(),
+            frozen_units: Vec::new(),
+        }
+    }
 }
 
-/// Rows `rows` of a row-major `[_, n]` matrix, flattened.
-fn rows(w: &[f32], n: usize, rows: std::ops::Range<usize>) -> Vec<f32> {
-    w[rows.start * n..rows.end * n].to_vec()
+/// The tensors of layer `l` and their first-axis lengths.
+fn layer_tensors(c: &BertConfig, l: usize) -> Vec<(String, usize)> {
+    let (h, a, f) = (c.hidden_size, c.heads(l) * c.head_size(), c.ffn(l));
+    let p = layer(l);
+    let mut t = Vec::new();
+    for x in ["query", "key", "value"] {
+        t.push((format!("{p}.attention.self_attn.{x}.weight"), h));
+        t.push((format!("{p}.attention.self_attn.{x}.bias"), a));
+    }
+    t.push((format!("{p}.attention.output.dense.weight"), a));
+    t.push((format!("{p}.intermediate.dense.weight"), h));
+    t.push((format!("{p}.intermediate.dense.bias"), f));
+    t.push((format!("{p}.output.dense.weight"), f));
+    for out in ["attention.output", "output"] {
+        t.push((format!("{p}.{out}.dense.bias"), h));
+        t.push((format!("{p}.{out}.layer_norm.gamma"), h));
+        t.push((format!("{p}.{out}.layer_norm.beta"), h));
+    }
+    t
 }
 
-fn pick<'a>(g: Option<&'a [f32]>, w: &[f32]) -> Option<&'a [f32]> {
-    g.filter(|g| g.len() == w.len())
-}
-
-/// Score every head and FFN neuron of a model. `grads[l]`: accumulated gradients of layer `l`
-/// (Taylor only). `seed` drives the random criterion.
-pub fn scores(
-    model: &BertForSequenceClassification,
-    config: &BertConfig,
-    criterion: Criterion,
-    reduce: Reduce,
-    grads: Option<&[LayerTensors]>,
-    seed: u64,
-) -> GroupScores {
-    let (h, d) = (config.hidden_size, config.head_size());
-    let mut out = GroupScores::default();
-    let mut counter = 0u64;
-    let mut random = || {
-        counter += 1;
-        uniform(seed, counter)
-    };
-    for (l, layer) in model.bert.encoder.layer.iter().enumerate() {
-        let w = LayerTensors::weights(layer);
-        let g = grads.map(|g| &g[l]);
-        let heads = config.heads(l);
-        let a = heads * d;
-        let member = |wv: &[f32], gv: Option<&Vec<f32>>, slice: &dyn Fn(&[f32]) -> Vec<f32>| {
-            let ws = slice(wv);
-            let gs = gv.filter(|g| g.len() == wv.len()).map(|g| slice(g));
-            criterion.member(&ws, pick(gs.as_deref(), &ws))
-        };
-        let mut head_scores = Vec::with_capacity(heads);
-        for hd in 0..heads {
-            if criterion == Criterion::Random {
-                head_scores.push(random());
-                continue;
+impl GroupKind for Layers {
+    type Config = BertConfig;
+    fn name(&self) -> &'static str {
+        "layers"
+    }
+    fn scopes(&self, _: &BertConfig) -> usize {
+        1
+    }
+    fn layer_scoped(&self) -> bool {
+        false
+    }
+    fn scope_path(&self, _: usize) -> String {
+        "encoder.layers".into()
+    }
+    fn units(&self, c: &BertConfig, _: usize) -> usize {
+        c.num_hidden_layers
+    }
+    fn members(&self, c: &BertConfig, _: usize, l: usize) -> Vec<Member> {
+        layer_tensors(c, l)
+            .into_iter()
+            .map(|(name, n)| Member::new(name, 0, all(n)))
+            .collect()
+    }
+    fn resize(&self, c: &BertConfig, keep: &[Vec<usize>]) -> BertConfig {
+        let kept = &keep[0];
+        BertConfig {
+            num_hidden_layers: kept.len(),
+            attention_head_size: Some(c.head_size()),
+            mopt_layer_heads: Some(kept.iter().map(|&l| c.heads(l)).collect()),
+            mopt_layer_intermediate_sizes: Some(kept.iter().map(|&l| c.ffn(l)).collect()),
+            ..c.clone()
+        }
+    }
+    /// Removed layers' tensors go; kept layer `keep[0][k]` becomes layer `k`.
+    fn shrink(&self, c: &BertConfig, table: &mut ParamTable, keep: &[Vec<usize>]) {
+        let mut moved = Vec::new();
+        for l in 0..c.num_hidden_layers {
+            let prefix = format!("{}.", layer(l));
+            let names: Vec<String> = table
+                .0
+                .keys()
+                .filter(|k| k.starts_with(&prefix))
+                .cloned()
+                .collect();
+            let new = keep[0].iter().position(|&k| k == l);
+            for name in names {
+                let a = table.0.remove(&name).expect("listed");
+                if let Some(k) = new {
+                    let rest = &name[prefix.len()..];
+                    moved.push((format!("{}.{rest}", layer(k)), a));
+                }
             }
-            let cols = hd * d..(hd + 1) * d;
-            let c = |x: &[f32]| columns(x, a, cols.clone());
-            let b = |x: &[f32]| x[cols.clone()].to_vec();
-            let r = |x: &[f32]| rows(x, h, cols.clone());
-            let parts = [
-                member(&w.q.0, g.map(|g| &g.q.0), &c),
-                member(&w.q.1, g.map(|g| &g.q.1), &b),
-                member(&w.k.0, g.map(|g| &g.k.0), &c),
-                member(&w.k.1, g.map(|g| &g.k.1), &b),
-                member(&w.v.0, g.map(|g| &g.v.0), &c),
-                member(&w.v.1, g.map(|g| &g.v.1), &b),
-                member(&w.o, g.map(|g| &g.o), &r),
-            ];
-            head_scores.push(reduce.apply(&parts));
         }
-        let f = config.ffn(l);
-        let mut ffn_scores = Vec::with_capacity(f);
-        for j in 0..f {
-            if criterion == Criterion::Random {
-                ffn_scores.push(random());
-                continue;
-            }
-            let c = |x: &[f32]| columns(x, f, j..j + 1);
-            let b = |x: &[f32]| x[j..j + 1].to_vec();
-            let r = |x: &[f32]| rows(x, h, j..j + 1);
-            let parts = [
-                member(&w.up.0, g.map(|g| &g.up.0), &c),
-                member(&w.up.1, g.map(|g| &g.up.1), &b),
-                member(&w.down, g.map(|g| &g.down), &r),
-            ];
-            ffn_scores.push(reduce.apply(&parts));
+        table.0.extend(moved);
+    }
+}
+
+impl BertGroup for Layers {
+    fn rule(&self, l: &UnitLimits) -> Rule {
+        Rule {
+            min_keep: 1,
+            multiple: 1,
+            frozen_scopes: Vec::new(),
+            frozen_units: l.ignore_layers.clone(),
         }
-        out.heads.push(head_scores);
-        out.ffn.push(ffn_scores);
-    }
-    out
-}
-
-fn index(ids: &[usize], device: &Device) -> Tensor<1, Int> {
-    Tensor::from_data(
-        TensorData::new(
-            ids.iter().map(|&i| i as i64).collect::<Vec<_>>(),
-            [ids.len()],
-        ),
-        device,
-    )
-}
-
-/// `l` keeping output features `out` (columns of the weight, entries of the bias).
-fn keep_outputs(l: &Linear, out: &[usize]) -> Linear {
-    let dev = l.weight.val().device();
-    let idx = index(out, &dev);
-    Linear {
-        weight: Param::from_tensor(l.weight.val().select(1, idx.clone())),
-        bias: l
-            .bias
-            .as_ref()
-            .map(|b| Param::from_tensor(b.val().select(0, idx))),
     }
 }
 
-/// `l` keeping input features `inp` (rows of the weight; the bias is untouched).
-fn keep_inputs(l: &Linear, inp: &[usize]) -> Linear {
-    let dev = l.weight.val().device();
-    Linear {
-        weight: Param::from_tensor(l.weight.val().select(0, index(inp, &dev))),
-        bias: l.bias.clone(),
-    }
-}
-
-/// Remove every unit not in `keep`: a new, smaller model and its config (per-layer heads and
-/// FFN widths). Give it a model on an inference device (no autodiff graph).
+/// Remove every unit not in `keep` (kinds absent from it stay whole): a new, smaller model
+/// built from the shrunken config, and that config. Give it a model on an inference device.
 pub fn prune(
     model: &BertForSequenceClassification,
     config: &BertConfig,
     keep: &Keep,
 ) -> (BertForSequenceClassification, BertConfig) {
-    let d = config.head_size();
-    let mut out = model.clone();
+    let mut table = ParamTable::weights(model);
     let mut cfg = config.clone();
-    for (l, layer) in out.bert.encoder.layer.iter_mut().enumerate() {
-        let cols: Vec<usize> = keep.heads[l]
-            .iter()
-            .flat_map(|&h| h * d..(h + 1) * d)
-            .collect();
-        let sa = &mut layer.attention.self_attn;
-        sa.query = keep_outputs(&sa.query, &cols);
-        sa.key = keep_outputs(&sa.key, &cols);
-        sa.value = keep_outputs(&sa.value, &cols);
-        sa.num_heads = keep.heads[l].len();
-        layer.attention.output.dense = keep_inputs(&layer.attention.output.dense, &cols);
-        layer.intermediate.dense = keep_outputs(&layer.intermediate.dense, &keep.ffn[l]);
-        layer.output.dense = keep_inputs(&layer.output.dense, &keep.ffn[l]);
+    for kind in kinds() {
+        if let Some(k) = keep.get(kind.name()) {
+            kind.shrink(&cfg, &mut table, k);
+            cfg = kind.resize(&cfg, k);
+        }
     }
-    cfg.attention_head_size = Some(d);
-    cfg.mopt_layer_heads = Some(keep.heads.iter().map(Vec::len).collect());
-    cfg.mopt_layer_intermediate_sizes = Some(keep.ffn.iter().map(Vec::len).collect());
-    (out, cfg)
+    let device = model.classifier.weight.val().device();
+    let fresh = BertForSequenceClassification::new(&cfg, &device);
+    let pruned = table
+        .load_into(fresh)
+        .unwrap_or_else(|missing| panic!("pruned table does not fit its config: {missing:?}"));
+    (pruned, cfg)
+}
+
+/// Every unit of every kind in `kinds` scored; `seed` drives the random criterion.
+pub fn scores(
+    model: &BertForSequenceClassification,
+    config: &BertConfig,
+    kinds: &[&dyn BertGroup],
+    criterion: crate::Criterion,
+    reduce: crate::Reduce,
+    grads: Option<&ParamTable>,
+    seed: u64,
+) -> crate::GroupScores {
+    let weights = ParamTable::weights(model);
+    let mut counter = 0u64;
+    let mut random = || {
+        counter += 1;
+        crate::importance::uniform(seed, counter)
+    };
+    kinds
+        .iter()
+        .map(|k| {
+            let s =
+                crate::group::score(*k, config, &weights, grads, criterion, reduce, &mut random);
+            (k.name().to_string(), s)
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Criterion, Reduce};
+    use burn::module::Param;
+    use burn::nn::Linear;
+    use burn::prelude::*;
 
-    fn masked_forward(
-        m: &BertForSequenceClassification,
-        c: &BertConfig,
-        keep: &Keep,
-        ids: Tensor<2, Int>,
-    ) -> Vec<f32> {
-        // The reference: zero the removed units' output columns (Q/K/V would change softmax, so
-        // mask the *value* path and the attention output rows instead: a head whose V columns and
-        // O rows are zero contributes nothing; an FFN neuron whose down row is zero neither).
-        let mut r = m.clone();
-        let d = c.head_size();
-        for (l, layer) in r.bert.encoder.layer.iter_mut().enumerate() {
-            let a = c.heads(l) * d;
-            let h = c.hidden_size;
-            let mut o = vals(layer.attention.output.dense.weight.val());
-            for hd in 0..c.heads(l) {
-                if !keep.heads[l].contains(&hd) {
-                    for row in hd * d..(hd + 1) * d {
-                        o[row * h..(row + 1) * h].iter_mut().for_each(|x| *x = 0.0);
-                    }
-                }
-            }
-            let dev = Device::flex();
-            layer.attention.output.dense.weight =
-                Param::from_tensor(Tensor::from_data(TensorData::new(o, [a, h]), &dev));
-            let f = c.ffn(l);
-            let mut down = vals(layer.output.dense.weight.val());
-            for j in 0..f {
-                if !keep.ffn[l].contains(&j) {
-                    down[j * h..(j + 1) * h].iter_mut().for_each(|x| *x = 0.0);
-                }
-            }
-            layer.output.dense.weight =
-                Param::from_tensor(Tensor::from_data(TensorData::new(down, [f, h]), &dev));
-        }
-        let [b, s] = ids.dims();
-        let dev = Device::flex();
-        vals(r.forward(ids, Tensor::ones([b, s], &dev), Tensor::zeros([b, s], &dev)))
+    fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
     }
 
-    #[test]
-    fn removal_is_physical_and_equals_masking() {
+    fn tiny() -> (BertForSequenceClassification, BertConfig) {
         let dev = Device::flex();
         let c = BertConfig {
             hidden_dropout_prob: 0.0,
@@ -313,69 +400,278 @@ mod tests {
             ..BertConfig::tiny(100, 2)
         };
         dev.seed(3);
-        let m = BertForSequenceClassification::new(&c, &dev);
-        let keep = Keep {
-            heads: vec![vec![0, 2], vec![1]],
-            ffn: vec![(0..64).step_by(2).collect(), vec![5, 9, 60]],
-        };
-        let (p, pc) = prune(&m, &c, &keep);
-        assert_eq!(pc.heads(0), 2);
-        assert_eq!(pc.heads(1), 1);
-        assert_eq!(pc.ffn(1), 3);
-        assert!(pc.check().is_ok());
-        assert!(pc.num_params() < c.num_params());
-        assert_eq!(
-            p.bert.encoder.layer[1]
-                .attention
-                .self_attn
-                .query
-                .weight
-                .val()
-                .dims(),
-            [32, 8]
+        (BertForSequenceClassification::new(&c, &dev), c)
+    }
+
+    fn ids() -> Tensor<2, Int> {
+        Tensor::from_data(
+            TensorData::new(vec![1i64, 5, 7, 9, 11, 2, 3, 4], [2, 4]),
+            &Device::flex(),
+        )
+    }
+
+    fn logits(m: &BertForSequenceClassification) -> Vec<f32> {
+        let dev = Device::flex();
+        vals(m.forward(
+            ids(),
+            Tensor::ones([2, 4], &dev),
+            Tensor::zeros([2, 4], &dev),
+        ))
+    }
+
+    fn close(got: &[f32], want: &[f32], tol: f32) {
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < tol, "got {got:?}\nwant {want:?}");
+        }
+    }
+
+    fn keep(heads: Vec<Vec<usize>>, ffn: Vec<Vec<usize>>) -> Keep {
+        Keep::from([("heads".to_string(), heads), ("ffn".to_string(), ffn)])
+    }
+
+    /// Zero rows `rows` of a `[rows, cols]` weight.
+    fn zero_rows(l: &mut Linear, rows: impl Iterator<Item = usize>) {
+        let [r, c] = l.weight.val().dims();
+        let mut w = vals(l.weight.val());
+        for row in rows {
+            w[row * c..(row + 1) * c].iter_mut().for_each(|x| *x = 0.0);
+        }
+        l.weight = Param::from_tensor(Tensor::from_data(
+            TensorData::new(w, [r, c]),
+            &Device::flex(),
+        ));
+    }
+
+    #[test]
+    fn removing_heads_and_neurons_equals_masking_them() {
+        let (m, c) = tiny();
+        let k = keep(
+            vec![vec![0, 2], vec![1]],
+            vec![(0..64).step_by(2).collect(), vec![5, 9, 60]],
         );
+        let (p, pc) = prune(&m, &c, &k);
+        assert_eq!((pc.heads(0), pc.heads(1), pc.ffn(1)), (2, 1, 3));
+        assert!(pc.check().is_ok());
+        assert_eq!(
+            pc.num_params(),
+            ParamTable::weights(&p)
+                .0
+                .values()
+                .map(|a| a.data.len())
+                .sum::<usize>()
+        );
+        let sa = &p.bert.encoder.layer[1].attention.self_attn;
+        assert_eq!((sa.query.weight.val().dims(), sa.num_heads), ([32, 8], 1));
         assert_eq!(
             p.bert.encoder.layer[1].output.dense.weight.val().dims(),
             [3, 32]
         );
-        let ids = Tensor::<2, Int>::from_data(
-            TensorData::new(vec![1i64, 5, 7, 9, 11, 2, 3, 4], [2, 4]),
-            &dev,
-        );
-        let got = vals(p.forward(
-            ids.clone(),
-            Tensor::ones([2, 4], &dev),
-            Tensor::zeros([2, 4], &dev),
-        ));
-        let want = masked_forward(&m, &c, &keep, ids);
-        for (g, w) in got.iter().zip(&want) {
-            assert!((g - w).abs() < 1e-5, "pruned {got:?} vs masked {want:?}");
+        // The reference: a removed head's output-projection rows and a removed neuron's
+        // down-projection row zeroed (Q/K/V stay: without its O rows a head contributes nothing).
+        let mut r = m.clone();
+        let d = c.head_size();
+        for (l, layer) in r.bert.encoder.layer.iter_mut().enumerate() {
+            let gone = (0..c.heads(l)).filter(|h| !k["heads"][l].contains(h));
+            let rows: Vec<usize> = gone.flat_map(|h| h * d..(h + 1) * d).collect();
+            zero_rows(&mut layer.attention.output.dense, rows.into_iter());
+            let ffn: Vec<usize> = (0..c.ffn(l)).filter(|j| !k["ffn"][l].contains(j)).collect();
+            zero_rows(&mut layer.output.dense, ffn.into_iter());
+        }
+        close(&logits(&p), &logits(&r), 1e-5);
+    }
+
+    #[test]
+    fn removing_a_layer_equals_skipping_it() {
+        let (m, c) = tiny();
+        let (p, pc) = prune(&m, &c, &Keep::from([("layers".to_string(), vec![vec![1]])]));
+        assert_eq!(pc.num_hidden_layers, 1);
+        assert_eq!(p.bert.encoder.layer.len(), 1);
+        // Skip layer 0 by hand: embeddings, layer 1, pooler and classifier.
+        let dev = Device::flex();
+        let x = m
+            .bert
+            .embeddings
+            .forward(ids(), Tensor::zeros([2, 4], &dev));
+        let (x, _, _) = m.bert.encoder.layer[1].forward(x, Tensor::zeros([2, 1, 1, 4], &dev));
+        let (_, want) = m.head(x);
+        close(&logits(&p), &vals(want), 1e-5);
+        // Per-layer shapes follow their layer: prune heads of layer 1 first, then drop layer 0.
+        let mut k = keep(vec![vec![0, 1, 2, 3], vec![3]], vec![all(64), all(64)]);
+        k.insert("layers".into(), vec![vec![1]]);
+        let (_, pc) = prune(&m, &c, &k);
+        assert_eq!((pc.num_hidden_layers, pc.heads(0)), (1, 1));
+    }
+
+    fn select_linear(l: &Linear, inp: Option<&[usize]>, out: Option<&[usize]>) -> Linear {
+        let dev = Device::flex();
+        let idx = |v: &[usize]| {
+            Tensor::<1, Int>::from_data(
+                TensorData::new(v.iter().map(|&i| i as i64).collect::<Vec<_>>(), [v.len()]),
+                &dev,
+            )
+        };
+        let mut w = l.weight.val();
+        let mut b = l.bias.as_ref().map(|b| b.val());
+        if let Some(i) = inp {
+            w = w.select(0, idx(i));
+        }
+        if let Some(o) = out {
+            w = w.select(1, idx(o));
+            b = b.map(|b| b.select(0, idx(o)));
+        }
+        Linear {
+            weight: Param::from_tensor(w),
+            bias: b.map(Param::from_tensor),
         }
     }
 
     #[test]
-    fn l1_scores_sum_the_group_members() {
+    fn removing_hidden_channels_equals_slicing_by_hand() {
+        let (m, c) = tiny();
+        let kept: Vec<usize> = (0..32).filter(|i| i % 4 != 1).collect();
+        let (p, pc) = prune(
+            &m,
+            &c,
+            &Keep::from([("hidden".to_string(), vec![kept.clone()])]),
+        );
+        assert_eq!((pc.hidden_size, pc.head_size()), (24, 8));
+        assert!(pc.check().is_ok());
+        // The same model sliced field by field.
+        let k = Some(kept.as_slice());
         let dev = Device::flex();
-        let c = BertConfig::tiny(100, 2);
-        let m = BertForSequenceClassification::new(&c, &dev);
-        let s = scores(&m, &c, Criterion::L1, Reduce::Sum, None, 0);
-        assert_eq!(s.heads.len(), 2);
-        assert_eq!(s.heads[0].len(), 4);
-        assert_eq!(s.ffn[1].len(), 64);
+        let idx = Tensor::<1, Int>::from_data(
+            TensorData::new(
+                kept.iter().map(|&i| i as i64).collect::<Vec<_>>(),
+                [kept.len()],
+            ),
+            &dev,
+        );
+        let mut h = m.clone();
+        let e = &mut h.bert.embeddings;
+        for t in [
+            &mut e.word_embeddings,
+            &mut e.position_embeddings,
+            &mut e.token_type_embeddings,
+        ] {
+            t.weight = Param::from_tensor(t.weight.val().select(1, idx.clone()));
+        }
+        let ln = |n: &mut burn::nn::LayerNorm| {
+            n.gamma = Param::from_tensor(n.gamma.val().select(0, idx.clone()));
+            n.beta = n
+                .beta
+                .as_ref()
+                .map(|b| Param::from_tensor(b.val().select(0, idx.clone())));
+        };
+        ln(&mut e.layer_norm);
+        for layer in h.bert.encoder.layer.iter_mut() {
+            let sa = &mut layer.attention.self_attn;
+            sa.query = select_linear(&sa.query, k, None);
+            sa.key = select_linear(&sa.key, k, None);
+            sa.value = select_linear(&sa.value, k, None);
+            let o = &mut layer.attention.output;
+            o.dense = select_linear(&o.dense, None, k);
+            ln(&mut o.layer_norm);
+            layer.intermediate.dense = select_linear(&layer.intermediate.dense, k, None);
+            layer.output.dense = select_linear(&layer.output.dense, None, k);
+            ln(&mut layer.output.layer_norm);
+        }
+        h.bert.pooler.dense = select_linear(&h.bert.pooler.dense, k, k);
+        h.classifier = select_linear(&h.classifier, k, None);
+        close(&logits(&p), &logits(&h), 1e-6);
+        // And it really differs from the unpruned model (LayerNorm sees fewer channels).
+        assert!(logits(&p)
+            .iter()
+            .zip(logits(&m))
+            .any(|(a, b)| (a - b).abs() > 1e-4));
+    }
+
+    #[test]
+    fn l1_and_taylor_scores_equal_a_hand_computation() {
+        let (m, c) = tiny();
+        let s = scores(&m, &c, &kinds(), Criterion::L1, Reduce::Sum, None, 0);
+        assert_eq!(
+            (s["heads"].len(), s["heads"][0].len(), s["ffn"][1].len()),
+            (2, 4, 64)
+        );
+        assert_eq!((s["hidden"][0].len(), s["layers"][0].len()), (32, 2));
         // Head 1 of layer 0 by hand: Q/K/V columns 8..16 (+ biases) and O rows 8..16.
-        let w = LayerTensors::weights(&m.bert.encoder.layer[0]);
-        let l1 = |x: &[f32]| x.iter().map(|v| v.abs() as f64).sum::<f64>();
-        let want = l1(&columns(&w.q.0, 32, 8..16))
-            + l1(&w.q.1[8..16])
-            + l1(&columns(&w.k.0, 32, 8..16))
-            + l1(&w.k.1[8..16])
-            + l1(&columns(&w.v.0, 32, 8..16))
-            + l1(&w.v.1[8..16])
-            + l1(&w.o[8 * 32..16 * 32]);
-        assert!((s.heads[0][1] - want).abs() < 1e-9 * want.max(1.0));
+        let l0 = &m.bert.encoder.layer[0];
+        let sa = &l0.attention.self_attn;
+        let l1 = |x: Vec<f32>| x.iter().map(|v| v.abs() as f64).sum::<f64>();
+        let cols = |l: &Linear| {
+            l1(vals(l.weight.val().slice([0..32, 8..16])))
+                + l1(vals(l.bias.as_ref().unwrap().val().slice([8..16])))
+        };
+        let want = cols(&sa.query)
+            + cols(&sa.key)
+            + cols(&sa.value)
+            + l1(vals(
+                l0.attention.output.dense.weight.val().slice([8..16, 0..32]),
+            ));
+        assert!((s["heads"][0][1] - want).abs() < 1e-9 * want);
+        // Taylor, one backward of the summed logits: Σ|w·g| over FFN neuron 5 of layer 1.
+        let ad = Device::flex().autodiff();
+        let mt = BertForSequenceClassification::new(&c, &ad);
+        let mt = ParamTable::weights(&m).load_into(mt).unwrap();
+        let out = mt.forward(
+            ids().to_device(&ad),
+            Tensor::ones([2, 4], &ad),
+            Tensor::zeros([2, 4], &ad),
+        );
+        let grads = out.sum().backward();
+        let g = ParamTable::gradients(&mt, &grads);
+        let l = &mt.bert.encoder.layer[1];
+        let wg = |w: Tensor<2>, r: [std::ops::Range<usize>; 2]| {
+            let gw = w.grad(&grads).unwrap().slice(r.clone());
+            vals(w.inner().slice(r))
+                .iter()
+                .zip(vals(gw))
+                .map(|(a, b)| (a * b).abs() as f64)
+                .sum::<f64>()
+        };
+        let ub = l.intermediate.dense.bias.as_ref().unwrap().val();
+        let want = wg(l.intermediate.dense.weight.val(), [0..32, 5..6])
+            + (vals(ub.clone().inner().slice([5..6]))[0]
+                * vals(ub.grad(&grads).unwrap().slice([5..6]))[0])
+                .abs() as f64
+            + wg(l.output.dense.weight.val(), [5..6, 0..32]);
+        let mv = m.clone();
+        let t = scores(
+            &mv,
+            &c,
+            &[&Ffn],
+            Criterion::Taylor,
+            Reduce::Sum,
+            Some(&g),
+            0,
+        );
+        assert!(
+            want > 0.0 && (t["ffn"][1][5] - want).abs() < 1e-6 * want,
+            "{} vs {want}",
+            t["ffn"][1][5]
+        );
         // Random scores are seeded: same seed, same scores; another seed, others.
-        let r1 = scores(&m, &c, Criterion::Random, Reduce::Sum, None, 1);
-        assert_eq!(r1, scores(&m, &c, Criterion::Random, Reduce::Sum, None, 1));
-        assert_ne!(r1, scores(&m, &c, Criterion::Random, Reduce::Sum, None, 2));
+        let r = |seed| scores(&m, &c, &kinds(), Criterion::Random, Reduce::Sum, None, seed);
+        assert_eq!(r(1), r(1));
+        assert_ne!(r(1), r(2));
+    }
+
+    #[test]
+    fn a_pruned_model_saves_and_reloads_with_identical_logits() {
+        let (m, c) = tiny();
+        let mut k = keep(
+            vec![vec![1, 3], vec![0]],
+            vec![(0..16).collect(), (8..48).collect()],
+        );
+        k.insert("hidden".into(), vec![(0..32).step_by(2).collect()]);
+        let (p, pc) = prune(&m, &c, &k);
+        let dir = std::env::temp_dir().join(format!("mopt-prune-reload-{}", std::process::id()));
+        mopt_models::bert::weights::save_checkpoint(&p, &pc, &dir).unwrap();
+        let (q, qc) = mopt_models::bert::weights::load_checkpoint(&dir, &Device::flex()).unwrap();
+        assert_eq!(qc, pc);
+        // (Burnpack tensors are read from the file lazily: compare before removing it.)
+        assert_eq!(logits(&q), logits(&p));
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

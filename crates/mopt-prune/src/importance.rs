@@ -77,13 +77,6 @@ impl Reduce {
     }
 }
 
-/// Scores of every group of a model: `heads[layer][head]`, `ffn[layer][neuron]`.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct GroupScores {
-    pub heads: Vec<Vec<f64>>,
-    pub ffn: Vec<Vec<f64>>,
-}
-
 /// SplitMix64 in [0, 1), for the random criterion.
 pub fn uniform(seed: u64, i: u64) -> f64 {
     let mut z = seed.wrapping_add(0x9E3779B97F4A7C15u64.wrapping_mul(i + 1));

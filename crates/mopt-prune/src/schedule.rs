@@ -1,16 +1,10 @@
 //! Which units a round keeps: the cumulative fraction of the *original* units to remove after
 //! this round, per layer (local ranking) or over the whole model (global), with a minimum kept
-//! per layer and FFN widths rounded to a multiple.
+//! per scope and kept counts rounded to a multiple, for every group kind pruned.
 
-use crate::bert::Keep;
-use crate::importance::GroupScores;
+use std::collections::BTreeMap;
 
-/// Which group kinds are pruned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Targets {
-    pub heads: bool,
-    pub ffn: bool,
-}
+use crate::group::{GroupKind, GroupScores, Keep, Rule};
 
 /// Ranking scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,10 +31,13 @@ pub struct UnitLimits {
     pub min_heads: usize,
     /// FFN widths kept are a multiple of this (and at least this).
     pub ffn_multiple: usize,
-    /// Layers (0-based) left whole.
+    /// Hidden sizes kept are a multiple of this (and at least this).
+    pub hidden_multiple: usize,
+    /// Layers (0-based, of the stage's input) left whole: their heads and FFN are not pruned
+    /// and they are not removed. Hidden channels run through every layer and ignore this.
     pub ignore_layers: Vec<usize>,
     /// Per-scope targets: a glob over group paths (`encoder.layer.0.attention`,
-    /// `encoder.layer.2.ffn`; `*` matches anything) and the fraction removed there in the end.
+    /// `encoder.layer.2.ffn`, `hidden`, `encoder.layers`; `*` matches anything) and the fraction removed there in the end.
     /// The most specific matching pattern (most literal characters) wins; unmatched groups use
     /// the stage's target.
     pub scopes: Vec<(String, f64)>,
@@ -68,11 +65,6 @@ impl UnitLimits {
             .max_by_key(|(p, _)| p.chars().filter(|c| *c != '*').count())
             .map_or(default, |(_, t)| *t)
     }
-}
-
-/// The path of a layer's head group (`kind = "attention"`) or FFN group (`"ffn"`).
-pub fn group_path(layer: usize, kind: &str) -> String {
-    format!("encoder.layer.{layer}.{kind}")
 }
 
 /// Indices of the `n` best-scored units, ascending.
@@ -141,132 +133,194 @@ fn counts(
     }
 }
 
-/// The units a round keeps. `orig_heads` / `orig_ffn` are the unpruned model's per-layer counts;
-/// after this round a group has lost `min(progress, its target)` of them, its target being its
-/// scope's (see [`UnitLimits::scopes`]) or `target`.
-#[allow(clippy::too_many_arguments)]
-pub fn select(
+/// The kept units of one group kind: `scores[s]` are scope `s`'s current units, `orig[s]` its
+/// count in the stage's input, `frac[s]` the fraction of those removed after this round.
+pub fn keep_units(
+    scores: &[Vec<f64>],
+    orig: &[usize],
+    frac: &[f64],
+    ranking: Ranking,
+    rule: &Rule,
+) -> Vec<Vec<usize>> {
+    let m = rule.multiple.max(1);
+    let guarded: Vec<Vec<f64>> = scores
+        .iter()
+        .map(|s| {
+            s.iter()
+                .enumerate()
+                .map(|(u, &x)| {
+                    if rule.frozen_units.contains(&u) {
+                        f64::INFINITY
+                    } else {
+                        x
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let n = counts(
+        &guarded,
+        orig,
+        frac,
+        ranking,
+        rule.min_keep.max(1),
+        &rule.frozen_scopes,
+    );
+    guarded
+        .iter()
+        .enumerate()
+        .zip(n)
+        .map(|((s, sc), n)| {
+            let n = if rule.frozen_scopes.contains(&s) || m == 1 {
+                n
+            } else {
+                round_to(n, m, sc.len())
+            };
+            top(sc, n)
+        })
+        .collect()
+}
+
+/// Unit counts per group kind and scope of the stage's input (`heads` → per layer, ...).
+pub type Units = BTreeMap<String, Vec<usize>>;
+
+/// The current shape's unit counts for `kinds`.
+pub fn units<K: GroupKind + ?Sized>(kinds: &[&K], config: &K::Config) -> Units {
+    kinds
+        .iter()
+        .map(|k| {
+            let n = (0..k.scopes(config)).map(|s| k.units(config, s)).collect();
+            (k.name().to_string(), n)
+        })
+        .collect()
+}
+
+/// Where a round is: the input's unit counts, which input layer each current layer is (layers
+/// may have been removed), how far the schedule has come and its default target.
+pub struct Progress<'a> {
+    pub orig: &'a Units,
+    pub origin: &'a [usize],
+    pub progress: f64,
+    pub target: f64,
+}
+
+/// The units a round keeps, per kind in `kinds` (each with its rule under `limits`): after it
+/// a scope has lost `min(progress, its target)` of its input units, its target being its
+/// path's ratio (see [`UnitLimits::scopes`]) or the default. Layer-scoped kinds read paths,
+/// input counts and ignored layers by input layer.
+pub fn select<K: GroupKind + ?Sized>(
+    kinds: &[(&K, Rule)],
     scores: &GroupScores,
-    orig_heads: &[usize],
-    orig_ffn: &[usize],
-    progress: f64,
-    target: f64,
-    targets: Targets,
+    config: &K::Config,
+    at: &Progress,
     limits: &UnitLimits,
     ranking: Ranking,
 ) -> Keep {
-    let fracs = |kind: &str| -> Vec<f64> {
-        (0..scores.heads.len())
-            .map(|l| progress.min(limits.target_of(&group_path(l, kind), target)))
-            .collect()
-    };
-    let heads = if targets.heads {
-        let n = counts(
-            &scores.heads,
-            orig_heads,
-            &fracs("attention"),
-            ranking,
-            limits.min_heads.max(1),
-            &limits.ignore_layers,
-        );
-        scores.heads.iter().zip(n).map(|(s, n)| top(s, n)).collect()
-    } else {
-        scores
-            .heads
-            .iter()
-            .map(|s| (0..s.len()).collect())
-            .collect()
-    };
-    let ffn = if targets.ffn {
-        let m = limits.ffn_multiple.max(1);
-        let n = counts(
-            &scores.ffn,
-            orig_ffn,
-            &fracs("ffn"),
-            ranking,
-            m,
-            &limits.ignore_layers,
-        );
-        scores
-            .ffn
-            .iter()
-            .enumerate()
-            .zip(n)
-            .map(|((l, s), n)| {
-                let n = if limits.ignore_layers.contains(&l) {
-                    s.len()
+    kinds
+        .iter()
+        .map(|(k, rule)| {
+            let name = k.name();
+            let n = k.scopes(config);
+            let origin = |s: usize| if k.layer_scoped() { at.origin[s] } else { s };
+            let orig: Vec<usize> = (0..n).map(|s| at.orig[name][origin(s)]).collect();
+            let frac: Vec<f64> = (0..n)
+                .map(|s| {
+                    at.progress
+                        .min(limits.target_of(&k.scope_path(origin(s)), at.target))
+                })
+                .collect();
+            // Ignored layers are input layers: map them to where they are now.
+            let now = |v: &[usize]| -> Vec<usize> {
+                (0..at.origin.len())
+                    .filter(|&l| v.contains(&at.origin[l]))
+                    .collect()
+            };
+            let rule = Rule {
+                frozen_scopes: if k.layer_scoped() {
+                    now(&rule.frozen_scopes)
                 } else {
-                    round_to(n, m, s.len())
-                };
-                top(s, n)
-            })
-            .collect()
-    } else {
-        scores.ffn.iter().map(|s| (0..s.len()).collect()).collect()
-    };
-    Keep { heads, ffn }
+                    rule.frozen_scopes.clone()
+                },
+                frozen_units: if k.layer_scoped() {
+                    rule.frozen_units.clone()
+                } else {
+                    now(&rule.frozen_units)
+                },
+                ..rule.clone()
+            };
+            let kept = keep_units(&scores[name], &orig, &frac, ranking, &rule);
+            (name.to_string(), kept)
+        })
+        .collect()
+}
+
+/// Which input layer each layer is after `keep` (its `layers` entry, when layers are pruned).
+pub fn origin_after(origin: &[usize], keep: &Keep) -> Vec<usize> {
+    match keep.get("layers") {
+        Some(k) => k[0].iter().map(|&l| origin[l]).collect(),
+        None => origin.to_vec(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn limits() -> UnitLimits {
-        UnitLimits {
-            min_heads: 1,
-            ffn_multiple: 4,
-            ignore_layers: Vec::new(),
-            scopes: Vec::new(),
+    fn rule(min_keep: usize, multiple: usize) -> Rule {
+        Rule {
+            min_keep,
+            multiple,
+            ..Rule::default()
         }
     }
 
     #[test]
-    fn local_keeps_the_best_units_of_each_layer() {
-        let s = GroupScores {
-            heads: vec![vec![0.1, 0.9, 0.5, 0.3], vec![4.0, 3.0, 2.0, 1.0]],
-            ffn: vec![
-                (0..16).map(|i| i as f64).collect(),
-                (0..16).map(|i| -(i as f64)).collect(),
-            ],
-        };
-        let t = Targets {
-            heads: true,
-            ffn: true,
-        };
-        let k = select(
-            &s,
-            &[4, 4],
-            &[16, 16],
-            0.5,
-            0.5,
-            t,
-            &limits(),
-            Ranking::Local,
-        );
-        assert_eq!(k.heads, vec![vec![1, 2], vec![0, 1]]);
-        assert_eq!(k.ffn[0], (8..16).collect::<Vec<_>>());
-        assert_eq!(k.ffn[1], (0..8).collect::<Vec<_>>());
+    fn local_keeps_the_best_units_of_each_scope() {
+        let heads = vec![vec![0.1, 0.9, 0.5, 0.3], vec![4.0, 3.0, 2.0, 1.0]];
+        let ffn: Vec<Vec<f64>> = vec![
+            (0..16).map(|i| i as f64).collect(),
+            (0..16).map(|i| -(i as f64)).collect(),
+        ];
+        let k = keep_units(&heads, &[4, 4], &[0.5, 0.5], Ranking::Local, &rule(1, 1));
+        assert_eq!(k, vec![vec![1, 2], vec![0, 1]]);
+        let k = keep_units(&ffn, &[16, 16], &[0.5, 0.5], Ranking::Local, &rule(4, 4));
+        assert_eq!(k[0], (8..16).collect::<Vec<_>>());
+        assert_eq!(k[1], (0..8).collect::<Vec<_>>());
         // 90% leaves the minimum: one head, one FFN multiple.
-        let k = select(
-            &s,
-            &[4, 4],
-            &[16, 16],
-            0.9,
-            0.9,
-            t,
-            &limits(),
-            Ranking::Local,
-        );
-        assert_eq!(k.heads, vec![vec![1], vec![0]]);
-        assert_eq!(k.ffn[0], vec![12, 13, 14, 15]);
-        // Ignored layers stay whole; FFN widths round to the multiple (16·0.7 = 11.2 → 12 kept).
-        let l = UnitLimits {
-            ignore_layers: vec![1],
-            ..limits()
+        let k = keep_units(&heads, &[4, 4], &[0.9, 0.9], Ranking::Local, &rule(1, 1));
+        assert_eq!(k, vec![vec![1], vec![0]]);
+        let k = keep_units(&ffn, &[16, 16], &[0.9, 0.9], Ranking::Local, &rule(4, 4));
+        assert_eq!(k[0], vec![12, 13, 14, 15]);
+        // Frozen scopes stay whole; widths round to the multiple (16·0.7 = 11.2 → 12 kept).
+        let frozen = Rule {
+            frozen_scopes: vec![1],
+            ..rule(4, 4)
         };
-        let k = select(&s, &[4, 4], &[16, 16], 0.3, 0.3, t, &l, Ranking::Local);
-        assert_eq!(k.heads[1].len(), 4);
-        assert_eq!(k.ffn[0].len(), 12);
+        let k = keep_units(&ffn, &[16, 16], &[0.3, 0.3], Ranking::Local, &frozen);
+        assert_eq!((k[0].len(), k[1].len()), (12, 16));
+        // Frozen units survive even with the lowest score.
+        let k = keep_units(
+            &[vec![0.0, 5.0, 6.0]],
+            &[3],
+            &[0.6],
+            Ranking::Local,
+            &Rule {
+                frozen_units: vec![0],
+                ..rule(1, 1)
+            },
+        );
+        assert_eq!(k, vec![vec![0, 2]]);
+    }
+
+    #[test]
+    fn rounds_never_over_prune_and_count_from_the_input() {
+        // Round 2 of 10% steps on 10 input units of which 9 remain: 8 kept, not 9·0.8.
+        let s = vec![(0..9).map(|i| i as f64).collect::<Vec<_>>()];
+        let k = keep_units(&s, &[10], &[0.2], Ranking::Local, &rule(1, 1));
+        assert_eq!(k, vec![(1..9).collect::<Vec<_>>()]);
+        // A fraction that would remove everything keeps the minimum.
+        let k = keep_units(&s, &[10], &[1.0], Ranking::Local, &rule(2, 1));
+        assert_eq!(k, vec![vec![7, 8]]);
     }
 
     #[test]
@@ -275,58 +329,26 @@ mod tests {
         assert!(glob("encoder.layer.0.*", "encoder.layer.0.attention"));
         assert!(!glob("encoder.layer.0.*", "encoder.layer.10.attention"));
         assert!(glob("*", "anything"));
-        let s = GroupScores {
-            heads: vec![vec![1.0, 2.0, 3.0, 4.0]; 2],
-            ffn: vec![(0..16).map(|i| i as f64).collect(); 2],
-        };
         let l = UnitLimits {
+            min_heads: 1,
+            ffn_multiple: 4,
+            hidden_multiple: 1,
+            ignore_layers: Vec::new(),
             scopes: vec![
                 ("encoder.layer.*.ffn".into(), 0.75),
                 ("encoder.layer.1.ffn".into(), 0.25),
             ],
-            ..limits()
         };
-        let t = Targets {
-            heads: true,
-            ffn: true,
-        };
-        // Progress 0.5 of a 0.5 default: heads lose half; layer 0's FFN (scope 0.75) half so far,
-        // layer 1's FFN (the more specific pattern, 0.25) stops at a quarter.
-        let k = select(&s, &[4, 4], &[16, 16], 0.5, 0.5, t, &l, Ranking::Local);
-        assert_eq!(
-            (k.heads[0].len(), k.ffn[0].len(), k.ffn[1].len()),
-            (2, 8, 12)
-        );
-        // Later rounds go on where the scope's target is higher.
-        let k = select(&s, &[4, 4], &[16, 16], 0.8, 0.5, t, &l, Ranking::Local);
-        assert_eq!(
-            (k.heads[0].len(), k.ffn[0].len(), k.ffn[1].len()),
-            (2, 4, 12)
-        );
+        assert_eq!(l.target_of("encoder.layer.0.ffn", 0.5), 0.75);
+        assert_eq!(l.target_of("encoder.layer.1.ffn", 0.5), 0.25);
+        assert_eq!(l.target_of("encoder.layer.1.attention", 0.5), 0.5);
     }
 
     #[test]
-    fn global_ranking_lets_layers_lose_different_amounts() {
-        let s = GroupScores {
-            heads: vec![vec![0.1, 0.2, 0.3, 0.4], vec![5.0, 6.0, 7.0, 8.0]],
-            ffn: vec![vec![1.0; 4], vec![1.0; 4]],
-        };
-        let t = Targets {
-            heads: true,
-            ffn: false,
-        };
-        let k = select(
-            &s,
-            &[4, 4],
-            &[4, 4],
-            0.5,
-            0.5,
-            t,
-            &limits(),
-            Ranking::Global,
-        );
+    fn global_ranking_lets_scopes_lose_different_amounts() {
+        let s = vec![vec![0.1, 0.2, 0.3, 0.4], vec![5.0, 6.0, 7.0, 8.0]];
+        let k = keep_units(&s, &[4, 4], &[0.5, 0.5], Ranking::Global, &rule(1, 1));
         // Four heads go, all from layer 0, but it keeps its minimum of one.
-        assert_eq!(k.heads, vec![vec![3], vec![1, 2, 3]]);
-        assert_eq!(k.ffn, vec![vec![0, 1, 2, 3], vec![0, 1, 2, 3]]);
+        assert_eq!(k, vec![vec![3], vec![1, 2, 3]]);
     }
 }

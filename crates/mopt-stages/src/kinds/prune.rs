@@ -1,6 +1,7 @@
 //! `kind = "prune"`: structured pruning of the input in rounds (the seeds' recipe: about 10% of
 //! the prunable units a round, fine-tuning in between, up to a target). Each round scores every
-//! attention head and FFN neuron (L1, L2, first-order Taylor over training batches, or random),
+//! unit of the target group kinds (heads, FFN neurons, hidden channels, layers; L1, L2,
+//! first-order Taylor over training batches, or random),
 //! removes the lowest physically (`mopt_prune`), fine-tunes with the KD loss against the baseline
 //! teacher when there is one (its logit cache reused across rounds), and is judged by the stage's
 //! gate. `on-fail = "retry"` stops at the first failing round (the knee) and keeps the last
@@ -16,7 +17,8 @@ use mopt_distill::spec::{DistillSpec, Schedule, SoftLoss};
 use mopt_distill::{DistillModel, DistillTask, TeacherSource};
 use mopt_models::bert::{weights, BertConfig};
 use mopt_prune::{
-    prune, select, Criterion, GroupScores, Keep, LayerTensors, Ranking, Reduce, Targets, UnitLimits,
+    origin_after, prune, select, units, BertGroup, Criterion, GroupScores, Keep, ParamTable,
+    Progress, Ranking, Reduce, UnitLimits, Units,
 };
 use mopt_recipe::{OnFail, RecipeError, StageEntry};
 use mopt_train::memory::MemoryEstimate;
@@ -45,6 +47,7 @@ struct RawPrune {
     step: Option<f64>,
     taylor_batches: Option<usize>,
     ffn_multiple: Option<usize>,
+    hidden_multiple: Option<usize>,
     min_heads: Option<usize>,
     ignore_layers: Option<Vec<usize>>,
     distill: Option<bool>,
@@ -56,9 +59,10 @@ struct RawPrune {
 }
 
 /// A prune stage, validated.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PruneStage {
-    pub targets: Targets,
+    /// The group kinds pruned, in the order `mopt_prune::bert::prune` applies them.
+    pub targets: Vec<&'static dyn BertGroup>,
     pub criterion: Criterion,
     pub reduce: Reduce,
     pub ranking: Ranking,
@@ -93,18 +97,36 @@ impl PruneStage {
         ((top / self.step) - 1e-9).ceil().max(1.0) as usize
     }
 
-    /// The units round `r` keeps.
-    fn keep(&self, scores: &GroupScores, orig: &(Vec<usize>, Vec<usize>), r: usize) -> Keep {
-        select(
-            scores,
-            &orig.0,
-            &orig.1,
-            r as f64 * self.step,
-            self.target,
-            self.targets,
-            &self.limits,
-            self.ranking,
-        )
+    /// The units round `r` keeps. `origin[l]`: the input layer that layer `l` is.
+    fn keep(
+        &self,
+        scores: &GroupScores,
+        config: &BertConfig,
+        orig: &Units,
+        origin: &[usize],
+        r: usize,
+    ) -> Keep {
+        let kinds: Vec<(&dyn BertGroup, mopt_prune::Rule)> = self
+            .targets
+            .iter()
+            .map(|k| (*k, k.rule(&self.limits)))
+            .collect();
+        let at = Progress {
+            orig,
+            origin,
+            progress: r as f64 * self.step,
+            target: self.target,
+        };
+        select(&kinds, scores, config, &at, &self.limits, self.ranking)
+    }
+
+    /// The target kinds' names, as a recipe lists them.
+    fn target_names(&self) -> String {
+        self.targets
+            .iter()
+            .map(|k| format!("\"{}\"", k.name()))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// Cumulative fraction removed after round `r` (1-based).
@@ -147,7 +169,7 @@ impl StageKind for Prune {
     }
 
     fn about(&self) -> &'static str {
-        "structured pruning of heads and FFN neurons in rounds with fine-tuning"
+        "structured pruning (heads, FFN neurons, hidden channels, layers) in rounds with fine-tuning"
     }
 
     fn has_retry(&self) -> bool {
@@ -157,33 +179,33 @@ impl StageKind for Prune {
     fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
         let cx = &entry.scope;
         let r: RawPrune = cx.deserialize(entry.settings.clone())?;
-        let mut targets = Targets {
-            heads: false,
-            ffn: false,
-        };
+        let mut wanted = Vec::new();
         for t in r
             .targets
             .unwrap_or_else(|| vec!["heads".into(), "ffn".into()])
         {
-            match t.as_str() {
-                "heads" => targets.heads = true,
-                "ffn" => targets.ffn = true,
-                other => {
+            match mopt_prune::bert::kind(&t) {
+                Some(k) => wanted.push(k.name()),
+                None => {
                     return Err(cx.err(
                         "targets",
-                        format!("unknown pruning target `{other}`"),
-                        "use [\"heads\", \"ffn\"] or one of them (whole layers and hidden channels are not pruned yet)",
+                        format!("unknown pruning target `{t}`"),
+                        "use any of \"heads\", \"ffn\", \"hidden\" (residual-stream channels), \"layers\" (whole encoder layers)",
                     ))
                 }
             }
         }
-        if !targets.heads && !targets.ffn {
+        if wanted.is_empty() {
             return Err(cx.err(
                 "targets",
                 "nothing to prune",
-                "list \"heads\" and/or \"ffn\"",
+                "list any of \"heads\", \"ffn\", \"hidden\", \"layers\"",
             ));
         }
+        let targets: Vec<&'static dyn BertGroup> = mopt_prune::bert::kinds()
+            .into_iter()
+            .filter(|k| wanted.contains(&k.name()))
+            .collect();
         let criteria = [
             ("l1", Criterion::L1),
             ("l2", Criterion::L2),
@@ -199,11 +221,14 @@ impl StageKind for Prune {
                     "the fraction removed from the matching groups in the end, e.g. \"encoder.layer.0.*\" = 0.3",
                 ));
             }
-            if !pattern.starts_with("encoder.layer.") && pattern != "*" {
+            if !(pattern.starts_with("encoder.layer")
+                || pattern == "hidden"
+                || pattern.starts_with('*'))
+            {
                 return Err(cx.err(
                     "ratios",
                     format!("`{pattern}` matches no group"),
-                    "groups are `encoder.layer.<i>.attention` (heads) and `encoder.layer.<i>.ffn`; `*` matches anything",
+                    "groups are `encoder.layer.<i>.attention` (heads), `encoder.layer.<i>.ffn`, `hidden` and `encoder.layers`; `*` matches anything",
                 ));
             }
             scopes.push((pattern, t));
@@ -281,6 +306,7 @@ impl StageKind for Prune {
             limits: UnitLimits {
                 min_heads: cx.positive("min-heads", r.min_heads, 1)?,
                 ffn_multiple: cx.positive("ffn-multiple", r.ffn_multiple, 8)?,
+                hidden_multiple: cx.positive("hidden-multiple", r.hidden_multiple, 8)?,
                 ignore_layers: r.ignore_layers.unwrap_or_default(),
                 scopes,
             },
@@ -313,8 +339,15 @@ pub struct RoundRecord {
     pub removed: f64,
     pub heads: Vec<usize>,
     pub ffn: Vec<usize>,
+    #[serde(default)]
+    pub hidden: usize,
+    #[serde(default)]
+    pub layers: usize,
     pub params: usize,
     pub flops_per_example: u64,
+    /// mopt CPU latency p50 at batch 32 (ms), when `[evaluation] latency-runs` > 0.
+    #[serde(default)]
+    pub latency_b32_ms: Option<f64>,
     pub valid_accuracy: f64,
     pub max_logit_error_vs_input: f64,
     pub passed: bool,
@@ -324,30 +357,41 @@ pub struct RoundRecord {
 
 fn shape_after(c: &BertConfig, keep: &Keep) -> BertConfig {
     let mut out = c.clone();
-    out.attention_head_size = Some(c.head_size());
-    out.mopt_layer_heads = Some(keep.heads.iter().map(Vec::len).collect());
-    out.mopt_layer_intermediate_sizes = Some(keep.ffn.iter().map(Vec::len).collect());
+    for kind in mopt_prune::bert::kinds() {
+        if let Some(k) = keep.get(kind.name()) {
+            out = kind.resize(&out, k);
+        }
+    }
     out
 }
 
-/// Equal scores of the current shape (the plan's stand-in: local counts do not depend on them).
-fn flat_scores(c: &BertConfig) -> GroupScores {
-    GroupScores {
-        heads: (0..c.num_hidden_layers)
-            .map(|l| vec![1.0; c.heads(l)])
-            .collect(),
-        ffn: (0..c.num_hidden_layers)
-            .map(|l| vec![1.0; c.ffn(l)])
-            .collect(),
-    }
+/// One line of a shape: its heads and FFN widths per layer, hidden size and layer count.
+fn describe(c: &BertConfig) -> String {
+    format!(
+        "{} layers x {}, heads {:?}, FFN {:?}",
+        c.num_hidden_layers,
+        c.hidden_size,
+        (0..c.num_hidden_layers)
+            .map(|l| c.heads(l))
+            .collect::<Vec<_>>(),
+        (0..c.num_hidden_layers)
+            .map(|l| c.ffn(l))
+            .collect::<Vec<_>>()
+    )
 }
 
 impl PruneStage {
-    fn units(c: &BertConfig) -> (Vec<usize>, Vec<usize>) {
-        (
-            (0..c.num_hidden_layers).map(|l| c.heads(l)).collect(),
-            (0..c.num_hidden_layers).map(|l| c.ffn(l)).collect(),
-        )
+    fn units(&self, c: &BertConfig) -> Units {
+        units(&self.targets, c)
+    }
+
+    /// Equal scores of the current shape (the plan's stand-in: local counts do not depend on
+    /// them).
+    fn flat_scores(&self, c: &BertConfig) -> GroupScores {
+        self.units(c)
+            .into_iter()
+            .map(|(k, n)| (k, n.into_iter().map(|n| vec![1.0; n]).collect()))
+            .collect()
     }
 
     /// The objective of Taylor scoring and fine-tuning: KD against the baseline teacher's cached
@@ -396,19 +440,20 @@ impl PruneStage {
         Ok(DistillTask::new(spec, plan, source, ad))
     }
 
-    /// First-order Taylor gradients of every layer, summed over `taylor_batches` training batches.
+    /// First-order Taylor gradients of every parameter, summed over `taylor_batches` training
+    /// batches.
     fn taylor_gradients(
         &self,
         dir: &Path,
         task: &mut DistillTask,
         cx: &StageContext,
         ad: &Device,
-    ) -> Result<Vec<LayerTensors>, StageError> {
-        let (student, config) = weights::load_checkpoint(dir, ad)?;
+    ) -> Result<ParamTable, StageError> {
+        let (student, _) = weights::load_checkpoint(dir, ad)?;
         let model = DistillModel::new(student, &[], ad);
         let batcher = Batcher::new(cx.pad_id);
         let order = epoch_order(cx.data.train.len(), self.seed ^ cx.seed, 0);
-        let mut acc = vec![LayerTensors::default(); config.num_hidden_layers];
+        let mut acc = ParamTable::default();
         for chunk in order
             .chunks(cx.entry.train.batch_size)
             .take(self.taylor_batches)
@@ -417,9 +462,7 @@ impl PruneStage {
             let b = batcher.batch(&items, ad);
             let (loss, _) = task.loss(&model, &b, chunk, 0.0);
             let grads = loss.backward();
-            for (l, layer) in model.student.bert.encoder.layer.iter().enumerate() {
-                acc[l].add(&LayerTensors::gradients(layer, &grads));
-            }
+            acc.add(&ParamTable::gradients(&model.student, &grads));
         }
         Ok(acc)
     }
@@ -441,7 +484,8 @@ impl PruneStage {
         let device = cx.device.device();
         let ad = cx.device.train_device(&cx.entry.train);
         let (mut model, mut config) = weights::load_checkpoint(input, &device)?;
-        let (orig_h, orig_f) = Self::units(&config);
+        let orig = self.units(&config);
+        let mut origin: Vec<usize> = (0..config.num_hidden_layers).collect();
         let batcher = Batcher::new(cx.pad_id);
         let golden = |m: &mopt_models::bert::BertForSequenceClassification, c: &BertConfig| {
             evaluate(
@@ -476,18 +520,20 @@ impl PruneStage {
             let scores = mopt_prune::bert::scores(
                 &model.valid(),
                 &config,
+                &self.targets,
                 criterion,
                 self.reduce,
-                grads.as_deref(),
+                grads.as_ref(),
                 self.seed.wrapping_add(r as u64),
             );
-            let keep = self.keep(&scores, &(orig_h.clone(), orig_f.clone()), r);
+            let keep = self.keep(&scores, &config, &orig, &origin, r);
             let (pruned, pcfg) = prune(&model.valid(), &config, &keep);
+            origin = origin_after(&origin, &keep);
             let pdir = rdir.join("pruned");
             save_checkpoint_dir(&pruned, &pcfg, cx.data, cx.tokenizer_file, &pdir)?;
-            let (h, f) = Self::units(&pcfg);
             eprintln!(
-                "prune round {r}: heads {h:?}, FFN {f:?} ({:.2}M params); fine-tuning",
+                "prune round {r}: {} ({:.2}M params); fine-tuning",
+                describe(&pcfg),
                 pcfg.num_params() as f64 / 1e6
             );
             let (student, _) = weights::load_checkpoint(&pdir, &ad)?;
@@ -500,11 +546,27 @@ impl PruneStage {
             let (m, c) = weights::load_checkpoint(&report.checkpoint, &device)?;
             let err = max_abs_diff(&golden(&m, &c), &input_logits);
             let d = cx.judge(&report.best_valid, err);
+            let e = cx.evaluation;
+            let latency = (e.latency_runs > 0).then(|| {
+                mopt_distill::latency::measure(
+                    &m,
+                    c.vocab_size,
+                    32,
+                    e.latency_seq_len,
+                    e.latency_warmup,
+                    e.latency_runs,
+                    &device,
+                )
+                .p50_ms
+            });
             rounds.push(RoundRecord {
                 round: r,
                 removed: self.fraction(r),
-                heads: h,
-                ffn: f,
+                heads: (0..c.num_hidden_layers).map(|l| c.heads(l)).collect(),
+                ffn: (0..c.num_hidden_layers).map(|l| c.ffn(l)).collect(),
+                hidden: c.hidden_size,
+                layers: c.num_hidden_layers,
+                latency_b32_ms: latency,
                 params: c.num_params(),
                 flops_per_example: c.forward_flops(cx.evaluation.latency_seq_len),
                 valid_accuracy: report.best_valid.accuracy,
@@ -514,12 +576,12 @@ impl PruneStage {
                 steps: report.steps,
             });
             notes.push(format!(
-                "Round {r} ({:.0}% removed): heads {:?}, FFN {:?}, {:.2}M params, {:.3} GFLOPs/example; validation accuracy {:.4} after fine-tuning; {}.",
+                "Round {r} ({:.0}% removed): {}, {:.2}M params, {:.3} GFLOPs/example{}; validation accuracy {:.4} after fine-tuning; {}.",
                 self.fraction(r) * 100.0,
-                rounds[r - 1].heads,
-                rounds[r - 1].ffn,
+                describe(&c),
                 c.num_params() as f64 / 1e6,
                 rounds[r - 1].flops_per_example as f64 / 1e9,
+                latency.map_or(String::new(), |ms| format!(", mopt b32 latency p50 {ms:.1} ms")),
                 report.best_valid.accuracy,
                 d.reason
             ));
@@ -556,10 +618,10 @@ impl Stage for PruneStage {
         input: &BertConfig,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
-        let (orig_h, orig_f) = Self::units(input);
+        let orig = self.units(input);
         let mut settings = vec![format!(
-            "targets = [{}], criterion = \"{}\", reduce = \"{}\", ranking = \"{}\", target = {}, step = {}, taylor-batches = {}, ffn-multiple = {}, min-heads = {}, ignore-layers = {:?}, distill = {} (alpha = {}, temperature = {}), compare = {:?}, ratios = {:?}",
-            [(self.targets.heads, "\"heads\""), (self.targets.ffn, "\"ffn\"")].iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect::<Vec<_>>().join(", "),
+            "targets = [{}], criterion = \"{}\", reduce = \"{}\", ranking = \"{}\", target = {}, step = {}, taylor-batches = {}, ffn-multiple = {}, hidden-multiple = {}, min-heads = {}, ignore-layers = {:?}, distill = {} (alpha = {}, temperature = {}), compare = {:?}, ratios = {:?}",
+            self.target_names(),
             self.criterion.name(),
             self.reduce.name(),
             self.ranking.name(),
@@ -567,6 +629,7 @@ impl Stage for PruneStage {
             self.step,
             self.taylor_batches,
             self.limits.ffn_multiple,
+            self.limits.hidden_multiple,
             self.limits.min_heads,
             self.limits.ignore_layers,
             self.distill,
@@ -576,14 +639,22 @@ impl Stage for PruneStage {
             self.limits.scopes
         )];
         let mut c = input.clone();
+        let mut origin: Vec<usize> = (0..c.num_hidden_layers).collect();
+        let scored = if self.ranking == Ranking::Global {
+            " (global: the split across layers follows the scores)"
+        } else if self.targets.iter().any(|k| k.name() == "layers") {
+            " (which layers go follows the scores)"
+        } else {
+            ""
+        };
         for r in 1..=self.rounds() {
-            let keep = self.keep(&flat_scores(&c), &(orig_h.clone(), orig_f.clone()), r);
+            let keep = self.keep(&self.flat_scores(&c), &c, &orig, &origin, r);
+            origin = origin_after(&origin, &keep);
             c = shape_after(&c, &keep);
-            let (h, f) = Self::units(&c);
             settings.push(format!(
-                "round {r}: {:.0}% removed -> heads {h:?}, FFN {f:?}{}: {:.2}M params, {:.3} GFLOPs/example, then fine-tune",
+                "round {r}: {:.0}% removed -> {}{scored}: {:.2}M params, {:.3} GFLOPs/example, then fine-tune",
                 self.fraction(r) * 100.0,
-                if self.ranking == Ranking::Global { " (global: the split across layers follows the scores)" } else { "" },
+                describe(&c),
                 c.num_params() as f64 / 1e6,
                 c.forward_flops(cx.tokenizer.max_len) as f64 / 1e9
             ));
