@@ -1,0 +1,334 @@
+//! [`FakeQuant`]: one quantizer as a Burn module, and [`LinearQuant`], the pair a quantized
+//! linear layer holds (its input, per tensor; its weight, per output channel).
+//!
+//! The scale and zero point are parameters, so they are saved with the checkpoint and reload
+//! to identical outputs; the format, axis and whether the scale is learned (LSQ) are constants
+//! the model rebuilds from its config. A quantizer moves through phases: `Observe` (calibrate:
+//! values pass unchanged and feed the observer) → [`FakeQuant::freeze`] (ranges become
+//! scales) → `Quantize` (fake quantization in the forward pass, training included). `Off`
+//! passes values through (the float model). The phase and observer live behind a shared cell:
+//! clones of a module share them.
+
+use std::sync::{Arc, Mutex};
+
+use burn::module::{Module, Param};
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::fake::{fake_quant, scale_gradient};
+use crate::observer::{Observer, ObserverKind};
+use crate::scheme::{Granularity, QParams, QuantScheme};
+
+/// A quantizer's phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    Off,
+    Observe,
+    Quantize,
+}
+
+/// Phase and observer, shared by clones.
+#[derive(Debug)]
+pub struct NodeState {
+    pub phase: Phase,
+    pub observer: Observer,
+}
+
+/// One quantizer.
+#[derive(Module, Debug)]
+pub struct FakeQuant {
+    /// `[1]` (per tensor) or `[channels]`.
+    pub scale: Param<Tensor<1>>,
+    /// Integers held as floats, like `scale`.
+    pub zero_point: Param<Tensor<1>>,
+    pub qmin: i32,
+    pub qmax: i32,
+    /// The channel axis of the quantized tensor (per channel), or `None`.
+    pub axis: Option<usize>,
+    /// LSQ: the scale trains (with LSQ's gradient scale).
+    pub learned: bool,
+    #[module(skip)]
+    pub state: Arc<Mutex<NodeState>>,
+}
+
+impl FakeQuant {
+    /// A quantizer for `scheme` over `channels` channels (1 per tensor), with placeholder
+    /// parameters (scale 1, zero point 0) until it is calibrated or loaded, in phase `phase`.
+    pub fn new(
+        scheme: &QuantScheme,
+        channels: usize,
+        learned: bool,
+        observer: ObserverKind,
+        phase: Phase,
+        device: &Device,
+    ) -> Self {
+        let (qmin, qmax) = scheme.format.range();
+        let (n, axis) = match scheme.granularity {
+            Granularity::PerTensor => (1, None),
+            Granularity::PerChannel(a) => (channels, Some(a)),
+        };
+        Self {
+            scale: Param::from_tensor(Tensor::ones([n], device)),
+            zero_point: Param::from_tensor(Tensor::zeros([n], device)),
+            qmin,
+            qmax,
+            axis,
+            learned,
+            state: Arc::new(Mutex::new(NodeState {
+                phase,
+                observer: Observer::new(observer),
+            })),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, NodeState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.lock().phase
+    }
+
+    pub fn set_phase(&self, phase: Phase) {
+        self.lock().phase = phase;
+    }
+
+    /// The current parameters.
+    pub fn qparams(&self) -> QParams {
+        let v = |t: Tensor<1>| t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+        QParams {
+            scale: v(self.scale.val()),
+            zero_point: v(self.zero_point.val())
+                .into_iter()
+                .map(|z| z as i32)
+                .collect(),
+        }
+    }
+
+    /// Set the parameters (lengths must match the quantizer's).
+    pub fn set_qparams(mut self, p: &QParams) -> Self {
+        let device = self.scale.val().device();
+        let n = p.scale.len();
+        assert_eq!(n, self.scale.val().dims()[0], "scale count");
+        self.scale = Param::from_tensor(Tensor::from_data(
+            TensorData::new(p.scale.clone(), [n]),
+            &device,
+        ));
+        let z: Vec<f32> = p.zero_point.iter().map(|&z| z as f32).collect();
+        self.zero_point = Param::from_tensor(Tensor::from_data(TensorData::new(z, [n]), &device));
+        self
+    }
+
+    /// Parameters from the observer's range (per tensor), phase `Quantize`. Without observed
+    /// data it stays as it is and says so (`false`).
+    pub fn freeze(self, scheme: &QuantScheme) -> (Self, bool) {
+        let range = self.lock().observer.range(scheme);
+        match range {
+            Some((lo, hi)) => {
+                let p = scheme.qparams(&[lo], &[hi]);
+                let me = self.set_qparams(&p);
+                me.set_phase(Phase::Quantize);
+                (me, true)
+            }
+            None => (self, false),
+        }
+    }
+
+    /// Per-channel (or per-tensor) min-max parameters of a static tensor (a weight), phase
+    /// `Quantize`.
+    pub fn calibrate_weight(self, w: &Tensor<2>, scheme: &QuantScheme) -> Self {
+        let [rows, cols] = w.dims();
+        let v = w
+            .clone()
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let p = match self.axis {
+            Some(1) => {
+                let (mut lo, mut hi) = (vec![f32::INFINITY; cols], vec![f32::NEG_INFINITY; cols]);
+                for (i, x) in v.iter().enumerate() {
+                    let c = i % cols;
+                    lo[c] = lo[c].min(*x);
+                    hi[c] = hi[c].max(*x);
+                }
+                scheme.qparams(&lo, &hi)
+            }
+            Some(0) => {
+                let lo: Vec<f32> = v
+                    .chunks(cols)
+                    .map(|r| r.iter().copied().fold(f32::INFINITY, f32::min))
+                    .collect();
+                let hi: Vec<f32> = v
+                    .chunks(cols)
+                    .map(|r| r.iter().copied().fold(f32::NEG_INFINITY, f32::max))
+                    .collect();
+                debug_assert_eq!(lo.len(), rows);
+                scheme.qparams(&lo, &hi)
+            }
+            _ => {
+                let lo = v.iter().copied().fold(f32::INFINITY, f32::min);
+                let hi = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                scheme.qparams(&[lo], &[hi])
+            }
+        };
+        let me = self.set_qparams(&p);
+        me.set_phase(Phase::Quantize);
+        me
+    }
+
+    /// Pass, observe or fake-quantize `x` by phase.
+    ///
+    /// # Shapes
+    /// - x: any `[..]` (the channel axis, when per channel, of length `channels`); output: like x
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let phase = self.phase();
+        match phase {
+            Phase::Off => x,
+            Phase::Observe => {
+                let v = x
+                    .clone()
+                    .into_data()
+                    .convert::<f32>()
+                    .try_to_vec::<f32>()
+                    .unwrap();
+                self.lock().observer.observe(&v);
+                x
+            }
+            Phase::Quantize => {
+                let mut shape = [1usize; D];
+                let n = self.scale.val().dims()[0];
+                if let Some(a) = self.axis {
+                    shape[a] = n;
+                }
+                let s = if self.learned {
+                    let g = 1.0 / ((x.shape().num_elements() / n) as f32 * self.qmax as f32).sqrt();
+                    scale_gradient(self.scale.val(), g)
+                } else {
+                    self.scale.val().detach()
+                };
+                let z = self.zero_point.val().detach().reshape(shape);
+                fake_quant(x, s.reshape(shape), z, self.qmin, self.qmax)
+            }
+        }
+    }
+}
+
+/// What a quantized linear layer holds.
+#[derive(Module, Debug)]
+pub struct LinearQuant {
+    /// Its input, per tensor.
+    pub input: FakeQuant,
+    /// Its weight `[d_in, d_out]`, per output channel (axis 1) or per tensor.
+    pub weight: FakeQuant,
+}
+
+/// Where and how a model is quantized: saved in its config, so the model rebuilds its
+/// quantizers (then loads their scales).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuantConfig {
+    pub weight: QuantScheme,
+    pub activation: QuantScheme,
+    /// LSQ: scales train with the weights.
+    pub learned_scales: bool,
+    pub observer: ObserverKind,
+    /// Module paths of the quantized linear layers (`bert.encoder.layer.0.attention.self_attn.query`).
+    pub layers: Vec<String>,
+}
+
+impl QuantConfig {
+    /// The quantizers of the linear layer at `path` (`None` when it stays float), in `phase`.
+    pub fn linear(
+        &self,
+        path: &str,
+        d_out: usize,
+        phase: Phase,
+        device: &Device,
+    ) -> Option<LinearQuant> {
+        self.layers.iter().any(|p| p == path).then(|| LinearQuant {
+            input: FakeQuant::new(
+                &self.activation,
+                1,
+                self.learned_scales,
+                self.observer,
+                phase,
+                device,
+            ),
+            weight: FakeQuant::new(
+                &self.weight,
+                d_out,
+                self.learned_scales,
+                ObserverKind::MinMax,
+                phase,
+                device,
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::fake_quant_value;
+    use crate::scheme::IntFormat;
+
+    fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+    }
+
+    #[test]
+    fn observe_freeze_quantize() {
+        let dev = Device::flex();
+        let scheme = QuantScheme {
+            format: IntFormat::UINT8,
+            symmetric: false,
+            granularity: Granularity::PerTensor,
+        };
+        let q = FakeQuant::new(
+            &scheme,
+            1,
+            false,
+            ObserverKind::MinMax,
+            Phase::Observe,
+            &dev,
+        );
+        let x = Tensor::<2>::from_data([[-1.0f32, 0.2], [0.7, 2.55]], &dev);
+        // Observing passes values unchanged.
+        assert_eq!(vals(q.forward(x.clone())), vals(x.clone()));
+        let (q, ok) = q.freeze(&scheme);
+        assert!(ok && q.phase() == Phase::Quantize);
+        let p = q.qparams();
+        assert_eq!(p, scheme.qparams(&[-1.0], &[2.55]));
+        let want: Vec<f32> = vals(x.clone())
+            .iter()
+            .map(|&v| fake_quant_value(v, p.scale[0], p.zero_point[0], 0, 255))
+            .collect();
+        assert_eq!(vals(q.forward(x)), want);
+    }
+
+    #[test]
+    fn per_channel_weights_get_a_scale_per_output_column() {
+        let dev = Device::flex();
+        let scheme = QuantScheme {
+            format: IntFormat::INT8,
+            symmetric: true,
+            granularity: Granularity::PerChannel(1),
+        };
+        let w = Tensor::<2>::from_data([[0.5f32, -2.0, 0.01], [-1.0, 1.0, 0.02]], &dev);
+        let q = FakeQuant::new(&scheme, 3, false, ObserverKind::MinMax, Phase::Off, &dev)
+            .calibrate_weight(&w, &scheme);
+        assert_eq!(q.scale.val().dims(), [3]);
+        let p = q.qparams();
+        for (c, m) in [1.0f32, 2.0, 0.02].iter().enumerate() {
+            assert!((p.scale[c] - m / 127.5).abs() < 1e-9, "{:?}", p.scale);
+        }
+        let y = vals(q.forward(w.clone()));
+        let want: Vec<f32> = vals(w)
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| fake_quant_value(v, p.scale[i % 3], 0, -128, 127))
+            .collect();
+        assert_eq!(y, want);
+    }
+}
