@@ -149,6 +149,95 @@ fn bert_with_pruned_hidden_channels_exports_and_matches() {
     assert_eq!(card.heads_per_layer, vec![4]);
 }
 
+/// A tiny INT8 model: weights per channel (7-bit range), inputs uint8 per tensor, calibrated on
+/// `calib` sentences.
+fn quantized_checkpoint(dir: &std::path::Path, bits: u32) -> BertConfig {
+    use mopt_quant::node::QuantConfig;
+    use mopt_quant::scheme::{Granularity, IntFormat, QuantScheme};
+    let dev = Device::flex();
+    let mut c = BertConfig::tiny(30522, 3);
+    c.hidden_dropout_prob = 0.0;
+    c.attention_probs_dropout_prob = 0.0;
+    // Larger weights than BERT's 0.02 so that the logits (and their errors) are not tiny.
+    c.initializer_range = 0.3;
+    dev.seed(5);
+    let float = BertForSequenceClassification::new(&c, &dev);
+    let q = QuantConfig {
+        weight: QuantScheme {
+            format: IntFormat { bits, signed: true },
+            symmetric: true,
+            granularity: Granularity::PerChannel(1),
+        },
+        activation: QuantScheme {
+            format: IntFormat::UINT8,
+            symmetric: false,
+            granularity: Granularity::PerTensor,
+        },
+        learned_scales: false,
+        observer: mopt_quant::ObserverKind::MinMax,
+        layers: mopt_models::bert::quant::linear_paths(&c),
+    };
+    let calib = samples(64, 30522, 9);
+    let (m, unseen) = mopt_models::bert::quant::calibrate(float, &q, &dev, |m| {
+        for chunk in calib.chunks(16) {
+            let seq = chunk.iter().map(Vec::len).max().unwrap();
+            let ids: Vec<i64> = chunk
+                .iter()
+                .flat_map(|s| (0..seq).map(|i| s.get(i).map_or(0, |&t| t as i64)))
+                .collect();
+            let mask: Vec<f32> = chunk
+                .iter()
+                .flat_map(|s| (0..seq).map(move |i| f32::from(u8::from(i < s.len()))))
+                .collect();
+            let b = chunk.len();
+            let _ = m.forward(
+                Tensor::from_data(TensorData::new(ids, [b, seq]), &dev),
+                Tensor::from_data(TensorData::new(mask, [b, seq]), &dev),
+                Tensor::zeros([b, seq], &dev),
+            );
+        }
+    });
+    assert!(unseen.is_empty());
+    let qc = BertConfig {
+        mopt_quant: Some(q),
+        ..c
+    };
+    weights::save_checkpoint(&m, &qc, dir).unwrap();
+    qc
+}
+
+#[test]
+fn int8_bert_exports_as_qdq_runs_on_integer_kernels_and_agrees_with_mopt() {
+    let tmp = tempfile::tempdir().unwrap();
+    quantized_checkpoint(&tmp.path().join("ckpt"), 7);
+    let card = export_checkpoint(
+        &tmp.path().join("ckpt"),
+        &tmp.path().join("export"),
+        &samples(200, 30522, 3),
+        &opts(),
+    )
+    .unwrap();
+    eprintln!("{:?} {:?}", card.parity, card.fused_ops);
+    assert!(card.parity.agreement >= 0.995, "{:?}", card.parity);
+    // Every quantizer snaps both runtimes' activations to the same grid, so the logits agree
+    // far more closely than the quantization error (O(1) logits here).
+    assert!(card.parity.max_abs_err < 0.05, "{:?}", card.parity);
+    let q = card.quantization.as_ref().unwrap();
+    let ops = &q["onnxruntime_optimized_ops"];
+    // ONNX Runtime turned every encoder DQ → MatMul ← DQ (2 layers x 6) into an integer kernel;
+    // the pooler and classifier (2-D, fused into Gemm first) run on dequantized weights.
+    assert_eq!(ops["MatMulIntegerToFloat"].as_u64(), Some(12), "{ops}");
+    // INT4 weights have no QDQ export here, and nothing is written.
+    let four = tmp.path().join("four");
+    quantized_checkpoint(&four, 4);
+    let out = tmp.path().join("export4");
+    match export_checkpoint(&four, &out, &samples(4, 30522, 3), &opts()) {
+        Err(ExportError::Invalid(m)) => assert!(m.contains("INT4"), "{m}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(!out.exists());
+}
+
 #[test]
 fn parity_gate_rejects_and_writes_nothing() {
     let tmp = tempfile::tempdir().unwrap();

@@ -6,11 +6,19 @@
 //! Unsqueeze → Unsqueeze → Cast → Sub → Mul; GELU is Div(√2) → Erf → Add(1) → Mul(x) → Mul(0.5);
 //! residual Add + LayerNormalization. Burn's Linear weight is `[in, out]`, which MatMul takes as is.
 //! Each layer uses its own head count and FFN width, so pruned models export unchanged.
+//!
+//! A quantized model exports as QDQ: each quantized linear layer's input goes through
+//! `QuantizeLinear → DequantizeLinear` with its trained per-tensor scale and zero point, its
+//! weight is stored as int8 `[in, out]` with a per-output-channel `DequantizeLinear` (axis 1),
+//! the bias stays float. ONNX Runtime's QDQ transformer turns `DQ(x), DQ(W) → MatMul` into
+//! integer kernels (`MatMulIntegerToFloat`); LayerNorm, softmax, GELU stay float, as in mopt.
 
 use burn::module::Param;
 use burn::nn::{LayerNorm, Linear};
 use burn::prelude::*;
 use mopt_models::bert::{BertConfig, BertForSequenceClassification, MASK_BIAS};
+use mopt_quant::fake::quantize;
+use mopt_quant::node::{FakeQuant, LinearQuant};
 
 use crate::graph::{float, int, ints, GraphBuilder};
 use crate::onnx::{dtype, value_info, Dim, ModelProto};
@@ -33,13 +41,91 @@ pub(crate) fn dims<const D: usize>(p: &Param<Tensor<D>>) -> Vec<usize> {
     p.val().dims().to_vec()
 }
 
-fn linear(g: &mut GraphBuilder, x: &str, l: &Linear, name: &str) -> String {
-    let w = g.f32s(
-        &format!("{name}.weight"),
-        &dims(&l.weight),
-        &data(&l.weight),
+/// `QuantizeLinear → DequantizeLinear` of `x` with the quantizer's per-tensor parameters.
+fn qdq_input(g: &mut GraphBuilder, x: &str, q: &FakeQuant, name: &str) -> String {
+    let p = q.qparams();
+    let s = g.f32s(&format!("{name}.input_scale"), &[], &p.scale);
+    let z = if q.qmin < 0 {
+        g.i8s(
+            &format!("{name}.input_zero_point"),
+            &[],
+            &[p.zero_point[0] as i8],
+        )
+    } else {
+        g.u8s(
+            &format!("{name}.input_zero_point"),
+            &[],
+            &[p.zero_point[0] as u8],
+        )
+    };
+    let xq = g.op(
+        "QuantizeLinear",
+        &[x, &s, &z],
+        vec![],
+        &format!("{name}.input_q"),
     );
-    let y = g.op("MatMul", &[x, &w], vec![], &format!("{name}.matmul"));
+    g.op(
+        "DequantizeLinear",
+        &[&xq, &s, &z],
+        vec![],
+        &format!("{name}.input_dq"),
+    )
+}
+
+/// The int8 weight and its per-channel `DequantizeLinear`.
+fn dq_weight(g: &mut GraphBuilder, l: &Linear, q: &FakeQuant, name: &str) -> String {
+    let p = q.qparams();
+    let [d_in, d_out] = [dims(&l.weight)[0], dims(&l.weight)[1]];
+    let per_channel = p.scale.len() == d_out && d_out > 1;
+    let w: Vec<i8> = data(&l.weight)
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let c = if per_channel { i % d_out } else { 0 };
+            quantize(v, p.scale[c], p.zero_point[c], q.qmin, q.qmax) as i8
+        })
+        .collect();
+    let n = p.scale.len();
+    let wq = g.i8s(&format!("{name}.weight_quantized"), &[d_in, d_out], &w);
+    let shape: &[usize] = if per_channel { &[n] } else { &[] };
+    let s = g.f32s(&format!("{name}.weight_scale"), shape, &p.scale);
+    let zp: Vec<i8> = p.zero_point.iter().map(|&z| z as i8).collect();
+    let z = g.i8s(&format!("{name}.weight_zero_point"), shape, &zp);
+    let attrs = if per_channel {
+        vec![int("axis", 1)]
+    } else {
+        vec![]
+    };
+    g.op(
+        "DequantizeLinear",
+        &[&wq, &s, &z],
+        attrs,
+        &format!("{name}.weight_dq"),
+    )
+}
+
+fn linear(
+    g: &mut GraphBuilder,
+    x: &str,
+    l: &Linear,
+    q: &Option<LinearQuant>,
+    name: &str,
+) -> String {
+    let (x, w) = match q {
+        Some(q) => (
+            qdq_input(g, x, &q.input, name),
+            dq_weight(g, l, &q.weight, name),
+        ),
+        None => (
+            x.to_string(),
+            g.f32s(
+                &format!("{name}.weight"),
+                &dims(&l.weight),
+                &data(&l.weight),
+            ),
+        ),
+    };
+    let y = g.op("MatMul", &[&x, &w], vec![], &format!("{name}.matmul"));
     match &l.bias {
         Some(b) => {
             let b = g.f32s(&format!("{name}.bias"), &dims(b), &data(b));
@@ -170,9 +256,27 @@ pub fn export_bert(
         let (h, d) = (sa.num_heads as i64, sa.head_size as i64);
         let split = g.shape(&format!("const_split_{h}_{d}"), &[0, 0, h, d]);
         let merge = g.shape(&format!("const_merge_{}", h * d), &[0, 0, h * d]);
-        let q = linear(&mut g, &x, &sa.query, &format!("{p}.attention.self.query"));
-        let k = linear(&mut g, &x, &sa.key, &format!("{p}.attention.self.key"));
-        let v = linear(&mut g, &x, &sa.value, &format!("{p}.attention.self.value"));
+        let q = linear(
+            &mut g,
+            &x,
+            &sa.query,
+            &sa.query_quant,
+            &format!("{p}.attention.self.query"),
+        );
+        let k = linear(
+            &mut g,
+            &x,
+            &sa.key,
+            &sa.key_quant,
+            &format!("{p}.attention.self.key"),
+        );
+        let v = linear(
+            &mut g,
+            &x,
+            &sa.value,
+            &sa.value_quant,
+            &format!("{p}.attention.self.value"),
+        );
         let q = g.op("Reshape", &[&q, &split], vec![], "q_heads");
         let q = g.op("Transpose", &[&q], vec![ints("perm", &[0, 2, 1, 3])], "q_t");
         let k = g.op("Reshape", &[&k, &split], vec![], "k_heads");
@@ -197,6 +301,7 @@ pub fn export_bert(
             &mut g,
             &ctx,
             &out.dense,
+            &out.dense_quant,
             &format!("{p}.attention.output.dense"),
         );
         let y = g.op("Add", &[&y, &x], vec![], "attn_residual");
@@ -211,6 +316,7 @@ pub fn export_bert(
             &mut g,
             &attn,
             &layer.intermediate.dense,
+            &layer.intermediate.dense_quant,
             &format!("{p}.intermediate.dense"),
         );
         let f = gelu(&mut g, &f, &format!("{p}.gelu"));
@@ -218,6 +324,7 @@ pub fn export_bert(
             &mut g,
             &f,
             &layer.output.dense,
+            &layer.output.dense_quant,
             &format!("{p}.output.dense"),
         );
         let y = g.op("Add", &[&y, &attn], vec![], "ffn_residual");
@@ -233,9 +340,22 @@ pub fn export_bert(
     // Pooler on [CLS], classifier.
     let cls_idx = g.i64s("const_cls_index", &[], &[0]);
     let cls = g.op("Gather", &[&x, &cls_idx], vec![int("axis", 1)], "cls");
-    let pooled = linear(&mut g, &cls, &model.bert.pooler.dense, "bert.pooler.dense");
+    let pooler = &model.bert.pooler;
+    let pooled = linear(
+        &mut g,
+        &cls,
+        &pooler.dense,
+        &pooler.dense_quant,
+        "bert.pooler.dense",
+    );
     let pooled = g.op("Tanh", &[&pooled], vec![], "pooled");
-    let logits = linear(&mut g, &pooled, &model.classifier, "classifier");
+    let logits = linear(
+        &mut g,
+        &pooled,
+        &model.classifier,
+        &model.classifier_quant,
+        "classifier",
+    );
     g.op_into("Identity", &[&logits], vec![], OUTPUT);
 
     let io = |n: &str| {

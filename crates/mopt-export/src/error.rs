@@ -14,6 +14,13 @@ pub enum ExportError {
         tolerance: f64,
         samples: usize,
     },
+    #[error("parity check failed: ONNX Runtime and mopt's fake-quantized forward agree on {agreement:.4} of {samples} predictions (at least {min} needed; max logit difference {max_abs_err:e}); the export was not written")]
+    Agreement {
+        agreement: f64,
+        min: f64,
+        max_abs_err: f64,
+        samples: usize,
+    },
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]

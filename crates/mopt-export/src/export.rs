@@ -17,6 +17,12 @@ use crate::python;
 /// Parity tolerance for float exports (max absolute logit difference).
 pub const FLOAT_TOLERANCE: f64 = 1e-4;
 
+/// Prediction agreement a quantized (QDQ) export must reach with mopt's fake-quantized forward.
+/// Logits are not held to [`FLOAT_TOLERANCE`]: ONNX Runtime accumulates in int32 and mopt in
+/// f32, and where the two land on different sides of a rounding boundary one activation moves
+/// by a quantization step.
+pub const QDQ_MIN_AGREEMENT: f64 = 0.995;
+
 #[derive(Debug, Clone, Serialize)]
 pub struct TensorSpec {
     pub name: String,
@@ -29,6 +35,8 @@ pub struct Parity {
     pub samples: usize,
     pub max_abs_err: f64,
     pub tolerance: f64,
+    /// Share of samples where ONNX Runtime and mopt predict the same class.
+    pub agreement: f64,
 }
 
 /// `model-card.json`: what a deployment needs to know about the exported model.
@@ -49,6 +57,10 @@ pub struct ModelCard {
     pub params: usize,
     pub accuracy_at_export: Option<f64>,
     pub parity: Parity,
+    /// Quantized exports: the schemes and layers (`mopt_quant` of the config) and the op types
+    /// of ONNX Runtime's optimised graph (integer kernels such as `MatMulIntegerToFloat`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<serde_json::Value>,
     /// Op types after ONNX Runtime's BERT optimizer (Attention, SkipLayerNormalization, BiasGelu…).
     pub fused_ops: BTreeMap<String, u64>,
     pub sha256: BTreeMap<String, String>,
@@ -116,13 +128,14 @@ pub fn mopt_logits(
     v.chunks(c).map(<[f32]>::to_vec).collect()
 }
 
-/// Max |ONNX Runtime − mopt| over `samples`, run in batches of 32.
+/// Max |ONNX Runtime − mopt| over `samples` and the share of equal predictions, run in batches
+/// of 32.
 pub fn parity(
     model: &BertForSequenceClassification,
     onnx: &Path,
     samples: &[Vec<u32>],
     work: &Path,
-) -> Result<f64, ExportError> {
+) -> Result<(f64, f64), ExportError> {
     let device = Device::flex();
     let bs = batches(samples, 32);
     let feeds: Vec<serde_json::Value> = bs
@@ -134,6 +147,15 @@ pub fn parity(
         .collect();
     let outs = python::run(onnx, &serde_json::Value::Array(feeds), work)?;
     let mut max = 0f64;
+    let (mut same, mut n) = (0usize, 0usize);
+    let argmax = |v: &mut dyn Iterator<Item = f64>| {
+        v.enumerate()
+            .fold(
+                (0, f64::NEG_INFINITY),
+                |b, (i, x)| if x > b.1 { (i, x) } else { b },
+            )
+            .0
+    };
     for ((ids, mask), out) in bs.iter().zip(outs) {
         let ours = mopt_logits(model, ids, mask, &device);
         let theirs: Vec<Vec<f64>> =
@@ -142,9 +164,32 @@ pub fn parity(
             for (x, y) in a.iter().zip(b) {
                 max = max.max((*x as f64 - y).abs());
             }
+            n += 1;
+            same += usize::from(
+                argmax(&mut a.iter().map(|&x| x as f64)) == argmax(&mut b.iter().copied()),
+            );
         }
     }
-    Ok(max)
+    Ok((max, same as f64 / n.max(1) as f64))
+}
+
+/// Why a quantized model cannot be exported as QDQ, if it cannot.
+fn qdq_unsupported(config: &BertConfig) -> Option<String> {
+    let q = config.mopt_quant.as_ref()?;
+    if q.weight.format.bits > 8 || q.weight.format.bits < 5 || !q.weight.format.signed {
+        return Some(format!(
+            "weights are quantized to {}-bit {}: the QDQ export writes int8 weights (8 bits, or the 7-bit range); INT4 needs ONNX opset 21. Use weight bits = 8 (or 7) for an ONNX deployment",
+            q.weight.format.bits,
+            if q.weight.format.signed { "signed" } else { "unsigned" }
+        ));
+    }
+    if q.activation.format.bits != 8 {
+        return Some(format!(
+            "activations are quantized to {} bits: QDQ export needs 8-bit activations",
+            q.activation.format.bits
+        ));
+    }
+    None
 }
 
 /// Export the checkpoint folder `ckpt` into `out`.
@@ -168,6 +213,9 @@ pub fn export_checkpoint(
     let device = Device::flex();
     let (model, config): (BertForSequenceClassification, BertConfig) =
         weights::load_checkpoint(ckpt, &device)?;
+    if let Some(why) = qdq_unsupported(&config) {
+        return Err(ExportError::Invalid(format!("{}: {why}", ckpt.display())));
+    }
     let model = model.valid();
     let tmp = PathBuf::from(format!("{}.tmp", out.display()));
     if tmp.exists() {
@@ -203,8 +251,18 @@ fn write_export(
     std::fs::write(&onnx_path, proto.to_bytes())
         .map_err(|e| ExportError::Io(onnx_path.display().to_string(), e))?;
     python::tool(&["check", &onnx_path.display().to_string()])?;
-    let max_abs_err = parity(model, &onnx_path, samples, dir)?;
-    if max_abs_err > opts.tolerance || max_abs_err.is_nan() {
+    let (max_abs_err, agreement) = parity(model, &onnx_path, samples, dir)?;
+    let quantized = config.mopt_quant.is_some();
+    if quantized {
+        if agreement < QDQ_MIN_AGREEMENT || max_abs_err.is_nan() {
+            return Err(ExportError::Agreement {
+                agreement,
+                min: QDQ_MIN_AGREEMENT,
+                max_abs_err,
+                samples: samples.len(),
+            });
+        }
+    } else if max_abs_err > opts.tolerance || max_abs_err.is_nan() {
         return Err(ExportError::Parity {
             max_abs_err,
             tolerance: opts.tolerance,
@@ -212,13 +270,23 @@ fn write_export(
         });
     }
     let fused_path = dir.join("fused.onnx.tmp");
-    let fused = python::tool(&[
-        "fuse",
-        &onnx_path.display().to_string(),
-        &config.num_attention_heads.to_string(),
-        &config.hidden_size.to_string(),
-        &fused_path.display().to_string(),
-    ])?;
+    // Float models: ORT's BERT optimizer (fused attention, SkipLayerNorm...). Quantized ones:
+    // ORT's own graph optimisation, which is what turns QDQ into integer kernels.
+    let fused = if quantized {
+        python::tool(&[
+            "optimized-ops",
+            &onnx_path.display().to_string(),
+            &fused_path.display().to_string(),
+        ])?
+    } else {
+        python::tool(&[
+            "fuse",
+            &onnx_path.display().to_string(),
+            &config.num_attention_heads.to_string(),
+            &config.hidden_size.to_string(),
+            &fused_path.display().to_string(),
+        ])?
+    };
     let _ = std::fs::remove_file(&fused_path);
     let ort_version = python::tool(&["version"])
         .ok()
@@ -256,7 +324,15 @@ fn write_export(
         ffn_per_layer: (0..config.num_hidden_layers).map(|i| config.ffn(i)).collect(),
         params: config.num_params(),
         accuracy_at_export: opts.accuracy,
-        parity: Parity { samples: samples.len(), max_abs_err, tolerance: opts.tolerance },
+        parity: Parity { samples: samples.len(), max_abs_err, tolerance: opts.tolerance, agreement },
+        quantization: config.mopt_quant.as_ref().map(|q| {
+            serde_json::json!({
+                "config": q,
+                "format": "QDQ: QuantizeLinear/DequantizeLinear on inputs, int8 weights with per-channel DequantizeLinear",
+                "min_agreement": QDQ_MIN_AGREEMENT,
+                "onnxruntime_optimized_ops": python::ops(&fused),
+            })
+        }),
         fused_ops: python::ops(&fused),
         sha256,
     };

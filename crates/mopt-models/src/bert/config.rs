@@ -51,6 +51,9 @@ pub struct BertConfig {
     /// Class names by id (HF's `id2label` is a map; we keep the ordered list too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mopt_labels: Option<Vec<String>>,
+    /// Quantized models: where and how (the scales are in the weights file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mopt_quant: Option<mopt_quant::node::QuantConfig>,
 }
 
 fn default_max_pos() -> usize {
@@ -114,6 +117,7 @@ impl BertConfig {
             mopt_layer_intermediate_sizes: None,
             num_labels,
             mopt_labels: None,
+            mopt_quant: None,
         }
     }
 

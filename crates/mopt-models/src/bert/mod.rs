@@ -2,6 +2,7 @@
 
 mod config;
 mod model;
+pub mod quant;
 pub mod weights;
 
 pub use config::BertConfig;

@@ -13,6 +13,7 @@ use burn::nn::{
 use burn::prelude::*;
 use burn::tensor::activation::tanh;
 use mopt_kernels::{gelu, softmax};
+use mopt_quant::node::{LinearQuant, Phase};
 
 use super::config::BertConfig;
 
@@ -55,15 +56,32 @@ fn norm<const D: usize>(ln: &LayerNorm, eps: f64, x: Tensor<D>) -> Tensor<D> {
 /// all `batch × seq` rows with mopt's fused linear kernel (bias in the GEMM's output, both
 /// backward products on the same GEMM). Burn's `Linear` on a 3-D input broadcasts the weight
 /// into a batched matmul, which Flex runs as `batch` small GEMMs that each repack the weight.
-fn linear(l: &Linear, x: Tensor<3>) -> Tensor<3> {
+/// With quantizers, its input and weight are fake-quantized first (bias in float, as ONNX
+/// Runtime's integer kernels keep it).
+fn linear(l: &Linear, q: &Option<LinearQuant>, x: Tensor<3>) -> Tensor<3> {
     let [b, s, d] = x.dims();
-    let x = x.reshape([b * s, d]);
-    let y = match &l.bias {
-        Some(bias) => mopt_kernels::linear(x, l.weight.val(), bias.val()),
-        None => l.forward(x),
+    let x = linear2(l, q, x.reshape([b * s, d]));
+    let n = x.dims()[1];
+    x.reshape([b, s, n])
+}
+
+/// [`linear`] on `[rows, d_in]`.
+fn linear2(l: &Linear, q: &Option<LinearQuant>, x: Tensor<2>) -> Tensor<2> {
+    let (x, w) = match q {
+        Some(q) => {
+            let w = if q.weight.phase() == Phase::Quantize {
+                q.weight.forward(l.weight.val())
+            } else {
+                l.weight.val()
+            };
+            (q.input.forward(x), w)
+        }
+        None => (x, l.weight.val()),
     };
-    let n = y.dims()[1];
-    y.reshape([b, s, n])
+    match &l.bias {
+        Some(bias) => mopt_kernels::linear(x, w, bias.val()),
+        None => x.matmul(w),
+    }
 }
 
 /// Dropout through mopt's fused kernel (one pass each way, mask regenerated in backward);
@@ -154,6 +172,9 @@ pub struct BertSelfAttention {
     pub query: Linear,
     pub key: Linear,
     pub value: Linear,
+    pub query_quant: Option<LinearQuant>,
+    pub key_quant: Option<LinearQuant>,
+    pub value_quant: Option<LinearQuant>,
     pub dropout: Dropout,
     pub num_heads: usize,
     pub head_size: usize,
@@ -168,9 +189,9 @@ impl BertSelfAttention {
         let [batch, seq, _] = x.dims();
         let (h, d) = (self.num_heads, self.head_size);
         let split = |t: Tensor<3>| t.reshape([batch, seq, h, d]).swap_dims(1, 2);
-        let q = split(linear(&self.query, x.clone()));
-        let k = split(linear(&self.key, x.clone()));
-        let v = split(linear(&self.value, x));
+        let q = split(linear(&self.query, &self.query_quant, x.clone()));
+        let k = split(linear(&self.key, &self.key_quant, x.clone()));
+        let v = split(linear(&self.value, &self.value_quant, x));
         let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((d as f32).sqrt());
         let probs = softmax(scores.clone() + mask_bias, 3);
         let ctx = dropout(&self.dropout, probs.clone()).matmul(v);
@@ -186,6 +207,7 @@ impl BertSelfAttention {
 #[derive(Module, Debug)]
 pub struct BertResidualOutput {
     pub dense: Linear,
+    pub dense_quant: Option<LinearQuant>,
     pub layer_norm: LayerNorm,
     pub dropout: Dropout,
     /// LayerNorm epsilon (`layer_norm_eps` of the config).
@@ -196,6 +218,7 @@ impl BertResidualOutput {
     fn new(d_in: usize, c: &BertConfig, dropout: f64, device: &Device) -> Self {
         Self {
             dense: dense(d_in, c.hidden_size, c, device),
+            dense_quant: None,
             layer_norm: LayerNormConfig::new(c.hidden_size)
                 .with_epsilon(c.layer_norm_eps)
                 .init(device),
@@ -207,7 +230,7 @@ impl BertResidualOutput {
     /// # Shapes
     /// - x: `[batch, seq, d_in]`, residual: `[batch, seq, hidden]` → `[batch, seq, hidden]`
     pub fn forward(&self, x: Tensor<3>, residual: Tensor<3>) -> Tensor<3> {
-        let x = dropout(&self.dropout, linear(&self.dense, x)) + residual;
+        let x = dropout(&self.dropout, linear(&self.dense, &self.dense_quant, x)) + residual;
         norm(&self.layer_norm, self.eps, x)
     }
 }
@@ -221,6 +244,7 @@ pub struct BertAttention {
 #[derive(Module, Debug)]
 pub struct BertIntermediate {
     pub dense: Linear,
+    pub dense_quant: Option<LinearQuant>,
 }
 
 #[derive(Module, Debug)]
@@ -246,6 +270,9 @@ impl BertLayer {
                     query: dense(c.hidden_size, a, c, device),
                     key: dense(c.hidden_size, a, c, device),
                     value: dense(c.hidden_size, a, c, device),
+                    query_quant: None,
+                    key_quant: None,
+                    value_quant: None,
                     dropout: DropoutConfig::new(attn_dropout).init(),
                     num_heads: h,
                     head_size: d,
@@ -254,6 +281,7 @@ impl BertLayer {
             },
             intermediate: BertIntermediate {
                 dense: dense(c.hidden_size, f, c, device),
+                dense_quant: None,
             },
             output: BertResidualOutput::new(f, c, hidden_dropout, device),
         }
@@ -282,7 +310,8 @@ impl BertLayer {
     /// # Shapes
     /// - x, output: `[batch, seq, hidden]`
     pub fn ffn(&self, x: Tensor<3>) -> Tensor<3> {
-        let inter = gelu(linear(&self.intermediate.dense, x.clone()));
+        let i = &self.intermediate;
+        let inter = gelu(linear(&i.dense, &i.dense_quant, x.clone()));
         self.output.forward(inter, x)
     }
 }
@@ -295,6 +324,7 @@ pub struct BertEncoder {
 #[derive(Module, Debug)]
 pub struct BertPooler {
     pub dense: Linear,
+    pub dense_quant: Option<LinearQuant>,
 }
 
 #[derive(Module, Debug)]
@@ -310,6 +340,7 @@ pub struct BertForSequenceClassification {
     pub bert: BertModel,
     pub dropout: Dropout,
     pub classifier: Linear,
+    pub classifier_quant: Option<LinearQuant>,
 }
 
 impl BertForSequenceClassification {
@@ -327,11 +358,14 @@ impl BertForSequenceClassification {
                 },
                 pooler: BertPooler {
                     dense: dense(config.hidden_size, config.hidden_size, config, device),
+                    dense_quant: None,
                 },
             },
             dropout: DropoutConfig::new(hd).init(),
             classifier: dense(config.hidden_size, config.num_labels, config, device),
+            classifier_quant: None,
         }
+        .with_quantizers(config, Phase::Quantize, device)
     }
 
     /// Logits only.
@@ -359,10 +393,18 @@ impl BertForSequenceClassification {
     pub fn head(&self, x: Tensor<3>) -> (Tensor<2>, Tensor<2>) {
         let [batch, _, hidden] = x.dims();
         let cls = x.slice([0..batch, 0..1]).reshape([batch, hidden]);
-        let pooled = tanh(self.bert.pooler.dense.forward(cls));
-        let logits = self
-            .classifier
-            .forward(dropout(&self.dropout, pooled.clone()));
+        // Burn's Linear on 2-D inputs for float heads (as before quantization existed).
+        let head = |l: &Linear, q: &Option<LinearQuant>, x: Tensor<2>| match q {
+            None => l.forward(x),
+            Some(_) => linear2(l, q, x),
+        };
+        let p = &self.bert.pooler;
+        let pooled = tanh(head(&p.dense, &p.dense_quant, cls));
+        let logits = head(
+            &self.classifier,
+            &self.classifier_quant,
+            dropout(&self.dropout, pooled.clone()),
+        );
         (pooled, logits)
     }
 
