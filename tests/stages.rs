@@ -414,3 +414,97 @@ fn prune_stage_removes_hidden_channels_and_whole_layers() {
         stderr(&out)
     );
 }
+
+#[test]
+fn ptq_stage_calibrates_ranks_layers_and_falls_back_to_float() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A gate no quantized model passes: every fallback is tried, up to max-fallback, then the
+    // stage rolls back.
+    let stage = "[[stage]]\nkind = \"ptq\"\nobserver = \"percentile\"\npercentile = 99.9\ncalibration-samples = 32\nmax-fallback = 2\n[stage.gate]\nmax-logit-error = 0.0\non-fail = \"retry\"\n";
+    let recipe = write_pipeline(tmp.path(), "ptq", stage);
+    let check = mopt(&[recipe.to_str().unwrap(), "--check"]);
+    assert!(check.status.success(), "{}", stderr(&check));
+    let plan = String::from_utf8_lossy(&check.stdout);
+    assert!(plan.contains("12 of 14 linear layers quantized"), "{plan}");
+    assert!(plan.contains("the worst fall back to float"), "{plan}");
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = tmp.path().join("runs/ptq");
+    let r = read_json(&run.join("report.json"));
+    let ptq = &r["stages"][2];
+    let rows = ptq["facts"]["sensitivity"].as_array().unwrap();
+    assert_eq!(rows.len(), 12);
+    // Ranked worst first; the two worst fell back.
+    let drops: Vec<f64> = rows
+        .iter()
+        .map(|r| r["drop_points"].as_f64().unwrap())
+        .collect();
+    assert!(drops.windows(2).all(|w| w[0] >= w[1]), "{drops:?}");
+    let fallback = ptq["facts"]["fallback"].as_array().unwrap();
+    assert_eq!(fallback.len(), 2);
+    assert_eq!(fallback[0], rows[0]["layer"]);
+    assert_eq!(
+        ptq["facts"]["quantization"]["layers"]
+            .as_array()
+            .unwrap()
+            .len(),
+        10
+    );
+    assert_eq!(ptq["decision"]["passed"], false);
+    assert!(run.join("02-ptq/sensitivity.svg").is_file());
+    assert!(std::fs::read_to_string(run.join("report.md"))
+        .unwrap()
+        .contains("02-ptq/sensitivity.svg"));
+    // Without a gate, every layer (exclude = []) with the MSE observer: the checkpoint reloads
+    // quantized.
+    let all = "[[stage]]\nkind = \"ptq\"\nobserver = \"mse\"\nweight-bits = 8\ncalibration-samples = 32\nexclude = []\n";
+    std::fs::create_dir_all(tmp.path().join("all")).unwrap();
+    let recipe = write_pipeline(&tmp.path().join("all"), "all", all);
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = tmp.path().join("all/runs/all");
+    let r = read_json(&run.join("report.json"));
+    assert_eq!(
+        r["stages"][2]["facts"]["quantization"]["layers"]
+            .as_array()
+            .unwrap()
+            .len(),
+        14
+    );
+    let d = burn::prelude::Device::flex();
+    let (m, c) = mopt_models::bert::weights::load_checkpoint(&run.join("best"), &d).unwrap();
+    assert!(m.is_quantized() && c.mopt_quant.is_some());
+    // Pruning after quantization, or quantizing twice, is refused at --check.
+    for (name, more) in [("late", PRUNE), ("twice", all)] {
+        std::fs::create_dir_all(tmp.path().join(name)).unwrap();
+        let late = write_pipeline(&tmp.path().join(name), name, &format!("{all}\n{more}"));
+        let out = mopt(&[late.to_str().unwrap(), "--check"]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains("quantized"), "{}", stderr(&out));
+    }
+}
+
+#[test]
+fn qat_trains_through_fake_quant_and_exports_as_qdq() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stage = "[[stage]]\nkind = \"qat\"\ncalibration-samples = 32\nlearned-scales = true\n[stage.train]\nepochs = 1\nlr = 1e-4\n\n[[stage]]\nkind = \"export\"\nsamples = 40\nreference = \"finetune\"\n";
+    let recipe = write_pipeline(tmp.path(), "qat", stage);
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = tmp.path().join("runs/qat");
+    let r = read_json(&run.join("report.json"));
+    let qat = &r["stages"][2];
+    assert!(qat["steps"].as_u64().unwrap() > 0, "{qat}");
+    assert!(qat["facts"]["qat_valid_accuracy"].as_f64().is_some());
+    let card = read_json(&run.join("03-export/onnx/model-card.json"));
+    assert!(
+        card["parity"]["agreement"].as_f64().unwrap() >= 0.995,
+        "{}",
+        card["parity"]
+    );
+    let ops = &card["quantization"]["onnxruntime_optimized_ops"];
+    assert_eq!(ops["MatMulIntegerToFloat"].as_u64(), Some(12), "{ops}");
+    // The float reference exported beside it has no quantization section.
+    let reference = read_json(&run.join("03-export/finetune-onnx/model-card.json"));
+    assert!(reference.get("quantization").is_none());
+}

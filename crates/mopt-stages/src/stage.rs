@@ -22,6 +22,8 @@ pub fn kinds() -> &'static [&'static dyn StageKind] {
         &crate::kinds::checkpoint::Checkpoint,
         &crate::kinds::distill::Distill,
         &crate::kinds::prune::Prune,
+        &crate::kinds::quantize::Ptq,
+        &crate::kinds::quantize::Qat,
         &crate::kinds::export::Export,
     ]
 }

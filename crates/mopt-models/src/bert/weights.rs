@@ -241,6 +241,12 @@ pub fn save_hf(
     config: &BertConfig,
     dir: &Path,
 ) -> Result<(), ModelError> {
+    if config.mopt_quant.is_some() || model.is_quantized() {
+        return Err(ModelError::Config {
+            path: dir.to_path_buf(),
+            message: "this model is quantized (its config has mopt_quant): transformers has no place for its scales and zero points, and float weights alone would not be the model that was evaluated; nothing was written. Export it to ONNX (QDQ, integer kernels in ONNX Runtime): `mopt-train export RECIPE --checkpoint DIR` or an `export` stage".into(),
+        });
+    }
     // transformers builds every layer from `num_attention_heads` x (hidden / heads) and
     // `intermediate_size`: a pruned shape (per-layer heads or FFN widths, or heads x head size
     // != hidden) cannot be expressed, and it ignores `pruned_heads` on load.

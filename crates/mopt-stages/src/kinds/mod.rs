@@ -4,4 +4,6 @@ pub mod checkpoint;
 pub mod distill;
 pub mod export;
 pub mod finetune;
+pub mod kd;
 pub mod prune;
+pub mod quantize;

@@ -11,10 +11,7 @@ use std::path::Path;
 
 use burn::prelude::*;
 use mopt_data::{epoch_order, Batcher, Encoded};
-use mopt_distill::matching::MatchPlan;
-use mopt_distill::pipeline::{teacher_source, TeacherOutputs};
-use mopt_distill::spec::{DistillSpec, Schedule, SoftLoss};
-use mopt_distill::{DistillModel, DistillTask, TeacherSource};
+use mopt_distill::{DistillModel, DistillTask};
 use mopt_models::bert::{weights, BertConfig};
 use mopt_prune::{
     origin_after, prune, select, units, BertGroup, Criterion, GroupScores, Keep, ParamTable,
@@ -27,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::error::StageError;
+use crate::kinds::kd::kd_task;
 use crate::plan::train_settings;
 use crate::record::max_abs_diff;
 use crate::stage::{
@@ -402,42 +400,8 @@ impl PruneStage {
         cx: &StageContext,
         ad: &Device,
     ) -> Result<DistillTask, StageError> {
-        let kd = self.distill && input != cx.baseline;
-        let spec = DistillSpec {
-            enabled: kd,
-            alpha: Schedule::Constant(self.alpha),
-            temperature: Schedule::Constant(self.temperature),
-            soft_loss: SoftLoss::Kl,
-            teacher_cache: true,
-            baseline: false,
-            matches: Vec::new(),
-        };
-        let plan = MatchPlan {
-            matches: Vec::new(),
-            projections: Vec::new(),
-            needs: Default::default(),
-        };
-        let source = if kd {
-            let device = cx.device.device();
-            let (teacher, _) = weights::load_checkpoint(cx.baseline, &device)?;
-            teacher_source(
-                &TeacherOutputs {
-                    teacher_dir: cx.baseline,
-                    teacher: &teacher.valid(),
-                    data: cx.data_spec,
-                    train: &cx.data.train,
-                    pad_id: cx.pad_id,
-                    batch_size: cx.entry.train.eval_batch_size,
-                },
-                &spec,
-                &plan,
-                &device,
-            )?
-            .0
-        } else {
-            TeacherSource::None
-        };
-        Ok(DistillTask::new(spec, plan, source, ad))
+        let kd = (self.distill && input != cx.baseline).then_some((self.alpha, self.temperature));
+        kd_task(kd, cx, ad)
     }
 
     /// First-order Taylor gradients of every parameter, summed over `taylor_batches` training
@@ -618,6 +582,16 @@ impl Stage for PruneStage {
         input: &BertConfig,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
+        if input.mopt_quant.is_some() {
+            return Err(entry
+                .scope
+                .err(
+                    "kind",
+                    "the input of this prune stage is quantized",
+                    "prune before quantizing: put the `prune` stage before `ptq` / `qat`",
+                )
+                .into());
+        }
         let orig = self.units(input);
         let mut settings = vec![format!(
             "targets = [{}], criterion = \"{}\", reduce = \"{}\", ranking = \"{}\", target = {}, step = {}, taylor-batches = {}, ffn-multiple = {}, hidden-multiple = {}, min-heads = {}, ignore-layers = {:?}, distill = {} (alpha = {}, temperature = {}), compare = {:?}, ratios = {:?}",

@@ -1,0 +1,662 @@
+//! `kind = "ptq"` and `kind = "qat"`: INT8 (or INT4-weight) quantization of the input's linear
+//! layers with fake-quant nodes computed exactly as ONNX QuantizeLinear/DequantizeLinear.
+//!
+//! Both calibrate first: activation ranges from forward passes over `calibration-samples`
+//! training sentences (never validation or test) with the chosen observer, weight scales per
+//! output channel by min-max. `ptq` stops there; with `sensitivity = true` it then quantizes
+//! one layer at a time, ranks the layers by the validation drop (and logit error) that each
+//! causes alone, and falls back the worst to float until the stage's gate holds (at most
+//! `max-fallback`). `qat` trains the calibrated model, with the straight-through estimator
+//! (and learned scales, LSQ, when `learned-scales = true`) and the KD loss against the
+//! baseline teacher, at a reduced LR. The quantization config is saved in the checkpoint's
+//! `config.json` (`mopt_quant`), the scales in its weights.
+
+use std::path::Path;
+
+use burn::prelude::*;
+use mopt_data::{epoch_order, Batcher, Encoded};
+use mopt_distill::{DistillModel, DistillTask};
+use mopt_models::bert::quant::{calibrate, linear_paths, slots, slots_ref};
+use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
+use mopt_quant::node::{Phase, QuantConfig};
+use mopt_quant::{Granularity, IntFormat, ObserverKind, QuantScheme};
+use mopt_recipe::{RecipeError, Scope, StageEntry};
+use mopt_train::memory::MemoryEstimate;
+use mopt_train::metrics::EvalMetrics;
+use mopt_train::trainer::{evaluate, fit, save_checkpoint_dir};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::error::StageError;
+use crate::kinds::kd::kd_task;
+use crate::plan::train_settings;
+use crate::record::max_abs_diff;
+use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
+
+/// `kind = "ptq"`.
+pub struct Ptq;
+/// `kind = "qat"`.
+pub struct Qat;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawQuant {
+    weight_bits: Option<u32>,
+    weight_granularity: Option<String>,
+    activation_bits: Option<u32>,
+    activation_symmetric: Option<bool>,
+    observer: Option<String>,
+    percentile: Option<f64>,
+    momentum: Option<f32>,
+    calibration_samples: Option<usize>,
+    include: Option<Vec<String>>,
+    exclude: Option<Vec<String>>,
+    sensitivity: Option<bool>,
+    max_fallback: Option<usize>,
+    learned_scales: Option<bool>,
+    distill: Option<bool>,
+    alpha: Option<f64>,
+    temperature: Option<f64>,
+}
+
+/// A quantization stage, validated.
+#[derive(Debug, Clone)]
+pub struct QuantStage {
+    /// `true`: QAT (train after calibrating); `false`: PTQ.
+    pub train: bool,
+    /// Schemes, observer, learned scales; `layers` is resolved against the input's shape.
+    pub base: QuantConfig,
+    /// Module-path globs of the quantized linear layers, and of those left float.
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
+    pub calibration_samples: usize,
+    pub sensitivity: bool,
+    pub max_fallback: usize,
+    /// QAT: fine-tune with KD from the baseline (when it is not the input).
+    pub distill: bool,
+    pub alpha: f64,
+    pub temperature: f64,
+}
+
+fn parse(entry: &StageEntry, train: bool) -> Result<Box<dyn Stage>, RecipeError> {
+    let cx: &Scope = &entry.scope;
+    let r: RawQuant = cx.deserialize(entry.settings.clone())?;
+    if !train {
+        for (key, set) in [
+            ("learned-scales", r.learned_scales.is_some()),
+            ("distill", r.distill.is_some()),
+            ("alpha", r.alpha.is_some()),
+            ("temperature", r.temperature.is_some()),
+        ] {
+            if set {
+                return Err(cx.err(
+                    key,
+                    "only a `qat` stage trains",
+                    "remove it, or use kind = \"qat\"",
+                ));
+            }
+        }
+    } else if r.sensitivity.is_some() || r.max_fallback.is_some() {
+        return Err(cx.err(
+            if r.sensitivity.is_some() { "sensitivity" } else { "max-fallback" },
+            "the sensitivity analysis and float fallback belong to `ptq`",
+            "run a `ptq` stage with sensitivity = true to choose the layers, then list the float ones in this stage's `exclude`",
+        ));
+    }
+    let weight_bits = r.weight_bits.unwrap_or(7);
+    if ![4, 7, 8].contains(&weight_bits) {
+        return Err(cx.err(
+            "weight-bits",
+            format!("{weight_bits} bits are not supported"),
+            "use 8, 7 (the 8-bit type's reduced range, which ONNX Runtime's u8·s8 kernels need on CPUs without VNNI) or 4",
+        ));
+    }
+    let granularity = match r.weight_granularity.as_deref().unwrap_or("per-channel") {
+        "per-channel" => Granularity::PerChannel(1),
+        "per-tensor" => Granularity::PerTensor,
+        other => {
+            return Err(cx.err(
+                "weight-granularity",
+                format!("unknown granularity `{other}`"),
+                "use \"per-channel\" (one scale per output channel) or \"per-tensor\"",
+            ))
+        }
+    };
+    let activation_bits = r.activation_bits.unwrap_or(8);
+    if activation_bits != 8 {
+        return Err(cx.err(
+            "activation-bits",
+            format!("{activation_bits}-bit activations are not supported"),
+            "use 8",
+        ));
+    }
+    let symmetric_act = r.activation_symmetric.unwrap_or(false);
+    let observer = match r.observer.as_deref().unwrap_or("percentile") {
+        "min-max" => ObserverKind::MinMax,
+        "moving-average" => {
+            let momentum = r.momentum.unwrap_or(0.1);
+            if !(momentum > 0.0 && momentum <= 1.0) {
+                return Err(cx.err(
+                    "momentum",
+                    format!("{momentum} is outside (0, 1]"),
+                    "e.g. 0.1",
+                ));
+            }
+            ObserverKind::MovingAverage { momentum }
+        }
+        "percentile" => {
+            let percentile = r.percentile.unwrap_or(99.99);
+            if !(percentile > 50.0 && percentile <= 100.0) {
+                return Err(cx.err(
+                    "percentile",
+                    format!("{percentile} is outside (50, 100]"),
+                    "e.g. 99.99",
+                ));
+            }
+            ObserverKind::Percentile { percentile }
+        }
+        "mse" => ObserverKind::Mse,
+        other => {
+            return Err(cx.err(
+                "observer",
+                format!("unknown observer `{other}`"),
+                "use \"min-max\", \"moving-average\", \"percentile\" or \"mse\"",
+            ))
+        }
+    };
+    if r.percentile.is_some() && !matches!(observer, ObserverKind::Percentile { .. }) {
+        return Err(cx.err(
+            "percentile",
+            "set, but the observer is not `percentile`",
+            "remove it or set observer = \"percentile\"",
+        ));
+    }
+    for (key, v) in [("include", &r.include), ("exclude", &r.exclude)] {
+        for p in v.iter().flatten() {
+            if !(p.starts_with("bert.") || p.starts_with("classifier") || p.starts_with('*')) {
+                return Err(cx.err(
+                    key,
+                    format!("`{p}` matches no linear layer"),
+                    "layers are `bert.encoder.layer.<i>.attention.self_attn.query` (key, value), `bert.encoder.layer.<i>.attention.output.dense`, `bert.encoder.layer.<i>.intermediate.dense`, `bert.encoder.layer.<i>.output.dense`, `bert.pooler.dense`, `classifier`; `*` matches anything",
+                ));
+            }
+        }
+    }
+    let alpha = r.alpha.unwrap_or(0.5);
+    if !(0.0..=1.0).contains(&alpha) {
+        return Err(cx.err(
+            "alpha",
+            format!("{alpha} is outside [0, 1]"),
+            "the hard-label weight, e.g. 0.5",
+        ));
+    }
+    let temperature = r.temperature.unwrap_or(4.0);
+    if temperature.is_nan() || temperature <= 0.0 {
+        return Err(cx.err(
+            "temperature",
+            format!("{temperature} must be > 0"),
+            "e.g. 4.0",
+        ));
+    }
+    Ok(Box::new(QuantStage {
+        train,
+        base: QuantConfig {
+            weight: QuantScheme {
+                format: IntFormat {
+                    bits: weight_bits,
+                    signed: true,
+                },
+                symmetric: true,
+                granularity,
+            },
+            activation: QuantScheme {
+                format: if symmetric_act {
+                    IntFormat::INT8
+                } else {
+                    IntFormat::UINT8
+                },
+                symmetric: symmetric_act,
+                granularity: Granularity::PerTensor,
+            },
+            learned_scales: r.learned_scales.unwrap_or(false),
+            observer,
+            layers: Vec::new(),
+        },
+        include: r.include.unwrap_or_else(|| vec!["*".into()]),
+        // The pooler and classifier are tiny and sit right before the logits: float by default.
+        exclude: r
+            .exclude
+            .unwrap_or_else(|| vec!["bert.pooler.dense".into(), "classifier".into()]),
+        calibration_samples: cx.positive("calibration-samples", r.calibration_samples, 512)?,
+        // on-fail = "retry" is the float fallback, which needs the ranking.
+        sensitivity: r.sensitivity.unwrap_or(
+            entry
+                .gate
+                .as_ref()
+                .is_some_and(|g| g.on_fail == mopt_recipe::OnFail::Retry),
+        ),
+        max_fallback: r.max_fallback.unwrap_or(4),
+        distill: r.distill.unwrap_or(true),
+        alpha,
+        temperature,
+    }))
+}
+
+impl StageKind for Ptq {
+    fn name(&self) -> &'static str {
+        "ptq"
+    }
+    fn about(&self) -> &'static str {
+        "post-training quantization: calibrate, optional per-layer sensitivity with float fallback"
+    }
+    fn has_retry(&self) -> bool {
+        true
+    }
+    fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
+        parse(entry, false)
+    }
+}
+
+impl StageKind for Qat {
+    fn name(&self) -> &'static str {
+        "qat"
+    }
+    fn about(&self) -> &'static str {
+        "quantization-aware training: calibrate, then train with fake-quant (STE, optional LSQ) and KD"
+    }
+    fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
+        parse(entry, true)
+    }
+}
+
+/// One row of the sensitivity ranking.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sensitivity {
+    pub layer: String,
+    /// Validation accuracy with only this layer quantized.
+    pub valid_accuracy: f64,
+    /// Points lost against the float input.
+    pub drop_points: f64,
+    /// Max |logit error| against the float input on the golden set.
+    pub max_logit_error: f64,
+}
+
+impl QuantStage {
+    fn name(&self) -> &'static str {
+        if self.train {
+            "qat"
+        } else {
+            "ptq"
+        }
+    }
+
+    /// The quantization config for a model of shape `c`: the included, not excluded layers.
+    fn config_for(&self, c: &BertConfig) -> QuantConfig {
+        let layers = linear_paths(c)
+            .into_iter()
+            .filter(|p| self.include.iter().any(|g| mopt_prune::glob(g, p)))
+            .filter(|p| !self.exclude.iter().any(|g| mopt_prune::glob(g, p)))
+            .collect();
+        QuantConfig {
+            layers,
+            ..self.base.clone()
+        }
+    }
+
+    fn scheme_line(&self) -> String {
+        let q = &self.base;
+        format!(
+            "weights int{} ({}), symmetric, {}; activations {} {} per tensor; observer {}; learned scales (LSQ) {}",
+            q.weight.format.bits,
+            if q.weight.format.bits == 7 { "the 8-bit type's 7-bit range [-64, 63]" } else { "full range" },
+            match q.weight.granularity {
+                Granularity::PerChannel(_) => "per output channel",
+                Granularity::PerTensor => "per tensor",
+            },
+            if q.activation.format.signed { "int8" } else { "uint8" },
+            if q.activation.symmetric { "symmetric" } else { "asymmetric" },
+            q.observer.name(),
+            q.learned_scales
+        )
+    }
+
+    /// The input with calibrated quantizers, and the layers whose input saw no data.
+    fn calibrated(
+        &self,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<(BertForSequenceClassification, BertConfig, Vec<String>), StageError> {
+        let device = cx.device.device();
+        let (model, config) = weights::load_checkpoint(input, &device)?;
+        let q = self.config_for(&config);
+        let batcher = Batcher::new(cx.pad_id);
+        let order = epoch_order(cx.data.train.len(), cx.seed ^ 0x9a7, 0);
+        let n = self.calibration_samples.min(order.len());
+        eprintln!(
+            "{}: calibrating {} layers on {n} training sentences ({})",
+            self.name(),
+            q.layers.len(),
+            q.observer.name()
+        );
+        let model = model.valid();
+        let (m, unseen) = calibrate(model, &q, &device, |m| {
+            for chunk in order[..n].chunks(cx.entry.train.eval_batch_size) {
+                let items: Vec<&Encoded> = chunk.iter().map(|&i| &cx.data.train[i]).collect();
+                let b = batcher.batch(&items, &device);
+                let _ = m.forward(b.input_ids, b.attention_mask, b.token_type_ids);
+            }
+        });
+        let qc = BertConfig {
+            mopt_quant: Some(q),
+            ..config
+        };
+        Ok((m, qc, unseen))
+    }
+
+    /// Validation metrics and golden logits of `m`.
+    fn measure(
+        m: &BertForSequenceClassification,
+        c: &BertConfig,
+        cx: &StageContext,
+    ) -> (EvalMetrics, Vec<Vec<f32>>) {
+        let device = cx.device.device();
+        let batcher = Batcher::new(cx.pad_id);
+        let bs = cx.entry.train.eval_batch_size;
+        let valid = evaluate(m, &cx.data.valid, &batcher, bs, c.num_labels, &device).metrics;
+        let golden = evaluate(m, cx.golden, &batcher, bs, c.num_labels, &device).logits;
+        (valid, golden)
+    }
+
+    /// Each quantized layer alone (the others float), ranked worst first.
+    fn sensitivity(
+        &self,
+        m: &BertForSequenceClassification,
+        c: &BertConfig,
+        cx: &StageContext,
+        float_logits: &[Vec<f32>],
+    ) -> Vec<Sensitivity> {
+        let layers: Vec<String> = slots_ref(m)
+            .into_iter()
+            .filter(|s| s.quant.is_some())
+            .map(|s| s.path)
+            .collect();
+        let mut rows = Vec::new();
+        for (i, layer) in layers.iter().enumerate() {
+            eprintln!("ptq: sensitivity {}/{}: {layer}", i + 1, layers.len());
+            for s in slots_ref(m) {
+                if let Some(q) = s.quant {
+                    let phase = if &s.path == layer {
+                        Phase::Quantize
+                    } else {
+                        Phase::Off
+                    };
+                    q.input.set_phase(phase);
+                    q.weight.set_phase(phase);
+                }
+            }
+            let (valid, golden) = Self::measure(m, c, cx);
+            rows.push(Sensitivity {
+                layer: layer.clone(),
+                valid_accuracy: valid.accuracy,
+                drop_points: (cx.input_valid.accuracy - valid.accuracy) * 100.0,
+                max_logit_error: max_abs_diff(&golden, float_logits),
+            });
+        }
+        m.set_quant_phase(Phase::Quantize);
+        rows.sort_by(|a, b| {
+            b.drop_points
+                .total_cmp(&a.drop_points)
+                .then(b.max_logit_error.total_cmp(&a.max_logit_error))
+        });
+        rows
+    }
+}
+
+/// A horizontal bar chart of the ranking (validation drop per layer), as SVG.
+fn sensitivity_svg(rows: &[Sensitivity], fallback: &[String]) -> String {
+    let (w, bar, left) = (760.0, 18.0, 330.0);
+    let h = 40.0 + bar * rows.len() as f64;
+    let max = rows
+        .iter()
+        .map(|r| r.drop_points.abs())
+        .fold(0.1f64, f64::max);
+    let x0 = left + 20.0;
+    let scale = (w - x0 - 80.0) / (2.0 * max);
+    let mid = x0 + max * scale;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n<text x=\"10\" y=\"16\" font-size=\"13\">Validation accuracy drop (points) with one layer quantized; red: fell back to float</text>\n<line x1=\"{mid}\" y1=\"24\" x2=\"{mid}\" y2=\"{h}\" stroke=\"#888\"/>\n"
+    );
+    for (i, r) in rows.iter().enumerate() {
+        let y = 28.0 + bar * i as f64;
+        let len = r.drop_points * scale;
+        let (x, width) = if len >= 0.0 {
+            (mid, len)
+        } else {
+            (mid + len, -len)
+        };
+        let color = if fallback.contains(&r.layer) {
+            "#c0392b"
+        } else {
+            "#2e86c1"
+        };
+        s += &format!(
+            "<text x=\"10\" y=\"{}\">{}</text>\n<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{}\" fill=\"{color}\"/>\n<text x=\"{:.1}\" y=\"{}\">{:+.2}</text>\n",
+            y + 12.0,
+            r.layer.trim_start_matches("bert."),
+            width.max(0.5),
+            bar - 4.0,
+            mid + max * scale + 6.0,
+            y + 12.0,
+            r.drop_points
+        );
+    }
+    s + "</svg>\n"
+}
+
+impl Stage for QuantStage {
+    fn kind(&self) -> &str {
+        self.name()
+    }
+
+    fn plan(
+        &self,
+        entry: &StageEntry,
+        input: &BertConfig,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        if input.mopt_quant.is_some() {
+            return Err(entry
+                .scope
+                .err(
+                    "kind",
+                    "the input of this stage is already quantized",
+                    "quantize once: one `ptq` or `qat` stage per chain (a `qat` stage calibrates by itself)",
+                )
+                .into());
+        }
+        let q = self.config_for(input);
+        if q.layers.is_empty() {
+            return Err(entry
+                .scope
+                .err(
+                    "include",
+                    "no linear layer is left to quantize",
+                    "widen `include` or narrow `exclude`",
+                )
+                .into());
+        }
+        let mut settings = vec![
+            self.scheme_line(),
+            format!(
+                "{} of {} linear layers quantized (exclude = {:?}); LayerNorm, softmax, GELU and embeddings float; calibration on {} training sentences",
+                q.layers.len(),
+                linear_paths(input).len(),
+                self.exclude,
+                self.calibration_samples.min(cx.train_examples)
+            ),
+        ];
+        if self.train {
+            settings.push(format!(
+                "then QAT: straight-through estimator{}, distill = {} (alpha = {}, temperature = {})",
+                if q.learned_scales { ", learned scales (LSQ)" } else { "" },
+                self.distill,
+                self.alpha,
+                self.temperature
+            ));
+            settings.extend(train_settings(&entry.train, entry.train_overridden));
+        } else if self.sensitivity {
+            settings.push(format!(
+                "sensitivity: each layer quantized alone, ranked by validation drop; the worst fall back to float until the gate holds (max-fallback = {})",
+                self.max_fallback
+            ));
+        }
+        Ok(StagePlan {
+            output: BertConfig {
+                mopt_quant: Some(q),
+                ..input.clone()
+            },
+            settings,
+            memory: self.train.then(|| {
+                MemoryEstimate::for_bert(input, entry.train.batch_size, cx.tokenizer.max_len)
+            }),
+            extra_memory: Vec::new(),
+        })
+    }
+
+    fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+        let device = cx.device.device();
+        let (float, fc) = weights::load_checkpoint(input, &device)?;
+        let (_, float_logits) = Self::measure(&float.valid(), &fc, cx);
+        drop(float);
+        let (mut m, mut qc, unseen) = self.calibrated(input, cx)?;
+        let mut notes = vec![format!(
+            "{}. {} linear layers quantized: {}.",
+            self.scheme_line(),
+            qc.mopt_quant.as_ref().map_or(0, |q| q.layers.len()),
+            if unseen.is_empty() {
+                "every input observed".to_string()
+            } else {
+                format!("no data reached {unseen:?}")
+            }
+        )];
+        let (valid, golden) = Self::measure(&m, &qc, cx);
+        let ptq_err = max_abs_diff(&golden, &float_logits);
+        notes.push(format!(
+            "After calibration: validation accuracy {:.4} (input {:.4}), max logit error vs the float input {:.3}.",
+            valid.accuracy, cx.input_valid.accuracy, ptq_err
+        ));
+        let mut facts = json!({
+            "quantization": qc.mopt_quant,
+            "calibration_samples": self.calibration_samples.min(cx.data.train.len()),
+            "calibrated_valid_accuracy": valid.accuracy,
+            "calibrated_max_logit_error": ptq_err,
+        });
+        let mut artifacts = Vec::new();
+        if self.sensitivity {
+            let rows = self.sensitivity(&m, &qc, cx, &float_logits);
+            let mut fallback = Vec::new();
+            let mut d = cx.judge(&valid, ptq_err);
+            for r in &rows {
+                if d.passed || fallback.len() >= self.max_fallback {
+                    break;
+                }
+                for s in slots(&mut m) {
+                    if s.path == r.layer {
+                        *s.quant = None;
+                    }
+                }
+                fallback.push(r.layer.clone());
+                if let Some(q) = qc.mopt_quant.as_mut() {
+                    q.layers.retain(|l| l != &r.layer);
+                }
+                let (v, g) = Self::measure(&m, &qc, cx);
+                let current = (v, max_abs_diff(&g, &float_logits));
+                d = cx.judge(&current.0, current.1);
+                notes.push(format!(
+                    "Fallback {}: {} back to float: validation {:.4}, max logit error {:.3}; {}.",
+                    fallback.len(),
+                    r.layer,
+                    current.0.accuracy,
+                    current.1,
+                    d.reason
+                ));
+            }
+            for (i, r) in rows.iter().enumerate() {
+                notes.push(format!(
+                    "Sensitivity #{}: `{}` alone quantized: validation {:.4} (drop {:+.2} points), max logit error {:.3}{}.",
+                    i + 1,
+                    r.layer,
+                    r.valid_accuracy,
+                    r.drop_points,
+                    r.max_logit_error,
+                    if fallback.contains(&r.layer) { "; fell back to float" } else { "" }
+                ));
+            }
+            let svg = cx.dir.join("sensitivity.svg");
+            std::fs::write(&svg, sensitivity_svg(&rows, &fallback))
+                .map_err(|e| StageError::io(&svg, e))?;
+            let folder = cx
+                .dir
+                .file_name()
+                .map(|f| f.to_string_lossy().to_string())
+                .unwrap_or_default();
+            notes.push(format!(
+                "![per-layer sensitivity]({folder}/sensitivity.svg)"
+            ));
+            artifacts.push(svg);
+            facts["sensitivity"] = json!(rows);
+            facts["fallback"] = json!(fallback);
+            facts["quantization"] = json!(qc.mopt_quant);
+        }
+        let out = cx.dir.join("model");
+        save_checkpoint_dir(&m, &qc, cx.data, cx.tokenizer_file, &out)?;
+        if !self.train {
+            return Ok(StageOutput {
+                checkpoint: out,
+                steps: 0,
+                facts,
+                notes,
+                references: Vec::new(),
+                logit_error_vs_input: None,
+                artifacts,
+            });
+        }
+        // QAT: train the calibrated model (fake-quant in the forward pass, STE in the backward).
+        let ad = cx.device.train_device(&cx.entry.train);
+        let kd = (self.distill && input != cx.baseline).then_some((self.alpha, self.temperature));
+        let mut task: DistillTask = kd_task(kd, cx, &ad)?;
+        let (student, _) = weights::load_checkpoint(&out, &ad)?;
+        eprintln!(
+            "qat: training with fake-quant{}{}",
+            if self.base.learned_scales {
+                " and learned scales"
+            } else {
+                ""
+            },
+            if kd.is_some() {
+                ", KD from the baseline"
+            } else {
+                ""
+            }
+        );
+        let report = fit(
+            &cx.run_context(&qc),
+            &mut task,
+            DistillModel::new(student, &[], &ad),
+        )?;
+        notes.push(format!(
+            "QAT: {} steps; best validation accuracy {:.4} (calibrated {:.4}).",
+            report.steps, report.best_valid.accuracy, valid.accuracy
+        ));
+        facts["qat_valid_accuracy"] = json!(report.best_valid.accuracy);
+        Ok(StageOutput {
+            checkpoint: report.checkpoint,
+            steps: report.steps,
+            facts,
+            notes,
+            references: Vec::new(),
+            logit_error_vs_input: None,
+            artifacts,
+        })
+    }
+}
