@@ -137,14 +137,26 @@ impl Stage for ExportStage {
         let runs = self.latency_runs.unwrap_or(cx.evaluation.latency_runs);
         let e = cx.evaluation;
         let mut latency = Vec::new();
-        let mut notes = vec![format!(
-            "ONNX `{}`: parity max |ONNX Runtime - mopt| {:.2e} on {} golden validation sentences (tolerance {:e}); fused op types {:?}.",
-            out.join("model.onnx").display(),
-            card.parity.max_abs_err,
-            card.parity.samples,
-            self.tolerance,
-            card.fused_ops
-        )];
+        let mut notes = vec![match &card.quantization {
+            None => format!(
+                "ONNX `{}`: parity max |ONNX Runtime - mopt| {:.2e} on {} golden validation sentences (tolerance {:e}); fused op types {:?}.",
+                out.join("model.onnx").display(),
+                card.parity.max_abs_err,
+                card.parity.samples,
+                self.tolerance,
+                card.fused_ops
+            ),
+            Some(q) => format!(
+                "ONNX `{}` (QDQ): ONNX Runtime and mopt's fake-quantized forward agree on {:.2}% of {} golden validation sentences (at least {:.1}% required), max logit difference {:.2e}; ONNX Runtime's optimised graph runs {} `MatMulIntegerToFloat` (integer kernels) among {:?}.",
+                out.join("model.onnx").display(),
+                card.parity.agreement * 100.0,
+                card.parity.samples,
+                mopt_export::export::QDQ_MIN_AGREEMENT * 100.0,
+                card.parity.max_abs_err,
+                q["onnxruntime_optimized_ops"]["MatMulIntegerToFloat"].as_u64().unwrap_or(0),
+                card.fused_ops
+            ),
+        }];
         let mut models = vec![("model".to_string(), out.join("model.onnx"))];
         let reference = self
             .reference

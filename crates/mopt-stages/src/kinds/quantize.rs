@@ -353,7 +353,8 @@ impl QuantStage {
         Ok((m, qc, unseen))
     }
 
-    /// Validation metrics and golden logits of `m`.
+    /// Validation metrics and golden logits of `m` (the golden set is the validation split's
+    /// first examples: one pass gives both).
     fn measure(
         m: &BertForSequenceClassification,
         c: &BertConfig,
@@ -362,9 +363,9 @@ impl QuantStage {
         let device = cx.device.device();
         let batcher = Batcher::new(cx.pad_id);
         let bs = cx.entry.train.eval_batch_size;
-        let valid = evaluate(m, &cx.data.valid, &batcher, bs, c.num_labels, &device).metrics;
-        let golden = evaluate(m, cx.golden, &batcher, bs, c.num_labels, &device).logits;
-        (valid, golden)
+        let out = evaluate(m, &cx.data.valid, &batcher, bs, c.num_labels, &device);
+        let golden = out.logits[..cx.golden.len().min(out.logits.len())].to_vec();
+        (out.metrics, golden)
     }
 
     /// Each quantized layer alone (the others float), ranked worst first.
