@@ -149,7 +149,7 @@ fn main() -> anyhow::Result<()> {
         samples: 200,
         tolerance: 1e-4,
         latency_runs: Some(10),
-        reference: Some("baseline".into()),
+        reference: vec!["baseline".into()],
     };
     let report = Pipeline::shared(recipe)
         .named("distill-in-rust")

@@ -43,6 +43,10 @@ struct RunArgs {
     /// included; validation and test still run.
     #[arg(long, value_name = "N")]
     max_steps: Option<usize>,
+    /// Run every stage here even when another run in the same output folder finished the same
+    /// stage (same settings, input and baseline by sha256), which is reused by default.
+    #[arg(long)]
+    no_reuse: bool,
     /// Device to run on (overrides [run] device): `cpu`.
     #[arg(long)]
     device: Option<String>,
@@ -172,6 +176,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 resume: args.resume,
                 max_steps: args.max_steps,
                 run_dir: None,
+                reuse: !args.no_reuse,
             };
             let report = pipeline.run(&opts)?;
             for st in &report.stages {

@@ -41,9 +41,24 @@ pub(crate) fn dims<const D: usize>(p: &Param<Tensor<D>>) -> Vec<usize> {
     p.val().dims().to_vec()
 }
 
+/// Quantized inputs already in the graph: (tensor, scale bits, zero point) → its DQ output.
+/// Q, K and V read the same tensor with the same calibrated parameters: one
+/// `QuantizeLinear → DequantizeLinear` serves all three.
+type QdqCache = std::collections::HashMap<(String, u32, i32), String>;
+
 /// `QuantizeLinear → DequantizeLinear` of `x` with the quantizer's per-tensor parameters.
-fn qdq_input(g: &mut GraphBuilder, x: &str, q: &FakeQuant, name: &str) -> String {
+fn qdq_input(
+    g: &mut GraphBuilder,
+    x: &str,
+    q: &FakeQuant,
+    name: &str,
+    cache: &mut QdqCache,
+) -> String {
     let p = q.qparams();
+    let key = (x.to_string(), p.scale[0].to_bits(), p.zero_point[0]);
+    if let Some(dq) = cache.get(&key) {
+        return dq.clone();
+    }
     let s = g.f32s(&format!("{name}.input_scale"), &[], &p.scale);
     let z = if q.qmin < 0 {
         g.i8s(
@@ -110,10 +125,11 @@ fn linear(
     l: &Linear,
     q: &Option<LinearQuant>,
     name: &str,
+    cache: &mut QdqCache,
 ) -> String {
     let (x, w) = match q {
         Some(q) => (
-            qdq_input(g, x, &q.input, name),
+            qdq_input(g, x, &q.input, name, cache),
             dq_weight(g, l, &q.weight, name),
         ),
         None => (
@@ -184,6 +200,7 @@ pub fn export_bert(
     metadata: &[(&str, String)],
 ) -> ModelProto {
     let mut g = GraphBuilder::default();
+    let mut cache = QdqCache::new();
     let (ids, mask, types) = (INPUTS[0], INPUTS[1], INPUTS[2]);
     let emb = &model.bert.embeddings;
 
@@ -262,6 +279,7 @@ pub fn export_bert(
             &sa.query,
             &sa.query_quant,
             &format!("{p}.attention.self.query"),
+            &mut cache,
         );
         let k = linear(
             &mut g,
@@ -269,6 +287,7 @@ pub fn export_bert(
             &sa.key,
             &sa.key_quant,
             &format!("{p}.attention.self.key"),
+            &mut cache,
         );
         let v = linear(
             &mut g,
@@ -276,6 +295,7 @@ pub fn export_bert(
             &sa.value,
             &sa.value_quant,
             &format!("{p}.attention.self.value"),
+            &mut cache,
         );
         let q = g.op("Reshape", &[&q, &split], vec![], "q_heads");
         let q = g.op("Transpose", &[&q], vec![ints("perm", &[0, 2, 1, 3])], "q_t");
@@ -303,6 +323,7 @@ pub fn export_bert(
             &out.dense,
             &out.dense_quant,
             &format!("{p}.attention.output.dense"),
+            &mut cache,
         );
         let y = g.op("Add", &[&y, &x], vec![], "attn_residual");
         let attn = layer_norm(
@@ -318,6 +339,7 @@ pub fn export_bert(
             &layer.intermediate.dense,
             &layer.intermediate.dense_quant,
             &format!("{p}.intermediate.dense"),
+            &mut cache,
         );
         let f = gelu(&mut g, &f, &format!("{p}.gelu"));
         let y = linear(
@@ -326,6 +348,7 @@ pub fn export_bert(
             &layer.output.dense,
             &layer.output.dense_quant,
             &format!("{p}.output.dense"),
+            &mut cache,
         );
         let y = g.op("Add", &[&y, &attn], vec![], "ffn_residual");
         x = layer_norm(
@@ -347,6 +370,7 @@ pub fn export_bert(
         &pooler.dense,
         &pooler.dense_quant,
         "bert.pooler.dense",
+        &mut cache,
     );
     let pooled = g.op("Tanh", &[&pooled], vec![], "pooled");
     let logits = linear(
@@ -355,6 +379,7 @@ pub fn export_bert(
         &model.classifier,
         &model.classifier_quant,
         "classifier",
+        &mut cache,
     );
     g.op_into("Identity", &[&logits], vec![], OUTPUT);
 

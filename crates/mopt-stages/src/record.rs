@@ -202,6 +202,9 @@ pub struct StageRecord {
     pub wall_time_s: f64,
     /// The process's peak RSS when the stage ended.
     pub peak_rss_bytes: Option<u64>,
+    /// `--max-steps` of a smoke run (such stages are never reused by another run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<usize>,
     /// Further outputs, checked before reuse.
     pub artifacts: Vec<FileHash>,
     pub facts: serde_json::Value,

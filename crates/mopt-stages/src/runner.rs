@@ -31,6 +31,9 @@ pub struct RunOptions {
     pub max_steps: Option<usize>,
     /// The run folder (default `[run] output-dir / name`).
     pub run_dir: Option<PathBuf>,
+    /// Reuse a stage another run of the same output folder finished with the same settings on
+    /// the same input (see [`crate::donor`]).
+    pub reuse: bool,
 }
 
 impl RunOptions {
@@ -41,6 +44,7 @@ impl RunOptions {
             resume: false,
             max_steps: None,
             run_dir: None,
+            reuse: true,
         }
     }
 }
@@ -218,7 +222,24 @@ impl Pipeline {
                         earlier: &earlier,
                         dir: &dir,
                     };
-                    let out = stage.run(&current.dir, &cx)?;
+                    let donor = (opts.reuse && opts.max_steps.is_none())
+                        .then(|| {
+                            let w = crate::donor::Wanted {
+                                source: &recipe.source,
+                                index: entry.index,
+                                kind: &entry.kind,
+                                ignore: crate::stage::kind(&entry.kind)
+                                    .map_or(&[][..], |k| k.reuse_ignores()),
+                                input_sha256: &current.facts.sha256,
+                                baseline_sha256: &baseline.model.sha256,
+                            };
+                            crate::donor::find(run_dir.parent()?, &run_dir, &w)
+                        })
+                        .flatten();
+                    let out = match donor {
+                        Some(d) => d.into_output(),
+                        None => stage.run(&current.dir, &cx)?,
+                    };
                     let settings = chain.stages[entry.index - 1].settings.clone();
                     let r = finish_stage(
                         entry,
@@ -230,6 +251,7 @@ impl Pipeline {
                         &ev,
                         &dir,
                         t0,
+                        opts.max_steps,
                     )?;
                     eprintln!(
                         "stage {} ({}): {} — {}",
@@ -422,6 +444,7 @@ impl Pipeline {
             steps: 0,
             wall_time_s: t0.elapsed().as_secs_f64(),
             peak_rss_bytes: peak_rss_bytes(),
+            max_steps: opts.max_steps,
             artifacts: Vec::new(),
             facts: serde_json::Value::Null,
             notes: Vec::new(),
@@ -539,6 +562,7 @@ fn finish_stage(
     ev: &Evaluator,
     dir: &Path,
     t0: Instant,
+    max_steps: Option<usize>,
 ) -> Result<Finished, StageError> {
     let (facts, logits) = if out.checkpoint == current.dir {
         (current.facts.clone(), current.logits.clone())
@@ -599,6 +623,7 @@ fn finish_stage(
         steps: out.steps,
         wall_time_s: t0.elapsed().as_secs_f64(),
         peak_rss_bytes: peak_rss_bytes(),
+        max_steps,
         artifacts,
         facts: out.facts,
         notes: out.notes,

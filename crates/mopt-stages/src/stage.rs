@@ -41,6 +41,17 @@ pub trait StageKind: Sync {
     fn has_retry(&self) -> bool {
         false
     }
+
+    /// Its keys that do not change the output model (comparisons, reference runs): ignored
+    /// when another run's finished stage is matched for reuse.
+    fn reuse_ignores(&self) -> &'static [&'static str] {
+        &[]
+    }
+}
+
+/// The kind named `name`.
+pub fn kind(name: &str) -> Option<&'static dyn StageKind> {
+    kinds().iter().copied().find(|k| k.name() == name)
 }
 
 /// What `--check` learns from a stage without running it.

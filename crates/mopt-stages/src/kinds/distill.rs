@@ -383,6 +383,11 @@ impl StageKind for Distill {
         "distil the input model into a smaller student"
     }
 
+    fn reuse_ignores(&self) -> &'static [&'static str] {
+        // The hard-label twin is a reference beside the chain, not the output.
+        &["baseline"]
+    }
+
     fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
         Ok(Box::new(DistillStage::from_entry(entry)?))
     }

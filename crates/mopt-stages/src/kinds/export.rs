@@ -24,7 +24,14 @@ struct RawExport {
     samples: Option<usize>,
     tolerance: Option<f64>,
     latency_runs: Option<usize>,
-    reference: Option<String>,
+    reference: Option<OneOrMany>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
 }
 
 /// An export stage.
@@ -36,9 +43,9 @@ pub struct ExportStage {
     pub tolerance: f64,
     /// ONNX Runtime timed runs at batch 32 (4x at batch 1); `None`: `[evaluation] latency-runs`.
     pub latency_runs: Option<usize>,
-    /// Also export and benchmark this model for a side-by-side ONNX Runtime latency:
-    /// `baseline`, an earlier stage's name, or `None`.
-    pub reference: Option<String>,
+    /// Also export and benchmark these models for a side-by-side ONNX Runtime latency in the
+    /// same run: `baseline` and/or earlier stages' names (empty: none).
+    pub reference: Vec<String>,
 }
 
 impl StageKind for Export {
@@ -72,10 +79,11 @@ impl StageKind for Export {
             samples: cx.positive("samples", r.samples, 500)?,
             tolerance,
             latency_runs: r.latency_runs,
-            reference: match r.reference.as_deref() {
-                None => Some("baseline".into()),
-                Some("none") => None,
-                Some(n) => Some(n.to_string()),
+            reference: match r.reference {
+                None => vec!["baseline".into()],
+                Some(OneOrMany::One(n)) if n == "none" => Vec::new(),
+                Some(OneOrMany::One(n)) => vec![n],
+                Some(OneOrMany::Many(v)) => v,
             },
         }))
     }
@@ -92,7 +100,7 @@ impl Stage for ExportStage {
         input: &BertConfig,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
-        if let Some(r) = &self.reference {
+        for r in &self.reference {
             if !cx.earlier.contains(r) {
                 return Err(StageError::from(entry.scope.err(
                     "reference",
@@ -107,11 +115,11 @@ impl Stage for ExportStage {
         Ok(StagePlan {
             output: input.clone(),
             settings: vec![format!(
-                "samples = {}, tolerance = {:e}, latency-runs = {}, reference = \"{}\" (ONNX opset 17; needs python3 with onnx and onnxruntime)",
+                "samples = {}, tolerance = {:e}, latency-runs = {}, reference = {:?} (ONNX opset 17; needs python3 with onnx and onnxruntime)",
                 self.samples,
                 self.tolerance,
                 self.latency_runs.map_or("[evaluation]".to_string(), |r| r.to_string()),
-                self.reference.as_deref().unwrap_or("none")
+                self.reference
             )],
             memory: None,
             extra_memory: Vec::new(),
@@ -158,12 +166,12 @@ impl Stage for ExportStage {
             ),
         }];
         let mut models = vec![("model".to_string(), out.join("model.onnx"))];
-        let reference = self
+        let references = self
             .reference
-            .as_ref()
-            .and_then(|n| cx.earlier.iter().find(|(name, _)| name == n))
+            .iter()
+            .filter_map(|n| cx.earlier.iter().find(|(name, _)| name == n))
             .filter(|(_, dir)| dir.as_path() != input);
-        if let Some((name, dir)) = reference {
+        for (name, dir) in references {
             let b = cx.dir.join(format!("{name}-onnx"));
             eprintln!(
                 "export: the {name} model {} -> {}",
@@ -189,6 +197,20 @@ impl Stage for ExportStage {
                     ));
                 }
                 latency.push(json!({ "model": name, "latency": l }));
+            }
+            let p50 = |i: usize, batch: u64| {
+                latency[i]["latency"]
+                    .as_array()
+                    .and_then(|a| a.iter().find(|r| r["batch"].as_u64() == Some(batch)))
+                    .and_then(|r| r["p50_ms"].as_f64())
+            };
+            for (i, (name, _)) in models.iter().enumerate().skip(1) {
+                let ratio = |b| Some(p50(i, b)? / p50(0, b)?);
+                if let (Some(r1), Some(r32)) = (ratio(1), ratio(32)) {
+                    notes.push(format!(
+                        "ONNX Runtime p50 speed-up of this model over the {name}, same run: {r32:.2}x at batch 32, {r1:.2}x at batch 1."
+                    ));
+                }
             }
         }
         Ok(StageOutput {

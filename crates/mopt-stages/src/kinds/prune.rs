@@ -174,6 +174,10 @@ impl StageKind for Prune {
         true
     }
 
+    fn reuse_ignores(&self) -> &'static [&'static str] {
+        &["compare"]
+    }
+
     fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
         let cx = &entry.scope;
         let r: RawPrune = cx.deserialize(entry.settings.clone())?;
