@@ -3,7 +3,8 @@
     python3 benches/ort_compare.py NAME=MODEL.onnx NAME=MODEL.onnx ... [--seq 64] [--runs 30]
         [--warmup 10] [--threads 0] [--json OUT.json]
 
-Every model gets the same inputs (batch 1 and 32 x seq tokens, ids drawn below 30522, no
+Sessions do not spin-wait between runs (ONNX Runtime's idle threads would otherwise steal the
+cores of the session being timed). Every model gets the same inputs (batch 1 and 32 x seq tokens, ids drawn below 30522, no
 padding). Timed runs are interleaved across the models (model A run 1, model B run 1, ...), so
 drift of the machine (other load, frequency) hits all of them alike. Prints p50/p90/p99 per
 model and batch, and each model's p50 speed-up over the first model; records the CPU model and
@@ -49,6 +50,9 @@ def main():
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if a.threads:
             so.intra_op_num_threads = a.threads
+        # Idle sessions' threads would spin after each run and steal the cores of the session
+        # being timed (interleaving makes that the common case): no spinning.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         sessions.append((name, path, ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])))
     rows = []
     for batch in (1, 32):

@@ -141,10 +141,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .chain(s.teacher.as_ref().map(|t| ("teacher", t)))
             {
                 println!(
-                    "{name}: parity max |ORT - mopt| {:.2e} on {} test sentences; accuracy {:.4}; fused ops {:?}",
+                    "{name}: parity max |ORT - mopt| {:.2e}, prediction agreement {:.2}% on {} test sentences{}; accuracy {:.4}; {} ops {:?}",
                     card.parity.max_abs_err,
+                    card.parity.agreement * 100.0,
                     card.parity.samples,
+                    if card.quantization.is_some() { " (QDQ)" } else { "" },
                     card.accuracy_at_export.unwrap_or(f64::NAN),
+                    if card.quantization.is_some() { "ONNX Runtime's optimised graph" } else { "fused" },
                     card.fused_ops
                 );
             }

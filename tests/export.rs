@@ -227,6 +227,8 @@ fn int8_bert_exports_as_qdq_runs_on_integer_kernels_and_agrees_with_mopt() {
     // ONNX Runtime turned every encoder DQ → MatMul ← DQ (2 layers x 6) into an integer kernel;
     // the pooler and classifier (2-D, fused into Gemm first) run on dequantized weights.
     assert_eq!(ops["MatMulIntegerToFloat"].as_u64(), Some(12), "{ops}");
+    // Q, K and V share one QuantizeLinear: 2 layers x 4 + pooler + classifier.
+    assert_eq!(ops["QuantizeLinear"].as_u64(), Some(10), "{ops}");
     // INT4 weights have no QDQ export here, and nothing is written.
     let four = tmp.path().join("four");
     quantized_checkpoint(&four, 4);

@@ -79,12 +79,14 @@ fn qdq_input(
         vec![],
         &format!("{name}.input_q"),
     );
-    g.op(
+    let dq = g.op(
         "DequantizeLinear",
         &[&xq, &s, &z],
         vec![],
         &format!("{name}.input_dq"),
-    )
+    );
+    cache.insert(key, dq.clone());
+    dq
 }
 
 /// The int8 weight and its per-channel `DequantizeLinear`.

@@ -181,6 +181,17 @@ impl Stage for ExportStage {
             export_checkpoint(dir, &b, &samples, &opts)?;
             models.push((name.clone(), b.join("model.onnx")));
         }
+        notes.push(format!(
+            "ONNX files on disk: {}.",
+            models
+                .iter()
+                .map(|(name, p)| format!(
+                    "{name} {:.1} MiB",
+                    std::fs::metadata(p).map_or(0, |m| m.len()) as f64 / (1 << 20) as f64
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
         if runs > 0 {
             let vocab = BertConfig::from_file(&input.join("config.json"))?.vocab_size;
             for (name, path) in &models {
