@@ -508,3 +508,74 @@ fn qat_trains_through_fake_quant_and_exports_as_qdq() {
     let reference = read_json(&run.join("03-export/finetune-onnx/model-card.json"));
     assert!(reference.get("quantization").is_none());
 }
+
+#[test]
+fn a_stage_finished_by_another_run_is_reused_when_its_inputs_match() {
+    // A teacher, then two recipes in one output folder on it with the same finetune stage: the
+    // second run reuses the first's (same settings, same input by sha256) and only runs what is
+    // new. (A `[model]` baseline is built afresh by each run, so runs on it never match.)
+    let tmp = tempfile::tempdir().unwrap();
+    let teacher = write_pipeline(tmp.path(), "teacher", "");
+    assert!(mopt(&[teacher.to_str().unwrap()]).status.success());
+    let text = std::fs::read_to_string(&teacher).unwrap();
+    let model = text[text.find("[model]").unwrap()..]
+        .lines()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let on_teacher = |name: &str, extra: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("r.toml");
+        let t = text
+            .replace(
+                &model,
+                &format!(
+                    "[teacher]\ncheckpoint = \"{}\"",
+                    tmp.path().join("runs/teacher/best").display()
+                ),
+            )
+            .replace("name = \"teacher\"", &format!("name = \"{name}\""))
+            + extra;
+        std::fs::write(&p, t).unwrap();
+        p
+    };
+    let first = on_teacher("first", "");
+    let out = mopt(&[first.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("the same stage finished in"));
+    let second = on_teacher("second", PRUNE);
+    let out = mopt(&[second.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the same stage finished in"),
+        "{}",
+        stderr(&out)
+    );
+    let r = read_json(&tmp.path().join("runs/second/report.json"));
+    let ft = &r["stages"][1];
+    assert!(
+        ft["facts"]["reused_from"]
+            .as_str()
+            .unwrap()
+            .ends_with("01-finetune"),
+        "{ft}"
+    );
+    assert_eq!(ft["steps"], 0);
+    let a = read_json(&tmp.path().join("runs/first/report.json"));
+    assert_eq!(ft["model"]["sha256"], a["stages"][1]["model"]["sha256"]);
+    assert!(r["stages"][2]["steps"].as_u64().unwrap() > 0);
+    // Another learning rate is another stage: it runs. So does everything with --no-reuse.
+    let third = on_teacher("third", "");
+    let t = std::fs::read_to_string(&third)
+        .unwrap()
+        .replace("lr = 1e-3", "lr = 2e-3");
+    std::fs::write(&third, t).unwrap();
+    let out = mopt(&[third.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("the same stage finished in"));
+    let fourth = on_teacher("fourth", "");
+    let out = mopt(&[fourth.to_str().unwrap(), "--no-reuse"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("the same stage finished in"));
+}
