@@ -30,38 +30,21 @@ pub fn slots(model: &mut BertForSequenceClassification) -> Vec<Slot<'_>> {
         let p = format!("bert.encoder.layer.{l}");
         let sa = &mut layer.attention.self_attn;
         let ao = &mut layer.attention.output;
-        let it = &mut layer.intermediate;
-        let o = &mut layer.output;
-        out.push(Slot {
-            path: format!("{p}.attention.self_attn.query"),
-            linear: &sa.query,
-            quant: &mut sa.query_quant,
-        });
-        out.push(Slot {
-            path: format!("{p}.attention.self_attn.key"),
-            linear: &sa.key,
-            quant: &mut sa.key_quant,
-        });
-        out.push(Slot {
-            path: format!("{p}.attention.self_attn.value"),
-            linear: &sa.value,
-            quant: &mut sa.value_quant,
-        });
-        out.push(Slot {
-            path: format!("{p}.attention.output.dense"),
-            linear: &ao.dense,
-            quant: &mut ao.dense_quant,
-        });
-        out.push(Slot {
-            path: format!("{p}.intermediate.dense"),
-            linear: &it.dense,
-            quant: &mut it.dense_quant,
-        });
-        out.push(Slot {
-            path: format!("{p}.output.dense"),
-            linear: &o.dense,
-            quant: &mut o.dense_quant,
-        });
+        let (it, o) = (&mut layer.intermediate, &mut layer.output);
+        for (name, linear, quant) in [
+            ("attention.self_attn.query", &sa.query, &mut sa.query_quant),
+            ("attention.self_attn.key", &sa.key, &mut sa.key_quant),
+            ("attention.self_attn.value", &sa.value, &mut sa.value_quant),
+            ("attention.output.dense", &ao.dense, &mut ao.dense_quant),
+            ("intermediate.dense", &it.dense, &mut it.dense_quant),
+            ("output.dense", &o.dense, &mut o.dense_quant),
+        ] {
+            out.push(Slot {
+                path: format!("{p}.{name}"),
+                linear,
+                quant,
+            });
+        }
     }
     let pooler = &mut model.bert.pooler;
     out.push(Slot {

@@ -11,6 +11,32 @@ use mopt_models::bert::weights;
 use crate::error::StageError;
 use crate::stage::StageContext;
 
+/// The KD fine-tuning keys of a compressing stage, validated: `alpha` (the hard-label weight,
+/// default 0.5) and `temperature` (default 4).
+pub fn kd_settings(
+    cx: &mopt_recipe::Scope,
+    alpha: Option<f64>,
+    temperature: Option<f64>,
+) -> Result<(f64, f64), mopt_recipe::RecipeError> {
+    let alpha = alpha.unwrap_or(0.5);
+    if !(0.0..=1.0).contains(&alpha) {
+        return Err(cx.err(
+            "alpha",
+            format!("{alpha} is outside [0, 1]"),
+            "the hard-label weight of the KD fine-tuning, e.g. 0.5",
+        ));
+    }
+    let temperature = temperature.unwrap_or(4.0);
+    if temperature.is_nan() || temperature <= 0.0 {
+        return Err(cx.err(
+            "temperature",
+            format!("{temperature} must be > 0"),
+            "e.g. 4.0",
+        ));
+    }
+    Ok((alpha, temperature))
+}
+
 /// `kd = Some((alpha, temperature))`: the KD loss (KL at that temperature, `alpha` on the hard
 /// labels) against the run's baseline, its logits cached once for the training set and reused;
 /// `None`: hard labels only. `ad` is the training device.

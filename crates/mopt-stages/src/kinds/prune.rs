@@ -281,22 +281,7 @@ impl StageKind for Prune {
                 "about 0.1 (10% of the units per round)",
             ));
         }
-        let alpha = r.alpha.unwrap_or(0.5);
-        if !(0.0..=1.0).contains(&alpha) {
-            return Err(cx.err(
-                "alpha",
-                format!("{alpha} is outside [0, 1]"),
-                "the hard-label weight of the KD fine-tuning, e.g. 0.5",
-            ));
-        }
-        let temperature = r.temperature.unwrap_or(4.0);
-        if temperature.is_nan() || temperature <= 0.0 {
-            return Err(cx.err(
-                "temperature",
-                format!("{temperature} must be > 0"),
-                "e.g. 4.0",
-            ));
-        }
+        let (alpha, temperature) = crate::kinds::kd::kd_settings(cx, r.alpha, r.temperature)?;
         Ok(Box::new(PruneStage {
             targets,
             criterion,

@@ -182,22 +182,7 @@ fn parse(entry: &StageEntry, train: bool) -> Result<Box<dyn Stage>, RecipeError>
             }
         }
     }
-    let alpha = r.alpha.unwrap_or(0.5);
-    if !(0.0..=1.0).contains(&alpha) {
-        return Err(cx.err(
-            "alpha",
-            format!("{alpha} is outside [0, 1]"),
-            "the hard-label weight, e.g. 0.5",
-        ));
-    }
-    let temperature = r.temperature.unwrap_or(4.0);
-    if temperature.is_nan() || temperature <= 0.0 {
-        return Err(cx.err(
-            "temperature",
-            format!("{temperature} must be > 0"),
-            "e.g. 4.0",
-        ));
-    }
+    let (alpha, temperature) = crate::kinds::kd::kd_settings(cx, r.alpha, r.temperature)?;
     Ok(Box::new(QuantStage {
         train,
         base: QuantConfig {
