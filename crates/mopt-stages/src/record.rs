@@ -86,7 +86,8 @@ impl Evaluator<'_> {
     /// Measure the checkpoint at `dir`; returns its facts and its logits on the golden set.
     pub fn measure(&self, dir: &Path) -> Result<(ModelFacts, Vec<Vec<f32>>), StageError> {
         let (model, config) = weights::load_checkpoint(dir, &self.device)?;
-        let model = model.valid();
+        // Quantized models: weights fake-quantized once, not in every forward pass.
+        let model = model.valid().with_baked_weights();
         let batcher = Batcher::new(self.pad_id);
         let n = config.num_labels;
         let valid = evaluate(

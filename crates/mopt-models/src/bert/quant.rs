@@ -12,7 +12,7 @@ use super::{BertConfig, BertForSequenceClassification};
 /// One quantizable linear layer: its path, the layer and its quantizers.
 pub struct Slot<'a> {
     pub path: String,
-    pub linear: &'a Linear,
+    pub linear: &'a mut Linear,
     pub quant: &'a mut Option<LinearQuant>,
 }
 
@@ -32,12 +32,20 @@ pub fn slots(model: &mut BertForSequenceClassification) -> Vec<Slot<'_>> {
         let ao = &mut layer.attention.output;
         let (it, o) = (&mut layer.intermediate, &mut layer.output);
         for (name, linear, quant) in [
-            ("attention.self_attn.query", &sa.query, &mut sa.query_quant),
-            ("attention.self_attn.key", &sa.key, &mut sa.key_quant),
-            ("attention.self_attn.value", &sa.value, &mut sa.value_quant),
-            ("attention.output.dense", &ao.dense, &mut ao.dense_quant),
-            ("intermediate.dense", &it.dense, &mut it.dense_quant),
-            ("output.dense", &o.dense, &mut o.dense_quant),
+            (
+                "attention.self_attn.query",
+                &mut sa.query,
+                &mut sa.query_quant,
+            ),
+            ("attention.self_attn.key", &mut sa.key, &mut sa.key_quant),
+            (
+                "attention.self_attn.value",
+                &mut sa.value,
+                &mut sa.value_quant,
+            ),
+            ("attention.output.dense", &mut ao.dense, &mut ao.dense_quant),
+            ("intermediate.dense", &mut it.dense, &mut it.dense_quant),
+            ("output.dense", &mut o.dense, &mut o.dense_quant),
         ] {
             out.push(Slot {
                 path: format!("{p}.{name}"),
@@ -49,12 +57,12 @@ pub fn slots(model: &mut BertForSequenceClassification) -> Vec<Slot<'_>> {
     let pooler = &mut model.bert.pooler;
     out.push(Slot {
         path: "bert.pooler.dense".into(),
-        linear: &pooler.dense,
+        linear: &mut pooler.dense,
         quant: &mut pooler.dense_quant,
     });
     out.push(Slot {
         path: "classifier".into(),
-        linear: &model.classifier,
+        linear: &mut model.classifier,
         quant: &mut model.classifier_quant,
     });
     out
@@ -124,6 +132,24 @@ impl BertForSequenceClassification {
     pub fn with_quantizers(mut self, config: &BertConfig, phase: Phase, device: &Device) -> Self {
         if let Some(q) = &config.mopt_quant {
             attach(&mut self, q, phase, device);
+        }
+        self
+    }
+
+    /// For inference: every quantized weight replaced by its fake-quantized value (what each
+    /// forward pass would compute from it) and its weight quantizer switched off, so that a
+    /// forward pass no longer re-quantizes every weight. Outputs are identical; inputs are
+    /// still fake-quantized. Not for training (the STE needs the float weights). The weight
+    /// quantizers' phase is shared with clones of this model.
+    pub fn with_baked_weights(mut self) -> Self {
+        for s in slots(&mut self) {
+            if let Some(q) = s.quant.as_ref() {
+                if q.weight.phase() == Phase::Quantize {
+                    let w = q.weight.forward(s.linear.weight.val());
+                    s.linear.weight = burn::module::Param::from_tensor(w);
+                    q.weight.set_phase(Phase::Off);
+                }
+            }
         }
         self
     }
@@ -276,6 +302,13 @@ mod tests {
         assert_eq!(rc.mopt_quant, Some(q));
         assert!(r.is_quantized());
         assert_eq!(logits(&r, &dev), lq);
+        // Baked weights give the same logits without re-quantizing the weights.
+        let baked = r.with_baked_weights();
+        assert_eq!(logits(&baked, &dev), lq);
+        assert!(slots_ref(&baked)
+            .iter()
+            .filter_map(|s| s.quant.as_ref())
+            .all(|q| q.weight.phase() == Phase::Off));
         std::fs::remove_dir_all(&dir).ok();
         // A float checkpoint loads into the float model as before (no quantizers).
         assert!(!float.is_quantized());
