@@ -219,6 +219,7 @@ impl Pipeline {
                         golden,
                         baseline_valid: &baseline.model.valid,
                         input_valid: &current.facts.valid,
+                        input_logits: &current.logits,
                         earlier: &earlier,
                         dir: &dir,
                     };

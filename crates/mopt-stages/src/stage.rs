@@ -102,6 +102,9 @@ pub struct StageContext<'a> {
     /// Validation metrics of the baseline and of this stage's input (what gates compare with).
     pub baseline_valid: &'a EvalMetrics,
     pub input_valid: &'a EvalMetrics,
+    /// The input's logits on the golden set, as the runner measured them (logit errors against
+    /// the input compare with these).
+    pub input_logits: &'a [Vec<f32>],
     /// Models before this stage, by name: `baseline`, then each earlier stage's output.
     pub earlier: &'a [(String, PathBuf)],
     /// This stage's own folder (empty when the stage starts).

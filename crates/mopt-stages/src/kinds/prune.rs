@@ -451,7 +451,6 @@ impl PruneStage {
             )
             .logits
         };
-        let input_logits = golden(&model, &config);
         let mut current = input.to_path_buf();
         let mut last_pass = input.to_path_buf();
         let mut rounds: Vec<RoundRecord> = Vec::new();
@@ -497,7 +496,7 @@ impl PruneStage {
             let report = fit(&run, &mut *task, DistillModel::new(student, &[], &ad))?;
             steps += report.steps;
             let (m, c) = weights::load_checkpoint(&report.checkpoint, &device)?;
-            let err = max_abs_diff(&golden(&m, &c), &input_logits);
+            let err = max_abs_diff(&golden(&m, &c), cx.input_logits);
             let d = cx.judge(&report.best_valid, err);
             let e = cx.evaluation;
             let latency = (e.latency_runs > 0).then(|| {

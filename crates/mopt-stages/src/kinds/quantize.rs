@@ -510,14 +510,11 @@ impl Stage for QuantStage {
     }
 
     fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
-        let device = cx.device.device();
-        let (float, fc) = weights::load_checkpoint(input, &device)?;
-        let (_, float_logits) = Self::measure(&float.valid(), &fc, cx);
-        drop(float);
+        // The float input's golden logits, as the runner measured them.
+        let float_logits = cx.input_logits;
         let (mut m, mut qc, unseen) = self.calibrated(input, cx)?;
         let mut notes = vec![format!(
-            "{}. {} linear layers quantized: {}.",
-            self.scheme_line(),
+            "{} linear layers quantized: {}.",
             qc.mopt_quant.as_ref().map_or(0, |q| q.layers.len()),
             if unseen.is_empty() {
                 "every input observed".to_string()
@@ -526,7 +523,7 @@ impl Stage for QuantStage {
             }
         )];
         let (valid, golden) = Self::measure(&m, &qc, cx);
-        let ptq_err = max_abs_diff(&golden, &float_logits);
+        let ptq_err = max_abs_diff(&golden, float_logits);
         notes.push(format!(
             "After calibration: validation accuracy {:.4} (input {:.4}), max logit error vs the float input {:.3}.",
             valid.accuracy, cx.input_valid.accuracy, ptq_err
@@ -539,7 +536,7 @@ impl Stage for QuantStage {
         });
         let mut artifacts = Vec::new();
         if self.sensitivity {
-            let rows = self.sensitivity(&m, &qc, cx, &float_logits);
+            let rows = self.sensitivity(&m, &qc, cx, float_logits);
             let mut fallback = Vec::new();
             let mut d = cx.judge(&valid, ptq_err);
             for r in &rows {
@@ -556,7 +553,7 @@ impl Stage for QuantStage {
                     q.layers.retain(|l| l != &r.layer);
                 }
                 let (v, g) = Self::measure(&m, &qc, cx);
-                let current = (v, max_abs_diff(&g, &float_logits));
+                let current = (v, max_abs_diff(&g, float_logits));
                 d = cx.judge(&current.0, current.1);
                 notes.push(format!(
                     "Fallback {}: {} back to float: validation {:.4}, max logit error {:.3}; {}.",
