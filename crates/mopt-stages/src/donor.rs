@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use mopt_recipe::merge_tables;
 
-use crate::record::{checkpoint_sha256, sha256_file, shown, StageRecord};
+use crate::record::{checkpoint_sha256, sha256_file, short_sha, shown, StageRecord};
 
 /// What must be equal for a stage of a recipe to be reused: stage `index` (1-based) of the
 /// recipe text `source`, without its name and the keys in `ignore`.
@@ -81,7 +81,7 @@ impl Donor {
         let mut notes = vec![format!(
             "Reused from `{}`: the same stage (kind, settings, training, data, seed) already ran there on the same input (sha256 {}…) against the same baseline, and its outputs verify; it was not run again (its {} steps and {:.0} s are not counted here).",
             shown(&self.dir),
-            &r.input.as_ref().map_or("", |i| i.sha256.as_str())[..12.min(r.input.as_ref().map_or(0, |i| i.sha256.len()))],
+            short_sha(r.input.as_ref().map_or("", |i| i.sha256.as_str())),
             r.steps,
             r.wall_time_s
         )];

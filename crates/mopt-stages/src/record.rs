@@ -39,6 +39,11 @@ pub fn checkpoint_sha256(dir: &Path) -> Result<String, StageError> {
     Ok(format!("{:x}", h.finalize()))
 }
 
+/// The first 12 hex digits of a sha256, as reports print it.
+pub fn short_sha(sha: &str) -> &str {
+    &sha[..12.min(sha.len())]
+}
+
 /// A path as reports print it.
 pub fn shown(p: &Path) -> String {
     normalize(p).display().to_string()

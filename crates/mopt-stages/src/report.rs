@@ -11,7 +11,7 @@ use crate::chart;
 use crate::env::Environment;
 use crate::error::StageError;
 use crate::gate::Action;
-use crate::record::{shown, write_json_atomic, Evaluator, ModelFacts, StageRecord};
+use crate::record::{short_sha, shown, write_json_atomic, Evaluator, ModelFacts, StageRecord};
 use crate::Pipeline;
 
 /// `report.json`.
@@ -139,18 +139,13 @@ pub fn markdown(r: &PipelineReport) -> String {
     for st in &r.stages {
         let _ = writeln!(s, "### {} {} ({})\n", st.index, st.name, st.kind);
         if let Some(i) = &st.input {
-            let _ = writeln!(
-                s,
-                "- input `{}` (sha256 {}…)",
-                i.path,
-                &i.sha256[..12.min(i.sha256.len())]
-            );
+            let _ = writeln!(s, "- input `{}` (sha256 {}…)", i.path, short_sha(&i.sha256));
         }
         let _ = writeln!(
             s,
             "- output `{}` (sha256 {}…): {} layers x {}, heads {:?}, FFN {:?}",
             st.model.checkpoint,
-            &st.model.sha256[..12.min(st.model.sha256.len())],
+            short_sha(&st.model.sha256),
             st.model.layers,
             st.model.hidden,
             st.model.heads,
@@ -171,7 +166,7 @@ pub fn markdown(r: &PipelineReport) -> String {
         g.examples,
         g.split,
         g.file,
-        &g.baseline_sha256[..12.min(g.baseline_sha256.len())]
+        short_sha(&g.baseline_sha256)
     );
     if let Some(a) = &r.analysis {
         let _ = writeln!(

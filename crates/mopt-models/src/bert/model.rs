@@ -68,14 +68,8 @@ fn linear(l: &Linear, q: &Option<LinearQuant>, x: Tensor<3>) -> Tensor<3> {
 /// [`linear`] on `[rows, d_in]`.
 fn linear2(l: &Linear, q: &Option<LinearQuant>, x: Tensor<2>) -> Tensor<2> {
     let (x, w) = match q {
-        Some(q) => {
-            let w = if q.weight.phase() == Phase::Quantize {
-                q.weight.forward(l.weight.val())
-            } else {
-                l.weight.val()
-            };
-            (q.input.forward(x), w)
-        }
+        // Each quantizer acts by its phase (calibration keeps the weights' off).
+        Some(q) => (q.input.forward(x), q.weight.forward(l.weight.val())),
         None => (x, l.weight.val()),
     };
     match &l.bias {
