@@ -25,6 +25,7 @@ use burn::prelude::*;
 use burn::tensor::DType;
 
 pub mod adamw;
+pub mod autocast;
 mod autodiff;
 pub mod cpu;
 mod flex;
@@ -195,7 +196,13 @@ pub fn layer_norm<const D: usize>(
 ///
 /// # Shapes
 /// - x: `[m, k]`; w: `[k, n]` (Burn's `Linear.weight` layout); b: `[n]` → `[m, n]`
+///
+/// Inside an [`autocast::scope`] the product runs in the scope's compute type instead (Burn's
+/// matmul) and comes back as f32.
 pub fn linear(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> {
+    if let Some(low) = autocast::compute_dtype() {
+        return autocast::linear(x, w, b, low);
+    }
     let fallback = |x: Tensor<2>, w: Tensor<2>, b: Tensor<1>| reference::linear(x, w, b);
     if w.dtype() != DType::F32 || b.dtype() != DType::F32 {
         return fallback(x, w, b);

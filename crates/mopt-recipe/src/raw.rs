@@ -110,6 +110,11 @@ pub struct RawTrain {
     pub best_metric: Option<String>,
     pub log_every: Option<usize>,
     pub gradient_checkpointing: Option<bool>,
+    pub precision: Option<String>,
+    pub loss_scale_init: Option<f64>,
+    pub loss_scale_growth_interval: Option<usize>,
+    pub loss_scale_growth_factor: Option<f64>,
+    pub loss_scale_backoff: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -26,6 +26,60 @@ impl BestMetric {
     }
 }
 
+/// Compute precision of training (`precision` in `[train]` or a stage's train table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Everything in f32.
+    #[default]
+    Fp32,
+    /// Matrix products in bfloat16 (f32's range, 8 bits of mantissa): no loss scaling needed.
+    Bf16,
+    /// Matrix products in IEEE half (10 bits of mantissa, max 65504), with dynamic loss scaling.
+    Fp16,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "fp32" | "f32" => Some(Precision::Fp32),
+            "bf16" => Some(Precision::Bf16),
+            "fp16" | "f16" => Some(Precision::Fp16),
+            _ => None,
+        }
+    }
+}
+
+/// Dynamic loss scaling (fp16): the loss is multiplied by `init` before the backward pass; a step
+/// whose gradients hold an inf or NaN is skipped and halves the scale (`backoff`), and after
+/// `growth_interval` clean steps in a row the scale grows by `growth_factor`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossScaleSpec {
+    pub init: f64,
+    pub growth_interval: usize,
+    pub growth_factor: f64,
+    pub backoff: f64,
+}
+
+impl Default for LossScaleSpec {
+    /// PyTorch's `GradScaler` defaults.
+    fn default() -> Self {
+        Self {
+            init: 65536.0,
+            growth_interval: 2000,
+            growth_factor: 2.0,
+            backoff: 0.5,
+        }
+    }
+}
+
 /// `[train]`: optimisation.
 #[derive(Debug, Clone)]
 pub struct TrainSpec {
@@ -48,6 +102,11 @@ pub struct TrainSpec {
     /// Recompute cheap activations in the backward pass instead of keeping them (Burn's
     /// balanced gradient checkpointing): less activation memory for more compute.
     pub gradient_checkpointing: bool,
+    /// Precision of the forward and backward matrix products; weights, optimizer state, softmax,
+    /// LayerNorm and the losses stay f32.
+    pub precision: Precision,
+    /// Loss scaling: `Some` exactly when `precision` is fp16.
+    pub loss_scale: Option<LossScaleSpec>,
 }
 
 /// `[lr-find]`: the LR range test.
@@ -116,6 +175,7 @@ pub fn train_spec(cx: &Scope, t: RawTrain) -> Result<TrainSpec, RecipeError> {
         }
     }
     let batch_size = cx.positive("batch-size", t.batch_size, 32)?;
+    let (precision, loss_scale) = precision(cx, &t)?;
     Ok(TrainSpec {
         epochs: cx.positive("epochs", t.epochs, 3)?,
         batch_size,
@@ -137,7 +197,79 @@ pub fn train_spec(cx: &Scope, t: RawTrain) -> Result<TrainSpec, RecipeError> {
         best_metric,
         log_every: cx.positive("log-every", t.log_every, 20)?,
         gradient_checkpointing: t.gradient_checkpointing.unwrap_or(false),
+        precision,
+        loss_scale,
     })
+}
+
+/// `precision` and, for fp16, the `loss-scale-*` keys.
+fn precision(cx: &Scope, t: &RawTrain) -> Result<(Precision, Option<LossScaleSpec>), RecipeError> {
+    let name = t.precision.as_deref().unwrap_or("fp32");
+    let p = Precision::parse(name).ok_or_else(|| {
+        cx.err(
+            "precision",
+            format!("unknown precision `{name}`"),
+            "use `fp32`, `bf16` (GPUs with bfloat16) or `fp16` (with dynamic loss scaling)",
+        )
+    })?;
+    let keys = [
+        ("loss-scale-init", t.loss_scale_init.is_some()),
+        (
+            "loss-scale-growth-interval",
+            t.loss_scale_growth_interval.is_some(),
+        ),
+        (
+            "loss-scale-growth-factor",
+            t.loss_scale_growth_factor.is_some(),
+        ),
+        ("loss-scale-backoff", t.loss_scale_backoff.is_some()),
+    ];
+    if p != Precision::Fp16 {
+        if let Some((key, _)) = keys.iter().find(|(_, set)| *set) {
+            return Err(cx.err(
+                key,
+                format!("loss scaling is for fp16, and precision is `{}`", p.name()),
+                "remove the loss-scale keys, or set precision = \"fp16\"",
+            ));
+        }
+        return Ok((p, None));
+    }
+    let d = LossScaleSpec::default();
+    let init = t.loss_scale_init.unwrap_or(d.init);
+    if !(1.0..=1e30).contains(&init) {
+        return Err(cx.err(
+            "loss-scale-init",
+            format!("{init} is outside [1, 1e30]"),
+            "65536 (2^16) is the usual start",
+        ));
+    }
+    let growth_factor = t.loss_scale_growth_factor.unwrap_or(d.growth_factor);
+    if !(growth_factor > 1.0 && growth_factor <= 1e3) {
+        return Err(cx.err(
+            "loss-scale-growth-factor",
+            format!("{growth_factor} must be above 1"),
+            "2.0 doubles the scale after a run of clean steps",
+        ));
+    }
+    let backoff = t.loss_scale_backoff.unwrap_or(d.backoff);
+    if !(backoff > 0.0 && backoff < 1.0) {
+        return Err(cx.err(
+            "loss-scale-backoff",
+            format!("{backoff} is outside (0, 1)"),
+            "0.5 halves the scale on an overflow",
+        ));
+    }
+    let spec = LossScaleSpec {
+        init,
+        growth_interval: cx.positive(
+            "loss-scale-growth-interval",
+            t.loss_scale_growth_interval,
+            d.growth_interval,
+        )?,
+        growth_factor,
+        backoff,
+    };
+    Ok((p, Some(spec)))
 }
 
 /// `base` with the keys of `overrides` replaced (a stage's `[stage.train]` over `[train]`).

@@ -19,7 +19,7 @@ use crate::Pipeline;
 /// The `[train]` settings of a stage as a recipe writes them.
 pub fn train_settings(t: &TrainSpec, overridden: bool) -> Vec<String> {
     vec![format!(
-        "train{}: epochs = {}, batch-size = {}, grad-accum-steps = {}, lr = {:e}, weight-decay = {}, warmup-fraction = {}, final-lr-ratio = {}, grad-clip-norm = {}, best-metric = \"{}\"{}",
+        "train{}: epochs = {}, batch-size = {}, grad-accum-steps = {}, lr = {:e}, weight-decay = {}, warmup-fraction = {}, final-lr-ratio = {}, grad-clip-norm = {}, best-metric = \"{}\"{}{}",
         if overridden { " ([stage.train] over [train])" } else { "" },
         t.epochs,
         t.batch_size,
@@ -30,8 +30,25 @@ pub fn train_settings(t: &TrainSpec, overridden: bool) -> Vec<String> {
         t.final_lr_ratio,
         t.grad_clip_norm.unwrap_or(0.0),
         t.best_metric.name(),
-        if t.gradient_checkpointing { ", gradient-checkpointing = true" } else { "" }
+        if t.gradient_checkpointing { ", gradient-checkpointing = true" } else { "" },
+        precision_note(t)
     )]
+}
+
+/// `, precision = ..` (with the loss-scale settings for fp16); empty for fp32.
+fn precision_note(t: &TrainSpec) -> String {
+    match (&t.precision, &t.loss_scale) {
+        (mopt_recipe::Precision::Fp32, _) => String::new(),
+        (p, None) => format!(", precision = \"{}\" (f32 master weights)", p.name()),
+        (p, Some(s)) => format!(
+            ", precision = \"{}\" (f32 master weights; dynamic loss scale from {} x{} every {} clean steps, x{} on overflow)",
+            p.name(),
+            s.init,
+            s.growth_factor,
+            s.growth_interval,
+            s.backoff
+        ),
+    }
 }
 
 /// One line describing a model shape.

@@ -25,6 +25,18 @@ fn scale<const D: usize>(grads: &mut GradientsParams, id: ParamId, factor: f32) 
 /// Scale all gradients so that their global L2 norm is at most `max_norm`; returns the norm
 /// before clipping.
 pub fn clip_global_norm<M: Module>(model: &M, grads: &mut GradientsParams, max_norm: f32) -> f32 {
+    unscale_and_clip(model, grads, 1.0, Some(max_norm)).unwrap_or(f32::INFINITY)
+}
+
+/// Multiply all gradients by `inv_scale` (undoing a loss scale) and clip their global L2 norm
+/// to `max_norm`, in one pass over the gradients. Returns the unscaled norm before clipping, or
+/// `None` (gradients untouched) when a gradient holds an inf or NaN.
+pub fn unscale_and_clip<M: Module>(
+    model: &M,
+    grads: &mut GradientsParams,
+    inv_scale: f32,
+    max_norm: Option<f32>,
+) -> Option<f32> {
     let mut ids = Ids(Vec::new());
     model.visit(&mut ids);
     let mut total = 0.0f64;
@@ -38,9 +50,17 @@ pub fn clip_global_norm<M: Module>(model: &M, grads: &mut GradientsParams, max_n
         }
         .unwrap_or(0.0);
     }
-    let norm = total.sqrt() as f32;
-    if norm > max_norm && norm.is_finite() {
-        let factor = max_norm / (norm + 1e-6);
+    // Σg² in f64 is finite exactly when every gradient is (f32's largest square fits).
+    if !total.is_finite() {
+        return None;
+    }
+    let norm = (total.sqrt() * inv_scale as f64) as f32;
+    let clip = match max_norm {
+        Some(max) if norm > max => max / (norm + 1e-6),
+        _ => 1.0,
+    };
+    let factor = inv_scale * clip;
+    if factor != 1.0 {
         for &(id, d) in &ids.0 {
             match d {
                 1 => scale::<1>(grads, id, factor),
@@ -51,7 +71,7 @@ pub fn clip_global_norm<M: Module>(model: &M, grads: &mut GradientsParams, max_n
             }
         }
     }
-    norm
+    Some(norm)
 }
 
 #[cfg(test)]

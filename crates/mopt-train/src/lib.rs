@@ -5,6 +5,7 @@
 //! validation with best-checkpoint selection, `metrics.jsonl` + TensorBoard logging, progress
 //! display, the LR range test and `--check` plans. The backend is picked in [`backend`].
 
+pub mod amp;
 pub mod backend;
 pub mod clip;
 mod error;
@@ -15,6 +16,7 @@ pub mod metrics;
 pub mod rundir;
 pub mod schedule;
 pub mod setup;
+pub mod step;
 pub mod trainer;
 
 pub use backend::DeviceSpec;

@@ -9,18 +9,19 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use mopt_data::{epoch_order, Batcher, Encoded, EncodedSplits, TextBatch};
+use mopt_kernels::autocast;
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
 use mopt_recipe::{BestMetric, TrainSpec};
 use serde::Serialize;
 use serde_json::json;
 
+use crate::amp::{self, LossScaler};
 use crate::backend::DeviceSpec;
-use crate::clip::clip_global_norm;
 use crate::error::TrainError;
 use crate::logging::{Progress, RunLogger};
 use crate::memory::peak_rss_bytes;
 use crate::metrics::{accuracy, macro_f1, EvalMetrics};
-use crate::schedule::warmup_cosine;
+use crate::step::Stepper;
 
 /// Options that do not belong in a recipe.
 #[derive(Debug, Clone, Default)]
@@ -63,6 +64,33 @@ pub struct TrainReport {
     pub peak_rss_bytes: Option<u64>,
     pub checkpoint: PathBuf,
     pub token_cache_hit: bool,
+    /// `fp32`, `bf16` or `fp16` (matrix products; weights and optimizer state stay f32).
+    pub precision: &'static str,
+    /// fp16 only: the loss scaler's final state (scale, skipped steps).
+    pub loss_scale: Option<LossScaler>,
+}
+
+/// `train_state.json`, rewritten after every epoch: where training stands, with the loss
+/// scaler's state (fp16).
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct TrainState {
+    pub epoch: usize,
+    pub step: usize,
+    pub precision: String,
+    pub loss_scale: Option<LossScaler>,
+}
+
+impl TrainState {
+    pub const FILE: &'static str = "train_state.json";
+
+    /// Write atomically (temporary file, then rename).
+    pub fn save(&self, run_dir: &Path) -> Result<(), TrainError> {
+        let path = run_dir.join(Self::FILE);
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(self).expect("json"))
+            .map_err(|e| TrainError::io(&tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| TrainError::io(&path, e))
+    }
 }
 
 /// Per-example logits and predictions of an evaluation.
@@ -343,14 +371,14 @@ pub fn fit<T: Task>(
     ad_device.seed(ctx.seed);
     let batcher = Batcher::new(ctx.pad_id);
 
-    let mut optim = adamw(t);
     let micro_per_epoch = data.train.len().div_ceil(t.batch_size);
     let steps_per_epoch = micro_per_epoch.div_ceil(t.grad_accum_steps);
     let mut total_steps = steps_per_epoch * t.epochs;
     if let Some(m) = ctx.opts.max_steps {
         total_steps = total_steps.min(m);
     }
-    let mut sched = warmup_cosine(t.lr, total_steps, t.warmup_fraction, t.final_lr_ratio);
+    let mut stepper = Stepper::new(t, total_steps);
+    let compute = amp::compute_dtype(t.precision);
 
     let mut logger = RunLogger::create(ctx.run_dir)?;
     let best_dir = ctx.run_dir.join("best");
@@ -374,48 +402,70 @@ pub fn fit<T: Task>(
             &format!("epoch {}/{}", epoch + 1, t.epochs),
             steps_per_epoch,
         );
-        let mut epoch_steps = 0usize;
-        let mut lr = 0.0;
+        let (mut epoch_steps, mut boundaries) = (0usize, 0usize);
+        // A non-finite fp16 loss skips its optimizer step instead of failing the run.
+        let mut overflowed = false;
         for (mi, chunk) in order.chunks(t.batch_size).enumerate() {
             let items: Vec<&Encoded> = chunk.iter().map(|&i| &data.train[i]).collect();
             let b = batcher.batch(&items, &ad_device);
-            let (loss, components) = task.loss(&model, &b, chunk, step as f64 / total_steps as f64);
+            let progress_frac = step as f64 / total_steps as f64;
+            let (loss, components) =
+                autocast::scope(compute, || task.loss(&model, &b, chunk, progress_frac));
             let loss_value: f32 = loss.clone().into_scalar();
-            if !loss_value.is_finite() {
+            if !loss_value.is_finite() && stepper.scaler.is_none() {
                 return Err(TrainError::Failed(format!(
                     "loss became {loss_value} at step {step} (epoch {}); lower train.lr or enable train.grad-clip-norm",
                     epoch + 1
                 )));
             }
-            let grads = loss.div_scalar(t.grad_accum_steps as f32).backward();
-            accum.accumulate(&model, GradientsParams::from_grads(grads, &model));
+            if loss_value.is_finite() {
+                let loss = match &stepper.scaler {
+                    Some(s) => loss.mul_scalar(s.scale() / t.grad_accum_steps as f32),
+                    None => loss.div_scalar(t.grad_accum_steps as f32),
+                };
+                let grads = loss.backward();
+                accum.accumulate(&model, GradientsParams::from_grads(grads, &model));
+                loss_sum += loss_value as f64;
+                loss_n += 1;
+                window.add(loss_value as f64, &components, chunk.len());
+            } else {
+                overflowed = true;
+            }
             pending += 1;
-            loss_sum += loss_value as f64;
-            loss_n += 1;
-            window.add(loss_value as f64, &components, chunk.len());
             train_samples += chunk.len();
             if pending < t.grad_accum_steps && mi + 1 < micro_per_epoch {
                 continue;
             }
             pending = 0;
-            let mut grads = accum.grads();
-            let grad_norm = t
-                .grad_clip_norm
-                .map(|max| clip_global_norm(&model, &mut grads, max));
-            lr = sched.step().base();
-            model = optim.step(lr, model, grads);
-            step += 1;
-            epoch_steps += 1;
+            boundaries += 1;
+            let (next, result) = stepper
+                .step(model, accum.grads(), std::mem::take(&mut overflowed))
+                .map_err(TrainError::Failed)?;
+            model = next;
+            let lr = stepper.lr;
             let sps = window.samples as f64 / window_start.elapsed().as_secs_f64().max(1e-9);
             let mean_loss = window.loss / window.n.max(1) as f64;
+            let scale_note = stepper
+                .scaler
+                .as_ref()
+                .map_or(String::new(), |s| format!(" scale {}", s.scale));
             progress.update(
-                epoch_steps,
-                &format!("loss {mean_loss:.4} lr {lr:.2e} {sps:.1} samples/s"),
+                boundaries,
+                &format!("loss {mean_loss:.4} lr {lr:.2e}{scale_note} {sps:.1} samples/s"),
             );
+            if !result.applied {
+                continue;
+            }
+            step += 1;
+            epoch_steps += 1;
             if step % t.log_every == 0 || step == total_steps {
                 let mut scalars = vec![("loss", mean_loss), ("lr", lr), ("samples_per_s", sps)];
-                if let Some(n) = grad_norm {
+                if let Some(n) = result.grad_norm {
                     scalars.push(("grad_norm", n as f64));
+                }
+                if let Some(s) = &stepper.scaler {
+                    scalars.push(("loss_scale", s.scale));
+                    scalars.push(("skipped_steps", s.skipped_steps as f64));
                 }
                 for (name, v) in &window.components {
                     scalars.push((name, v / window.n.max(1) as f64));
@@ -433,7 +483,7 @@ pub fn fit<T: Task>(
         if stopped {
             progress.finish(&format!("stopped at --max-steps {step}"));
         } else {
-            progress.finish(&format!("loss {train_loss:.4} lr {lr:.2e}"));
+            progress.finish(&format!("loss {train_loss:.4} lr {:.2e}", stepper.lr));
         }
         train_time += epoch_start.elapsed().as_secs_f64();
         let classifier = task.classifier(&model).valid();
@@ -490,6 +540,13 @@ pub fn fit<T: Task>(
                 best_dir.display()
             );
         }
+        TrainState {
+            epoch: epoch + 1,
+            step,
+            precision: t.precision.name().to_string(),
+            loss_scale: stepper.scaler.clone(),
+        }
+        .save(ctx.run_dir)?;
         epochs.push(EpochRecord {
             epoch: epoch + 1,
             steps: epoch_steps,
@@ -558,6 +615,8 @@ pub fn fit<T: Task>(
         peak_rss_bytes: peak_rss_bytes(),
         checkpoint: best_dir,
         token_cache_hit: data.from_cache,
+        precision: t.precision.name(),
+        loss_scale: stepper.scaler.clone(),
     };
     let path = ctx.run_dir.join("report.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json"))

@@ -12,6 +12,7 @@ use burn::nn::{
 };
 use burn::prelude::*;
 use burn::tensor::activation::tanh;
+use mopt_kernels::autocast::{self, matmul};
 use mopt_kernels::{gelu, softmax};
 use mopt_quant::node::{LinearQuant, Phase};
 
@@ -74,7 +75,7 @@ fn linear2(l: &Linear, q: &Option<LinearQuant>, x: Tensor<2>) -> Tensor<2> {
     };
     match &l.bias {
         Some(bias) => mopt_kernels::linear(x, w, bias.val()),
-        None => x.matmul(w),
+        None => matmul(x, w),
     }
 }
 
@@ -186,9 +187,9 @@ impl BertSelfAttention {
         let q = split(linear(&self.query, &self.query_quant, x.clone()));
         let k = split(linear(&self.key, &self.key_quant, x.clone()));
         let v = split(linear(&self.value, &self.value_quant, x));
-        let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((d as f32).sqrt());
+        let scores = matmul(q, k.swap_dims(2, 3)).div_scalar((d as f32).sqrt());
         let probs = softmax(scores.clone() + mask_bias, 3);
-        let ctx = dropout(&self.dropout, probs.clone()).matmul(v);
+        let ctx = matmul(dropout(&self.dropout, probs.clone()), v);
         (
             ctx.swap_dims(1, 2).reshape([batch, seq, h * d]),
             scores,
@@ -387,10 +388,10 @@ impl BertForSequenceClassification {
     pub fn head(&self, x: Tensor<3>) -> (Tensor<2>, Tensor<2>) {
         let [batch, _, hidden] = x.dims();
         let cls = x.slice([0..batch, 0..1]).reshape([batch, hidden]);
-        // Burn's Linear on 2-D inputs for float heads (as before quantization existed).
+        // Burn's Linear on 2-D inputs for float f32 heads (as before quantization existed).
         let head = |l: &Linear, q: &Option<LinearQuant>, x: Tensor<2>| match q {
-            None => l.forward(x),
-            Some(_) => linear2(l, q, x),
+            None if autocast::compute_dtype().is_none() => l.forward(x),
+            _ => linear2(l, q, x),
         };
         let p = &self.bert.pooler;
         let pooled = tanh(head(&p.dense, &p.dense_quant, cls));
