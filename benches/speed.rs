@@ -32,10 +32,12 @@ use mopt_distill::matching::MatchPlan;
 use mopt_distill::spec::DistillSpec;
 use mopt_distill::student::from_teacher_layers;
 use mopt_distill::{DistillModel, DistillTask, TeacherSource};
+use mopt_kernels::autocast;
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
+use mopt_recipe::Precision;
 use mopt_recipe::Recipe;
 use mopt_stages::kinds::distill::DistillStage;
-use mopt_train::clip::clip_global_norm;
+use mopt_train::clip::{clip_global_norm, unscale_and_clip};
 use mopt_train::setup::{build_model, model_config, prepare_data};
 use mopt_train::trainer::{save_checkpoint_dir, FinetuneTask, Task};
 use serde_json::{json, Value};
@@ -179,6 +181,32 @@ fn train_step<T: Task>(
     let _: f32 = loss.clone().into_scalar();
     let mut grads = GradientsParams::from_grads(loss.backward(), &model);
     clip_global_norm(&model, &mut grads, clip);
+    optim.step(lr, model, grads)
+}
+
+/// [`train_step`] in mixed precision, as the trainer runs it: the forward pass under autocast,
+/// for fp16 the loss scaled by 2^16 and the gradients unscaled in the clipping pass.
+#[allow(clippy::too_many_arguments)]
+fn train_step_amp<T: Task>(
+    precision: Precision,
+    task: &mut T,
+    model: T::Model,
+    optim: &mut ModuleOptimizer,
+    b: &TextBatch,
+    indices: &[usize],
+    clip: f32,
+    lr: f64,
+) -> T::Model {
+    let compute = mopt_train::amp::compute_dtype(precision);
+    let (loss, _) = autocast::scope(compute, || task.loss(&model, b, indices, 0.5));
+    let _: f32 = loss.clone().into_scalar();
+    let scale = if precision == Precision::Fp16 {
+        65536.0
+    } else {
+        1.0
+    };
+    let mut grads = GradientsParams::from_grads(loss.mul_scalar(scale).backward(), &model);
+    unscale_and_clip(&model, &mut grads, 1.0 / scale, Some(clip)).expect("finite gradients");
     optim.step(lr, model, grads)
 }
 
@@ -505,6 +533,34 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         );
         let f = step_flops(&p.student_config, None);
         bench.record("student_step", &ms, bsz, Some(f));
+    }
+    // Student, hard labels, with the products in bf16 and fp16 (Flex runs bf16 GEMMs through
+    // f32 and f16 GEMMs on the `gemm` crate: this is about correctness on the CPU, speed on GPUs).
+    for (name, precision) in [
+        ("student_step_bf16", Precision::Bf16),
+        ("student_step_fp16", Precision::Fp16),
+    ] {
+        if !bench.wants(name) {
+            continue;
+        }
+        let mut task = FinetuneTask::new(&ad);
+        let mut optim = adamw();
+        let mut slot = Some(from_teacher_layers(&teacher_ad(), &p.layers));
+        let ms = time_ms(warmup, steps, |i| {
+            let m = slot.take().expect("model");
+            slot = Some(train_step_amp(
+                precision,
+                &mut task,
+                m,
+                &mut optim,
+                &batches[i],
+                &index_chunks[i],
+                clip,
+                lr,
+            ));
+        });
+        let f = step_flops(&p.student_config, None);
+        bench.record(name, &ms, bsz, Some(f));
     }
     // Distillation (distill_bert.toml's objective), cached and live teacher.
     for cached in [true, false] {

@@ -13,6 +13,7 @@ on the first batch, so both sides time the same network.
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -121,6 +122,31 @@ def steps(spec, out_path):
     train(copy.deepcopy(teacher), ce, "teacher_step")
     results["teacher_step"]["peak_rss_mb"] = peak_rss_mb()
     train(copy.deepcopy(student), ce, "student_step")
+    # The same step under CPU autocast (PyTorch's own mixed precision: bf16, and fp16 with its
+    # GradScaler), beside mopt's student_step_bf16 / _fp16.
+    for name, dtype in [("student_step_bf16", torch.bfloat16), ("student_step_fp16", torch.float16)]:
+        model = copy.deepcopy(student).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"])
+        scaler = torch.amp.GradScaler("cpu", enabled=dtype == torch.float16)
+
+        def one(i, model=model, opt=opt, scaler=scaler, dtype=dtype):
+            ids, mask, labels = batches[i]
+            with torch.autocast("cpu", dtype=dtype):
+                logits = model(input_ids=ids, attention_mask=mask).logits
+            loss = F.cross_entropy(logits.float(), labels)
+            loss.item()
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"])
+            scaler.step(opt)
+            scaler.update()
+
+        try:
+            ms = timed(warmup, n, one)
+            record(results, name, ms, 32, step_flops(model.config))
+        except RuntimeError as e:  # an op without a CPU kernel in this dtype
+            print(f"{name}: {e}", file=sys.stderr)
 
     d = spec["distill"]
     alpha, temp, pairs = d["alpha"], d["temperature"], d["hidden_pairs"]

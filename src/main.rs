@@ -90,11 +90,33 @@ enum Command {
     },
 }
 
+/// The main device and the data-parallel replicas (`[run] devices`), each opened.
+fn devices_for(
+    recipe: &mopt_recipe::Recipe,
+    flag: &Option<String>,
+) -> Result<(DeviceSpec, Vec<DeviceSpec>), TrainError> {
+    let (main, replicas) = device_for(recipe, flag)?.data_parallel(&recipe.run.devices);
+    for d in std::iter::once(&main).chain(&replicas) {
+        d.open()?;
+    }
+    Ok((main, replicas))
+}
+
 fn device_for(
     recipe: &mopt_recipe::Recipe,
     flag: &Option<String>,
 ) -> Result<DeviceSpec, TrainError> {
-    DeviceSpec::parse(flag.as_deref().unwrap_or(&recipe.run.device))
+    let spec = match flag {
+        Some(name) => {
+            DeviceSpec::parse(name).map_err(|e| TrainError::Input(format!("--device: {e}")))?
+        }
+        None => DeviceSpec::parse(&recipe.run.device).map_err(|e| {
+            TrainError::Input(format!("{}: run.device: {e}", recipe.path.display()))
+        })?,
+    };
+    // Open it now: a missing GPU fails before a run folder exists.
+    spec.open()?;
+    Ok(spec)
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -167,7 +189,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let args = cli.run;
             let path = args.recipe.expect("clap requires RECIPE");
             let pipeline = mopt_stages::Pipeline::load(&path)?;
-            let device = device_for(&pipeline.recipe, &args.device)?;
+            let (device, replicas) = devices_for(&pipeline.recipe, &args.device)?;
             if args.check {
                 print!("{}", pipeline.check(&device)?);
                 println!("recipe OK");
@@ -180,6 +202,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 max_steps: args.max_steps,
                 run_dir: None,
                 reuse: !args.no_reuse,
+                replicas,
             };
             let report = pipeline.run(&opts)?;
             for st in &report.stages {

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use burn::prelude::*;
@@ -28,14 +29,16 @@ struct ExampleOutputs {
     scores: Vec<Vec<f32>>,
 }
 
-/// Teacher outputs for a whole data split.
+/// Teacher outputs for a whole data split. Clones share the outputs (data-parallel replicas
+/// read one copy).
+#[derive(Clone)]
 pub struct TeacherCache {
     needs: TeacherNeeds,
     num_labels: usize,
     hidden_size: usize,
     /// Heads of each needed attention layer (1-based layer → heads).
     heads: BTreeMap<usize, usize>,
-    examples: Vec<ExampleOutputs>,
+    examples: Arc<Vec<ExampleOutputs>>,
     /// Loaded from disk rather than computed.
     pub hit: bool,
     /// Seconds spent in teacher forward passes (0 on a hit).
@@ -167,10 +170,11 @@ pub fn compute(
         num_labels,
         hidden_size,
         heads,
-        examples: out
-            .into_iter()
-            .map(|e| e.expect("every example computed"))
-            .collect(),
+        examples: Arc::new(
+            out.into_iter()
+                .map(|e| e.expect("every example computed"))
+                .collect(),
+        ),
         hit: false,
         build_s: start.elapsed().as_secs_f64(),
         teacher_forwards: examples.len(),
@@ -223,7 +227,7 @@ impl TeacherCache {
             let hb = serde_json::to_vec(&header).expect("json");
             w.write_all(&(hb.len() as u64).to_le_bytes())?;
             w.write_all(&hb)?;
-            for e in &self.examples {
+            for e in self.examples.iter() {
                 w.write_all(&(e.len as u64).to_le_bytes())?;
                 put_f32s(&mut w, &e.logits)?;
                 for v in e.hidden.iter().chain(&e.attentions).chain(&e.scores) {
@@ -286,7 +290,7 @@ impl TeacherCache {
             num_labels: header["num_labels"].as_u64().unwrap_or(0) as usize,
             hidden_size: header["hidden_size"].as_u64().unwrap_or(0) as usize,
             heads,
-            examples,
+            examples: Arc::new(examples),
             hit: true,
             build_s: 0.0,
             teacher_forwards: 0,

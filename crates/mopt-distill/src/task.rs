@@ -9,7 +9,7 @@ use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::prelude::*;
 use mopt_data::{Batcher, Encoded, TextBatch};
 use mopt_models::bert::{BertForSequenceClassification, ForwardOptions};
-use mopt_train::trainer::Task;
+use mopt_train::trainer::{Replica, Task};
 
 use crate::cache::{live_batch, TeacherCache};
 use crate::loss::soft_loss;
@@ -215,5 +215,40 @@ impl Task for DistillTask {
     fn begin_epoch(&mut self, epoch: usize) {
         self.epoch = epoch;
         self.opts = self.forward_options();
+    }
+
+    fn replicate(&self, device: &Device) -> Option<Replica<DistillModel>> {
+        Some(Box::new(self.replica(device)))
+    }
+}
+
+impl DistillTask {
+    /// This objective for a data-parallel replica on `device`: a live teacher is forked there,
+    /// cached teacher outputs are shared.
+    pub fn replica(&self, device: &Device) -> Self {
+        let source = match &self.source {
+            TeacherSource::Cache(c) => TeacherSource::Cache(c.clone()),
+            TeacherSource::Live {
+                teacher,
+                examples,
+                batcher,
+                device: _,
+            } => TeacherSource::Live {
+                teacher: Box::new((**teacher).clone().fork(device)),
+                examples: examples.clone(),
+                batcher: batcher.clone(),
+                device: device.clone(),
+            },
+            TeacherSource::None => TeacherSource::None,
+        };
+        Self {
+            spec: self.spec.clone(),
+            plan: self.plan.clone(),
+            source,
+            ce: CrossEntropyLossConfig::new().init(device),
+            opts: self.opts,
+            epoch: self.epoch,
+            teacher_words: self.teacher_words.clone().map(|t| t.to_device(device)),
+        }
     }
 }

@@ -40,6 +40,7 @@ pub struct RawRun {
     pub output_dir: Option<String>,
     pub seed: Option<u64>,
     pub device: Option<String>,
+    pub devices: Option<Vec<usize>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -66,6 +66,9 @@ pub struct RunSpec {
     pub seed: u64,
     /// Device name (`cpu`); the CLI's `--device` overrides it.
     pub device: String,
+    /// Data-parallel device indices of `device`'s backend (`[run] devices`); empty: one device.
+    /// `batch-size` is per device: a step sees `batch-size × devices × grad-accum-steps` examples.
+    pub devices: Vec<usize>,
 }
 
 impl RunSpec {
@@ -89,6 +92,32 @@ fn run_spec(cx: &Scope, r: RawRun) -> Result<RunSpec, RecipeError> {
         output_dir: cx.resolve(r.output_dir.as_deref().unwrap_or("checkpoints")),
         seed: r.seed.unwrap_or(42),
         device: r.device.unwrap_or_else(|| "cpu".into()),
+        devices: devices(cx, r.devices)?,
+    })
+}
+
+fn devices(cx: &Scope, d: Option<Vec<usize>>) -> Result<Vec<usize>, RecipeError> {
+    let d = d.unwrap_or_default();
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(dup) = d.iter().find(|&&i| !seen.insert(i)) {
+        return Err(cx.err(
+            "run.devices",
+            format!("device {dup} is listed twice"),
+            "list each device index once, e.g. devices = [0, 1]",
+        ));
+    }
+    if d.len() > 64 {
+        return Err(cx.err(
+            "run.devices",
+            format!("{} devices", d.len()),
+            "at most 64 devices on one machine",
+        ));
+    }
+    // One device is the same as none.
+    Ok(if d.len() == 1 && d[0] == 0 {
+        Vec::new()
+    } else {
+        d
     })
 }
 

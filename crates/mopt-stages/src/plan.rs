@@ -195,6 +195,25 @@ impl Pipeline {
             }
         );
         let _ = writeln!(s, "device     {}, seed {}", device.name(), r.run.seed);
+        if !r.run.devices.is_empty() {
+            let n = r.run.devices.len();
+            let t = &r.train;
+            let _ = writeln!(
+                s,
+                "           data-parallel on devices {:?}: batch-size {} per device, effective batch {} x {} x grad-accum {} = {} examples per optimizer step; the LR schedule counts those steps{}",
+                r.run.devices,
+                t.batch_size,
+                t.batch_size,
+                n,
+                t.grad_accum_steps,
+                t.batch_size * n * t.grad_accum_steps,
+                if device.feature().is_none() {
+                    " (on the CPU the replicas share the cores: the code path, not a speed-up)"
+                } else {
+                    ""
+                }
+            );
+        }
         let _ = writeln!(
             s,
             "tokenizer  {} (vocab {}, max-len {})",

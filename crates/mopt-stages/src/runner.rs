@@ -34,11 +34,14 @@ pub struct RunOptions {
     /// Reuse a stage another run of the same output folder finished with the same settings on
     /// the same input (see [`crate::donor`]).
     pub reuse: bool,
+    /// Data-parallel replicas beside `device` (see [`DeviceSpec::data_parallel`]).
+    pub replicas: Vec<DeviceSpec>,
 }
 
 impl RunOptions {
     pub fn new(device: DeviceSpec) -> Self {
         Self {
+            replicas: Vec::new(),
             device,
             force: false,
             resume: false,
@@ -133,6 +136,7 @@ impl Pipeline {
         open_run_dir(recipe, &run_dir, opts)?;
         let train_opts = TrainOptions {
             max_steps: opts.max_steps,
+            replicas: opts.replicas.clone(),
         };
         let device = opts.device.device();
 

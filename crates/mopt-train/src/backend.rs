@@ -1,7 +1,13 @@
 //! The one place that maps a device name to a Burn device.
 //!
-//! `cpu` (alias `flex`) is Burn's Flex CPU backend, always built. GPU backends will be cargo
-//! features of this crate adding arms here (`cuda:0`, `wgpu`), nothing else.
+//! | name | backend | cargo feature |
+//! |---|---|---|
+//! | `cpu` (alias `flex`) | Burn Flex on the CPU (mopt's fused kernels) | always built |
+//! | `cuda:N` | Burn CUDA (CubeCL) on NVIDIA GPU N | `cuda` |
+//! | `wgpu:N` | Burn wgpu (Vulkan/Metal/DX12 through CubeCL) on discrete GPU N; `wgpu` alone: the best adapter | `wgpu` |
+//! | `tch-cuda:N`, `tch-cpu` | LibTorch through `tch` | `tch` |
+//!
+//! Names of backends this build lacks parse into an error that names the feature to build with.
 
 use burn::prelude::*;
 
@@ -12,15 +18,86 @@ use crate::error::TrainError;
 pub enum DeviceSpec {
     /// Burn Flex on the CPU.
     Cpu,
+    /// Burn's CUDA backend on GPU `n`.
+    Cuda(usize),
+    /// Burn's wgpu backend: discrete GPU `n`, or `None` for wgpu's default adapter.
+    Wgpu(Option<usize>),
+    /// LibTorch on CUDA GPU `n`.
+    TchCuda(usize),
+    /// LibTorch on the CPU.
+    TchCpu,
 }
 
 impl DeviceSpec {
     pub fn parse(name: &str) -> Result<Self, TrainError> {
-        match name.trim().to_ascii_lowercase().as_str() {
-            "cpu" | "flex" => Ok(DeviceSpec::Cpu),
-            other => Err(TrainError::Input(format!(
-                "unknown device `{other}`; this build supports `cpu` (GPU backends are a later cargo feature)"
+        let lower = name.trim().to_ascii_lowercase();
+        let (kind, index) = match lower.split_once(':') {
+            Some((k, i)) => {
+                let i = i.parse::<usize>().map_err(|_| {
+                    TrainError::Input(format!(
+                        "device `{name}`: `{i}` is not a device index; write e.g. `cuda:0`"
+                    ))
+                })?;
+                (k, Some(i))
+            }
+            None => (lower.as_str(), None),
+        };
+        let spec = match kind {
+            "cpu" | "flex" if index.is_none() => DeviceSpec::Cpu,
+            "cuda" => DeviceSpec::Cuda(index.unwrap_or(0)),
+            "wgpu" | "vulkan" => DeviceSpec::Wgpu(index),
+            "tch-cuda" => DeviceSpec::TchCuda(index.unwrap_or(0)),
+            "tch-cpu" if index.is_none() => DeviceSpec::TchCpu,
+            _ => {
+                return Err(TrainError::Input(format!(
+                    "unknown device `{name}`; use `cpu`, `cuda:N`, `wgpu:N`, `tch-cuda:N` or `tch-cpu` (GPU names need their cargo feature: {})",
+                    Self::built_note()
+                )))
+            }
+        };
+        match spec.feature() {
+            Some(feature) if !Self::built(feature) => Err(TrainError::Input(format!(
+                "device `{name}` needs the `{feature}` backend, and this mopt-train was built without it; \
+                 rebuild with `cargo build --release --features {feature}` (README, \"GPUs\"){}",
+                if feature == "tch" {
+                    " with LibTorch available (LIBTORCH_USE_PYTORCH=1 and PyTorch 2.9 on PATH)"
+                } else {
+                    ""
+                }
             ))),
+            _ => Ok(spec),
+        }
+    }
+
+    /// The cargo feature a device needs (`None`: always built).
+    pub fn feature(&self) -> Option<&'static str> {
+        match self {
+            DeviceSpec::Cpu => None,
+            DeviceSpec::Cuda(_) => Some("cuda"),
+            DeviceSpec::Wgpu(_) => Some("wgpu"),
+            DeviceSpec::TchCuda(_) | DeviceSpec::TchCpu => Some("tch"),
+        }
+    }
+
+    fn built(feature: &str) -> bool {
+        match feature {
+            "cuda" => cfg!(feature = "cuda"),
+            "wgpu" => cfg!(feature = "wgpu"),
+            "tch" => cfg!(feature = "tch"),
+            _ => false,
+        }
+    }
+
+    /// `this build has: ...` for messages.
+    fn built_note() -> String {
+        let have: Vec<&str> = ["cuda", "wgpu", "tch"]
+            .into_iter()
+            .filter(|f| Self::built(f))
+            .collect();
+        if have.is_empty() {
+            "this build has the CPU only".into()
+        } else {
+            format!("this build has cpu, {}", have.join(", "))
         }
     }
 
@@ -28,6 +105,51 @@ impl DeviceSpec {
     pub fn device(&self) -> Device {
         match self {
             DeviceSpec::Cpu => Device::flex(),
+            #[cfg(feature = "cuda")]
+            DeviceSpec::Cuda(i) => Device::cuda(*i),
+            #[cfg(feature = "wgpu")]
+            DeviceSpec::Wgpu(i) => Device::wgpu(match i {
+                Some(i) => DeviceKind::DiscreteGpu(*i),
+                None => DeviceKind::DefaultDevice,
+            }),
+            #[cfg(feature = "tch")]
+            #[allow(deprecated)]
+            DeviceSpec::TchCuda(i) => Device::libtorch_cuda(*i),
+            #[cfg(feature = "tch")]
+            #[allow(deprecated)]
+            DeviceSpec::TchCpu => Device::libtorch(),
+            #[allow(unreachable_patterns)]
+            other => unreachable!("`parse` refuses {other:?} in a build without its feature"),
+        }
+    }
+
+    /// Open the device with a first tensor, turning a backend's panic (no driver, no GPU with
+    /// that index) into an error that names the device.
+    pub fn open(&self) -> Result<Device, TrainError> {
+        let spec = self.clone();
+        let probe = std::panic::catch_unwind(move || {
+            let d = spec.device();
+            let x = Tensor::<1>::from_floats([1.0, 2.0], &d);
+            let s: f32 = x.sum().into_scalar();
+            (d, s)
+        });
+        match probe {
+            Ok((d, 3.0)) => Ok(d),
+            Ok((_, s)) => Err(TrainError::Failed(format!(
+                "device {} computed 1 + 2 = {s}",
+                self.name()
+            ))),
+            Err(payload) => {
+                let msg = payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown error".into());
+                Err(TrainError::Input(format!(
+                    "cannot open device {}: {msg}; check that the GPU and its driver are present (nvidia-smi / vulkaninfo) or pick another --device",
+                    self.name()
+                )))
+            }
         }
     }
 
@@ -42,9 +164,36 @@ impl DeviceSpec {
         }
     }
 
-    pub fn name(&self) -> &'static str {
+    pub fn name(&self) -> String {
         match self {
-            DeviceSpec::Cpu => "cpu (burn-flex)",
+            DeviceSpec::Cpu => "cpu (burn-flex)".into(),
+            DeviceSpec::Cuda(i) => format!("cuda:{i} (burn-cuda)"),
+            DeviceSpec::Wgpu(Some(i)) => format!("wgpu:{i} (burn-wgpu)"),
+            DeviceSpec::Wgpu(None) => "wgpu (burn-wgpu, default adapter)".into(),
+            DeviceSpec::TchCuda(i) => format!("tch-cuda:{i} (LibTorch)"),
+            DeviceSpec::TchCpu => "tch-cpu (LibTorch)".into(),
+        }
+    }
+
+    /// The main device and the data-parallel replicas for `[run] devices = indices` on this
+    /// backend (empty `indices`: this device alone). On the CPU every replica is the one Flex
+    /// device: the replicas then share the cores (the data-parallel code path without a speed-up).
+    pub fn data_parallel(&self, indices: &[usize]) -> (DeviceSpec, Vec<DeviceSpec>) {
+        let Some((&first, rest)) = indices.split_first() else {
+            return (self.clone(), Vec::new());
+        };
+        let at = |i: usize| self.with_index(i).unwrap_or_else(|| self.clone());
+        (at(first), rest.iter().map(|&i| at(i)).collect())
+    }
+
+    /// The same backend on device index `i` (data-parallel replicas); `None` for a backend
+    /// with one device (the CPU).
+    pub fn with_index(&self, i: usize) -> Option<Self> {
+        match self {
+            DeviceSpec::Cpu | DeviceSpec::TchCpu => None,
+            DeviceSpec::Cuda(_) => Some(DeviceSpec::Cuda(i)),
+            DeviceSpec::Wgpu(_) => Some(DeviceSpec::Wgpu(Some(i))),
+            DeviceSpec::TchCuda(_) => Some(DeviceSpec::TchCuda(i)),
         }
     }
 }
@@ -57,9 +206,54 @@ mod tests {
     fn parses_cpu_and_rejects_unknown() {
         assert_eq!(DeviceSpec::parse("CPU").unwrap(), DeviceSpec::Cpu);
         assert_eq!(DeviceSpec::parse("flex").unwrap(), DeviceSpec::Cpu);
-        assert!(DeviceSpec::parse("tpu")
-            .unwrap_err()
-            .to_string()
-            .contains("unknown device `tpu`"));
+        let err = DeviceSpec::parse("tpu").unwrap_err().to_string();
+        assert!(err.contains("unknown device `tpu`"), "{err}");
+        let err = DeviceSpec::parse("cuda:x").unwrap_err().to_string();
+        assert!(err.contains("not a device index"), "{err}");
+        assert!(DeviceSpec::parse("cpu:1").is_err());
+    }
+
+    #[test]
+    fn gpu_names_need_their_feature() {
+        for (name, spec, feature) in [
+            ("cuda:1", DeviceSpec::Cuda(1), "cuda"),
+            ("cuda", DeviceSpec::Cuda(0), "cuda"),
+            ("wgpu:0", DeviceSpec::Wgpu(Some(0)), "wgpu"),
+            ("wgpu", DeviceSpec::Wgpu(None), "wgpu"),
+            ("tch-cuda:2", DeviceSpec::TchCuda(2), "tch"),
+            ("tch-cpu", DeviceSpec::TchCpu, "tch"),
+        ] {
+            assert_eq!(spec.feature(), Some(feature));
+            match DeviceSpec::parse(name) {
+                Ok(s) => {
+                    assert!(
+                        DeviceSpec::built(feature),
+                        "{name} parsed without its feature"
+                    );
+                    assert_eq!(s, spec);
+                }
+                Err(e) => {
+                    assert!(!DeviceSpec::built(feature));
+                    let e = e.to_string();
+                    assert!(e.contains(&format!("--features {feature}")), "{e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_cpu_opens() {
+        let d = DeviceSpec::Cpu.open().unwrap();
+        assert!(!d.is_autodiff());
+        assert_eq!(DeviceSpec::Cpu.with_index(1), None);
+        assert_eq!(DeviceSpec::Cuda(0).with_index(1), Some(DeviceSpec::Cuda(1)));
+        let (main, rest) = DeviceSpec::Cuda(0).data_parallel(&[2, 3]);
+        assert_eq!(
+            (main, rest),
+            (DeviceSpec::Cuda(2), vec![DeviceSpec::Cuda(3)])
+        );
+        let (main, rest) = DeviceSpec::Cpu.data_parallel(&[0, 1, 2]);
+        assert_eq!((main, rest.len()), (DeviceSpec::Cpu, 2));
+        assert_eq!(DeviceSpec::Cpu.data_parallel(&[]).1.len(), 0);
     }
 }

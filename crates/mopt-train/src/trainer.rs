@@ -28,6 +28,9 @@ use crate::step::Stepper;
 pub struct TrainOptions {
     /// Stop after this many optimizer steps (smoke runs); evaluation still runs.
     pub max_steps: Option<usize>,
+    /// Data-parallel replicas beside the main device (`[run] devices` minus the first): each
+    /// micro-batch of `batch-size × (1 + replicas)` examples is split across the devices.
+    pub replicas: Vec<DeviceSpec>,
 }
 
 /// Per-epoch record in the report.
@@ -195,7 +198,7 @@ pub struct Golden {
 ///
 /// Fine-tuning is cross-entropy on the classifier; distillation (in `mopt-distill`) adds teacher
 /// terms and trainable projections. The trainer owns the loop, the optimizer and the logging.
-pub trait Task {
+pub trait Task: Send {
     /// What the optimizer updates (the classifier plus anything the objective trains).
     type Model: Module + 'static;
 
@@ -215,6 +218,42 @@ pub trait Task {
 
     /// Called before each training epoch (`epoch` is 1-based), for objectives that change by phase.
     fn begin_epoch(&mut self, _epoch: usize) {}
+
+    /// A copy of this objective for a data-parallel replica on `device` (inference device; a
+    /// teacher is forked there, cached teacher outputs are shared). `None`: it cannot be
+    /// replicated, and data-parallel training refuses it.
+    fn replicate(&self, _device: &Device) -> Option<Replica<Self::Model>> {
+        None
+    }
+}
+
+/// A data-parallel replica of a [`Task`].
+pub type Replica<M> = Box<dyn Task<Model = M>>;
+
+impl<M: Module + 'static> Task for Replica<M> {
+    type Model = M;
+
+    fn loss(
+        &mut self,
+        model: &M,
+        batch: &TextBatch,
+        indices: &[usize],
+        progress: f64,
+    ) -> (Tensor<1>, Vec<(&'static str, f64)>) {
+        (**self).loss(model, batch, indices, progress)
+    }
+
+    fn classifier<'a>(&self, model: &'a M) -> &'a BertForSequenceClassification {
+        (**self).classifier(model)
+    }
+
+    fn begin_epoch(&mut self, epoch: usize) {
+        (**self).begin_epoch(epoch)
+    }
+
+    fn replicate(&self, device: &Device) -> Option<Replica<M>> {
+        (**self).replicate(device)
+    }
 }
 
 /// A borrowed task trains too: one objective (and the teacher outputs it holds) can serve several
@@ -238,6 +277,10 @@ impl<T: Task> Task for &mut T {
 
     fn begin_epoch(&mut self, epoch: usize) {
         (**self).begin_epoch(epoch)
+    }
+
+    fn replicate(&self, device: &Device) -> Option<Replica<T::Model>> {
+        (**self).replicate(device)
     }
 }
 
@@ -275,6 +318,10 @@ impl Task for FinetuneTask {
 
     fn classifier<'a>(&self, model: &'a Self::Model) -> &'a BertForSequenceClassification {
         model
+    }
+
+    fn replicate(&self, device: &Device) -> Option<Replica<Self::Model>> {
+        Some(Box::new(FinetuneTask::new(device)))
     }
 }
 
@@ -344,6 +391,141 @@ impl Window {
     }
 }
 
+/// The data-parallel workers beyond the main device: a replica of `task` and the training
+/// device for each of `ctx.opts.replicas` (dropout seeds differ per replica).
+fn replicas<T: Task>(
+    task: &T,
+    ctx: &RunContext,
+) -> Result<Workers<T::Model>, TrainError> {
+    ctx.opts
+        .replicas
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            let replica = task.replicate(&spec.device()).ok_or_else(|| {
+                TrainError::Input(format!(
+                    "{}: this objective cannot run data-parallel; remove [run] devices",
+                    ctx.name
+                ))
+            })?;
+            let ad = spec.train_device(ctx.train);
+            ad.seed(ctx.seed.wrapping_add(1 + i as u64));
+            Ok((replica, ad))
+        })
+        .collect()
+}
+
+/// One micro-batch: its examples split into equal shards, one per device (the main device on
+/// this thread, each worker on its own, as Burn's multi-device strategy does), each shard's
+/// loss weighted by its share so that the gradients sum to the full batch's mean gradient.
+struct MicroBatch<'a> {
+    chunk: &'a [usize],
+    examples: &'a [Encoded],
+    batcher: &'a Batcher,
+    progress: f64,
+    compute: Option<burn::tensor::DType>,
+    multiplier: f32,
+    accum_steps: usize,
+}
+
+/// Data-parallel workers: a task replica and its training device each.
+type Workers<M> = Vec<(Replica<M>, Device)>;
+
+/// A micro-batch's weighted loss, components and per-shard gradients (`None`: a loss overflowed).
+type MicroOut = (f32, Vec<(&'static str, f64)>, Option<Vec<GradientsParams>>);
+
+/// A shard's loss value, logged components and (finite losses only) gradients.
+type ShardOut = (f32, Vec<(&'static str, f64)>, Option<GradientsParams>);
+
+impl MicroBatch<'_> {
+    /// (loss, components, gradients on the main device); `None` gradients when a shard's loss
+    /// was not finite.
+    fn run<T: Task>(
+        &self,
+        task: &mut T,
+        workers: &mut [(Replica<T::Model>, Device)],
+        model: &T::Model,
+        main: &Device,
+    ) -> MicroOut {
+        let n = self.chunk.len();
+        let shards: Vec<&[usize]> = self.chunk.chunks(n.div_ceil(1 + workers.len())).collect();
+        let weight = |shard: &[usize]| {
+            if shards.len() == 1 {
+                None
+            } else {
+                Some(shard.len() as f32 / n as f32)
+            }
+        };
+        let outs: Vec<ShardOut> = std::thread::scope(|scope| {
+            let handles: Vec<_> = workers
+                .iter_mut()
+                .zip(shards.iter().skip(1))
+                .map(|((replica, device), &shard)| {
+                    let m = model.clone().fork(device);
+                    let w = weight(shard);
+                    let main = main.clone();
+                    scope.spawn(move || {
+                        let (v, parts, g) = self.shard(replica, &m, device, shard, w);
+                        (v, parts, g.map(|g| g.to_device(&main, &m)))
+                    })
+                })
+                .collect();
+            let first = self.shard(task, model, main, shards[0], weight(shards[0]));
+            std::iter::once(first)
+                .chain(handles.into_iter().map(|h| h.join().expect("worker")))
+                .collect()
+        });
+        let mut loss = 0.0f32;
+        let mut components: Vec<(&'static str, f64)> = Vec::new();
+        let mut grads = Some(Vec::new());
+        for ((v, parts, g), shard) in outs.into_iter().zip(&shards) {
+            let w = weight(shard).unwrap_or(1.0);
+            loss += w * v;
+            for (name, x) in parts {
+                match components.iter_mut().find(|(k, _)| *k == name) {
+                    Some((_, acc)) => *acc += w as f64 * x,
+                    None => components.push((name, w as f64 * x)),
+                }
+            }
+            grads = grads.zip(g).map(|(mut all, g)| {
+                all.push(g);
+                all
+            });
+        }
+        (loss, components, grads)
+    }
+
+    fn shard<T: Task + ?Sized>(
+        &self,
+        task: &mut T,
+        model: &T::Model,
+        device: &Device,
+        shard: &[usize],
+        weight: Option<f32>,
+    ) -> ShardOut {
+        let items: Vec<&Encoded> = shard.iter().map(|&i| &self.examples[i]).collect();
+        let b = self.batcher.batch(&items, device);
+        let (loss, parts) =
+            autocast::scope(self.compute, || task.loss(model, &b, shard, self.progress));
+        let v: f32 = loss.clone().into_scalar();
+        if !v.is_finite() {
+            return (v, parts, None);
+        }
+        let loss = match weight {
+            Some(w) => loss.mul_scalar(w),
+            None => loss,
+        };
+        // Without loss scaling exactly the single-device expression (`loss / accum`).
+        let loss = if self.multiplier == 1.0 {
+            loss.div_scalar(self.accum_steps as f32)
+        } else {
+            loss.mul_scalar(self.multiplier / self.accum_steps as f32)
+        };
+        let grads = GradientsParams::from_grads(loss.backward(), model);
+        (v, parts, Some(grads))
+    }
+}
+
 /// AdamW with the recipe's settings: Burn's formula and state, computed in one fused pass per
 /// parameter (`mopt_kernels::FusedAdamW`).
 pub fn adamw(t: &mopt_recipe::TrainSpec) -> ModuleOptimizer {
@@ -371,13 +553,17 @@ pub fn fit<T: Task>(
     ad_device.seed(ctx.seed);
     let batcher = Batcher::new(ctx.pad_id);
 
-    let micro_per_epoch = data.train.len().div_ceil(t.batch_size);
+    let micro_per_epoch = data
+        .train
+        .len()
+        .div_ceil(t.batch_size * (1 + ctx.opts.replicas.len()));
     let steps_per_epoch = micro_per_epoch.div_ceil(t.grad_accum_steps);
     let mut total_steps = steps_per_epoch * t.epochs;
     if let Some(m) = ctx.opts.max_steps {
         total_steps = total_steps.min(m);
     }
     let mut stepper = Stepper::new(t, total_steps);
+    let mut workers = replicas(&task, ctx)?;
     let compute = amp::compute_dtype(t.precision);
 
     let mut logger = RunLogger::create(ctx.run_dir)?;
@@ -391,6 +577,9 @@ pub fn fit<T: Task>(
 
     for epoch in 0..t.epochs {
         task.begin_epoch(epoch + 1);
+        for (w, _) in &mut workers {
+            w.begin_epoch(epoch + 1);
+        }
         let epoch_start = Instant::now();
         let order = epoch_order(data.train.len(), ctx.seed, epoch);
         let mut accum = GradientsAccumulator::new();
@@ -405,31 +594,36 @@ pub fn fit<T: Task>(
         let (mut epoch_steps, mut boundaries) = (0usize, 0usize);
         // A non-finite fp16 loss skips its optimizer step instead of failing the run.
         let mut overflowed = false;
-        for (mi, chunk) in order.chunks(t.batch_size).enumerate() {
-            let items: Vec<&Encoded> = chunk.iter().map(|&i| &data.train[i]).collect();
-            let b = batcher.batch(&items, &ad_device);
+        for (mi, chunk) in order.chunks(t.batch_size * (1 + workers.len())).enumerate() {
             let progress_frac = step as f64 / total_steps as f64;
-            let (loss, components) =
-                autocast::scope(compute, || task.loss(&model, &b, chunk, progress_frac));
-            let loss_value: f32 = loss.clone().into_scalar();
+            let micro = MicroBatch {
+                chunk,
+                examples: &data.train,
+                batcher: &batcher,
+                progress: progress_frac,
+                compute,
+                // The loss scale (fp16) and the accumulation mean.
+                multiplier: stepper.loss_multiplier(),
+                accum_steps: t.grad_accum_steps,
+            };
+            let (loss_value, components, grads) =
+                micro.run(&mut task, &mut workers, &model, &ad_device);
             if !loss_value.is_finite() && stepper.scaler.is_none() {
                 return Err(TrainError::Failed(format!(
                     "loss became {loss_value} at step {step} (epoch {}); lower train.lr or enable train.grad-clip-norm",
                     epoch + 1
                 )));
             }
-            if loss_value.is_finite() {
-                let loss = match &stepper.scaler {
-                    Some(s) => loss.mul_scalar(s.scale() / t.grad_accum_steps as f32),
-                    None => loss.div_scalar(t.grad_accum_steps as f32),
-                };
-                let grads = loss.backward();
-                accum.accumulate(&model, GradientsParams::from_grads(grads, &model));
-                loss_sum += loss_value as f64;
-                loss_n += 1;
-                window.add(loss_value as f64, &components, chunk.len());
-            } else {
-                overflowed = true;
+            match grads {
+                Some(grads) => {
+                    for g in grads {
+                        accum.accumulate(&model, g);
+                    }
+                    loss_sum += loss_value as f64;
+                    loss_n += 1;
+                    window.add(loss_value as f64, &components, chunk.len());
+                }
+                None => overflowed = true,
             }
             pending += 1;
             train_samples += chunk.len();

@@ -427,6 +427,13 @@ impl Task for Objective {
     fn begin_epoch(&mut self, epoch: usize) {
         self.inner.begin_epoch(epoch);
     }
+
+    fn replicate(&self, device: &Device) -> Option<mopt_train::trainer::Replica<DistillModel>> {
+        Some(Box::new(Objective {
+            inner: self.inner.replica(device),
+            extra: self.extra.clone(),
+        }))
+    }
 }
 
 fn match_line(m: &MatchSpec) -> String {

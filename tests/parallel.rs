@@ -1,0 +1,72 @@
+//! Data-parallel training (`[run] devices`) on two CPU replicas: the code path a multi-GPU run
+//! takes (shards on worker threads, gradients merged on the main device, one optimizer step).
+
+mod common;
+
+use common::*;
+use std::path::Path;
+
+fn run(dir: &Path, name: &str, batch: usize, devices: &str) -> serde_json::Value {
+    std::fs::create_dir_all(dir).unwrap();
+    let recipe = write_tiny_recipe(dir, name, "");
+    let text = std::fs::read_to_string(&recipe)
+        .unwrap()
+        .replace("seed = 7\n", &format!("seed = 7\n{devices}\n"))
+        .replace("[model]\n", "[model]\ndropout = 0.0\n")
+        .replace("batch-size = 16", &format!("batch-size = {batch}"));
+    std::fs::write(&recipe, text).unwrap();
+    let check = mopt(&[recipe.to_str().unwrap(), "--check"]);
+    assert!(check.status.success(), "{}", stderr(&check));
+    let plan = String::from_utf8_lossy(&check.stdout).into_owned();
+    assert_eq!(
+        plan.contains("data-parallel on devices [0, 1]: batch-size 8 per device, effective batch 8 x 2 x grad-accum 1 = 16"),
+        !devices.is_empty(),
+        "{plan}"
+    );
+    let out = mopt(&[recipe.to_str().unwrap(), "--max-steps", "4"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    read_json(&dir.join(format!("runs/{name}/01-finetune/report.json")))
+}
+
+#[test]
+fn two_replicas_of_8_match_one_device_of_16() {
+    let tmp = tempfile::tempdir().unwrap();
+    let one = run(&tmp.path().join("one"), "one", 16, "");
+    let two = run(&tmp.path().join("two"), "two", 8, "devices = [0, 1]");
+    let half = run(&tmp.path().join("half"), "half", 8, "");
+    assert_eq!(one["steps"], 4);
+    assert_eq!(two["steps"], 4);
+    let loss = |r: &serde_json::Value| r["test"]["loss"].as_f64().unwrap();
+    let train = |r: &serde_json::Value| r["epochs"][0]["train_loss"].as_f64().unwrap();
+    // Same 16 examples per step, split 8 + 8 over two replicas: the same updates.
+    assert!(
+        (loss(&one) - loss(&two)).abs() < 1e-4,
+        "{} vs {}",
+        loss(&one),
+        loss(&two)
+    );
+    assert!((train(&one) - train(&two)).abs() < 1e-4);
+    // One device with batch 8 takes different (smaller) steps.
+    assert!(
+        (loss(&one) - loss(&half)).abs() > 1e-5,
+        "the replicas were not used"
+    );
+}
+
+#[test]
+fn duplicate_devices_are_refused_before_anything_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_tiny_recipe(tmp.path(), "dup", "");
+    let text = std::fs::read_to_string(&recipe)
+        .unwrap()
+        .replace("seed = 7\n", "seed = 7\ndevices = [0, 0]\n");
+    std::fs::write(&recipe, text).unwrap();
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("run.devices") && err.contains("listed twice"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("runs/dup").exists());
+}
