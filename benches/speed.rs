@@ -17,7 +17,8 @@
 //!
 //! Options: `--steps N` (timed steps, default 20), `--warmup N` (3), `--threads N` (2),
 //! `--ops`, `--plain` (also time every row on Burn Flex's own ops), `--no-torch`,
-//! `--python PATH` (python3), `--out FILE`.
+//! `--python PATH` (python3), `--out FILE`, `--device NAME` (where the step rows run: `cpu`,
+//! `cuda:0` with `--features cuda`, ...; PyTorch runs on the same device).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -40,6 +41,7 @@ use mopt_stages::kinds::distill::DistillStage;
 use mopt_train::clip::{clip_global_norm, unscale_and_clip};
 use mopt_train::setup::{build_model, model_config, prepare_data};
 use mopt_train::trainer::{save_checkpoint_dir, FinetuneTask, Task};
+use mopt_train::DeviceSpec;
 use serde_json::{json, Value};
 
 mod ops;
@@ -56,6 +58,8 @@ struct Args {
     only: Option<String>,
     python: String,
     out: Option<PathBuf>,
+    /// Where the step rows run (`cpu`, `cuda:0`, ...; mopt-train's device names).
+    device: String,
 }
 
 fn parse_args() -> Args {
@@ -69,6 +73,7 @@ fn parse_args() -> Args {
         only: None,
         python: "python3".into(),
         out: None,
+        device: "cpu".into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -87,6 +92,7 @@ fn parse_args() -> Args {
             "--only" => a.only = Some(it.next().expect("--only needs a row name")),
             "--python" => a.python = it.next().expect("--python needs a path"),
             "--out" => a.out = Some(it.next().expect("--out needs a file").into()),
+            "--device" => a.device = it.next().expect("--device needs a name"),
             // `cargo bench` passes `--bench`; ignore it and anything libtest-like.
             _ => {}
         }
@@ -434,7 +440,9 @@ fn run_steps(bench: &mut Bench, work: &Path) {
     eprintln!("preparing models and batches");
     let p = prepare(bench, work);
     let (warmup, steps) = (bench.args.warmup, bench.args.steps);
-    let device = Device::flex();
+    let device = DeviceSpec::parse(&bench.args.device)
+        .and_then(|d| d.open())
+        .unwrap_or_else(|e| panic!("--device: {e}"));
     let ad = device.clone().autodiff();
     ad.seed(42);
     let batcher = Batcher::new(p.pad_id);
@@ -663,6 +671,11 @@ fn run_steps(bench: &mut Bench, work: &Path) {
     };
     let spec = json!({
         "threads": bench.args.threads,
+        // PyTorch's name for the same device.
+        "device": match DeviceSpec::parse(&bench.args.device) {
+            Ok(DeviceSpec::Cuda(i) | DeviceSpec::TchCuda(i)) => format!("cuda:{i}"),
+            _ => "cpu".to_string(),
+        },
         "warmup": warmup,
         "steps": steps,
         "lr": lr,

@@ -70,10 +70,12 @@ def load(path):
 def steps(spec, out_path):
     torch.manual_seed(0)
     pad = spec["pad_id"]
-    batches = [collate(b, pad) for b in spec["batches"]]
+    # `device`: "cpu" or "cuda:N" (the GPU script runs both sides on the same GPU).
+    dev = torch.device(spec.get("device", "cpu"))
+    batches = [tuple(t.to(dev) for t in collate(b, pad)) for b in spec["batches"]]
     warmup, n = spec["warmup"], spec["steps"]
     results = {}
-    teacher, student = load(spec["teacher_dir"]), load(spec["student_dir"])
+    teacher, student = load(spec["teacher_dir"]).to(dev), load(spec["student_dir"]).to(dev)
 
     # Same network as mopt: logits on the first batch, eval mode.
     check = {}
@@ -81,7 +83,7 @@ def steps(spec, out_path):
         m.eval()
         ids, mask, _ = batches[0]
         with torch.no_grad():
-            got = m(input_ids=ids, attention_mask=mask).logits.flatten()
+            got = m(input_ids=ids, attention_mask=mask).logits.flatten().cpu()
         ref = torch.tensor(spec["reference_logits"][name])
         err = (got - ref).abs().max().item()
         check[name] = err
@@ -127,11 +129,11 @@ def steps(spec, out_path):
     for name, dtype in [("student_step_bf16", torch.bfloat16), ("student_step_fp16", torch.float16)]:
         model = copy.deepcopy(student).train()
         opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"])
-        scaler = torch.amp.GradScaler("cpu", enabled=dtype == torch.float16)
+        scaler = torch.amp.GradScaler(dev.type, enabled=dtype == torch.float16)
 
         def one(i, model=model, opt=opt, scaler=scaler, dtype=dtype):
             ids, mask, labels = batches[i]
-            with torch.autocast("cpu", dtype=dtype):
+            with torch.autocast(dev.type, dtype=dtype):
                 logits = model(input_ids=ids, attention_mask=mask).logits
             loss = F.cross_entropy(logits.float(), labels)
             loss.item()
@@ -183,13 +185,13 @@ def steps(spec, out_path):
         m.eval()
         for b in (1, 32):
             rows = [(x * (64 // len(x) + 1))[:64] for x in ids_all[:b]]
-            ids = torch.tensor(rows, dtype=torch.long)
+            ids = torch.tensor(rows, dtype=torch.long, device=dev)
             mask = torch.ones_like(ids)
             runs = 60 if b == 1 else 15
 
             def fwd(_):
                 with torch.inference_mode():
-                    m(input_ids=ids, attention_mask=mask).logits.numpy()
+                    m(input_ids=ids, attention_mask=mask).logits.cpu().numpy()
 
             record(results, f"{name}_forward_b{b}", timed(5, runs, fwd), b,
                    forward_flops(m.config, b, 64))

@@ -70,3 +70,81 @@ fn duplicate_devices_are_refused_before_anything_is_written() {
     );
     assert!(!tmp.path().join("runs/dup").exists());
 }
+
+/// A finetune stage (the teacher) and two distillation stages (live teacher, then the first
+/// student distilled into a second through the teacher cache), with
+/// `batch` examples per device on `devices`. CE and KD are per-example means, so two shards of 8
+/// weighted by their share equal one batch of 16; token-averaged matching terms (hidden MSE) are
+/// averaged per shard, as under PyTorch's DDP, and only come close.
+fn distill_pipeline(dir: &Path, name: &str, batch: usize, devices: &str) -> serde_json::Value {
+    std::fs::create_dir_all(dir).unwrap();
+    let recipe = write_tiny_recipe(dir, name, "");
+    let cfg = dir.join("tiny-config.json");
+    let distill = |stage: &str, cache: bool| {
+        format!(
+            "[[stage]]\nkind = \"distill\"\nname = \"{stage}\"\nalpha = 0.5\ntemperature = 2.0\nteacher-cache = {cache}\n\
+             [stage.student]\nconfig = \"{}\"\ndropout = 0.0\ninit-from-teacher-layers = [0]\n[stage.student.overrides]\nnum-hidden-layers = 1\n\n",
+            cfg.display()
+        )
+    };
+    let text = std::fs::read_to_string(&recipe)
+        .unwrap()
+        .replace("seed = 7\n", &format!("seed = 7\n{devices}\n"))
+        .replace("[model]\n", "[model]\ndropout = 0.0\n")
+        .replace("batch-size = 16", &format!("batch-size = {batch}"))
+        + "\n[evaluation]\nlatency-runs = 0\nanalysis = false\n\n[[stage]]\nkind = \"finetune\"\n\n"
+        + &distill("live", false) + &distill("cached", true);
+    std::fs::write(&recipe, text).unwrap();
+    let out = mopt(&[recipe.to_str().unwrap(), "--max-steps", "3"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    read_json(&dir.join(format!("runs/{name}/report.json")))
+}
+
+#[test]
+fn distillation_runs_data_parallel_with_shared_cache_and_forked_teacher() {
+    let tmp = tempfile::tempdir().unwrap();
+    let one = distill_pipeline(&tmp.path().join("one"), "one", 16, "");
+    let two = distill_pipeline(&tmp.path().join("two"), "two", 8, "devices = [0, 1]");
+    let stages = |r: &serde_json::Value| r["stages"].as_array().unwrap().clone();
+    let (a, b) = (stages(&one), stages(&two));
+    assert_eq!(a.len(), 4, "baseline, finetune, two distillations");
+    for i in 1..4 {
+        assert_eq!(a[i]["steps"], 3);
+        assert_eq!(b[i]["steps"], 3);
+        let loss = |s: &serde_json::Value| s["model"]["valid"]["loss"].as_f64().unwrap();
+        assert!(
+            (loss(&a[i]) - loss(&b[i])).abs() < 1e-4,
+            "stage {i} ({}): {} on one device vs {} on two",
+            a[i]["name"],
+            loss(&a[i]),
+            loss(&b[i])
+        );
+    }
+    // The distillations really trained (their models differ from their teachers').
+    assert_ne!(b[2]["model"]["sha256"], b[1]["model"]["sha256"]);
+    assert_ne!(b[3]["model"]["sha256"], b[2]["model"]["sha256"]);
+}
+
+#[test]
+fn data_parallel_runs_with_dropout_are_reproducible() {
+    // Replicas sharing the CPU draw dropout masks from per-shard seed streams, not from the
+    // device RNG the threads would race on.
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_tiny_recipe(tmp.path(), "drop", "");
+    let text = std::fs::read_to_string(&recipe)
+        .unwrap()
+        .replace("seed = 7\n", "seed = 7\ndevices = [0, 1]\n")
+        .replace("batch-size = 16", "batch-size = 8");
+    std::fs::write(&recipe, text).unwrap();
+    let mut losses = Vec::new();
+    for _ in 0..2 {
+        let out = mopt(&[recipe.to_str().unwrap(), "--max-steps", "4", "--force"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let r = read_json(&tmp.path().join("runs/drop/01-finetune/report.json"));
+        losses.push((
+            r["epochs"][0]["train_loss"].clone(),
+            r["test"]["loss"].clone(),
+        ));
+    }
+    assert_eq!(losses[0], losses[1]);
+}

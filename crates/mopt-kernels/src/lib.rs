@@ -349,8 +349,42 @@ pub fn fused_attention_calls() -> u64 {
     FUSED_ATTENTION.load(Ordering::Relaxed)
 }
 
-/// A dropout seed drawn from the device's RNG (so masks follow the run's seed).
+thread_local! {
+    /// A per-thread seed stream that replaces the device RNG inside [`with_seed_stream`].
+    static SEED_STREAM: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Run `f` with dropout seeds drawn from a stream seeded by `seed` on this thread instead of
+/// from the device's RNG. Data-parallel replicas that share one device (the CPU) stay
+/// reproducible this way: each shard's masks follow its own stream, whatever the threads'
+/// interleaving.
+pub fn with_seed_stream<R>(seed: u64, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<u64>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SEED_STREAM.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(SEED_STREAM.with(|c| c.replace(Some(seed))));
+    f()
+}
+
+/// SplitMix64: the next value of a seed stream.
+fn splitmix64(state: u64) -> u64 {
+    let mut z = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A dropout seed drawn from the device's RNG (so masks follow the run's seed), or from the
+/// thread's seed stream inside [`with_seed_stream`].
 fn draw_seed(device: &Device) -> u64 {
+    if let Some(state) = SEED_STREAM.with(|c| c.get()) {
+        let next = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        SEED_STREAM.with(|c| c.set(Some(next)));
+        return splitmix64(state);
+    }
     let r: Tensor<1> = Tensor::random(
         [2],
         burn::tensor::Distribution::Uniform(0.0, 4_294_967_296.0),
@@ -410,5 +444,44 @@ pub fn embedding(table: Tensor<2>, ids: Tensor<2, Int>) -> Tensor<3> {
             None => reference::embedding(Tensor::from_primitive::<AdCk>(p), ids),
         },
         Route::Other(t) => reference::embedding(t, ids),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mask(seed: Option<u64>) -> Vec<f32> {
+        let dev = Device::flex().autodiff();
+        let x = Tensor::<2>::ones([4, 64], &dev).require_grad();
+        let f = || {
+            dropout(x.clone(), 0.5)
+                .into_data()
+                .try_to_vec::<f32>()
+                .unwrap()
+        };
+        match seed {
+            Some(s) => with_seed_stream(s, f),
+            None => f(),
+        }
+    }
+
+    #[test]
+    fn seed_streams_give_reproducible_masks_independent_of_the_device_rng() {
+        let a = mask(Some(11));
+        Device::flex().autodiff().seed(1);
+        let b = mask(Some(11));
+        Device::flex().autodiff().seed(2);
+        let c = mask(Some(11));
+        assert_eq!(a, b);
+        assert_eq!(a, c, "the device RNG does not matter inside a stream");
+        assert_ne!(a, mask(Some(12)), "another stream, another mask");
+        // Half the entries dropped (and the rest scaled by 2), roughly.
+        let kept = a.iter().filter(|&&v| v == 2.0).count();
+        assert!((96..=160).contains(&kept), "{kept} of 256 kept");
+        assert!(
+            SEED_STREAM.with(|c| c.get()).is_none(),
+            "restored after the scope"
+        );
     }
 }

@@ -393,10 +393,7 @@ impl Window {
 
 /// The data-parallel workers beyond the main device: a replica of `task` and the training
 /// device for each of `ctx.opts.replicas` (dropout seeds differ per replica).
-fn replicas<T: Task>(
-    task: &T,
-    ctx: &RunContext,
-) -> Result<Workers<T::Model>, TrainError> {
+fn replicas<T: Task>(task: &T, ctx: &RunContext) -> Result<Workers<T::Model>, TrainError> {
     ctx.opts
         .replicas
         .iter()
@@ -426,6 +423,8 @@ struct MicroBatch<'a> {
     compute: Option<burn::tensor::DType>,
     multiplier: f32,
     accum_steps: usize,
+    /// Data parallel: the dropout seed stream of this micro-batch (shard `i` uses `stream + i`).
+    stream: Option<u64>,
 }
 
 /// Data-parallel workers: a task replica and its training device each.
@@ -460,17 +459,18 @@ impl MicroBatch<'_> {
             let handles: Vec<_> = workers
                 .iter_mut()
                 .zip(shards.iter().skip(1))
-                .map(|((replica, device), &shard)| {
+                .enumerate()
+                .map(|(i, ((replica, device), &shard))| {
                     let m = model.clone().fork(device);
                     let w = weight(shard);
                     let main = main.clone();
                     scope.spawn(move || {
-                        let (v, parts, g) = self.shard(replica, &m, device, shard, w);
+                        let (v, parts, g) = self.shard(replica, &m, device, (shard, i + 1), w);
                         (v, parts, g.map(|g| g.to_device(&main, &m)))
                     })
                 })
                 .collect();
-            let first = self.shard(task, model, main, shards[0], weight(shards[0]));
+            let first = self.shard(task, model, main, (shards[0], 0), weight(shards[0]));
             std::iter::once(first)
                 .chain(handles.into_iter().map(|h| h.join().expect("worker")))
                 .collect()
@@ -500,13 +500,17 @@ impl MicroBatch<'_> {
         task: &mut T,
         model: &T::Model,
         device: &Device,
-        shard: &[usize],
+        (shard, index): (&[usize], usize),
         weight: Option<f32>,
     ) -> ShardOut {
         let items: Vec<&Encoded> = shard.iter().map(|&i| &self.examples[i]).collect();
         let b = self.batcher.batch(&items, device);
-        let (loss, parts) =
-            autocast::scope(self.compute, || task.loss(model, &b, shard, self.progress));
+        let mut forward =
+            || autocast::scope(self.compute, || task.loss(model, &b, shard, self.progress));
+        let (loss, parts) = match self.stream {
+            Some(s) => mopt_kernels::with_seed_stream(s.wrapping_add(index as u64), forward),
+            None => forward(),
+        };
         let v: f32 = loss.clone().into_scalar();
         if !v.is_finite() {
             return (v, parts, None);
@@ -605,6 +609,9 @@ pub fn fit<T: Task>(
                 // The loss scale (fp16) and the accumulation mean.
                 multiplier: stepper.loss_multiplier(),
                 accum_steps: t.grad_accum_steps,
+                stream: (!workers.is_empty()).then(|| {
+                    ctx.seed ^ ((epoch as u64) << 40) ^ ((mi as u64) << 8).wrapping_mul(0x9E37)
+                }),
             };
             let (loss_value, components, grads) =
                 micro.run(&mut task, &mut workers, &model, &ad_device);
