@@ -14,7 +14,9 @@ use mopt_recipe::Recipe;
 use serde::Serialize;
 
 use crate::backend::DeviceSpec;
-use crate::clip::clip_global_norm;
+use crate::amp::{self, LossScaler};
+use crate::clip::unscale_and_clip;
+use mopt_kernels::autocast;
 use crate::error::TrainError;
 use crate::logging::{Progress, RunLogger};
 use crate::setup::{build_model, model_config, prepare_data};
@@ -93,6 +95,8 @@ pub fn lr_find(
     let mut epoch = 0;
     let mut progress = Progress::new("lr-find", spec.steps);
     let mut stopped_early = false;
+    let compute = amp::compute_dtype(t.precision);
+    let mut scaler = t.loss_scale.as_ref().map(LossScaler::new);
     for i in 0..spec.steps {
         if order.len() < t.batch_size {
             order = epoch_order(data.train.len(), recipe.run.seed, epoch);
@@ -101,10 +105,11 @@ pub fn lr_find(
         let chunk: Vec<usize> = order.drain(..t.batch_size.min(order.len())).collect();
         let items: Vec<&Encoded> = chunk.iter().map(|&j| &data.train[j]).collect();
         let b = batcher.batch(&items, &ad);
-        let loss = ce.forward(
-            model.forward(b.input_ids, b.attention_mask, b.token_type_ids),
-            b.labels,
-        );
+        // The recipe's precision, as in training (matrix products under autocast).
+        let logits = autocast::scope(compute, || {
+            model.forward(b.input_ids, b.attention_mask, b.token_type_ids)
+        });
+        let loss = ce.forward(logits, b.labels);
         let value: f32 = loss.clone().into_scalar();
         let lr = sweep_lr(spec.start_lr, spec.end_lr, i, spec.steps);
         avg = 0.98 * avg + 0.02 * value as f64;
@@ -127,11 +132,20 @@ pub fn lr_find(
             break;
         }
         min_smoothed = min_smoothed.min(smoothed);
-        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
-        if let Some(max) = t.grad_clip_norm {
-            clip_global_norm(&model, &mut grads, max);
+        let scaled = match &scaler {
+            Some(s) => loss.mul_scalar(s.scale()),
+            None => loss,
+        };
+        let mut grads = GradientsParams::from_grads(scaled.backward(), &model);
+        let inv = scaler.as_ref().map_or(1.0, LossScaler::inv_scale);
+        let finite = unscale_and_clip(&model, &mut grads, inv, t.grad_clip_norm).is_some();
+        if let Some(s) = &mut scaler {
+            // fp16: an overflowing step is skipped (and the scale backs off), as in training.
+            s.update(finite).map_err(TrainError::Failed)?;
         }
-        model = optim.step(lr, model, grads);
+        if finite {
+            model = optim.step(lr, model, grads);
+        }
     }
     progress.finish("sweep done");
     logger.flush();
