@@ -13,6 +13,7 @@ pub mod logging;
 pub mod lr_find;
 pub mod memory;
 pub mod metrics;
+pub mod parallel;
 pub mod rundir;
 pub mod schedule;
 pub mod setup;

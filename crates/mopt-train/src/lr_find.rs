@@ -13,13 +13,13 @@ use mopt_data::{epoch_order, Batcher, Encoded};
 use mopt_recipe::Recipe;
 use serde::Serialize;
 
-use crate::backend::DeviceSpec;
 use crate::amp::{self, LossScaler};
+use crate::backend::DeviceSpec;
 use crate::clip::unscale_and_clip;
-use mopt_kernels::autocast;
 use crate::error::TrainError;
 use crate::logging::{Progress, RunLogger};
 use crate::setup::{build_model, model_config, prepare_data};
+use mopt_kernels::autocast;
 
 /// One point of the sweep.
 #[derive(Debug, Clone, Serialize)]

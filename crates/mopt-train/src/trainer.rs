@@ -21,6 +21,7 @@ use crate::error::TrainError;
 use crate::logging::{Progress, RunLogger};
 use crate::memory::peak_rss_bytes;
 use crate::metrics::{accuracy, macro_f1, EvalMetrics};
+use crate::parallel::{weighted, DataParallel, ShardSettings};
 use crate::step::Stepper;
 
 /// Options that do not belong in a recipe.
@@ -200,7 +201,7 @@ pub struct Golden {
 /// terms and trainable projections. The trainer owns the loop, the optimizer and the logging.
 pub trait Task: Send {
     /// What the optimizer updates (the classifier plus anything the objective trains).
-    type Model: Module + 'static;
+    type Model: Module + burn::module::ModuleDisplay + 'static;
 
     /// Loss of one micro-batch. `indices` are the batch's positions in the training split;
     /// `progress` runs from 0 to 1 over training (for schedules). Returns the loss to minimise
@@ -230,7 +231,7 @@ pub trait Task: Send {
 /// A data-parallel replica of a [`Task`].
 pub type Replica<M> = Box<dyn Task<Model = M>>;
 
-impl<M: Module + 'static> Task for Replica<M> {
+impl<M: Module + burn::module::ModuleDisplay + 'static> Task for Replica<M> {
     type Model = M;
 
     fn loss(
@@ -391,129 +392,93 @@ impl Window {
     }
 }
 
-/// The data-parallel workers beyond the main device: a replica of `task` and the training
-/// device for each of `ctx.opts.replicas` (dropout seeds differ per replica).
-fn replicas<T: Task>(task: &T, ctx: &RunContext) -> Result<Workers<T::Model>, TrainError> {
-    ctx.opts
-        .replicas
-        .iter()
-        .enumerate()
-        .map(|(i, spec)| {
-            let replica = task.replicate(&spec.device()).ok_or_else(|| {
-                TrainError::Input(format!(
-                    "{}: this objective cannot run data-parallel; remove [run] devices",
-                    ctx.name
-                ))
-            })?;
+/// Burn's multi-device workers when `ctx.opts.replicas` is not empty: the main training device
+/// first, then each replica's, with a replica of `task` each (dropout seeds differ per device).
+fn data_parallel<T: Task>(
+    task: &T,
+    ctx: &RunContext,
+    main: &Device,
+) -> Result<Option<DataParallel<T::Model>>, TrainError> {
+    if ctx.opts.replicas.is_empty() {
+        return Ok(None);
+    }
+    let specs = std::iter::once(ctx.device_spec).chain(&ctx.opts.replicas);
+    let mut devices = Vec::new();
+    let mut tasks = Vec::new();
+    for (i, spec) in specs.enumerate() {
+        let replica = task.replicate(&spec.device()).ok_or_else(|| {
+            TrainError::Input(format!(
+                "{}: this objective cannot run data-parallel; remove [run] devices",
+                ctx.name
+            ))
+        })?;
+        let ad = if i == 0 {
+            main.clone()
+        } else {
             let ad = spec.train_device(ctx.train);
-            ad.seed(ctx.seed.wrapping_add(1 + i as u64));
-            Ok((replica, ad))
-        })
-        .collect()
+            ad.seed(ctx.seed.wrapping_add(i as u64));
+            ad
+        };
+        devices.push(ad);
+        tasks.push(replica);
+    }
+    Ok(Some(DataParallel::new(devices, tasks)))
 }
 
-/// One micro-batch: its examples split into equal shards, one per device (the main device on
-/// this thread, each worker on its own, as Burn's multi-device strategy does), each shard's
-/// loss weighted by its share so that the gradients sum to the full batch's mean gradient.
-struct MicroBatch<'a> {
-    chunk: &'a [usize],
-    examples: &'a [Encoded],
-    batcher: &'a Batcher,
-    progress: f64,
-    compute: Option<burn::tensor::DType>,
-    multiplier: f32,
-    accum_steps: usize,
-    /// Data parallel: the dropout seed stream of this micro-batch (shard `i` uses `stream + i`).
-    stream: Option<u64>,
+/// One micro-batch of the training split: on the main device, or split into one shard per
+/// device (see [`crate::parallel`]), each shard's loss weighted by its share so that the
+/// gradients sum to the full micro-batch's mean gradient.
+pub(crate) struct MicroBatch<'a> {
+    pub chunk: &'a [usize],
+    pub examples: &'a [Encoded],
+    pub batcher: &'a Batcher,
+    pub settings: ShardSettings,
 }
-
-/// Data-parallel workers: a task replica and its training device each.
-type Workers<M> = Vec<(Replica<M>, Device)>;
 
 /// A micro-batch's weighted loss, components and per-shard gradients (`None`: a loss overflowed).
-type MicroOut = (f32, Vec<(&'static str, f64)>, Option<Vec<GradientsParams>>);
+pub(crate) type MicroOut = (f32, Vec<(&'static str, f64)>, Option<Vec<GradientsParams>>);
 
 /// A shard's loss value, logged components and (finite losses only) gradients.
-type ShardOut = (f32, Vec<(&'static str, f64)>, Option<GradientsParams>);
+pub(crate) type ShardOut = (f32, Vec<(&'static str, f64)>, Option<GradientsParams>);
 
 impl MicroBatch<'_> {
-    /// (loss, components, gradients on the main device); `None` gradients when a shard's loss
-    /// was not finite.
     fn run<T: Task>(
         &self,
         task: &mut T,
-        workers: &mut [(Replica<T::Model>, Device)],
+        parallel: Option<&DataParallel<T::Model>>,
         model: &T::Model,
         main: &Device,
-    ) -> MicroOut {
-        let n = self.chunk.len();
-        let shards: Vec<&[usize]> = self.chunk.chunks(n.div_ceil(1 + workers.len())).collect();
-        let weight = |shard: &[usize]| {
-            if shards.len() == 1 {
-                None
-            } else {
-                Some(shard.len() as f32 / n as f32)
-            }
-        };
-        let outs: Vec<ShardOut> = std::thread::scope(|scope| {
-            let handles: Vec<_> = workers
-                .iter_mut()
-                .zip(shards.iter().skip(1))
-                .enumerate()
-                .map(|(i, ((replica, device), &shard))| {
-                    let m = model.clone().fork(device);
-                    let w = weight(shard);
-                    let main = main.clone();
-                    scope.spawn(move || {
-                        let (v, parts, g) = self.shard(replica, &m, device, (shard, i + 1), w);
-                        (v, parts, g.map(|g| g.to_device(&main, &m)))
-                    })
-                })
-                .collect();
-            let first = self.shard(task, model, main, (shards[0], 0), weight(shards[0]));
-            std::iter::once(first)
-                .chain(handles.into_iter().map(|h| h.join().expect("worker")))
-                .collect()
-        });
-        let mut loss = 0.0f32;
-        let mut components: Vec<(&'static str, f64)> = Vec::new();
-        let mut grads = Some(Vec::new());
-        for ((v, parts, g), shard) in outs.into_iter().zip(&shards) {
-            let w = weight(shard).unwrap_or(1.0);
-            loss += w * v;
-            for (name, x) in parts {
-                match components.iter_mut().find(|(k, _)| *k == name) {
-                    Some((_, acc)) => *acc += w as f64 * x,
-                    None => components.push((name, w as f64 * x)),
-                }
-            }
-            grads = grads.zip(g).map(|(mut all, g)| {
-                all.push(g);
-                all
-            });
+    ) -> Result<MicroOut, TrainError> {
+        if let Some(dp) = parallel {
+            return dp.run(self, model);
         }
-        (loss, components, grads)
+        let items: Vec<&Encoded> = self.chunk.iter().map(|&i| &self.examples[i]).collect();
+        let b = self.batcher.batch(&items, main);
+        let (v, parts, g) = self.settings.shard(task, model, &b, (self.chunk, 0), None);
+        Ok((v, parts, g.map(|g| vec![g])))
     }
+}
 
-    fn shard<T: Task + ?Sized>(
+impl ShardSettings {
+    /// Loss and gradients of one shard (`weight`: its share of a split micro-batch; loss and
+    /// components come back weighted by it).
+    pub(crate) fn shard<T: Task + ?Sized>(
         &self,
         task: &mut T,
         model: &T::Model,
-        device: &Device,
+        b: &TextBatch,
         (shard, index): (&[usize], usize),
         weight: Option<f32>,
     ) -> ShardOut {
-        let items: Vec<&Encoded> = shard.iter().map(|&i| &self.examples[i]).collect();
-        let b = self.batcher.batch(&items, device);
         let mut forward =
-            || autocast::scope(self.compute, || task.loss(model, &b, shard, self.progress));
+            || autocast::scope(self.compute, || task.loss(model, b, shard, self.progress));
         let (loss, parts) = match self.stream {
             Some(s) => mopt_kernels::with_seed_stream(s.wrapping_add(index as u64), forward),
             None => forward(),
         };
         let v: f32 = loss.clone().into_scalar();
         if !v.is_finite() {
-            return (v, parts, None);
+            return weighted((v, parts, None), weight);
         }
         let loss = match weight {
             Some(w) => loss.mul_scalar(w),
@@ -526,7 +491,7 @@ impl MicroBatch<'_> {
             loss.mul_scalar(self.multiplier / self.accum_steps as f32)
         };
         let grads = GradientsParams::from_grads(loss.backward(), model);
-        (v, parts, Some(grads))
+        weighted((v, parts, Some(grads)), weight)
     }
 }
 
@@ -567,7 +532,7 @@ pub fn fit<T: Task>(
         total_steps = total_steps.min(m);
     }
     let mut stepper = Stepper::new(t, total_steps);
-    let mut workers = replicas(&task, ctx)?;
+    let parallel = data_parallel(&task, ctx, &ad_device)?;
     let compute = amp::compute_dtype(t.precision);
 
     let mut logger = RunLogger::create(ctx.run_dir)?;
@@ -581,8 +546,8 @@ pub fn fit<T: Task>(
 
     for epoch in 0..t.epochs {
         task.begin_epoch(epoch + 1);
-        for (w, _) in &mut workers {
-            w.begin_epoch(epoch + 1);
+        if let Some(dp) = &parallel {
+            dp.begin_epoch(epoch + 1);
         }
         let epoch_start = Instant::now();
         let order = epoch_order(data.train.len(), ctx.seed, epoch);
@@ -598,23 +563,29 @@ pub fn fit<T: Task>(
         let (mut epoch_steps, mut boundaries) = (0usize, 0usize);
         // A non-finite fp16 loss skips its optimizer step instead of failing the run.
         let mut overflowed = false;
-        for (mi, chunk) in order.chunks(t.batch_size * (1 + workers.len())).enumerate() {
+        for (mi, chunk) in order
+            .chunks(t.batch_size * (1 + ctx.opts.replicas.len()))
+            .enumerate()
+        {
             let progress_frac = step as f64 / total_steps as f64;
             let micro = MicroBatch {
                 chunk,
                 examples: &data.train,
                 batcher: &batcher,
-                progress: progress_frac,
-                compute,
-                // The loss scale (fp16) and the accumulation mean.
-                multiplier: stepper.loss_multiplier(),
-                accum_steps: t.grad_accum_steps,
-                stream: (!workers.is_empty()).then(|| {
-                    ctx.seed ^ ((epoch as u64) << 40) ^ ((mi as u64) << 8).wrapping_mul(0x9E37)
-                }),
+                settings: ShardSettings {
+                    progress: progress_frac,
+                    compute,
+                    // The loss scale (fp16) and the accumulation mean.
+                    multiplier: stepper.loss_multiplier(),
+                    accum_steps: t.grad_accum_steps,
+                    // Data parallel: each shard's dropout masks follow its own seed stream.
+                    stream: parallel.is_some().then(|| {
+                        ctx.seed ^ ((epoch as u64) << 40) ^ ((mi as u64) << 8).wrapping_mul(0x9E37)
+                    }),
+                },
             };
             let (loss_value, components, grads) =
-                micro.run(&mut task, &mut workers, &model, &ad_device);
+                micro.run(&mut task, parallel.as_ref(), &model, &ad_device)?;
             if !loss_value.is_finite() && stepper.scaler.is_none() {
                 return Err(TrainError::Failed(format!(
                     "loss became {loss_value} at step {step} (epoch {}); lower train.lr or enable train.grad-clip-norm",

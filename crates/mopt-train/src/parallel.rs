@@ -1,0 +1,216 @@
+//! Data-parallel training on Burn's multi-device engine.
+//!
+//! Each device gets a worker of Burn's [`MultiDevicesTrainStep`] (burn-train: one thread per
+//! device, the model forked to it each step, [`TrainStep::step`] run there) and a replica of the
+//! objective ([`Task::replicate`]: a live teacher forked to the device, cached teacher outputs
+//! shared). A micro-batch is split into one shard per device; each worker returns its shard's
+//! gradients, which are moved to the main device and summed, as Burn's `MultiDeviceTrainEpoch`
+//! does for its main-device optimizer strategy, before one optimizer step there.
+//! mopt keeps its own loop around that step (burn-train's `Learner` would own the loop, the
+//! data loaders and the logging, which mopt's stages drive themselves).
+
+use std::sync::{Arc, Mutex};
+
+use burn::data::dataloader::{DataLoaderIterator, Progress};
+use burn::data::dataset::DatasetError;
+use burn::module::{Module, ModuleDisplay};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn_train::train::MultiDevicesTrainStep;
+use burn_train::{InferenceStep, ItemLazy, TrainOutput, TrainStep};
+
+use crate::error::TrainError;
+use crate::trainer::{MicroBatch, MicroOut, Replica, ShardOut};
+
+/// The trained model as Burn's workers see it: a [`TrainStep`] whose input carries the shard and
+/// the replica of the objective to run it with.
+#[derive(Module, Debug)]
+pub struct Replicated<M: Module + ModuleDisplay + 'static> {
+    pub model: M,
+}
+
+/// One shard of a micro-batch, for one device.
+pub struct ShardItem<M: Module + ModuleDisplay + 'static> {
+    /// The shard's examples (already on the worker's device) and their training-split indices.
+    pub batch: mopt_data::TextBatch,
+    pub indices: Vec<usize>,
+    /// Position of the shard (0 = main device): outputs are put back in this order.
+    pub index: usize,
+    /// The shard's share of the micro-batch.
+    pub weight: f32,
+    pub task: Arc<Mutex<Replica<M>>>,
+    pub settings: ShardSettings,
+}
+
+/// What every shard of a micro-batch shares.
+#[derive(Debug, Clone, Copy)]
+pub struct ShardSettings {
+    pub progress: f64,
+    pub compute: Option<burn::tensor::DType>,
+    pub multiplier: f32,
+    pub accum_steps: usize,
+    pub stream: Option<u64>,
+}
+
+/// A worker's result: the shard's weighted loss and components, in shard order.
+pub struct ShardResult {
+    pub index: usize,
+    pub loss: f32,
+    pub parts: Vec<(&'static str, f64)>,
+    pub finite: bool,
+}
+
+impl ItemLazy for ShardResult {
+    fn sync(self) -> Result<Self, burn_std::ExecutionError> {
+        Ok(self)
+    }
+}
+
+impl<M: Module + ModuleDisplay + 'static> TrainStep for Replicated<M> {
+    type Input = ShardItem<M>;
+    type Output = ShardResult;
+
+    fn step(&self, item: ShardItem<M>) -> TrainOutput<ShardResult> {
+        let mut task = item.task.lock().expect("replica task");
+        let (loss, parts, grads) = item.settings.shard(
+            &mut *task,
+            &self.model,
+            &item.batch,
+            (&item.indices, item.index),
+            Some(item.weight),
+        );
+        TrainOutput {
+            grads: grads.unwrap_or_else(GradientsParams::new),
+            item: ShardResult {
+                index: item.index,
+                loss,
+                parts,
+                finite: loss.is_finite(),
+            },
+        }
+    }
+}
+
+/// Inference is not data-parallel (evaluation runs on the main device).
+impl<M: Module + ModuleDisplay + 'static> InferenceStep for Replicated<M> {
+    type Input = ();
+    type Output = ();
+
+    fn step(&self, _item: ()) {}
+}
+
+/// A one-item data loader iterator: a shard handed to Burn's worker step.
+struct OneShard<M: Module + ModuleDisplay + 'static>(Option<ShardItem<M>>);
+
+impl<M: Module + ModuleDisplay + 'static> Iterator for OneShard<M> {
+    type Item = Result<ShardItem<M>, DatasetError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.take().map(Ok)
+    }
+}
+
+impl<M: Module + ModuleDisplay + 'static> DataLoaderIterator<ShardItem<M>> for OneShard<M> {
+    fn progress(&self) -> Progress {
+        Progress::new(usize::from(self.0.is_none()), 1, None)
+    }
+}
+
+/// The devices of a data-parallel run, their workers and their replicas of the objective.
+pub struct DataParallel<M: Module + ModuleDisplay + 'static> {
+    step: MultiDevicesTrainStep<Replicated<M>>,
+    /// Training devices, main first.
+    devices: Vec<Device>,
+    tasks: Vec<Arc<Mutex<Replica<M>>>>,
+}
+
+impl<M: Module + ModuleDisplay + 'static> DataParallel<M> {
+    /// Workers on `devices` (training devices, main first), one replica of the objective each.
+    pub fn new(devices: Vec<Device>, tasks: Vec<Replica<M>>) -> Self {
+        assert_eq!(devices.len(), tasks.len());
+        Self {
+            step: MultiDevicesTrainStep::new(&devices),
+            tasks: tasks.into_iter().map(|t| Arc::new(Mutex::new(t))).collect(),
+            devices,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.devices.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.devices.is_empty()
+    }
+
+    /// Tell every replica that an epoch starts.
+    pub fn begin_epoch(&self, epoch: usize) {
+        for t in &self.tasks {
+            t.lock().expect("replica task").begin_epoch(epoch);
+        }
+    }
+
+    /// Forward and backward of one micro-batch over all devices; gradients on the main device.
+    pub(crate) fn run(&self, micro: &MicroBatch, model: &M) -> Result<MicroOut, TrainError> {
+        let n = micro.chunk.len();
+        let shards: Vec<&[usize]> = micro.chunk.chunks(n.div_ceil(self.len())).collect();
+        let mut loaders: Vec<Box<dyn DataLoaderIterator<ShardItem<M>>>> = (0..self.len())
+            .map(|i| {
+                let item = shards.get(i).map(|&shard| {
+                    let items: Vec<&mopt_data::Encoded> =
+                        shard.iter().map(|&j| &micro.examples[j]).collect();
+                    ShardItem {
+                        batch: micro.batcher.batch(&items, &self.devices[i]),
+                        indices: shard.to_vec(),
+                        index: i,
+                        weight: shard.len() as f32 / n as f32,
+                        task: self.tasks[i].clone(),
+                        settings: micro.settings,
+                    }
+                });
+                Box::new(OneShard(item)) as Box<dyn DataLoaderIterator<ShardItem<M>>>
+            })
+            .collect();
+        let replicated = Replicated {
+            model: model.clone(),
+        };
+        let (outputs, _) = self
+            .step
+            .step(&mut loaders, &replicated)
+            .map_err(|e| TrainError::Failed(format!("data-parallel step: {e}")))?;
+        let mut outputs: Vec<TrainOutput<ShardResult>> =
+            outputs.into_iter().map(|o| o.output).collect();
+        // Arrival order is the workers'; sum in shard order (reproducible rounding).
+        outputs.sort_by_key(|o| o.item.index);
+        let main = &self.devices[0];
+        let mut loss = 0.0f32;
+        let mut components: Vec<(&'static str, f64)> = Vec::new();
+        let mut grads = Some(Vec::new());
+        for o in outputs {
+            loss += o.item.loss;
+            for (name, x) in o.item.parts {
+                match components.iter_mut().find(|(k, _)| *k == name) {
+                    Some((_, acc)) => *acc += x,
+                    None => components.push((name, x)),
+                }
+            }
+            let g = o.item.finite.then(|| o.grads.to_device(main, model));
+            grads = grads.zip(g).map(|(mut all, g)| {
+                all.push(g);
+                all
+            });
+        }
+        Ok((loss, components, grads))
+    }
+}
+
+/// A shard's output with its loss and components already weighted by its share.
+pub(crate) fn weighted(out: ShardOut, weight: Option<f32>) -> ShardOut {
+    let w = weight.unwrap_or(1.0);
+    let (v, parts, g) = out;
+    (
+        w * v,
+        parts.into_iter().map(|(k, x)| (k, w as f64 * x)).collect(),
+        g,
+    )
+}
