@@ -601,7 +601,7 @@ mod tests {
         let l1 = |x: Vec<f32>| x.iter().map(|v| v.abs() as f64).sum::<f64>();
         let cols = |l: &Linear| {
             l1(vals(l.weight.val().slice([0..32, 8..16])))
-                + l1(vals(l.bias.as_ref().unwrap().val().slice([8..16])))
+                + l1(vals(l.bias.as_ref().unwrap().val().slice(8..16)))
         };
         let want = cols(&sa.query)
             + cols(&sa.key)
@@ -632,8 +632,8 @@ mod tests {
         };
         let ub = l.intermediate.dense.bias.as_ref().unwrap().val();
         let want = wg(l.intermediate.dense.weight.val(), [0..32, 5..6])
-            + (vals(ub.clone().inner().slice([5..6]))[0]
-                * vals(ub.grad(&grads).unwrap().slice([5..6]))[0])
+            + (vals(ub.clone().inner().slice(5..6))[0]
+                * vals(ub.grad(&grads).unwrap().slice(5..6))[0])
                 .abs() as f64
             + wg(l.output.dense.weight.val(), [5..6, 0..32]);
         let mv = m.clone();
