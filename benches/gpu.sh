@@ -5,7 +5,8 @@
 #
 #   benches/gpu.sh                          # cuda:0 through Burn's CUDA backend (feature `cuda`)
 #   FEATURE=tch DEVICE=tch-cuda:0 benches/gpu.sh   # LibTorch (PyTorch 2.9's wheel, see README "GPUs")
-#   DEVICE=cpu FEATURE= STEPS=20 benches/gpu.sh    # the same measurements on the CPU (a dry run)
+#   DEVICE=cpu FEATURE= STEPS=2 HARNESS_ARGS="--only student_step --steps 2" benches/gpu.sh
+#                                                  # a quick dry run of the script on the CPU
 #
 # Needs: NVIDIA driver (nvidia-smi), Rust, Python 3 with benches/requirements.txt (PyTorch with
 # CUDA). The `cuda` feature's first build downloads CubeCL's LLVM bundle (network once).
@@ -15,6 +16,7 @@ DEVICE="${DEVICE:-cuda:0}"
 FEATURE="${FEATURE-cuda}"
 STEPS="${STEPS:-200}"
 OUT="${OUT:-benches/results/gpu.json}"
+HARNESS_ARGS="${HARNESS_ARGS:-}"   # extra speed-harness flags, e.g. "--only student_step --steps 5"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK" recipes/.gpu-bench-*.toml' EXIT
 
@@ -41,7 +43,8 @@ for p in fp32 bf16 fp16; do
 done
 
 # 2. The speed harness (mopt and PyTorch on the same device; fp32, bf16, fp16 student rows).
-cargo bench --profile dev "${features[@]}" --bench speed -- --device "$DEVICE" --out "$WORK/speed.json"
+# shellcheck disable=SC2086
+cargo bench --profile dev "${features[@]}" --bench speed -- --device "$DEVICE" --out "$WORK/speed.json" $HARNESS_ARGS
 
 python3 - "$WORK" "$OUT" "$DEVICE" "$STEPS" <<'EOF'
 import json, pathlib, sys
