@@ -4,7 +4,7 @@
 # Writes benches/results/gpu.json (override with OUT=...).
 #
 #   benches/gpu.sh                          # cuda:0 through Burn's CUDA backend (feature `cuda`)
-#   FEATURE=tch DEVICE=tch-cuda:0 benches/gpu.sh   # LibTorch (PyTorch 2.9's wheel, see README "GPUs")
+#   FEATURE=tch DEVICE=tch-cuda:0 benches/gpu.sh   # LibTorch (PyTorch 2.9's wheel, see the README's "Mixed precision, GPUs and data parallel")
 #   DEVICE=cpu FEATURE= STEPS=2 HARNESS_ARGS="--only student_step --steps 2" benches/gpu.sh
 #                                                  # a quick dry run of the script on the CPU
 #
