@@ -38,7 +38,7 @@ use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
 use mopt_recipe::Precision;
 use mopt_recipe::Recipe;
 use mopt_stages::kinds::distill::DistillStage;
-use mopt_train::clip::{clip_global_norm, unscale_and_clip};
+use mopt_train::clip::unscale_and_clip;
 use mopt_train::setup::{build_model, model_config, prepare_data};
 use mopt_train::trainer::{save_checkpoint_dir, FinetuneTask, Task};
 use mopt_train::DeviceSpec;
@@ -172,28 +172,11 @@ fn padded_tokens(batches: &[Vec<&Encoded>]) -> Vec<usize> {
         .collect()
 }
 
-/// One optimizer step of `task` on `model`: the trainer's loss → backward → global-norm clip →
-/// AdamW sequence.
-fn train_step<T: Task>(
-    task: &mut T,
-    model: T::Model,
-    optim: &mut ModuleOptimizer,
-    b: &TextBatch,
-    indices: &[usize],
-    clip: f32,
-    lr: f64,
-) -> T::Model {
-    let (loss, _) = task.loss(&model, b, indices, 0.5);
-    let _: f32 = loss.clone().into_scalar();
-    let mut grads = GradientsParams::from_grads(loss.backward(), &model);
-    clip_global_norm(&model, &mut grads, clip);
-    optim.step(lr, model, grads)
-}
-
-/// [`train_step`] in mixed precision, as the trainer runs it: the forward pass under autocast,
-/// for fp16 the loss scaled by 2^16 and the gradients unscaled in the clipping pass.
+/// One optimizer step of `task` on `model`, as the trainer runs it: loss (forward under
+/// autocast for bf16/fp16) → backward (fp16: loss scaled by 2^16) → unscale + global-norm clip
+/// in one pass → AdamW.
 #[allow(clippy::too_many_arguments)]
-fn train_step_amp<T: Task>(
+fn train_step<T: Task>(
     precision: Precision,
     task: &mut T,
     model: T::Model,
@@ -211,8 +194,13 @@ fn train_step_amp<T: Task>(
     } else {
         1.0
     };
-    let mut grads = GradientsParams::from_grads(loss.mul_scalar(scale).backward(), &model);
-    unscale_and_clip(&model, &mut grads, 1.0 / scale, Some(clip)).expect("finite gradients");
+    let loss = if scale == 1.0 {
+        loss
+    } else {
+        loss.mul_scalar(scale)
+    };
+    let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+    unscale_and_clip(&model, &mut grads, 1.0 / scale, Some(clip));
     optim.step(lr, model, grads)
 }
 
@@ -220,6 +208,7 @@ fn train_step_amp<T: Task>(
 #[allow(clippy::too_many_arguments)]
 fn time_training<T: Task>(
     (warmup, steps): (usize, usize),
+    precision: Precision,
     task: &mut T,
     model: T::Model,
     mut optim: ModuleOptimizer,
@@ -232,6 +221,7 @@ fn time_training<T: Task>(
     time_ms(warmup, steps, |i| {
         let m = slot.take().expect("model");
         slot = Some(train_step(
+            precision,
             task,
             m,
             &mut optim,
@@ -507,6 +497,7 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         reset_peak_rss();
         let ms = time_training(
             (warmup, steps),
+            Precision::Fp32,
             &mut task,
             model,
             adamw(),
@@ -531,6 +522,7 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         let mut task = FinetuneTask::new(&ad);
         let ms = time_training(
             (warmup, steps),
+            Precision::Fp32,
             &mut task,
             from_teacher_layers(&teacher_ad(), &p.layers),
             adamw(),
@@ -552,21 +544,17 @@ fn run_steps(bench: &mut Bench, work: &Path) {
             continue;
         }
         let mut task = FinetuneTask::new(&ad);
-        let mut optim = adamw();
-        let mut slot = Some(from_teacher_layers(&teacher_ad(), &p.layers));
-        let ms = time_ms(warmup, steps, |i| {
-            let m = slot.take().expect("model");
-            slot = Some(train_step_amp(
-                precision,
-                &mut task,
-                m,
-                &mut optim,
-                &batches[i],
-                &index_chunks[i],
-                clip,
-                lr,
-            ));
-        });
+        let ms = time_training(
+            (warmup, steps),
+            precision,
+            &mut task,
+            from_teacher_layers(&teacher_ad(), &p.layers),
+            adamw(),
+            &batches,
+            &index_chunks,
+            clip,
+            lr,
+        );
         let f = step_flops(&p.student_config, None);
         bench.record(name, &ms, bsz, Some(f));
     }
@@ -602,6 +590,7 @@ fn run_steps(bench: &mut Bench, work: &Path) {
         let model = DistillModel::new(student, &p.plan.projections, &ad);
         let ms = time_training(
             (warmup, steps),
+            Precision::Fp32,
             &mut task,
             model,
             adamw(),

@@ -6,7 +6,14 @@ mod common;
 use common::*;
 use std::path::Path;
 
-fn run(dir: &Path, name: &str, batch: usize, devices: &str) -> serde_json::Value {
+/// The tiny recipe's text without dropout, with `batch` examples per device and the `devices`
+/// line (empty: one device); the recipe is written to `dir/tiny.toml`.
+fn tiny_parallel(
+    dir: &Path,
+    name: &str,
+    batch: usize,
+    devices: &str,
+) -> (std::path::PathBuf, String) {
     std::fs::create_dir_all(dir).unwrap();
     let recipe = write_tiny_recipe(dir, name, "");
     let text = std::fs::read_to_string(&recipe)
@@ -14,6 +21,11 @@ fn run(dir: &Path, name: &str, batch: usize, devices: &str) -> serde_json::Value
         .replace("seed = 7\n", &format!("seed = 7\n{devices}\n"))
         .replace("[model]\n", "[model]\ndropout = 0.0\n")
         .replace("batch-size = 16", &format!("batch-size = {batch}"));
+    (recipe, text)
+}
+
+fn run(dir: &Path, name: &str, batch: usize, devices: &str) -> serde_json::Value {
+    let (recipe, text) = tiny_parallel(dir, name, batch, devices);
     std::fs::write(&recipe, text).unwrap();
     let check = mopt(&[recipe.to_str().unwrap(), "--check"]);
     assert!(check.status.success(), "{}", stderr(&check));
@@ -77,8 +89,7 @@ fn duplicate_devices_are_refused_before_anything_is_written() {
 /// weighted by their share equal one batch of 16; token-averaged matching terms (hidden MSE) are
 /// averaged per shard, as under PyTorch's DDP, and only come close.
 fn distill_pipeline(dir: &Path, name: &str, batch: usize, devices: &str) -> serde_json::Value {
-    std::fs::create_dir_all(dir).unwrap();
-    let recipe = write_tiny_recipe(dir, name, "");
+    let (recipe, text) = tiny_parallel(dir, name, batch, devices);
     let cfg = dir.join("tiny-config.json");
     let distill = |stage: &str, cache: bool| {
         format!(
@@ -87,11 +98,7 @@ fn distill_pipeline(dir: &Path, name: &str, batch: usize, devices: &str) -> serd
             cfg.display()
         )
     };
-    let text = std::fs::read_to_string(&recipe)
-        .unwrap()
-        .replace("seed = 7\n", &format!("seed = 7\n{devices}\n"))
-        .replace("[model]\n", "[model]\ndropout = 0.0\n")
-        .replace("batch-size = 16", &format!("batch-size = {batch}"))
+    let text = text
         + "\n[evaluation]\nlatency-runs = 0\nanalysis = false\n\n[[stage]]\nkind = \"finetune\"\n\n"
         + &distill("live", false) + &distill("cached", true);
     std::fs::write(&recipe, text).unwrap();
