@@ -27,6 +27,7 @@ use std::time::Instant;
 
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
+use mopt_core::Classifier;
 use mopt_data::{epoch_order, Batcher, Encoded, TextBatch};
 use mopt_distill::cache::compute;
 use mopt_distill::matching::MatchPlan;
@@ -34,13 +35,14 @@ use mopt_distill::spec::DistillSpec;
 use mopt_distill::student::from_teacher_layers;
 use mopt_distill::{DistillModel, DistillTask, TeacherSource};
 use mopt_kernels::autocast;
+use mopt_models::bert::setup::{build_model, model_config};
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
 use mopt_recipe::Precision;
 use mopt_recipe::Recipe;
 use mopt_stages::kinds::distill::DistillStage;
 use mopt_train::clip::unscale_and_clip;
-use mopt_train::setup::{build_model, model_config, prepare_data};
-use mopt_train::trainer::{save_checkpoint_dir, FinetuneTask, Task};
+use mopt_train::setup::prepare_data;
+use mopt_train::trainer::{save_checkpoint_dir, FinetuneTask, Task, TextExtras};
 use mopt_train::DeviceSpec;
 use serde_json::{json, Value};
 
@@ -176,7 +178,7 @@ fn padded_tokens(batches: &[Vec<&Encoded>]) -> Vec<usize> {
 /// autocast for bf16/fp16) → backward (fp16: loss scaled by 2^16) → unscale + global-norm clip
 /// in one pass → AdamW.
 #[allow(clippy::too_many_arguments)]
-fn train_step<T: Task>(
+fn train_step<T: Task<Classifier: Classifier<Batch = TextBatch>>>(
     precision: Precision,
     task: &mut T,
     model: T::Model,
@@ -206,7 +208,7 @@ fn train_step<T: Task>(
 
 /// Milliseconds of each timed optimizer step of `task` on `model`, batch `i` at step `i`.
 #[allow(clippy::too_many_arguments)]
-fn time_training<T: Task>(
+fn time_training<T: Task<Classifier: Classifier<Batch = TextBatch>>>(
     (warmup, steps): (usize, usize),
     precision: Precision,
     task: &mut T,
@@ -370,7 +372,7 @@ fn prepare(bench: &Bench, work: &Path) -> Prepared {
         model_spec,
         &teacher_recipe.tokenizer,
         &teacher_recipe.scope.nested("model"),
-        &data.labels,
+        &data.labels.labels,
         prepared.tokenizer.vocab_size(),
     )
     .expect("config");
@@ -379,8 +381,11 @@ fn prepare(bench: &Bench, work: &Path) -> Prepared {
         .expect("teacher weights");
     // The teacher as a mopt checkpoint (for the distillation setup) and in HF form (for PyTorch).
     let ckpt = work.join("teacher");
-    save_checkpoint_dir(&teacher, &config, data, &prepared.tokenizer.path, &ckpt)
-        .expect("teacher checkpoint");
+    let extras = TextExtras {
+        labels: &data.labels,
+        tokenizer_file: &prepared.tokenizer.path,
+    };
+    save_checkpoint_dir(&teacher, &config, &extras, &ckpt).expect("teacher checkpoint");
     weights::save_hf(&teacher, &config, &work.join("teacher-hf")).expect("teacher hf");
     let b = teacher_recipe.train.batch_size;
     let n = (bench.args.warmup + bench.args.steps) * b;

@@ -62,8 +62,7 @@ impl Stage for DropLastLayer {
         save_checkpoint_dir(
             &from_teacher_layers(&model, &keep),
             &shallower(&config),
-            cx.data,
-            cx.tokenizer_file,
+            cx.extras,
             &out,
         )?;
         Ok(StageOutput {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use mopt_train::{lr_find, rundir, DeviceSpec, TrainError};
+use mopt_train::{rundir, DeviceSpec, TrainError};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -133,7 +133,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .output_dir
                 .join(format!("{}-lr-find", recipe.run.name));
             rundir::create_run_dir(&recipe, &dir, force)?;
-            let result = lr_find::lr_find(&recipe, &device, &dir)?;
+            let result = mopt_stages::lr_find::lr_find(&recipe, &device, &dir)?;
             println!(
                 "suggested lr: {:.2e} (steepest descent of the smoothed loss; {} points{}) — curve in {}",
                 result.suggested_lr,
@@ -181,8 +181,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::ExportHf { checkpoint, out }) => {
             let device = DeviceSpec::Cpu.device();
             let (model, config) = mopt_models::bert::weights::load_checkpoint(&checkpoint, &device)
-                .map_err(TrainError::from)?;
-            mopt_models::bert::weights::save_hf(&model, &config, &out).map_err(TrainError::from)?;
+                .map_err(mopt_stages::StageError::from)?;
+            mopt_models::bert::weights::save_hf(&model, &config, &out)
+                .map_err(mopt_stages::StageError::from)?;
             println!("wrote {}/model.safetensors and config.json", out.display());
         }
         None => {

@@ -8,8 +8,6 @@ use burn::prelude::*;
 use common::{mopt, read_json, stderr, write_tiny_recipe};
 use mopt_models::bert::weights;
 
-use mopt_train::trainer::Golden;
-
 /// Scalars per tag as TensorBoard itself reads them.
 fn tensorboard_scalars(events: &Path) -> serde_json::Value {
     let script = r#"
@@ -113,13 +111,13 @@ fn tiny_run_writes_a_complete_run_folder() {
     );
 
     // The reloaded best checkpoint reproduces the logits recorded at training time.
-    let golden: Golden =
-        serde_json::from_str(&std::fs::read_to_string(run.join("best/golden.json")).unwrap())
-            .unwrap();
+    let golden = read_json(&run.join("best/golden.json"));
+    let input_ids: Vec<Vec<u32>> = serde_json::from_value(golden["input_ids"].clone()).unwrap();
+    let logits: Vec<Vec<f32>> = serde_json::from_value(golden["logits"].clone()).unwrap();
     let d = Device::flex();
     let (model, config) = weights::load_checkpoint(&run.join("best"), &d).unwrap();
     assert_eq!(config.num_labels, 2);
-    for (ids, want) in golden.input_ids.iter().zip(&golden.logits) {
+    for (ids, want) in input_ids.iter().zip(&logits) {
         let n = ids.len();
         let input = Tensor::<2, Int>::from_data(
             TensorData::new(ids.iter().map(|&i| i as i64).collect::<Vec<_>>(), [1, n]),
@@ -206,7 +204,7 @@ fn check_prints_the_plan_and_writes_nothing() {
         text.contains("lr = 1e-3") && text.contains("best-metric = \"accuracy\""),
         "{text}"
     );
-    let mem = mopt_train::memory::MemoryEstimate::for_bert(&c, 16, 32);
+    let mem = mopt_core::ModelConfig::training_memory(&c, 16, 32);
     assert!(
         text.contains(&format!(
             "memory   ~{}",

@@ -579,3 +579,67 @@ fn a_stage_finished_by_another_run_is_reused_when_its_inputs_match() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!stderr(&out).contains("the same stage finished in"));
 }
+
+#[test]
+fn reuse_follows_the_stages_as_declared_in_rust_not_the_recipe_text() {
+    // One recipe file on a trained teacher, run from TOML and as a pipeline whose finetune
+    // stage is edited in Rust (another learning rate; the file's text is unchanged). A stage
+    // is reused only from a run that used the same settings, whichever way it was declared.
+    // (Keys were once taken from the recipe text: `a-toml` then reused `b-rust`'s model and
+    // `c-rust` reused `a-toml`'s.)
+    use mopt_stages::{Pipeline, RunOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let teacher = write_pipeline(tmp.path(), "teacher", "");
+    assert!(mopt(&[teacher.to_str().unwrap()]).status.success());
+    let text = std::fs::read_to_string(&teacher).unwrap();
+    let model = text[text.find("[model]").unwrap()..]
+        .lines()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let recipe = tmp.path().join("on-teacher.toml");
+    let on_teacher = text.replace(
+        &model,
+        &format!(
+            "[teacher]\ncheckpoint = \"{}\"",
+            tmp.path().join("runs/teacher/best").display()
+        ),
+    );
+    std::fs::write(&recipe, on_teacher).unwrap();
+    let reused_from = |run: &str| -> Option<String> {
+        let r = read_json(&tmp.path().join(format!("runs/{run}/report.json")));
+        r["stages"][1]["facts"]["reused_from"]
+            .as_str()
+            .map(str::to_string)
+    };
+    let toml_run = |name: &str| {
+        // The same file but for `[run] name`.
+        let p = tmp.path().join(format!("{name}.toml"));
+        let t = std::fs::read_to_string(&recipe)
+            .unwrap()
+            .replace("name = \"teacher\"", &format!("name = \"{name}\""));
+        std::fs::write(&p, t).unwrap();
+        let out = mopt(&[p.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    };
+    let rust_run = |name: &str| {
+        let mut p = Pipeline::load(&recipe).unwrap().named(name);
+        p.stages[0].0.train.lr = 2e-3;
+        p.run(&RunOptions::new(mopt_train::DeviceSpec::Cpu))
+            .unwrap();
+    };
+    rust_run("b-rust");
+    assert_eq!(reused_from("b-rust"), None);
+    toml_run("a-toml");
+    assert_eq!(
+        reused_from("a-toml"),
+        None,
+        "the TOML run took the Rust run's model"
+    );
+    rust_run("c-rust");
+    let from = reused_from("c-rust").expect("the same Rust-declared stage is reused");
+    assert!(from.ends_with("b-rust/01-finetune"), "{from}");
+    toml_run("d-toml");
+    let from = reused_from("d-toml").expect("the same TOML stage is reused");
+    assert!(from.ends_with("a-toml/01-finetune"), "{from}");
+}

@@ -6,6 +6,7 @@
 
 mod batch;
 mod error;
+mod examples;
 mod labels;
 mod rng;
 mod text;
@@ -13,6 +14,7 @@ mod tokenize;
 
 pub use batch::{epoch_order, Batcher, TextBatch};
 pub use error::DataError;
+pub use examples::TextExamples;
 pub use labels::LabelMap;
 pub use rng::SplitMix64;
 pub use text::{load_splits, Example, Splits};

@@ -5,10 +5,12 @@
 use std::path::Path;
 
 use burn::prelude::*;
+use mopt_core::ModelFault;
 use mopt_data::{Batcher, Encoded};
+use mopt_models::bert::setup::build_model;
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
 use mopt_recipe::{DataSpec, ModelSpec, Scope};
-use mopt_train::setup::{build_model, cache_dir};
+use mopt_train::setup::cache_dir;
 use mopt_train::TrainError;
 use serde::Serialize;
 
@@ -83,10 +85,13 @@ pub fn init_student(
 ) -> Result<BertForSequenceClassification, TrainError> {
     match &student_spec.init_from_teacher_layers {
         Some(layers) => {
-            let (teacher_ad, _) = weights::load_checkpoint(teacher_dir, ad)?;
+            let (teacher_ad, _) =
+                weights::load_checkpoint(teacher_dir, ad).map_err(ModelFault::from)?;
             Ok(from_teacher_layers(&teacher_ad, layers))
         }
-        None => Ok(build_model(student_spec, seed, config, ad)?.0),
+        None => Ok(build_model(student_spec, seed, config, ad)
+            .map_err(ModelFault::from)?
+            .0),
     }
 }
 

@@ -196,6 +196,7 @@ impl DistillTask {
 
 impl Task for DistillTask {
     type Model = DistillModel;
+    type Classifier = BertForSequenceClassification;
 
     fn loss(
         &mut self,
@@ -217,7 +218,10 @@ impl Task for DistillTask {
         self.opts = self.forward_options();
     }
 
-    fn replicate(&self, device: &Device) -> Option<Replica<DistillModel>> {
+    fn replicate(
+        &self,
+        device: &Device,
+    ) -> Option<Replica<DistillModel, BertForSequenceClassification>> {
         Some(Box::new(self.replica(device)))
     }
 }

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
-use mopt_data::{Batcher, LabelMap};
+use mopt_data::{LabelMap, TextExamples};
 use mopt_models::bert::weights;
 use mopt_recipe::Recipe;
 use mopt_train::setup::prepare_data;
@@ -59,16 +59,10 @@ fn export_one(
     let test = &prepared.data.test;
     let device = Device::flex();
     let (model, config) = weights::load_checkpoint(ckpt, &device)?;
-    let accuracy = evaluate(
-        &model.valid(),
-        test,
-        &Batcher::new(prepared.tokenizer.pad_id),
-        64,
-        config.num_labels,
-        &device,
-    )
-    .metrics
-    .accuracy;
+    let test_split = TextExamples::new(test, prepared.tokenizer.pad_id);
+    let accuracy = evaluate(&model.valid(), &test_split, 64, config.num_labels, &device)
+        .metrics
+        .accuracy;
     let samples: Vec<Vec<u32>> = test
         .iter()
         .take(opts.samples)

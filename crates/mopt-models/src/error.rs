@@ -20,4 +20,7 @@ pub enum ModelError {
     },
     #[error("{}: cannot save weights: {message}", path.display())]
     Save { path: PathBuf, message: String },
+    /// A key of the recipe's model table that does not fit the model.
+    #[error(transparent)]
+    Recipe(#[from] mopt_recipe::RecipeError),
 }

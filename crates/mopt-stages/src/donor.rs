@@ -12,54 +12,35 @@
 
 use std::path::{Path, PathBuf};
 
-use mopt_recipe::merge_tables;
+use mopt_recipe::{DataSpec, OnFail, StageEntry, TokenizerSpec};
+use sha2::{Digest, Sha256};
 
 use crate::record::{checkpoint_sha256, sha256_file, short_sha, shown, StageRecord};
 
-/// What must be equal for a stage of a recipe to be reused: stage `index` (1-based) of the
-/// recipe text `source`, without its name and the keys in `ignore`.
-pub fn fingerprint(source: &str, index: usize, ignore: &[&str]) -> Option<toml::Table> {
-    let top: toml::Table = toml::from_str(source).ok()?;
-    let mut stage = top
-        .get("stage")?
-        .as_array()?
-        .get(index.checked_sub(1)?)?
-        .as_table()?
-        .clone();
-    stage.remove("name");
-    for k in ignore {
-        stage.remove(*k);
-    }
-    let empty = toml::Table::new();
-    let own_train = stage
-        .remove("train")
-        .and_then(|t| t.as_table().cloned())
-        .unwrap_or_default();
-    let base_train = top
-        .get("train")
-        .and_then(|t| t.as_table())
-        .unwrap_or(&empty);
-    let gate = stage.remove("gate");
-    let retry = gate
+/// What a run shares with every stage and what shapes a stage's output besides its own settings.
+pub struct Shared<'a> {
+    pub data: &'a DataSpec,
+    pub tokenizer: &'a TokenizerSpec,
+    pub seed: u64,
+}
+
+/// The reuse key of a stage about to run: sha256 over its kind, its validated settings as it
+/// will use them ([`crate::Stage::reuse_key`]), its merged training settings, the data and
+/// tokenizer sections, the seed, and the gate where the gate shapes the output (`on-fail =
+/// "retry"`). Taken from the typed, validated structs, never from the recipe text: a stage
+/// pushed or edited in Rust gets the key of what it really runs. `None`: never reused.
+pub fn reuse_key(stage_key: Option<String>, entry: &StageEntry, shared: &Shared) -> Option<String> {
+    let stage_key = stage_key?;
+    let gate = entry
+        .gate
         .as_ref()
-        .and_then(|g| g.get("on-fail"))
-        .and_then(|v| v.as_str())
-        == Some("retry");
-    let mut fp = toml::Table::new();
-    fp.insert("stage".into(), stage.into());
-    fp.insert("train".into(), merge_tables(base_train, &own_train).into());
-    if retry {
-        fp.insert("gate".into(), gate.unwrap_or(toml::Value::Boolean(true)));
-    }
-    for k in ["data", "tokenizer"] {
-        if let Some(v) = top.get(k) {
-            fp.insert(k.into(), v.clone());
-        }
-    }
-    if let Some(seed) = top.get("run").and_then(|r| r.get("seed")) {
-        fp.insert("seed".into(), seed.clone());
-    }
-    Some(fp)
+        .filter(|g| g.on_fail == OnFail::Retry)
+        .map_or(String::new(), |g| format!("{g:?}"));
+    let text = format!(
+        "kind {}\nstage {stage_key}\ntrain {:?}\ndata {:?}\ntokenizer {:?}\nseed {}\ngate {gate}",
+        entry.kind, entry.train, shared.data, shared.tokenizer, shared.seed
+    );
+    Some(format!("{:x}", Sha256::digest(text.as_bytes())))
 }
 
 fn read_record(p: &Path) -> Option<StageRecord> {
@@ -98,20 +79,18 @@ impl Donor {
     }
 }
 
-/// What a stage about to run is: its recipe text and index, the keys its kind ignores, its
-/// input's and the baseline's sha256.
+/// What a stage about to run is: its index and kind, its [`reuse_key`], its input's and the
+/// baseline's sha256.
 pub struct Wanted<'a> {
-    pub source: &'a str,
     pub index: usize,
     pub kind: &'a str,
-    pub ignore: &'a [&'a str],
+    pub key: &'a str,
     pub input_sha256: &'a str,
     pub baseline_sha256: &'a str,
 }
 
 /// The first run folder in `output_dir` (other than `own`) with a finished stage matching `w`.
 pub fn find(output_dir: &Path, own: &Path, w: &Wanted) -> Option<Donor> {
-    let want = fingerprint(w.source, w.index, w.ignore)?;
     let mut runs: Vec<PathBuf> = std::fs::read_dir(output_dir)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -125,9 +104,6 @@ pub fn find(output_dir: &Path, own: &Path, w: &Wanted) -> Option<Donor> {
         if base.model.sha256 != w.baseline_sha256 || base.max_steps.is_some() {
             continue;
         }
-        let Ok(source) = std::fs::read_to_string(run.join("recipe.toml")) else {
-            continue;
-        };
         let mut stages: Vec<PathBuf> = std::fs::read_dir(&run)
             .into_iter()
             .flatten()
@@ -143,7 +119,7 @@ pub fn find(output_dir: &Path, own: &Path, w: &Wanted) -> Option<Donor> {
                 || r.kind != w.kind
                 || r.max_steps.is_some()
                 || r.input.as_ref().map(|i| i.sha256.as_str()) != Some(w.input_sha256)
-                || fingerprint(&source, r.index, w.ignore).as_ref() != Some(&want)
+                || r.reuse_key.as_deref() != Some(w.key)
             {
                 continue;
             }
@@ -171,28 +147,62 @@ pub fn find(output_dir: &Path, own: &Path, w: &Wanted) -> Option<Donor> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn fingerprints_ignore_names_and_merge_training() {
-        let a = "[run]\nseed = 1\n[train]\nlr = 1e-4\nepochs = 2\n[data]\npath = \"x\"\n[[stage]]\nkind = \"prune\"\nname = \"a\"\ncompare = [\"l1\"]\n[stage.train]\nlr = 8e-6\n[stage.gate]\nmax-drop = 0.01\non-fail = \"rollback\"\n";
-        // The same merged training written the other way round, another name, no compare,
-        // another non-retry gate: the same stage.
-        let b = "[run]\nseed = 1\n[train]\nlr = 8e-6\nepochs = 2\n[data]\npath = \"x\"\n[[stage]]\nkind = \"prune\"\nname = \"b\"\n[stage.gate]\nmax-drop = 0.5\n";
-        assert_eq!(
-            fingerprint(a, 1, &["compare"]),
-            fingerprint(b, 1, &["compare"])
-        );
-        assert_ne!(fingerprint(a, 1, &[]), fingerprint(b, 1, &[]));
-        // Another seed, another epoch count, or a retry gate (it shapes the output) differ.
-        for c in [
-            b.replace("seed = 1", "seed = 2"),
-            b.replace("epochs = 2", "epochs = 3"),
-            b.replace("max-drop = 0.5", "max-drop = 0.5\non-fail = \"retry\""),
-        ] {
-            assert_ne!(
-                fingerprint(a, 1, &["compare"]),
-                fingerprint(&c, 1, &["compare"])
-            );
+    /// The recipe `source` written into `dir` (data and model files beside it), its first stage.
+    fn entry(dir: &Path, source: &str) -> (mopt_recipe::Recipe, StageEntry) {
+        let p = dir.join("r.toml");
+        std::fs::write(&p, source).unwrap();
+        for f in ["c.json", "t.json", "d"] {
+            std::fs::write(dir.join(f), "{}").unwrap();
         }
-        assert!(fingerprint(a, 2, &[]).is_none());
+        let r = mopt_recipe::load(&p).unwrap();
+        let e = r.stages[0].clone();
+        (r, e)
+    }
+
+    fn key(dir: &Path, source: &str, stage_key: &str) -> Option<String> {
+        let (r, e) = entry(dir, source);
+        let shared = Shared {
+            data: &r.data,
+            tokenizer: &r.tokenizer,
+            seed: r.run.seed,
+        };
+        reuse_key(Some(stage_key.into()), &e, &shared)
+    }
+
+    const BASE: &str = "[run]\nname = \"x\"\nseed = 1\n[model]\narch = \"bert\"\nconfig = \"c.json\"\n[data]\nformat = \"rotten-tomatoes\"\npath = \"d\"\n[tokenizer]\npath = \"t.json\"\n[train]\nlr = 1e-4\nepochs = 2\n[[stage]]\nkind = \"finetune\"\nname = \"a\"\n[stage.train]\nlr = 8e-6\n[stage.gate]\nmax-drop = 0.01\non-fail = \"rollback\"\n";
+
+    #[test]
+    fn keys_follow_the_settings_used_not_the_text() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let a = key(dir, BASE, "s").expect("a key");
+        // The same merged training written the other way round, another name, another
+        // non-retry gate: the same stage.
+        let b = BASE
+            .replace("lr = 1e-4", "lr = 8e-6")
+            .replace("[stage.train]\nlr = 8e-6\n", "")
+            .replace("name = \"a\"", "name = \"b\"")
+            .replace("max-drop = 0.01", "max-drop = 0.5");
+        assert_eq!(key(dir, &b, "s").as_ref(), Some(&a));
+        // Other stage settings, seed, epochs, or a retry gate (it shapes the output) differ.
+        assert_ne!(key(dir, BASE, "t").as_ref(), Some(&a));
+        for c in [
+            BASE.replace("seed = 1", "seed = 2"),
+            BASE.replace("epochs = 2", "epochs = 3"),
+            BASE.replace("on-fail = \"rollback\"", "on-fail = \"retry\""),
+        ] {
+            assert_ne!(key(dir, &c, "s").as_ref(), Some(&a), "{c}");
+        }
+        // The same text in another folder reads other data: another key.
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(key(other.path(), BASE, "s").as_ref(), Some(&a));
+        // A stage without a key is never reused.
+        let (r, e) = entry(dir, BASE);
+        let shared = Shared {
+            data: &r.data,
+            tokenizer: &r.tokenizer,
+            seed: 1,
+        };
+        assert!(reuse_key(None, &e, &shared).is_none());
     }
 }

@@ -29,6 +29,12 @@ impl From<RecipeError> for StageError {
 
 impl From<mopt_models::ModelError> for StageError {
     fn from(e: mopt_models::ModelError) -> Self {
+        StageError::Train(TrainError::Model(e.into()))
+    }
+}
+
+impl From<mopt_core::ModelFault> for StageError {
+    fn from(e: mopt_core::ModelFault) -> Self {
         StageError::Train(TrainError::Model(e))
     }
 }

@@ -29,6 +29,7 @@ pub mod env;
 mod error;
 pub mod gate;
 pub mod kinds;
+pub mod lr_find;
 pub mod plan;
 pub mod record;
 pub mod report;

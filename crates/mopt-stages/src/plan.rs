@@ -5,10 +5,10 @@
 use std::fmt::Write;
 
 use mopt_data::{load_splits, LabelMap, TextTokenizer};
+use mopt_models::bert::setup::model_config;
 use mopt_models::bert::BertConfig;
 use mopt_recipe::TrainSpec;
 use mopt_train::memory::human_bytes;
-use mopt_train::setup::model_config;
 use mopt_train::{DeviceSpec, TrainError};
 
 use crate::error::StageError;
@@ -87,7 +87,7 @@ impl Pipeline {
             let cfg = t.checkpoint.join("config.json");
             if cfg.is_file() {
                 return Ok((
-                    BertConfig::from_file(&cfg).map_err(TrainError::from)?,
+                    BertConfig::from_file(&cfg)?,
                     format!("teacher {} (exists)", shown(&t.checkpoint)),
                 ));
             }
@@ -108,7 +108,13 @@ impl Pipeline {
             ));
         }
         let m = r.model.as_ref().expect("validated");
-        let c = model_config(m, &r.tokenizer, &r.scope.nested("model"), labels, vocab)?;
+        let c = model_config(
+            m,
+            &r.tokenizer,
+            &r.scope.nested("model"),
+            &labels.labels,
+            vocab,
+        )?;
         let init = match &m.weights {
             Some(w) => shown(w),
             None => "random init".into(),

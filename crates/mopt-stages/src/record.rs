@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
-use mopt_data::{Batcher, Encoded, EncodedSplits};
+use mopt_data::{Encoded, EncodedSplits, TextExamples};
 use mopt_distill::latency::{measure as measure_latency, LatencyStats};
 use mopt_models::bert::weights;
 use mopt_recipe::{normalize, EvaluationSpec};
@@ -93,25 +93,11 @@ impl Evaluator<'_> {
         let (model, config) = weights::load_checkpoint(dir, &self.device)?;
         // Quantized models: weights fake-quantized once, not in every forward pass.
         let model = model.valid().with_baked_weights();
-        let batcher = Batcher::new(self.pad_id);
         let n = config.num_labels;
-        let valid = evaluate(
-            &model,
-            &self.data.valid,
-            &batcher,
-            self.eval_batch_size,
-            n,
-            &self.device,
-        );
-        let test = evaluate(
-            &model,
-            &self.data.test,
-            &batcher,
-            self.eval_batch_size,
-            n,
-            &self.device,
-        )
-        .metrics;
+        let split = |e| TextExamples::new(e, self.pad_id);
+        let bs = self.eval_batch_size;
+        let valid = evaluate(&model, &split(&self.data.valid), bs, n, &self.device);
+        let test = evaluate(&model, &split(&self.data.test), bs, n, &self.device).metrics;
         let golden = valid.logits[..self.golden.len()].to_vec();
         let e = self.evaluation;
         let latency = if e.latency_runs == 0 {
@@ -213,6 +199,10 @@ pub struct StageRecord {
     pub max_steps: Option<usize>,
     /// Further outputs, checked before reuse.
     pub artifacts: Vec<FileHash>,
+    /// What another run must match to reuse this stage ([`crate::donor::reuse_key`]); absent:
+    /// never reused (stages without a key, and records written before keys existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reuse_key: Option<String>,
     pub facts: serde_json::Value,
     pub notes: Vec<String>,
     pub references: Vec<ReferenceRecord>,

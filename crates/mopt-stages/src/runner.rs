@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use mopt_data::LabelMap;
+use mopt_models::bert::setup::{build_model, model_config};
 use mopt_recipe::Recipe;
 use mopt_train::memory::peak_rss_bytes;
-use mopt_train::setup::{build_model, model_config, prepare_data, PreparedData};
-use mopt_train::trainer::{describe_data, save_checkpoint_dir, TrainOptions};
+use mopt_train::setup::{prepare_data, PreparedData};
+use mopt_train::trainer::{describe_data, save_checkpoint_dir, TextExtras, TrainOptions};
 use mopt_train::{DeviceSpec, TrainError};
 use serde::{Deserialize, Serialize};
 
@@ -183,6 +184,10 @@ impl Pipeline {
             },
         )?;
 
+        let extras = TextExtras {
+            labels: &prepared.data.labels,
+            tokenizer_file: &prepared.tokenizer.path,
+        };
         let mut records = vec![baseline.clone()];
         let mut current = Current {
             dir: baseline_ckpt.clone(),
@@ -226,21 +231,30 @@ impl Pipeline {
                         input_logits: &current.logits,
                         earlier: &earlier,
                         dir: &dir,
+                        extras: &extras,
                     };
+                    let reuse_key = crate::donor::reuse_key(
+                        stage.reuse_key(),
+                        entry,
+                        &crate::donor::Shared {
+                            data: &recipe.data,
+                            tokenizer: &recipe.tokenizer,
+                            seed: recipe.run.seed,
+                        },
+                    );
                     let donor = (opts.reuse && opts.max_steps.is_none())
-                        .then(|| {
+                        .then_some(reuse_key.as_deref())
+                        .flatten()
+                        .and_then(|key| {
                             let w = crate::donor::Wanted {
-                                source: &recipe.source,
                                 index: entry.index,
                                 kind: &entry.kind,
-                                ignore: crate::stage::kind(&entry.kind)
-                                    .map_or(&[][..], |k| k.reuse_ignores()),
+                                key,
                                 input_sha256: &current.facts.sha256,
                                 baseline_sha256: &baseline.model.sha256,
                             };
                             crate::donor::find(run_dir.parent()?, &run_dir, &w)
-                        })
-                        .flatten();
+                        });
                     let out = match donor {
                         Some(d) => d.into_output(),
                         None => stage.run(&current.dir, &cx)?,
@@ -255,8 +269,11 @@ impl Pipeline {
                         out,
                         &ev,
                         &dir,
-                        t0,
-                        opts.max_steps,
+                        Provenance {
+                            t0,
+                            max_steps: opts.max_steps,
+                            reuse_key,
+                        },
                     )?;
                     eprintln!(
                         "stage {} ({}): {} — {}",
@@ -370,7 +387,7 @@ impl Pipeline {
             m,
             &recipe.tokenizer,
             &recipe.scope.nested("model"),
-            &prepared.data.labels,
+            &prepared.data.labels.labels,
             prepared.tokenizer.vocab_size(),
         )?;
         let device = opts.device.device();
@@ -384,13 +401,11 @@ impl Pipeline {
                 l.skipped.len()
             );
         }
-        save_checkpoint_dir(
-            &model,
-            &config,
-            &prepared.data,
-            &prepared.tokenizer.path,
-            &ckpt,
-        )?;
+        let extras = TextExtras {
+            labels: &prepared.data.labels,
+            tokenizer_file: &prepared.tokenizer.path,
+        };
+        save_checkpoint_dir(&model, &config, &extras, &ckpt)?;
         Ok(ckpt)
     }
 
@@ -451,6 +466,7 @@ impl Pipeline {
             peak_rss_bytes: peak_rss_bytes(),
             max_steps: opts.max_steps,
             artifacts: Vec::new(),
+            reuse_key: None,
             facts: serde_json::Value::Null,
             notes: Vec::new(),
             references: Vec::new(),
@@ -556,6 +572,13 @@ fn reuse(dir: &Path, current: &Current) -> Result<Option<Finished>, StageError> 
     Ok(None)
 }
 
+/// When a stage started, whether it was a smoke run, and its reuse key.
+struct Provenance {
+    t0: Instant,
+    max_steps: Option<usize>,
+    reuse_key: Option<String>,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn finish_stage(
     entry: &mopt_recipe::StageEntry,
@@ -566,8 +589,7 @@ fn finish_stage(
     out: StageOutput,
     ev: &Evaluator,
     dir: &Path,
-    t0: Instant,
-    max_steps: Option<usize>,
+    prov: Provenance,
 ) -> Result<Finished, StageError> {
     let (facts, logits) = if out.checkpoint == current.dir {
         (current.facts.clone(), current.logits.clone())
@@ -626,10 +648,11 @@ fn finish_stage(
         max_logit_error_vs_input: err_input,
         max_logit_error_vs_baseline: err_baseline,
         steps: out.steps,
-        wall_time_s: t0.elapsed().as_secs_f64(),
+        wall_time_s: prov.t0.elapsed().as_secs_f64(),
         peak_rss_bytes: peak_rss_bytes(),
-        max_steps,
+        max_steps: prov.max_steps,
         artifacts,
+        reuse_key: prov.reuse_key,
         facts: out.facts,
         notes: out.notes,
         references,

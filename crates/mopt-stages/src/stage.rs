@@ -4,12 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
-use mopt_data::EncodedSplits;
+use mopt_core::MemoryEstimate;
+use mopt_data::{EncodedSplits, TextExamples};
 use mopt_models::bert::BertConfig;
 use mopt_recipe::{DataSpec, EvaluationSpec, RecipeError, StageEntry, TokenizerSpec};
-use mopt_train::memory::MemoryEstimate;
 use mopt_train::metrics::EvalMetrics;
-use mopt_train::trainer::TrainOptions;
+use mopt_train::trainer::{CheckpointExtras, RunContext, Splits, TrainOptions};
 use mopt_train::DeviceSpec;
 use serde::{Deserialize, Serialize};
 
@@ -40,12 +40,6 @@ pub trait StageKind: Sync {
     /// Whether the kind has a gentler retry for `on-fail = "retry"`.
     fn has_retry(&self) -> bool {
         false
-    }
-
-    /// Its keys that do not change the output model (comparisons, reference runs): ignored
-    /// when another run's finished stage is matched for reuse.
-    fn reuse_ignores(&self) -> &'static [&'static str] {
-        &[]
     }
 }
 
@@ -109,6 +103,8 @@ pub struct StageContext<'a> {
     pub earlier: &'a [(String, PathBuf)],
     /// This stage's own folder (empty when the stage starts).
     pub dir: &'a Path,
+    /// Files every checkpoint of the run carries besides the model (label map, tokenizer).
+    pub extras: &'a dyn CheckpointExtras,
 }
 
 impl<'a> StageContext<'a> {
@@ -127,18 +123,29 @@ impl<'a> StageContext<'a> {
     }
 
     /// The trainer's context for this stage's training of a model shaped `config`, in its folder.
-    pub fn run_context(&self, config: &'a BertConfig) -> mopt_train::trainer::RunContext<'a> {
-        mopt_train::trainer::RunContext {
+    pub fn run_context<K>(&self, config: &'a K) -> RunContext<'a, TextExamples<'a>, K> {
+        RunContext {
             name: &self.entry.name,
             train: &self.entry.train,
             seed: self.seed,
             device_spec: self.device,
             run_dir: self.dir,
             opts: self.opts,
-            data: self.data,
-            tokenizer_file: self.tokenizer_file,
-            pad_id: self.pad_id,
+            data: self.splits(),
+            labels: &self.data.labels.labels,
+            cache_hit: self.data.from_cache,
+            extras: self.extras,
             config,
+        }
+    }
+
+    /// The run's training, validation and test splits as the algorithms read them.
+    pub fn splits(&self) -> Splits<TextExamples<'a>> {
+        let text = |e: &'a [mopt_data::Encoded]| TextExamples::new(e, self.pad_id);
+        Splits {
+            train: text(&self.data.train),
+            valid: text(&self.data.valid),
+            test: text(&self.data.test),
         }
     }
 }
@@ -183,6 +190,16 @@ pub trait Stage {
     ) -> Result<StagePlan, StageError>;
     /// Run on the checkpoint at `input`; write only inside `cx.dir`.
     fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError>;
+
+    /// The validated settings that shape this stage's output, as the stage will use them (not
+    /// the recipe text it came from, so a stage declared or edited in Rust differs from the
+    /// TOML stage it replaced): another run's finished stage is reused only when these, the
+    /// merged training settings, the data, the seed, the input and the baseline are all the
+    /// same (see [`crate::donor`]). Leave out what does not change the output (comparisons,
+    /// reference models). `None` (the default): never reused across runs.
+    fn reuse_key(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Validate every stage of a recipe with its kind.

@@ -8,7 +8,7 @@ pub enum TrainError {
     #[error(transparent)]
     Data(#[from] mopt_data::DataError),
     #[error(transparent)]
-    Model(#[from] mopt_models::ModelError),
+    Model(#[from] mopt_core::ModelFault),
     /// Bad input that is not a recipe key (an existing run folder, a bad device name).
     #[error("{0}")]
     Input(String),
@@ -28,12 +28,7 @@ impl TrainError {
         matches!(
             self,
             TrainError::Recipe(_) | TrainError::Data(_) | TrainError::Input(_)
-        ) || matches!(
-            self,
-            TrainError::Model(
-                mopt_models::ModelError::Config { .. } | mopt_models::ModelError::Load { .. }
-            )
-        )
+        ) || matches!(self, TrainError::Model(f) if f.input)
     }
 
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {

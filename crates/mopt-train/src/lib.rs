@@ -7,8 +7,10 @@
 
 pub mod amp;
 pub mod backend;
+mod checkpoint;
 pub mod clip;
 mod error;
+mod eval;
 pub mod logging;
 pub mod lr_find;
 pub mod memory;
@@ -18,6 +20,7 @@ pub mod rundir;
 pub mod schedule;
 pub mod setup;
 pub mod step;
+mod task;
 pub mod trainer;
 
 pub use backend::DeviceSpec;

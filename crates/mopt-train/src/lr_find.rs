@@ -8,17 +8,16 @@ use std::path::Path;
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
-
-use mopt_data::{epoch_order, Batcher, Encoded};
-use mopt_recipe::Recipe;
+use burn::prelude::*;
+use mopt_core::{Classifier, Examples, Labeled};
+use mopt_data::epoch_order;
+use mopt_recipe::{LrFindSpec, TrainSpec};
 use serde::Serialize;
 
 use crate::amp::{self, LossScaler};
-use crate::backend::DeviceSpec;
 use crate::clip::unscale_and_clip;
 use crate::error::TrainError;
 use crate::logging::{Progress, RunLogger};
-use crate::setup::{build_model, model_config, prepare_data};
 use mopt_kernels::autocast;
 
 /// One point of the sweep.
@@ -59,35 +58,28 @@ pub fn suggest(points: &[LrPoint]) -> f64 {
     best.1
 }
 
-/// Run the range test; writes `lr-find.csv` and `lr-find.json` (and TensorBoard scalars) to `run_dir`.
-pub fn lr_find(
-    recipe: &Recipe,
-    device_spec: &DeviceSpec,
-    run_dir: &Path,
-) -> Result<LrFindResult, TrainError> {
-    let spec = &recipe.lr_find;
-    let t = &recipe.train;
-    let ad = device_spec.train_device(&recipe.train);
-    let Some(m) = &recipe.model else {
-        return Err(TrainError::Recipe(recipe.invalid(
-            "model",
-            "lr-find sweeps the recipe's [model]; this recipe starts from a [teacher]",
-            "run lr-find on the teacher's recipe, or give the recipe a [model]",
-        )));
-    };
-    let prepared = prepare_data(&recipe.tokenizer, &recipe.data, None)?;
-    let data = &prepared.data;
-    let config = model_config(
-        m,
-        &recipe.tokenizer,
-        &recipe.scope.nested("model"),
-        &data.labels,
-        prepared.tokenizer.vocab_size(),
-    )?;
-    let (mut model, _) = build_model(m, recipe.run.seed, &config, &ad)?;
-    let batcher = Batcher::new(prepared.tokenizer.pad_id);
+/// Where and how a range test runs.
+pub struct LrFindRun<'a> {
+    pub spec: &'a LrFindSpec,
+    /// Batch size, precision, clipping and AdamW settings.
+    pub train: &'a TrainSpec,
+    /// Data order.
+    pub seed: u64,
+    /// The training (autodiff) device the model is on.
+    pub device: &'a Device,
+    pub run_dir: &'a Path,
+}
+
+/// Run the range test on `model` (on `run.device`) over the `train` split; writes `lr-find.csv`
+/// and `lr-find.json` (and TensorBoard scalars) to `run.run_dir`.
+pub fn lr_find<C, E>(run: &LrFindRun, mut model: C, train: &E) -> Result<LrFindResult, TrainError>
+where
+    C: Classifier<Batch: Labeled>,
+    E: Examples<Batch = C::Batch>,
+{
+    let (spec, t, ad, run_dir) = (run.spec, run.train, run.device, run.run_dir);
     let mut optim = crate::trainer::adamw(t);
-    let ce = CrossEntropyLossConfig::new().init(&ad);
+    let ce = CrossEntropyLossConfig::new().init(ad);
     let mut logger = RunLogger::create(run_dir)?;
     let mut points: Vec<LrPoint> = Vec::new();
     let (mut avg, mut min_smoothed) = (0.0f64, f64::INFINITY);
@@ -99,17 +91,14 @@ pub fn lr_find(
     let mut scaler = t.loss_scale.as_ref().map(LossScaler::new);
     for i in 0..spec.steps {
         if order.len() < t.batch_size {
-            order = epoch_order(data.train.len(), recipe.run.seed, epoch);
+            order = epoch_order(train.len(), run.seed, epoch);
             epoch += 1;
         }
         let chunk: Vec<usize> = order.drain(..t.batch_size.min(order.len())).collect();
-        let items: Vec<&Encoded> = chunk.iter().map(|&j| &data.train[j]).collect();
-        let b = batcher.batch(&items, &ad);
+        let b = train.batch(&chunk, ad);
         // The recipe's precision, as in training (matrix products under autocast).
-        let logits = autocast::scope(compute, || {
-            model.forward(b.input_ids, b.attention_mask, b.token_type_ids)
-        });
-        let loss = ce.forward(logits, b.labels);
+        let logits = autocast::scope(compute, || model.logits(&b));
+        let loss = ce.forward(logits, b.labels());
         let value: f32 = loss.clone().into_scalar();
         let lr = sweep_lr(spec.start_lr, spec.end_lr, i, spec.steps);
         avg = 0.98 * avg + 0.02 * value as f64;

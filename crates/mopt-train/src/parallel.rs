@@ -20,6 +20,8 @@ use burn_train::train::MultiDevicesTrainStep;
 use burn_train::{InferenceStep, ItemLazy, TrainOutput, TrainStep};
 
 use crate::error::TrainError;
+use mopt_core::{Checkpoint, Examples, Labeled};
+
 use crate::trainer::{MicroBatch, MicroOut, Replica, ShardOut};
 
 /// The trained model as Burn's workers see it: a [`TrainStep`] whose input carries the shard and
@@ -29,17 +31,14 @@ pub struct Replicated<M: Module + ModuleDisplay + 'static> {
     pub model: M,
 }
 
-/// One shard of a micro-batch, for one device.
+/// What a worker runs with its device's model.
+pub type ShardJob<M> = Box<dyn FnOnce(&M) -> TrainOutput<ShardResult> + Send>;
+
+/// One shard of a micro-batch, for one device: the work to run there with the device's copy of
+/// the model (the shard's batch, already on the device, and the replica of the objective are
+/// inside it, so that the model's batch type does not show here).
 pub struct ShardItem<M: Module + ModuleDisplay + 'static> {
-    /// The shard's examples (already on the worker's device) and their training-split indices.
-    pub batch: mopt_data::TextBatch,
-    pub indices: Vec<usize>,
-    /// Position of the shard (0 = main device): outputs are put back in this order.
-    pub index: usize,
-    /// The shard's share of the micro-batch.
-    pub weight: f32,
-    pub task: Arc<Mutex<Replica<M>>>,
-    pub settings: ShardSettings,
+    pub job: ShardJob<M>,
 }
 
 /// What every shard of a micro-batch shares.
@@ -71,27 +70,37 @@ impl<M: Module + ModuleDisplay + 'static> TrainStep for Replicated<M> {
     type Output = ShardResult;
 
     fn step(&self, item: ShardItem<M>) -> TrainOutput<ShardResult> {
-        let mut task = item.task.lock().expect("replica task");
-        let (loss, parts, grads) = item.settings.shard(
-            &mut *task,
-            &self.model,
-            &item.batch,
-            (&item.indices, item.index),
-            Some(item.weight),
-        );
-        TrainOutput {
-            grads: grads.unwrap_or_else(GradientsParams::new),
-            item: ShardResult {
-                index: item.index,
-                loss,
-                parts,
-                finite: loss.is_finite(),
-            },
-        }
+        (item.job)(&self.model)
     }
 }
 
-/// Inference is not data-parallel (evaluation runs on the main device).
+/// The job of shard `index` (weight: its share of the micro-batch): the objective's loss and
+/// gradients with the device's model.
+fn shard_job<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch: Labeled>>(
+    batch: C::Batch,
+    indices: Vec<usize>,
+    (index, weight): (usize, f32),
+    task: Arc<Mutex<Replica<M, C>>>,
+    settings: ShardSettings,
+) -> ShardItem<M> {
+    ShardItem {
+        job: Box::new(move |model: &M| {
+            let mut task = task.lock().expect("replica task");
+            let (loss, parts, grads) =
+                settings.shard(&mut *task, model, &batch, (&indices, index), Some(weight));
+            TrainOutput {
+                grads: grads.unwrap_or_else(GradientsParams::new),
+                item: ShardResult {
+                    index,
+                    loss,
+                    parts,
+                    finite: loss.is_finite(),
+                },
+            }
+        }),
+    }
+}
+
 impl<M: Module + ModuleDisplay + 'static> InferenceStep for Replicated<M> {
     type Input = ();
     type Output = ();
@@ -117,16 +126,16 @@ impl<M: Module + ModuleDisplay + 'static> DataLoaderIterator<ShardItem<M>> for O
 }
 
 /// The devices of a data-parallel run, their workers and their replicas of the objective.
-pub struct DataParallel<M: Module + ModuleDisplay + 'static> {
+pub struct DataParallel<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch: Labeled>> {
     step: MultiDevicesTrainStep<Replicated<M>>,
     /// Training devices, main first.
     devices: Vec<Device>,
-    tasks: Vec<Arc<Mutex<Replica<M>>>>,
+    tasks: Vec<Arc<Mutex<Replica<M, C>>>>,
 }
 
-impl<M: Module + ModuleDisplay + 'static> DataParallel<M> {
+impl<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch: Labeled>> DataParallel<M, C> {
     /// Workers on `devices` (training devices, main first), one replica of the objective each.
-    pub fn new(devices: Vec<Device>, tasks: Vec<Replica<M>>) -> Self {
+    pub fn new(devices: Vec<Device>, tasks: Vec<Replica<M, C>>) -> Self {
         assert_eq!(devices.len(), tasks.len());
         Self {
             step: MultiDevicesTrainStep::new(&devices),
@@ -151,22 +160,23 @@ impl<M: Module + ModuleDisplay + 'static> DataParallel<M> {
     }
 
     /// Forward and backward of one micro-batch over all devices; gradients on the main device.
-    pub(crate) fn run(&self, micro: &MicroBatch, model: &M) -> Result<MicroOut, TrainError> {
+    pub(crate) fn run<E: Examples<Batch = C::Batch>>(
+        &self,
+        micro: &MicroBatch<E>,
+        model: &M,
+    ) -> Result<MicroOut, TrainError> {
         let n = micro.chunk.len();
         let shards: Vec<&[usize]> = micro.chunk.chunks(n.div_ceil(self.len())).collect();
         let mut loaders: Vec<Box<dyn DataLoaderIterator<ShardItem<M>>>> = (0..self.len())
             .map(|i| {
                 let item = shards.get(i).map(|&shard| {
-                    let items: Vec<&mopt_data::Encoded> =
-                        shard.iter().map(|&j| &micro.examples[j]).collect();
-                    ShardItem {
-                        batch: micro.batcher.batch(&items, &self.devices[i]),
-                        indices: shard.to_vec(),
-                        index: i,
-                        weight: shard.len() as f32 / n as f32,
-                        task: self.tasks[i].clone(),
-                        settings: micro.settings,
-                    }
+                    shard_job(
+                        micro.examples.batch(shard, &self.devices[i]),
+                        shard.to_vec(),
+                        (i, shard.len() as f32 / n as f32),
+                        self.tasks[i].clone(),
+                        micro.settings,
+                    )
                 });
                 Box::new(OneShard(item)) as Box<dyn DataLoaderIterator<ShardItem<M>>>
             })

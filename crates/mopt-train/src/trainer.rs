@@ -1,16 +1,17 @@
-//! The fine-tuning loop: AdamW (Burn), warmup + cosine (Burn's schedulers), global-norm clipping,
+//! The training loop: AdamW (Burn), warmup + cosine (Burn's schedulers), global-norm clipping,
 //! gradient accumulation (Burn's accumulator), seeded data order, per-epoch validation, best
-//! checkpoint selection and a final test evaluation of the best checkpoint.
+//! checkpoint selection and a final test evaluation of the best checkpoint. Generic over the
+//! model (a [`Task`] over a [`mopt_core::Checkpoint`] classifier) and the data
+//! ([`mopt_core::Examples`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
-use mopt_data::{epoch_order, Batcher, Encoded, EncodedSplits, TextBatch};
+use mopt_core::{Checkpoint, Examples, ModelConfig};
+use mopt_data::epoch_order;
 use mopt_kernels::autocast;
-use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
 use mopt_recipe::{BestMetric, TrainSpec};
 use serde::Serialize;
 use serde_json::json;
@@ -20,9 +21,13 @@ use crate::backend::DeviceSpec;
 use crate::error::TrainError;
 use crate::logging::{Progress, RunLogger};
 use crate::memory::peak_rss_bytes;
-use crate::metrics::{accuracy, macro_f1, EvalMetrics};
+use crate::metrics::EvalMetrics;
 use crate::parallel::{weighted, DataParallel, ShardSettings};
 use crate::step::Stepper;
+
+pub use crate::checkpoint::{save_checkpoint_dir, CheckpointExtras, Golden, NoExtras, TextExtras};
+pub use crate::eval::{argmax, evaluate, EvalOutput};
+pub use crate::task::{BatchOf, FinetuneTask, Parts, Replica, Task};
 
 /// Options that do not belong in a recipe.
 #[derive(Debug, Clone, Default)]
@@ -97,64 +102,6 @@ impl TrainState {
     }
 }
 
-/// Per-example logits and predictions of an evaluation.
-pub struct EvalOutput {
-    pub metrics: EvalMetrics,
-    pub logits: Vec<Vec<f32>>,
-}
-
-/// Evaluate `model` (inference device) on `examples`; logits come back in input order.
-pub fn evaluate(
-    model: &BertForSequenceClassification,
-    examples: &[Encoded],
-    batcher: &Batcher,
-    batch_size: usize,
-    num_labels: usize,
-    device: &Device,
-) -> EvalOutput {
-    // Length-sorted batches pad less; results are put back in input order.
-    let mut order: Vec<usize> = (0..examples.len()).collect();
-    order.sort_by_key(|&i| examples[i].ids.len());
-    let ce = CrossEntropyLossConfig::new().init(device);
-    let mut logits = vec![Vec::new(); examples.len()];
-    let mut loss_sum = 0.0;
-    for chunk in order.chunks(batch_size) {
-        let items: Vec<&Encoded> = chunk.iter().map(|&i| &examples[i]).collect();
-        let b = batcher.batch(&items, device);
-        let out = model.forward(b.input_ids, b.attention_mask, b.token_type_ids);
-        let loss: f32 = ce.forward(out.clone(), b.labels).into_scalar();
-        loss_sum += loss as f64 * chunk.len() as f64;
-        let flat: Vec<f32> = out.into_data().try_to_vec().expect("f32 logits");
-        for (row, &i) in chunk.iter().enumerate() {
-            logits[i] = flat[row * num_labels..(row + 1) * num_labels].to_vec();
-        }
-    }
-    let pred: Vec<usize> = logits.iter().map(|l| argmax(l)).collect();
-    let truth: Vec<usize> = examples.iter().map(|e| e.label).collect();
-    EvalOutput {
-        metrics: EvalMetrics {
-            loss: loss_sum / examples.len().max(1) as f64,
-            accuracy: accuracy(&pred, &truth),
-            macro_f1: macro_f1(&pred, &truth, num_labels),
-            examples: examples.len(),
-        },
-        logits,
-    }
-}
-
-fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &x)| {
-            if x > bv {
-                (i, x)
-            } else {
-                (bi, bv)
-            }
-        })
-        .0
-}
-
 fn better(metric: BestMetric, new: &EvalMetrics, old: &EvalMetrics) -> bool {
     match metric {
         BestMetric::Accuracy => new.accuracy > old.accuracy,
@@ -163,172 +110,16 @@ fn better(metric: BestMetric, new: &EvalMetrics, old: &EvalMetrics) -> bool {
     }
 }
 
-/// Save a complete checkpoint folder atomically: write `<dir>.tmp`, then swap it in.
-pub fn save_checkpoint_dir(
-    model: &BertForSequenceClassification,
-    config: &BertConfig,
-    data: &EncodedSplits,
-    tokenizer_file: &Path,
-    dir: &Path,
-) -> Result<(), TrainError> {
-    let tmp = dir.with_extension("tmp");
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
-    }
-    weights::save_checkpoint(model, config, &tmp)?;
-    data.labels.save(&tmp.join("labels.json"))?;
-    if let Some(name) = tokenizer_file.file_name() {
-        std::fs::copy(tokenizer_file, tmp.join(name))
-            .map_err(|e| TrainError::io(tokenizer_file, e))?;
-    }
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(|e| TrainError::io(dir, e))?;
-    }
-    std::fs::rename(&tmp, dir).map_err(|e| TrainError::io(dir, e))
-}
-
-/// Golden reference written with the best checkpoint: the first test examples' ids and logits,
-/// so that a reload (or an export) can be checked against what training saw.
-#[derive(Debug, Serialize, serde::Deserialize)]
-pub struct Golden {
-    pub input_ids: Vec<Vec<u32>>,
-    pub logits: Vec<Vec<f32>>,
-}
-
-/// A training objective over a trainable module that contains a classifier.
-///
-/// Fine-tuning is cross-entropy on the classifier; distillation (in `mopt-distill`) adds teacher
-/// terms and trainable projections. The trainer owns the loop, the optimizer and the logging.
-pub trait Task: Send {
-    /// What the optimizer updates (the classifier plus anything the objective trains).
-    type Model: Module + burn::module::ModuleDisplay + 'static;
-
-    /// Loss of one micro-batch. `indices` are the batch's positions in the training split;
-    /// `progress` runs from 0 to 1 over training (for schedules). Returns the loss to minimise
-    /// and its named components for logging.
-    fn loss(
-        &mut self,
-        model: &Self::Model,
-        batch: &TextBatch,
-        indices: &[usize],
-        progress: f64,
-    ) -> (Tensor<1>, Vec<(&'static str, f64)>);
-
-    /// The classifier that is evaluated and checkpointed.
-    fn classifier<'a>(&self, model: &'a Self::Model) -> &'a BertForSequenceClassification;
-
-    /// Called before each training epoch (`epoch` is 1-based), for objectives that change by phase.
-    fn begin_epoch(&mut self, _epoch: usize) {}
-
-    /// A copy of this objective for a data-parallel replica on `device` (inference device; a
-    /// teacher is forked there, cached teacher outputs are shared). `None`: it cannot be
-    /// replicated, and data-parallel training refuses it.
-    fn replicate(&self, _device: &Device) -> Option<Replica<Self::Model>> {
-        None
-    }
-}
-
-/// A data-parallel replica of a [`Task`].
-pub type Replica<M> = Box<dyn Task<Model = M>>;
-
-impl<M: Module + burn::module::ModuleDisplay + 'static> Task for Replica<M> {
-    type Model = M;
-
-    fn loss(
-        &mut self,
-        model: &M,
-        batch: &TextBatch,
-        indices: &[usize],
-        progress: f64,
-    ) -> (Tensor<1>, Vec<(&'static str, f64)>) {
-        (**self).loss(model, batch, indices, progress)
-    }
-
-    fn classifier<'a>(&self, model: &'a M) -> &'a BertForSequenceClassification {
-        (**self).classifier(model)
-    }
-
-    fn begin_epoch(&mut self, epoch: usize) {
-        (**self).begin_epoch(epoch)
-    }
-
-    fn replicate(&self, device: &Device) -> Option<Replica<M>> {
-        (**self).replicate(device)
-    }
-}
-
-/// A borrowed task trains too: one objective (and the teacher outputs it holds) can serve several
-/// runs, e.g. every round of a pruning schedule.
-impl<T: Task> Task for &mut T {
-    type Model = T::Model;
-
-    fn loss(
-        &mut self,
-        model: &Self::Model,
-        batch: &TextBatch,
-        indices: &[usize],
-        progress: f64,
-    ) -> (Tensor<1>, Vec<(&'static str, f64)>) {
-        (**self).loss(model, batch, indices, progress)
-    }
-
-    fn classifier<'a>(&self, model: &'a Self::Model) -> &'a BertForSequenceClassification {
-        (**self).classifier(model)
-    }
-
-    fn begin_epoch(&mut self, epoch: usize) {
-        (**self).begin_epoch(epoch)
-    }
-
-    fn replicate(&self, device: &Device) -> Option<Replica<T::Model>> {
-        (**self).replicate(device)
-    }
-}
-
-/// Plain fine-tuning: cross-entropy against the labels.
-pub struct FinetuneTask {
-    ce: burn::nn::loss::CrossEntropyLoss,
-}
-
-impl FinetuneTask {
-    pub fn new(device: &Device) -> Self {
-        Self {
-            ce: CrossEntropyLossConfig::new().init(device),
-        }
-    }
-}
-
-impl Task for FinetuneTask {
-    type Model = BertForSequenceClassification;
-
-    fn loss(
-        &mut self,
-        model: &Self::Model,
-        b: &TextBatch,
-        _indices: &[usize],
-        _progress: f64,
-    ) -> (Tensor<1>, Vec<(&'static str, f64)>) {
-        let logits = model.forward(
-            b.input_ids.clone(),
-            b.attention_mask.clone(),
-            b.token_type_ids.clone(),
-        );
-        let loss = self.ce.forward(logits, b.labels.clone());
-        (loss, Vec::new())
-    }
-
-    fn classifier<'a>(&self, model: &'a Self::Model) -> &'a BertForSequenceClassification {
-        model
-    }
-
-    fn replicate(&self, device: &Device) -> Option<Replica<Self::Model>> {
-        Some(Box::new(FinetuneTask::new(device)))
-    }
+/// The three splits a training run reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Splits<E> {
+    pub train: E,
+    pub valid: E,
+    pub test: E,
 }
 
 /// Everything a training run reads besides the task and the model.
-#[derive(Clone, Copy)]
-pub struct RunContext<'a> {
+pub struct RunContext<'a, E, K> {
     /// Names the run in its report.
     pub name: &'a str,
     pub train: &'a TrainSpec,
@@ -337,14 +128,27 @@ pub struct RunContext<'a> {
     pub device_spec: &'a DeviceSpec,
     pub run_dir: &'a Path,
     pub opts: &'a TrainOptions,
-    pub data: &'a EncodedSplits,
-    pub tokenizer_file: &'a Path,
-    pub pad_id: u32,
-    pub config: &'a BertConfig,
+    pub data: Splits<E>,
+    /// Class names, in label order (for the report).
+    pub labels: &'a [String],
+    /// Whether the data came from a cache (the report's `token_cache_hit`).
+    pub cache_hit: bool,
+    /// Written beside every checkpoint.
+    pub extras: &'a dyn CheckpointExtras,
+    /// The trained model's config (saved with it).
+    pub config: &'a K,
 }
 
+impl<E: Copy, K> Clone for RunContext<'_, E, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<E: Copy, K> Copy for RunContext<'_, E, K> {}
+
 /// Check that every split has examples and print their sizes.
-pub fn describe_data(source: &str, data: &EncodedSplits) -> Result<(), TrainError> {
+pub fn describe_data(source: &str, data: &mopt_data::EncodedSplits) -> Result<(), TrainError> {
     if data.train.is_empty() || data.valid.is_empty() || data.test.is_empty() {
         return Err(TrainError::Input(format!(
             "{source}: a split is empty (train {}, valid {}, test {}); use more data or other [data] fractions",
@@ -370,12 +174,24 @@ pub fn describe_data(source: &str, data: &EncodedSplits) -> Result<(), TrainErro
 }
 
 /// Running means of the logged quantities between two log points.
-#[derive(Default)]
 struct Window {
     loss: f64,
-    components: Vec<(&'static str, f64)>,
+    components: Parts,
     n: usize,
     samples: usize,
+    start: Instant,
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Self {
+            loss: 0.0,
+            components: Vec::new(),
+            n: 0,
+            samples: 0,
+            start: Instant::now(),
+        }
+    }
 }
 
 impl Window {
@@ -390,15 +206,26 @@ impl Window {
         self.n += 1;
         self.samples += samples;
     }
+
+    fn mean_loss(&self) -> f64 {
+        self.loss / self.n.max(1) as f64
+    }
+
+    fn samples_per_s(&self) -> f64 {
+        self.samples as f64 / self.start.elapsed().as_secs_f64().max(1e-9)
+    }
 }
+
+/// The data-parallel workers of a task.
+type Workers<T> = DataParallel<<T as Task>::Model, <T as Task>::Classifier>;
 
 /// Burn's multi-device workers when `ctx.opts.replicas` is not empty: the main training device
 /// first, then each replica's, with a replica of `task` each (dropout seeds differ per device).
-fn data_parallel<T: Task>(
+fn data_parallel<T: Task, E: Copy, K>(
     task: &T,
-    ctx: &RunContext,
+    ctx: &RunContext<E, K>,
     main: &Device,
-) -> Result<Option<DataParallel<T::Model>>, TrainError> {
+) -> Result<Option<Workers<T>>, TrainError> {
     if ctx.opts.replicas.is_empty() {
         return Ok(None);
     }
@@ -428,32 +255,30 @@ fn data_parallel<T: Task>(
 /// One micro-batch of the training split: on the main device, or split into one shard per
 /// device (see [`crate::parallel`]), each shard's loss weighted by its share so that the
 /// gradients sum to the full micro-batch's mean gradient.
-pub(crate) struct MicroBatch<'a> {
+pub(crate) struct MicroBatch<'a, E> {
     pub chunk: &'a [usize],
-    pub examples: &'a [Encoded],
-    pub batcher: &'a Batcher,
+    pub examples: &'a E,
     pub settings: ShardSettings,
 }
 
 /// A micro-batch's weighted loss, components and per-shard gradients (`None`: a loss overflowed).
-pub(crate) type MicroOut = (f32, Vec<(&'static str, f64)>, Option<Vec<GradientsParams>>);
+pub(crate) type MicroOut = (f32, Parts, Option<Vec<GradientsParams>>);
 
 /// A shard's loss value, logged components and (finite losses only) gradients.
-pub(crate) type ShardOut = (f32, Vec<(&'static str, f64)>, Option<GradientsParams>);
+pub(crate) type ShardOut = (f32, Parts, Option<GradientsParams>);
 
-impl MicroBatch<'_> {
-    fn run<T: Task>(
+impl<E: Examples> MicroBatch<'_, E> {
+    fn run<T: Task<Classifier: mopt_core::Classifier<Batch = E::Batch>>>(
         &self,
         task: &mut T,
-        parallel: Option<&DataParallel<T::Model>>,
+        parallel: Option<&DataParallel<T::Model, T::Classifier>>,
         model: &T::Model,
         main: &Device,
     ) -> Result<MicroOut, TrainError> {
         if let Some(dp) = parallel {
             return dp.run(self, model);
         }
-        let items: Vec<&Encoded> = self.chunk.iter().map(|&i| &self.examples[i]).collect();
-        let b = self.batcher.batch(&items, main);
+        let b = self.examples.batch(self.chunk, main);
         let (v, parts, g) = self.settings.shard(task, model, &b, (self.chunk, 0), None);
         Ok((v, parts, g.map(|g| vec![g])))
     }
@@ -466,7 +291,7 @@ impl ShardSettings {
         &self,
         task: &mut T,
         model: &T::Model,
-        b: &TextBatch,
+        b: &BatchOf<T>,
         (shard, index): (&[usize], usize),
         weight: Option<f32>,
     ) -> ShardOut {
@@ -507,91 +332,134 @@ pub fn adamw(t: &mopt_recipe::TrainSpec) -> ModuleOptimizer {
     .init()
 }
 
+/// What one training run carries from epoch to epoch.
+struct Fit<'c, 'a, T: Task, E> {
+    ctx: &'c RunContext<'a, E, <T::Classifier as Checkpoint>::Config>,
+    task: T,
+    parallel: Option<Workers<T>>,
+    stepper: Stepper,
+    logger: RunLogger,
+    device: Device,
+    ad_device: Device,
+    compute: Option<burn::tensor::DType>,
+    micro_per_epoch: usize,
+    steps_per_epoch: usize,
+    total_steps: usize,
+    /// Optimizer steps applied so far.
+    step: usize,
+    train_time: f64,
+    train_samples: usize,
+    best: Option<(usize, EvalMetrics)>,
+    epochs: Vec<EpochRecord>,
+}
+
+/// What one epoch's training loop ends with.
+struct EpochEnd {
+    train_loss: f64,
+    steps: usize,
+    /// `--max-steps` reached.
+    stopped: bool,
+}
+
+type FitConfig<T> = <<T as Task>::Classifier as Checkpoint>::Config;
+
 /// Train `model` with `task` under the recipe's `[train]` settings.
-pub fn fit<T: Task>(
-    ctx: &RunContext,
-    mut task: T,
+pub fn fit<T, E>(
+    ctx: &RunContext<E, FitConfig<T>>,
+    task: T,
     mut model: T::Model,
-) -> Result<TrainReport, TrainError> {
+) -> Result<TrainReport, TrainError>
+where
+    T: Task,
+    E: Examples<Batch = BatchOf<T>> + Copy,
+{
     let wall = Instant::now();
-    let data = ctx.data;
-    let t = ctx.train;
-    let device = ctx.device_spec.device();
-    let ad_device = ctx.device_spec.train_device(t);
-    // Dropout masks (and anything else random in training) follow the run's seed.
-    ad_device.seed(ctx.seed);
-    let batcher = Batcher::new(ctx.pad_id);
-
-    let micro_per_epoch = data
-        .train
-        .len()
-        .div_ceil(t.batch_size * (1 + ctx.opts.replicas.len()));
-    let steps_per_epoch = micro_per_epoch.div_ceil(t.grad_accum_steps);
-    let mut total_steps = steps_per_epoch * t.epochs;
-    if let Some(m) = ctx.opts.max_steps {
-        total_steps = total_steps.min(m);
+    let mut fit = Fit::new(ctx, task)?;
+    for epoch in 0..ctx.train.epochs {
+        let epoch_start = Instant::now();
+        let (next, end) = fit.train_epoch(model, epoch)?;
+        model = next;
+        fit.end_epoch(&model, epoch, &end, epoch_start)?;
+        if end.stopped {
+            break;
+        }
     }
-    let mut stepper = Stepper::new(t, total_steps);
-    let parallel = data_parallel(&task, ctx, &ad_device)?;
-    let compute = amp::compute_dtype(t.precision);
+    fit.finish(wall)
+}
 
-    let mut logger = RunLogger::create(ctx.run_dir)?;
-    let best_dir = ctx.run_dir.join("best");
-    let mut best: Option<(usize, EvalMetrics)> = None;
-    let mut epochs = Vec::new();
-    let mut step = 0usize;
-    let mut train_time = 0.0f64;
-    let mut train_samples = 0usize;
-    let mut stopped = false;
+impl<'c, 'a, T, E> Fit<'c, 'a, T, E>
+where
+    T: Task,
+    E: Examples<Batch = BatchOf<T>> + Copy,
+{
+    fn new(ctx: &'c RunContext<'a, E, FitConfig<T>>, task: T) -> Result<Self, TrainError> {
+        let t = ctx.train;
+        let ad_device = ctx.device_spec.train_device(t);
+        // Dropout masks (and anything else random in training) follow the run's seed.
+        ad_device.seed(ctx.seed);
+        let micro_per_epoch = ctx
+            .data
+            .train
+            .len()
+            .div_ceil(t.batch_size * (1 + ctx.opts.replicas.len()));
+        let steps_per_epoch = micro_per_epoch.div_ceil(t.grad_accum_steps);
+        let mut total_steps = steps_per_epoch * t.epochs;
+        if let Some(m) = ctx.opts.max_steps {
+            total_steps = total_steps.min(m);
+        }
+        let parallel = data_parallel(&task, ctx, &ad_device)?;
+        Ok(Self {
+            ctx,
+            task,
+            parallel,
+            stepper: Stepper::new(t, total_steps),
+            logger: RunLogger::create(ctx.run_dir)?,
+            device: ctx.device_spec.device(),
+            ad_device,
+            compute: amp::compute_dtype(t.precision),
+            micro_per_epoch,
+            steps_per_epoch,
+            total_steps,
+            step: 0,
+            train_time: 0.0,
+            train_samples: 0,
+            best: None,
+            epochs: Vec::new(),
+        })
+    }
 
-    for epoch in 0..t.epochs {
-        task.begin_epoch(epoch + 1);
-        if let Some(dp) = &parallel {
+    fn best_dir(&self) -> PathBuf {
+        self.ctx.run_dir.join("best")
+    }
+
+    /// Examples per micro-batch (all devices together).
+    fn micro_size(&self) -> usize {
+        self.ctx.train.batch_size * (1 + self.ctx.opts.replicas.len())
+    }
+
+    /// One pass over the training split in the epoch's seeded order.
+    fn train_epoch(
+        &mut self,
+        mut model: T::Model,
+        epoch: usize,
+    ) -> Result<(T::Model, EpochEnd), TrainError> {
+        let (ctx, t) = (self.ctx, self.ctx.train);
+        self.task.begin_epoch(epoch + 1);
+        if let Some(dp) = &self.parallel {
             dp.begin_epoch(epoch + 1);
         }
         let epoch_start = Instant::now();
-        let order = epoch_order(data.train.len(), ctx.seed, epoch);
+        let order = epoch_order(ctx.data.train.len(), ctx.seed, epoch);
         let mut accum = GradientsAccumulator::new();
-        let mut pending = 0usize;
-        let (mut loss_sum, mut loss_n) = (0.0f64, 0usize);
+        let (mut pending, mut loss_sum, mut loss_n) = (0usize, 0.0f64, 0usize);
         let mut window = Window::default();
-        let mut window_start = Instant::now();
-        let mut progress = Progress::new(
-            &format!("epoch {}/{}", epoch + 1, t.epochs),
-            steps_per_epoch,
-        );
-        let (mut epoch_steps, mut boundaries) = (0usize, 0usize);
+        let label = format!("epoch {}/{}", epoch + 1, t.epochs);
+        let mut progress = Progress::new(&label, self.steps_per_epoch);
+        let (mut steps, mut boundaries, mut stopped) = (0usize, 0usize, false);
         // A non-finite fp16 loss skips its optimizer step instead of failing the run.
         let mut overflowed = false;
-        for (mi, chunk) in order
-            .chunks(t.batch_size * (1 + ctx.opts.replicas.len()))
-            .enumerate()
-        {
-            let progress_frac = step as f64 / total_steps as f64;
-            let micro = MicroBatch {
-                chunk,
-                examples: &data.train,
-                batcher: &batcher,
-                settings: ShardSettings {
-                    progress: progress_frac,
-                    compute,
-                    // The loss scale (fp16) and the accumulation mean.
-                    multiplier: stepper.loss_multiplier(),
-                    accum_steps: t.grad_accum_steps,
-                    // Data parallel: each shard's dropout masks follow its own seed stream.
-                    stream: parallel.is_some().then(|| {
-                        ctx.seed ^ ((epoch as u64) << 40) ^ ((mi as u64) << 8).wrapping_mul(0x9E37)
-                    }),
-                },
-            };
-            let (loss_value, components, grads) =
-                micro.run(&mut task, parallel.as_ref(), &model, &ad_device)?;
-            if !loss_value.is_finite() && stepper.scaler.is_none() {
-                return Err(TrainError::Failed(format!(
-                    "loss became {loss_value} at step {step} (epoch {}); lower train.lr or enable train.grad-clip-norm",
-                    epoch + 1
-                )));
-            }
+        for (mi, chunk) in order.chunks(self.micro_size()).enumerate() {
+            let (loss_value, components, grads) = self.micro_step(&model, chunk, epoch, mi)?;
             match grads {
                 Some(grads) => {
                     for g in grads {
@@ -604,108 +472,154 @@ pub fn fit<T: Task>(
                 None => overflowed = true,
             }
             pending += 1;
-            train_samples += chunk.len();
-            if pending < t.grad_accum_steps && mi + 1 < micro_per_epoch {
+            self.train_samples += chunk.len();
+            if pending < t.grad_accum_steps && mi + 1 < self.micro_per_epoch {
                 continue;
             }
             pending = 0;
             boundaries += 1;
-            let (next, result) = stepper
+            let (next, result) = self
+                .stepper
                 .step(model, accum.grads(), std::mem::take(&mut overflowed))
                 .map_err(TrainError::Failed)?;
             model = next;
-            let lr = stepper.lr;
-            let sps = window.samples as f64 / window_start.elapsed().as_secs_f64().max(1e-9);
-            let mean_loss = window.loss / window.n.max(1) as f64;
-            let scale_note = stepper
-                .scaler
-                .as_ref()
-                .map_or(String::new(), |s| format!(" scale {}", s.scale));
-            progress.update(
-                boundaries,
-                &format!("loss {mean_loss:.4} lr {lr:.2e}{scale_note} {sps:.1} samples/s"),
-            );
+            progress.update(boundaries, &self.progress_line(&window));
             if !result.applied {
                 continue;
             }
-            step += 1;
-            epoch_steps += 1;
-            if step % t.log_every == 0 || step == total_steps {
-                let mut scalars = vec![("loss", mean_loss), ("lr", lr), ("samples_per_s", sps)];
-                if let Some(n) = result.grad_norm {
-                    scalars.push(("grad_norm", n as f64));
-                }
-                if let Some(s) = &stepper.scaler {
-                    scalars.push(("loss_scale", s.scale));
-                    scalars.push(("skipped_steps", s.skipped_steps as f64));
-                }
-                for (name, v) in &window.components {
-                    scalars.push((name, v / window.n.max(1) as f64));
-                }
-                logger.log("train", step, &scalars, json!({ "epoch": epoch + 1 }));
+            self.step += 1;
+            steps += 1;
+            if self.step % t.log_every == 0 || self.step == self.total_steps {
+                self.log_window(&window, result.grad_norm, epoch);
                 window = Window::default();
-                window_start = Instant::now();
             }
-            if ctx.opts.max_steps.is_some_and(|m| step >= m) {
+            if ctx.opts.max_steps.is_some_and(|m| self.step >= m) {
                 stopped = true;
                 break;
             }
         }
         let train_loss = loss_sum / loss_n.max(1) as f64;
         if stopped {
-            progress.finish(&format!("stopped at --max-steps {step}"));
+            progress.finish(&format!("stopped at --max-steps {}", self.step));
         } else {
-            progress.finish(&format!("loss {train_loss:.4} lr {:.2e}", stepper.lr));
+            progress.finish(&format!("loss {train_loss:.4} lr {:.2e}", self.stepper.lr));
         }
-        train_time += epoch_start.elapsed().as_secs_f64();
-        let classifier = task.classifier(&model).valid();
+        self.train_time += epoch_start.elapsed().as_secs_f64();
+        let end = EpochEnd {
+            train_loss,
+            steps,
+            stopped,
+        };
+        Ok((model, end))
+    }
+
+    /// Loss and gradients of micro-batch `mi` of `epoch`; a non-finite loss is an error unless
+    /// fp16 loss scaling will skip the step.
+    fn micro_step(
+        &mut self,
+        model: &T::Model,
+        chunk: &[usize],
+        epoch: usize,
+        mi: usize,
+    ) -> Result<MicroOut, TrainError> {
+        let ctx = self.ctx;
+        let micro = MicroBatch {
+            chunk,
+            examples: &ctx.data.train,
+            settings: ShardSettings {
+                progress: self.step as f64 / self.total_steps as f64,
+                compute: self.compute,
+                // The loss scale (fp16) and the accumulation mean.
+                multiplier: self.stepper.loss_multiplier(),
+                accum_steps: ctx.train.grad_accum_steps,
+                // Data parallel: each shard's dropout masks follow its own seed stream.
+                stream: self.parallel.is_some().then(|| {
+                    ctx.seed ^ ((epoch as u64) << 40) ^ ((mi as u64) << 8).wrapping_mul(0x9E37)
+                }),
+            },
+        };
+        let out = micro.run(
+            &mut self.task,
+            self.parallel.as_ref(),
+            model,
+            &self.ad_device,
+        )?;
+        if !out.0.is_finite() && self.stepper.scaler.is_none() {
+            return Err(TrainError::Failed(format!(
+                "loss became {} at step {} (epoch {}); lower train.lr or enable train.grad-clip-norm",
+                out.0,
+                self.step,
+                epoch + 1
+            )));
+        }
+        Ok(out)
+    }
+
+    fn progress_line(&self, window: &Window) -> String {
+        let scale_note = self
+            .stepper
+            .scaler
+            .as_ref()
+            .map_or(String::new(), |s| format!(" scale {}", s.scale));
+        format!(
+            "loss {:.4} lr {:.2e}{scale_note} {:.1} samples/s",
+            window.mean_loss(),
+            self.stepper.lr,
+            window.samples_per_s()
+        )
+    }
+
+    fn log_window(&mut self, window: &Window, grad_norm: Option<f32>, epoch: usize) {
+        let mut scalars = vec![
+            ("loss", window.mean_loss()),
+            ("lr", self.stepper.lr),
+            ("samples_per_s", window.samples_per_s()),
+        ];
+        if let Some(n) = grad_norm {
+            scalars.push(("grad_norm", n as f64));
+        }
+        if let Some(s) = &self.stepper.scaler {
+            scalars.push(("loss_scale", s.scale));
+            scalars.push(("skipped_steps", s.skipped_steps as f64));
+        }
+        for (name, v) in &window.components {
+            scalars.push((name, v / window.n.max(1) as f64));
+        }
+        self.logger
+            .log("train", self.step, &scalars, json!({ "epoch": epoch + 1 }));
+    }
+
+    /// Validation, logs, the best checkpoint and `train_state.json` after an epoch.
+    fn end_epoch(
+        &mut self,
+        model: &T::Model,
+        epoch: usize,
+        end: &EpochEnd,
+        epoch_start: Instant,
+    ) -> Result<(), TrainError> {
+        let (ctx, t) = (self.ctx, self.ctx.train);
+        let classifier = self.task.classifier(model).valid();
+        let num_labels = ctx.config.num_labels();
         let valid = evaluate(
             &classifier,
-            &data.valid,
-            &batcher,
+            &ctx.data.valid,
             t.eval_batch_size,
-            ctx.config.num_labels,
-            &device,
+            num_labels,
+            &self.device,
         )
         .metrics;
         let epoch_time = epoch_start.elapsed().as_secs_f64();
         let peak_mb = peak_rss_bytes().map_or(0.0, |b| b as f64 / 1048576.0);
-        let sps = train_samples as f64 / train_time.max(1e-9);
-        logger.log(
-            "valid",
-            step,
-            &[
-                ("loss", valid.loss),
-                ("accuracy", valid.accuracy),
-                ("macro_f1", valid.macro_f1),
-            ],
-            json!({ "epoch": epoch + 1 }),
-        );
-        logger.log(
-            "epoch",
-            step,
-            &[
-                ("time_s", epoch_time),
-                ("train_loss", train_loss),
-                ("peak_rss_mb", peak_mb),
-                ("samples_per_s", sps),
-            ],
-            json!({ "epoch": epoch + 1 }),
-        );
-        logger.flush();
-        eprintln!(
-            "epoch {}: train loss {train_loss:.4} | valid loss {:.4} acc {:.4} macro-F1 {:.4} | {epoch_time:.1}s, peak RSS {peak_mb:.0} MiB",
-            epoch + 1,
-            valid.loss,
-            valid.accuracy,
-            valid.macro_f1
-        );
-        let improved = best
+        let sps = self.train_samples as f64 / self.train_time.max(1e-9);
+        self.log_epoch(epoch, &valid, end.train_loss, epoch_time, peak_mb, sps);
+        let improved = self
+            .best
             .as_ref()
             .is_none_or(|(_, b)| better(t.best_metric, &valid, b));
         if improved {
-            save_checkpoint_dir(&classifier, ctx.config, data, ctx.tokenizer_file, &best_dir)?;
-            best = Some((epoch + 1, valid));
+            let best_dir = self.best_dir();
+            save_checkpoint_dir(&classifier, ctx.config, ctx.extras, &best_dir)?;
+            self.best = Some((epoch + 1, valid));
             eprintln!(
                 "  new best (validation {}) saved to {}",
                 t.best_metric.name(),
@@ -714,84 +628,116 @@ pub fn fit<T: Task>(
         }
         TrainState {
             epoch: epoch + 1,
-            step,
+            step: self.step,
             precision: t.precision.name().to_string(),
-            loss_scale: stepper.scaler.clone(),
+            loss_scale: self.stepper.scaler.clone(),
         }
         .save(ctx.run_dir)?;
-        epochs.push(EpochRecord {
+        self.epochs.push(EpochRecord {
             epoch: epoch + 1,
-            steps: epoch_steps,
-            train_loss,
+            steps: end.steps,
+            train_loss: end.train_loss,
             valid,
             epoch_time_s: epoch_time,
             samples_per_s: sps,
         });
-        if stopped {
-            break;
-        }
+        Ok(())
     }
 
-    // Final test evaluation of the best checkpoint, reloaded from disk.
-    let (best_epoch, best_valid) = best.expect("at least one epoch ran");
-    let (best_model, _) = weights::load_checkpoint(&best_dir, &device)?;
-    let test = evaluate(
-        &best_model,
-        &data.test,
-        &batcher,
-        t.eval_batch_size,
-        ctx.config.num_labels,
-        &device,
-    );
-    logger.log(
-        "test",
-        step,
-        &[
+    fn log_epoch(
+        &mut self,
+        epoch: usize,
+        valid: &EvalMetrics,
+        train_loss: f64,
+        epoch_time: f64,
+        peak_mb: f64,
+        sps: f64,
+    ) {
+        let e = json!({ "epoch": epoch + 1 });
+        let valid_scalars = [
+            ("loss", valid.loss),
+            ("accuracy", valid.accuracy),
+            ("macro_f1", valid.macro_f1),
+        ];
+        self.logger
+            .log("valid", self.step, &valid_scalars, e.clone());
+        let epoch_scalars = [
+            ("time_s", epoch_time),
+            ("train_loss", train_loss),
+            ("peak_rss_mb", peak_mb),
+            ("samples_per_s", sps),
+        ];
+        self.logger.log("epoch", self.step, &epoch_scalars, e);
+        self.logger.flush();
+        eprintln!(
+            "epoch {}: train loss {train_loss:.4} | valid loss {:.4} acc {:.4} macro-F1 {:.4} | {epoch_time:.1}s, peak RSS {peak_mb:.0} MiB",
+            epoch + 1,
+            valid.loss,
+            valid.accuracy,
+            valid.macro_f1
+        );
+    }
+
+    /// The final test evaluation of the best checkpoint, reloaded from disk; its golden
+    /// reference; `report.json`.
+    fn finish(mut self, wall: Instant) -> Result<TrainReport, TrainError> {
+        let ctx = self.ctx;
+        let t = ctx.train;
+        let (best_epoch, best_valid) = self.best.take().expect("at least one epoch ran");
+        let best_dir = self.best_dir();
+        let (best_model, _) = T::Classifier::load(&best_dir, &self.device)?;
+        let num_labels = ctx.config.num_labels();
+        let test_split = &ctx.data.test;
+        let test = evaluate(
+            &best_model,
+            test_split,
+            t.eval_batch_size,
+            num_labels,
+            &self.device,
+        );
+        let test_scalars = [
             ("loss", test.metrics.loss),
             ("accuracy", test.metrics.accuracy),
             ("macro_f1", test.metrics.macro_f1),
-        ],
-        json!({ "best_epoch": best_epoch }),
-    );
-    let golden_n = data.test.len().min(16);
-    let golden = Golden {
-        input_ids: data.test[..golden_n]
-            .iter()
-            .map(|e| e.ids.clone())
-            .collect(),
-        logits: test.logits[..golden_n].to_vec(),
-    };
-    let golden_path = best_dir.join("golden.json");
-    std::fs::write(&golden_path, serde_json::to_string(&golden).expect("json"))
-        .map_err(|e| TrainError::io(&golden_path, e))?;
-    logger.flush();
-
-    let report = TrainReport {
-        run: ctx.name.to_string(),
-        device: ctx.device_spec.name().to_string(),
-        mopt_version: env!("CARGO_PKG_VERSION"),
-        burn_version: "0.22.1",
-        params: ctx.config.num_params(),
-        train_examples: data.train.len(),
-        valid_examples: data.valid.len(),
-        test_examples: data.test.len(),
-        labels: data.labels.labels.clone(),
-        steps: step,
-        epochs,
-        best_metric: t.best_metric.name(),
-        best_epoch,
-        best_valid,
-        test: test.metrics,
-        wall_time_s: wall.elapsed().as_secs_f64(),
-        train_samples_per_s: train_samples as f64 / train_time.max(1e-9),
-        peak_rss_bytes: peak_rss_bytes(),
-        checkpoint: best_dir,
-        token_cache_hit: data.from_cache,
-        precision: t.precision.name(),
-        loss_scale: stepper.scaler.clone(),
-    };
-    let path = ctx.run_dir.join("report.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json"))
-        .map_err(|e| TrainError::io(&path, e))?;
-    Ok(report)
+        ];
+        let extra = json!({ "best_epoch": best_epoch });
+        self.logger.log("test", self.step, &test_scalars, extra);
+        let golden_n = test_split.len().min(16);
+        let golden = Golden {
+            input_ids: (0..golden_n).map(|i| test_split.record(i)).collect(),
+            logits: test.logits[..golden_n].to_vec(),
+        };
+        let golden_path = best_dir.join("golden.json");
+        std::fs::write(&golden_path, serde_json::to_string(&golden).expect("json"))
+            .map_err(|e| TrainError::io(&golden_path, e))?;
+        self.logger.flush();
+        let report = TrainReport {
+            run: ctx.name.to_string(),
+            device: ctx.device_spec.name().to_string(),
+            mopt_version: env!("CARGO_PKG_VERSION"),
+            burn_version: "0.22.1",
+            params: ctx.config.num_params(),
+            train_examples: ctx.data.train.len(),
+            valid_examples: ctx.data.valid.len(),
+            test_examples: test_split.len(),
+            labels: ctx.labels.to_vec(),
+            steps: self.step,
+            epochs: self.epochs,
+            best_metric: t.best_metric.name(),
+            best_epoch,
+            best_valid,
+            test: test.metrics,
+            wall_time_s: wall.elapsed().as_secs_f64(),
+            train_samples_per_s: self.train_samples as f64 / self.train_time.max(1e-9),
+            peak_rss_bytes: peak_rss_bytes(),
+            checkpoint: best_dir,
+            token_cache_hit: ctx.cache_hit,
+            precision: t.precision.name(),
+            loss_scale: self.stepper.scaler.clone(),
+        };
+        let path = ctx.run_dir.join("report.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json"))
+            .map_err(|e| TrainError::io(&path, e))?;
+        Ok(report)
+    }
 }

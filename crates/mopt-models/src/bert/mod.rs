@@ -1,8 +1,10 @@
 //! BERT for sequence classification.
 
 mod config;
+mod family;
 mod model;
 pub mod quant;
+pub mod setup;
 pub mod weights;
 
 pub use config::BertConfig;

@@ -118,4 +118,8 @@ impl Stage for CheckpointStage {
             artifacts: Vec::new(),
         })
     }
+
+    fn reuse_key(&self) -> Option<String> {
+        Some(format!("{self:?}"))
+    }
 }

@@ -13,11 +13,10 @@ use mopt_distill::pipeline::{
 };
 use mopt_distill::spec::*;
 use mopt_distill::{DistillModel, DistillTask, TeacherSource};
+use mopt_models::bert::setup::model_config;
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
 use mopt_recipe::raw::RawModel;
 use mopt_recipe::{model_spec, ModelSpec, RecipeError, Scope, StageEntry, TrainSpec};
-use mopt_train::memory::MemoryEstimate;
-use mopt_train::setup::model_config;
 use mopt_train::trainer::{fit, RunContext, Task};
 use serde::Deserialize;
 use serde_json::json;
@@ -359,7 +358,7 @@ impl DistillStage {
             &self.student,
             tokenizer,
             &self.scope.nested("student"),
-            labels,
+            &labels.labels,
             vocab,
         )?;
         let plan = check_compat(
@@ -383,11 +382,6 @@ impl StageKind for Distill {
         "distil the input model into a smaller student"
     }
 
-    fn reuse_ignores(&self) -> &'static [&'static str] {
-        // The hard-label twin is a reference beside the chain, not the output.
-        &["baseline"]
-    }
-
     fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
         Ok(Box::new(DistillStage::from_entry(entry)?))
     }
@@ -401,6 +395,7 @@ struct Objective {
 
 impl Task for Objective {
     type Model = DistillModel;
+    type Classifier = BertForSequenceClassification;
 
     fn loss(
         &mut self,
@@ -428,7 +423,10 @@ impl Task for Objective {
         self.inner.begin_epoch(epoch);
     }
 
-    fn replicate(&self, device: &Device) -> Option<mopt_train::trainer::Replica<DistillModel>> {
+    fn replicate(
+        &self,
+        device: &Device,
+    ) -> Option<mopt_train::trainer::Replica<DistillModel, BertForSequenceClassification>> {
         Some(Box::new(Objective {
             inner: self.inner.replica(device),
             extra: self.extra.clone(),
@@ -575,7 +573,7 @@ impl Stage for DistillStage {
             ));
         }
         Ok(StagePlan {
-            memory: Some(MemoryEstimate::for_bert(
+            memory: Some(mopt_core::ModelConfig::training_memory(
                 &config,
                 entry.train.batch_size,
                 cx.tokenizer.max_len,
@@ -688,5 +686,16 @@ impl Stage for DistillStage {
             logit_error_vs_input: None,
             artifacts: Vec::new(),
         })
+    }
+
+    fn reuse_key(&self) -> Option<String> {
+        // A loss term written in Rust cannot be compared: such a stage always runs. The
+        // hard-label twin is a reference beside the chain, not the output.
+        if self.extra.is_some() {
+            return None;
+        }
+        let mut spec = self.spec.clone();
+        spec.baseline = false;
+        Some(format!("student {:?}\n{spec:?}", self.student))
     }
 }

@@ -238,4 +238,8 @@ impl Stage for ExportStage {
             artifacts: models.into_iter().map(|(_, p)| p).collect(),
         })
     }
+
+    fn reuse_key(&self) -> Option<String> {
+        Some(format!("{self:?}"))
+    }
 }

@@ -5,7 +5,6 @@ use std::path::Path;
 
 use mopt_models::bert::{weights, BertConfig};
 use mopt_recipe::{RecipeError, StageEntry};
-use mopt_train::memory::MemoryEstimate;
 use mopt_train::trainer::{fit, FinetuneTask};
 use serde::Deserialize;
 use serde_json::json;
@@ -54,7 +53,7 @@ impl Stage for FinetuneStage {
         Ok(StagePlan {
             output: input.clone(),
             settings: train_settings(&entry.train, entry.train_overridden),
-            memory: Some(MemoryEstimate::for_bert(
+            memory: Some(mopt_core::ModelConfig::training_memory(
                 input,
                 entry.train.batch_size,
                 cx.tokenizer.max_len,
@@ -85,5 +84,10 @@ impl Stage for FinetuneStage {
             logit_error_vs_input: None,
             artifacts: Vec::new(),
         })
+    }
+
+    fn reuse_key(&self) -> Option<String> {
+        // Everything that shapes the output is in the merged training settings.
+        Some("finetune".into())
     }
 }

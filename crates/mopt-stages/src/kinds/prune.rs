@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use burn::prelude::*;
-use mopt_data::{epoch_order, Batcher, Encoded};
+use mopt_data::{epoch_order, Batcher, Encoded, TextExamples};
 use mopt_distill::{DistillModel, DistillTask};
 use mopt_models::bert::{weights, BertConfig};
 use mopt_prune::{
@@ -18,7 +18,6 @@ use mopt_prune::{
     Progress, Ranking, Reduce, UnitLimits, Units,
 };
 use mopt_recipe::{OnFail, RecipeError, StageEntry};
-use mopt_train::memory::MemoryEstimate;
 use mopt_train::trainer::{evaluate, fit, save_checkpoint_dir, Task};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -172,10 +171,6 @@ impl StageKind for Prune {
 
     fn has_retry(&self) -> bool {
         true
-    }
-
-    fn reuse_ignores(&self) -> &'static [&'static str] {
-        &["compare"]
     }
 
     fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
@@ -439,17 +434,10 @@ impl PruneStage {
         let (mut model, mut config) = weights::load_checkpoint(input, &device)?;
         let orig = self.units(&config);
         let mut origin: Vec<usize> = (0..config.num_hidden_layers).collect();
-        let batcher = Batcher::new(cx.pad_id);
+        let golden_split = TextExamples::new(cx.golden, cx.pad_id);
         let golden = |m: &mopt_models::bert::BertForSequenceClassification, c: &BertConfig| {
-            evaluate(
-                &m.valid(),
-                cx.golden,
-                &batcher,
-                cx.entry.train.eval_batch_size,
-                c.num_labels,
-                &device,
-            )
-            .logits
+            let bs = cx.entry.train.eval_batch_size;
+            evaluate(&m.valid(), &golden_split, bs, c.num_labels, &device).logits
         };
         let mut current = input.to_path_buf();
         let mut last_pass = input.to_path_buf();
@@ -482,7 +470,7 @@ impl PruneStage {
             let (pruned, pcfg) = prune(&model.valid(), &config, &keep);
             origin = origin_after(&origin, &keep);
             let pdir = rdir.join("pruned");
-            save_checkpoint_dir(&pruned, &pcfg, cx.data, cx.tokenizer_file, &pdir)?;
+            save_checkpoint_dir(&pruned, &pcfg, cx.extras, &pdir)?;
             eprintln!(
                 "prune round {r}: {} ({:.2}M params); fine-tuning",
                 describe(&pcfg),
@@ -623,7 +611,7 @@ impl Stage for PruneStage {
         }
         settings.extend(train_settings(&entry.train, entry.train_overridden));
         Ok(StagePlan {
-            memory: Some(MemoryEstimate::for_bert(
+            memory: Some(mopt_core::ModelConfig::training_memory(
                 input,
                 entry.train.batch_size,
                 cx.tokenizer.max_len,
@@ -683,5 +671,25 @@ impl Stage for PruneStage {
             logit_error_vs_input: None,
             artifacts: Vec::new(),
         })
+    }
+
+    fn reuse_key(&self) -> Option<String> {
+        // `compare` runs beside the chain and leaves the output alone.
+        Some(format!(
+            "targets [{}] {:?} {:?} {:?} target {:?} step {:?} taylor {} {:?} distill {} alpha {:?} T {:?} seed {} retry {}",
+            self.target_names(),
+            self.criterion,
+            self.reduce,
+            self.ranking,
+            self.target,
+            self.step,
+            self.taylor_batches,
+            self.limits,
+            self.distill,
+            self.alpha,
+            self.temperature,
+            self.seed,
+            self.retry
+        ))
     }
 }

@@ -21,7 +21,6 @@ use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
 use mopt_quant::node::{Phase, QuantConfig};
 use mopt_quant::{Granularity, IntFormat, ObserverKind, QuantScheme};
 use mopt_recipe::{RecipeError, Scope, StageEntry};
-use mopt_train::memory::MemoryEstimate;
 use mopt_train::metrics::EvalMetrics;
 use mopt_train::trainer::{evaluate, fit, save_checkpoint_dir};
 use serde::{Deserialize, Serialize};
@@ -346,9 +345,8 @@ impl QuantStage {
         cx: &StageContext,
     ) -> (EvalMetrics, Vec<Vec<f32>>) {
         let device = cx.device.device();
-        let batcher = Batcher::new(cx.pad_id);
         let bs = cx.entry.train.eval_batch_size;
-        let out = evaluate(m, &cx.data.valid, &batcher, bs, c.num_labels, &device);
+        let out = evaluate(m, &cx.splits().valid, bs, c.num_labels, &device);
         let golden = out.logits[..cx.golden.len().min(out.logits.len())].to_vec();
         (out.metrics, golden)
     }
@@ -503,7 +501,11 @@ impl Stage for QuantStage {
             },
             settings,
             memory: self.train.then(|| {
-                MemoryEstimate::for_bert(input, entry.train.batch_size, cx.tokenizer.max_len)
+                mopt_core::ModelConfig::training_memory(
+                    input,
+                    entry.train.batch_size,
+                    cx.tokenizer.max_len,
+                )
             }),
             extra_memory: Vec::new(),
         })
@@ -592,7 +594,7 @@ impl Stage for QuantStage {
             facts["quantization"] = json!(qc.mopt_quant);
         }
         let out = cx.dir.join("model");
-        save_checkpoint_dir(&m, &qc, cx.data, cx.tokenizer_file, &out)?;
+        save_checkpoint_dir(&m, &qc, cx.extras, &out)?;
         if !self.train {
             return Ok(StageOutput {
                 checkpoint: out,
@@ -641,5 +643,9 @@ impl Stage for QuantStage {
             logit_error_vs_input: None,
             artifacts,
         })
+    }
+
+    fn reuse_key(&self) -> Option<String> {
+        Some(format!("{self:?}"))
     }
 }

@@ -1,0 +1,28 @@
+//! # mopt-core
+//!
+//! The contracts between mopt's algorithms and the models they compress. A model family (BERT in
+//! `mopt-models`, a user's own network in `examples/custom_model.rs`) implements these traits in
+//! its own folder; the trainer, distillation, pruning, quantization and export are generic over
+//! them and never name a model.
+//!
+//! In the order a family implements them:
+//! 1. [`ModelConfig`]: what `--check`, the report and the model card print (parameters, FLOPs,
+//!    an ordered summary, a training-memory estimate).
+//! 2. [`Examples`]: a data split that batches itself; its batch carries labels ([`Labeled`]).
+//! 3. [`Classifier`]: a Burn module with a forward pass from a batch to logits. This is all
+//!    fine-tuning and evaluation need.
+//! 4. [`Checkpoint`]: save and reload the model with its config, so that a trained (or shrunk)
+//!    model comes back with its own shape.
+//!
+//! Each capability beyond these unlocks more stage kinds; a stage that needs one the model
+//! lacks says so in `--check`.
+
+mod data;
+mod error;
+mod memory;
+mod model;
+
+pub use data::{Examples, Labeled};
+pub use error::ModelFault;
+pub use memory::MemoryEstimate;
+pub use model::{Checkpoint, Classifier, ModelConfig};

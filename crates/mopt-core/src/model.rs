@@ -1,0 +1,55 @@
+//! The model contracts: a config that describes the model, a classifier module, checkpoints.
+
+use std::path::Path;
+
+use burn::module::{Module, ModuleDisplay};
+use burn::prelude::*;
+
+use crate::error::ModelFault;
+use crate::memory::MemoryEstimate;
+
+/// A model's configuration: everything needed to build it again (Burn's Config → init →
+/// Module), and what the plan, the report and the model card say about it.
+pub trait ModelConfig: Clone + Send + Sync + 'static {
+    /// The family's name as a recipe writes it (`[model] arch`).
+    fn arch(&self) -> &'static str;
+
+    /// Number of parameters.
+    fn num_params(&self) -> usize;
+
+    /// Number of classes the head predicts.
+    fn num_labels(&self) -> usize;
+
+    /// Floating-point operations of one forward pass of one example of `size` (a text's
+    /// sequence length; ignored by fixed-shape inputs). Multiply-adds count as two.
+    fn flops(&self, size: usize) -> f64;
+
+    /// The shape in a few words, in order (`layers = 3`, `hidden = 384`, …).
+    fn summary(&self) -> Vec<(String, String)>;
+
+    /// Training memory of one micro-batch of `batch` examples of `size`.
+    fn training_memory(&self, batch: usize, size: usize) -> MemoryEstimate;
+}
+
+/// A classifier: a Burn module whose forward pass turns a batch into logits. Fine-tuning,
+/// evaluation, the gates and the golden reference need nothing else.
+pub trait Classifier: Module + ModuleDisplay + 'static {
+    /// What [`logits`](Classifier::logits) reads.
+    type Batch: Clone + Send + 'static;
+
+    /// # Shapes
+    /// - output: `[batch, num_labels]`
+    fn logits(&self, batch: &Self::Batch) -> Tensor<2>;
+}
+
+/// A model that saves itself with its config and loads back with its own shape (a pruned model
+/// reloads pruned).
+pub trait Checkpoint: Classifier + Sized {
+    type Config: ModelConfig;
+
+    /// Write the model and its config into the folder `dir` (which exists and is empty).
+    fn save(&self, config: &Self::Config, dir: &Path) -> Result<(), ModelFault>;
+
+    /// Read a folder written by [`save`](Checkpoint::save) onto `device`.
+    fn load(dir: &Path, device: &Device) -> Result<(Self, Self::Config), ModelFault>;
+}

@@ -1,0 +1,114 @@
+//! BERT as a model family: the contracts of `mopt-core` for [`BertForSequenceClassification`].
+
+use std::path::Path;
+
+use burn::prelude::*;
+use mopt_core::{Checkpoint, Classifier, MemoryEstimate, ModelConfig, ModelFault};
+use mopt_data::TextBatch;
+
+use super::config::BertConfig;
+use super::model::BertForSequenceClassification;
+use super::weights;
+use crate::error::ModelError;
+
+impl From<ModelError> for ModelFault {
+    fn from(e: ModelError) -> Self {
+        let input = matches!(
+            e,
+            ModelError::Config { .. } | ModelError::Load { .. } | ModelError::Recipe(_)
+        );
+        ModelFault {
+            input,
+            source: Box::new(e),
+        }
+    }
+}
+
+impl ModelConfig for BertConfig {
+    fn arch(&self) -> &'static str {
+        "bert"
+    }
+
+    fn num_params(&self) -> usize {
+        BertConfig::num_params(self)
+    }
+
+    fn num_labels(&self) -> usize {
+        self.num_labels
+    }
+
+    fn flops(&self, size: usize) -> f64 {
+        self.forward_flops(size) as f64
+    }
+
+    fn summary(&self) -> Vec<(String, String)> {
+        let heads: Vec<usize> = (0..self.num_hidden_layers).map(|i| self.heads(i)).collect();
+        let ffn: Vec<usize> = (0..self.num_hidden_layers).map(|i| self.ffn(i)).collect();
+        vec![
+            ("layers".into(), self.num_hidden_layers.to_string()),
+            ("hidden".into(), self.hidden_size.to_string()),
+            ("heads".into(), format!("{heads:?}")),
+            ("ffn".into(), format!("{ffn:?}")),
+            ("vocabulary".into(), self.vocab_size.to_string()),
+        ]
+    }
+
+    /// The activations the backward pass keeps per layer: inputs of Q/K/V, Q/K/V, context,
+    /// residual sums, LayerNorm inputs/outputs, dropout masks, FFN input/pre-activation/
+    /// activation, plus attention scores/probabilities/mask.
+    fn training_memory(&self, batch: usize, seq: usize) -> MemoryEstimate {
+        let (b, s, h) = (batch as u64, seq as u64, self.hidden_size as u64);
+        let d = self.head_size() as u64;
+        let per_layer: u64 = (0..self.num_hidden_layers)
+            .map(|i| {
+                let heads = self.heads(i) as u64;
+                let f = self.ffn(i) as u64;
+                let a = heads * d;
+                b * s * (8 * h + 5 * a + 3 * f) + 3 * b * heads * s * s
+            })
+            .sum();
+        let embeddings = 4 * b * s * h;
+        MemoryEstimate::adamw_f32(BertConfig::num_params(self), per_layer + embeddings)
+    }
+}
+
+impl Classifier for BertForSequenceClassification {
+    type Batch = TextBatch;
+
+    fn logits(&self, b: &TextBatch) -> Tensor<2> {
+        self.forward(
+            b.input_ids.clone(),
+            b.attention_mask.clone(),
+            b.token_type_ids.clone(),
+        )
+    }
+}
+
+impl Checkpoint for BertForSequenceClassification {
+    type Config = BertConfig;
+
+    fn save(&self, config: &BertConfig, dir: &Path) -> Result<(), ModelFault> {
+        Ok(weights::save_checkpoint(self, config, dir)?)
+    }
+
+    fn load(dir: &Path, device: &Device) -> Result<(Self, BertConfig), ModelFault> {
+        Ok(weights::load_checkpoint(dir, device)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn optimizer_state_is_16_bytes_per_parameter() {
+        let c = BertConfig::tiny(100, 2);
+        let m = c.training_memory(2, 8);
+        assert_eq!(
+            m.weights + m.grads + m.adam_moments,
+            16 * c.num_params() as u64
+        );
+        let bigger = c.training_memory(4, 8);
+        assert_eq!(bigger.activations, 2 * m.activations);
+    }
+}
