@@ -11,8 +11,10 @@
 //! 2. [`Examples`]: a data split that batches itself; its batch carries labels ([`Labeled`]).
 //! 3. [`Classifier`]: a Burn module with a forward pass from a batch to logits. This is all
 //!    fine-tuning and evaluation need.
-//! 4. [`Checkpoint`]: save and reload the model with its config, so that a trained (or shrunk)
-//!    model comes back with its own shape.
+//! 4. [`Checkpoint`]: build the model from its config, save and reload it with its config, so
+//!    that a trained (or shrunk) model comes back with its own shape.
+//! 5. [`Prunable`]: its dependency groups ([`prune::GroupKind`]) over the model's parameter
+//!    table ([`ParamTable`]): unlocks structured pruning.
 //!
 //! Each capability beyond these unlocks more stage kinds; a stage that needs one the model
 //! lacks says so in `--check`.
@@ -21,8 +23,12 @@ mod data;
 mod error;
 mod memory;
 mod model;
+pub mod prune;
+mod table;
 
 pub use data::{Examples, Labeled};
 pub use error::ModelFault;
 pub use memory::MemoryEstimate;
 pub use model::{Checkpoint, Classifier, ModelConfig};
+pub use prune::Prunable;
+pub use table::{Array, ParamTable};

@@ -47,6 +47,9 @@ pub trait Classifier: Module + ModuleDisplay + 'static {
 pub trait Checkpoint: Classifier + Sized {
     type Config: ModelConfig;
 
+    /// A freshly initialised model of the shape `config` describes, on `device`.
+    fn init(config: &Self::Config, device: &Device) -> Self;
+
     /// Write the model and its config into the folder `dir` (which exists and is empty).
     fn save(&self, config: &Self::Config, dir: &Path) -> Result<(), ModelFault>;
 

@@ -1,101 +1,9 @@
-//! Dependency groups: the weight slices that must go together for one unit (a head, a neuron, a
-//! channel, a layer) to disappear. An architecture describes each kind of group once, as a
-//! [`GroupKind`]: where its units are ([`Member`]s: a parameter, an axis, indices) and what the
-//! config looks like after removal. Scoring ([`score`]) and slicing ([`GroupKind::shrink`]) are
-//! generic over those members, so a new layer type or group (the CNN path's conv channels tied
-//! through shortcuts and BatchNorm) is one small implementation.
+//! Scoring the units of a model's dependency groups ([`mopt_core::prune`]).
 
-use std::collections::BTreeMap;
+use mopt_core::prune::{GroupKind, Role};
+use mopt_core::ParamTable;
 
 use crate::importance::{Criterion, Reduce};
-use crate::table::ParamTable;
-
-/// One slice of a group: the entries at `index` along `axis` of parameter `param`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
-    pub param: String,
-    pub axis: usize,
-    pub index: Vec<usize>,
-}
-
-impl Member {
-    pub fn new(param: impl Into<String>, axis: usize, index: Vec<usize>) -> Self {
-        Self {
-            param: param.into(),
-            axis,
-            index,
-        }
-    }
-}
-
-/// Constraints of one group kind in a schedule.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Rule {
-    /// Units kept per scope, at least.
-    pub min_keep: usize,
-    /// Kept counts are a multiple of this (1: any count).
-    pub multiple: usize,
-    /// Scopes left whole.
-    pub frozen_scopes: Vec<usize>,
-    /// Units never removed (in every scope).
-    pub frozen_units: Vec<usize>,
-}
-
-/// Units kept, per group kind (its [`GroupKind::name`]) and scope: indices into the current
-/// model's units, ascending.
-pub type Keep = BTreeMap<String, Vec<Vec<usize>>>;
-
-/// Scores per group kind and scope, one per unit.
-pub type GroupScores = BTreeMap<String, Vec<Vec<f64>>>;
-
-/// One kind of dependency group of an architecture with config type `C`.
-pub trait GroupKind {
-    type Config;
-
-    /// Its name in recipes (`targets = ["heads"]`).
-    fn name(&self) -> &'static str;
-
-    /// Ranking scopes (a layer each, or one for the whole model).
-    fn scopes(&self, config: &Self::Config) -> usize;
-
-    /// Whether scope `s` is layer `s` (its path, ratios and ignored layers follow the layer).
-    fn layer_scoped(&self) -> bool;
-
-    /// The path ratios match against; `s` is the scope, or for layer-scoped kinds the layer.
-    fn scope_path(&self, s: usize) -> String;
-
-    /// Units in scope `s`.
-    fn units(&self, config: &Self::Config, s: usize) -> usize;
-
-    /// Unit `u` of scope `s`.
-    fn members(&self, config: &Self::Config, s: usize, u: usize) -> Vec<Member>;
-
-    /// The config after keeping `keep[s]` units of every scope.
-    fn resize(&self, config: &Self::Config, keep: &[Vec<usize>]) -> Self::Config;
-
-    /// Slice `table` to keep `keep[s]` units of every scope: by default every removed unit's
-    /// members go (along their axes); kinds whose removal is not slicing (whole layers) override.
-    fn shrink(&self, config: &Self::Config, table: &mut ParamTable, keep: &[Vec<usize>]) {
-        let mut gone: BTreeMap<(String, usize), Vec<usize>> = BTreeMap::new();
-        for (s, kept) in keep.iter().enumerate() {
-            for u in (0..self.units(config, s)).filter(|u| !kept.contains(u)) {
-                for m in self.members(config, s, u) {
-                    gone.entry((m.param, m.axis)).or_default().extend(m.index);
-                }
-            }
-        }
-        for ((param, axis), removed) in gone {
-            let a = table
-                .0
-                .get_mut(&param)
-                .unwrap_or_else(|| panic!("no parameter `{param}`"));
-            let kept: Vec<usize> = (0..a.shape[axis])
-                .filter(|i| !removed.contains(i))
-                .collect();
-            a.keep(axis, &kept);
-        }
-    }
-}
 
 /// Every unit's score: each member scored by `criterion` (with its gradient slice for Taylor),
 /// the members reduced. `random` draws the random criterion's scores.
@@ -118,6 +26,7 @@ pub fn score<G: GroupKind + ?Sized>(
                     let parts: Vec<f64> = kind
                         .members(config, s, u)
                         .iter()
+                        .filter(|m| m.role == Role::Scored)
                         .map(|m| {
                             let w = weights.get(&m.param);
                             let ws = w.slice(m.axis, &m.index);
@@ -133,4 +42,113 @@ pub fn score<G: GroupKind + ?Sized>(
                 .collect()
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mopt_core::prune::{Member, Rule};
+    use mopt_core::Array;
+
+    /// Two channels of a conv-like weight `w` [2, 3] (axis 0), each with a BatchNorm running
+    /// mean entry that has no gradient.
+    struct Channels;
+
+    impl GroupKind for Channels {
+        type Config = ();
+        fn name(&self) -> &'static str {
+            "channels"
+        }
+        fn scopes(&self, _: &()) -> usize {
+            1
+        }
+        fn layer_scoped(&self) -> bool {
+            false
+        }
+        fn scope_path(&self, _: usize) -> String {
+            "channels".into()
+        }
+        fn units(&self, _: &(), _: usize) -> usize {
+            2
+        }
+        fn members(&self, _: &(), _: usize, u: usize) -> Vec<Member> {
+            vec![
+                Member::new("w", 0, vec![u]),
+                Member::carried("running_mean", 0, vec![u]),
+            ]
+        }
+        fn resize(&self, _: &(), _: &[Vec<usize>]) {}
+    }
+
+    fn table(w: Vec<f32>, mean: Vec<f32>) -> ParamTable {
+        let mut t = ParamTable::default();
+        t.0.insert(
+            "w".into(),
+            Array {
+                shape: vec![2, 3],
+                data: w,
+            },
+        );
+        t.0.insert(
+            "running_mean".into(),
+            Array {
+                shape: vec![2],
+                data: mean,
+            },
+        );
+        t
+    }
+
+    #[test]
+    fn carried_members_are_sliced_but_not_scored() {
+        let w = table(vec![1., -2., 3., 0.5, 0.5, -0.5], vec![100., -7.]);
+        let mut never = || unreachable!();
+        let l1 = score(
+            &Channels,
+            &(),
+            &w,
+            None,
+            Criterion::L1,
+            Reduce::Sum,
+            &mut never,
+        );
+        // The running means (100, -7) would dominate L1 if they were scored.
+        assert_eq!(l1, vec![vec![6.0, 1.5]]);
+        // Taylor: only `w` has a gradient; the carried member needs none.
+        let mut g = ParamTable::default();
+        g.0.insert("w".into(), w.get("w").clone());
+        let t = score(
+            &Channels,
+            &(),
+            &w,
+            Some(&g),
+            Criterion::Taylor,
+            Reduce::Sum,
+            &mut never,
+        );
+        assert_eq!(t, vec![vec![14.0, 0.75]]);
+        // Removal slices both.
+        let mut sliced = w.clone();
+        Channels.shrink(&(), &mut sliced, &[vec![1]]);
+        assert_eq!(sliced.get("w").data, vec![0.5, 0.5, -0.5]);
+        assert_eq!(sliced.get("running_mean").data, vec![-7.0]);
+        assert_eq!(
+            Channels.rule(&limits()),
+            Rule {
+                min_keep: 1,
+                multiple: 1,
+                ..Rule::default()
+            }
+        );
+    }
+
+    fn limits() -> mopt_core::prune::UnitLimits {
+        mopt_core::prune::UnitLimits {
+            min_heads: 1,
+            ffn_multiple: 1,
+            hidden_multiple: 1,
+            ignore_layers: vec![0],
+            scopes: Vec::new(),
+        }
+    }
 }

@@ -1,25 +1,22 @@
 //! # mopt-prune
 //!
-//! Structured pruning that really shrinks a model. A *dependency group* is the set of weight
-//! slices that must go together for a unit to disappear ([`group`]): for BERT ([`bert`]), an
-//! attention head, an FFN neuron, a hidden (residual-stream) channel and a whole layer. Units
-//! are scored by an [`importance::Criterion`] (L1, L2, first-order Taylor, random) over their
-//! members, ranked per scope or globally under a schedule ([`schedule`]), and removed
-//! physically ([`bert::prune`]): the result is a smaller model built from a shrunken config
-//! (per-layer heads and FFN widths, hidden size, layer count) that saves and reloads without
-//! knowing its history. A new architecture or group is a [`group::GroupKind`] implementation
-//! over a [`table::ParamTable`] of its parameters.
+//! Structured pruning that really shrinks a model, for any [`Prunable`] model family. A
+//! *dependency group* is the set of weight slices that must go together for a unit to
+//! disappear ([`mopt_core::prune`]; BERT's are attention heads, FFN neurons, hidden channels and
+//! whole layers). Units are scored by an [`importance::Criterion`] (L1, L2, first-order Taylor,
+//! random) over their scored members ([`group::score`]), ranked per scope or globally under a
+//! schedule ([`schedule`]), and removed physically ([`remove::prune`]): the result is a smaller
+//! model built from a shrunken config that saves and reloads without knowing its history.
 
-pub mod bert;
 pub mod group;
 pub mod importance;
+pub mod remove;
 pub mod schedule;
-pub mod table;
 
-pub use bert::{prune, BertGroup};
-pub use group::{GroupKind, GroupScores, Keep, Member, Rule};
 pub use importance::{Criterion, Reduce};
-pub use schedule::{
-    glob, keep_units, origin_after, select, units, Progress, Ranking, UnitLimits, Units,
+pub use mopt_core::prune::{
+    glob, GroupKind, GroupScores, Keep, Member, Prunable, Role, Rule, UnitLimits,
 };
-pub use table::{Array, ParamTable};
+pub use mopt_core::{Array, ParamTable};
+pub use remove::{prune, scores};
+pub use schedule::{keep_units, origin_after, select, units, Progress, Ranking, Units};

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::group::{GroupKind, GroupScores, Keep, Rule};
+use mopt_core::prune::{GroupKind, GroupScores, Keep, Rule, UnitLimits};
 
 /// Ranking scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,49 +21,6 @@ impl Ranking {
             Ranking::Local => "local",
             Ranking::Global => "global",
         }
-    }
-}
-
-/// Constraints every round keeps.
-#[derive(Debug, Clone, PartialEq)]
-pub struct UnitLimits {
-    /// Heads kept per layer at least.
-    pub min_heads: usize,
-    /// FFN widths kept are a multiple of this (and at least this).
-    pub ffn_multiple: usize,
-    /// Hidden sizes kept are a multiple of this (and at least this).
-    pub hidden_multiple: usize,
-    /// Layers (0-based, of the stage's input) left whole: their heads and FFN are not pruned
-    /// and they are not removed. Hidden channels run through every layer and ignore this.
-    pub ignore_layers: Vec<usize>,
-    /// Per-scope targets: a glob over group paths (`encoder.layer.0.attention`,
-    /// `encoder.layer.2.ffn`, `hidden`, `encoder.layers`; `*` matches anything) and the fraction removed there in the end.
-    /// The most specific matching pattern (most literal characters) wins; unmatched groups use
-    /// the stage's target.
-    pub scopes: Vec<(String, f64)>,
-}
-
-/// `*`-glob match of `text` against `pattern`.
-pub fn glob(pattern: &str, text: &str) -> bool {
-    match pattern.split_once('*') {
-        None => pattern == text,
-        Some((head, rest)) => {
-            let Some(tail) = text.strip_prefix(head) else {
-                return false;
-            };
-            (0..=tail.len()).any(|i| tail.is_char_boundary(i) && glob(rest, &tail[i..]))
-        }
-    }
-}
-
-impl UnitLimits {
-    /// The final fraction removed from the group at `path`.
-    pub fn target_of(&self, path: &str, default: f64) -> f64 {
-        self.scopes
-            .iter()
-            .filter(|(p, _)| glob(p, path))
-            .max_by_key(|(p, _)| p.chars().filter(|c| *c != '*').count())
-            .map_or(default, |(_, t)| *t)
     }
 }
 
@@ -265,6 +222,7 @@ pub fn origin_after(origin: &[usize], keep: &Keep) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mopt_core::prune::glob;
 
     fn rule(min_keep: usize, multiple: usize) -> Rule {
         Rule {

@@ -87,6 +87,10 @@ impl Classifier for BertForSequenceClassification {
 impl Checkpoint for BertForSequenceClassification {
     type Config = BertConfig;
 
+    fn init(config: &BertConfig, device: &Device) -> Self {
+        BertForSequenceClassification::new(config, device)
+    }
+
     fn save(&self, config: &BertConfig, dir: &Path) -> Result<(), ModelFault> {
         Ok(weights::save_checkpoint(self, config, dir)?)
     }

@@ -12,11 +12,14 @@ use std::path::Path;
 use burn::prelude::*;
 use mopt_data::{epoch_order, Batcher, Encoded, TextExamples};
 use mopt_distill::{DistillModel, DistillTask};
-use mopt_models::bert::{weights, BertConfig};
+use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
 use mopt_prune::{
-    origin_after, prune, select, units, BertGroup, Criterion, GroupScores, Keep, ParamTable,
-    Progress, Ranking, Reduce, UnitLimits, Units,
+    origin_after, prune, select, units, Criterion, GroupKind, GroupScores, Keep, ParamTable,
+    Progress, Prunable, Ranking, Reduce, UnitLimits, Units,
 };
+
+/// A group kind of the pruned model.
+type Group = &'static dyn GroupKind<Config = BertConfig>;
 use mopt_recipe::{OnFail, RecipeError, StageEntry};
 use mopt_train::trainer::{evaluate, fit, save_checkpoint_dir, Task};
 use serde::{Deserialize, Serialize};
@@ -59,7 +62,7 @@ struct RawPrune {
 #[derive(Clone)]
 pub struct PruneStage {
     /// The group kinds pruned, in the order `mopt_prune::bert::prune` applies them.
-    pub targets: Vec<&'static dyn BertGroup>,
+    pub targets: Vec<Group>,
     pub criterion: Criterion,
     pub reduce: Reduce,
     pub ranking: Ranking,
@@ -103,7 +106,7 @@ impl PruneStage {
         origin: &[usize],
         r: usize,
     ) -> Keep {
-        let kinds: Vec<(&dyn BertGroup, mopt_prune::Rule)> = self
+        let kinds: Vec<(&dyn GroupKind<Config = BertConfig>, mopt_prune::Rule)> = self
             .targets
             .iter()
             .map(|k| (*k, k.rule(&self.limits)))
@@ -181,7 +184,7 @@ impl StageKind for Prune {
             .targets
             .unwrap_or_else(|| vec!["heads".into(), "ffn".into()])
         {
-            match mopt_prune::bert::kind(&t) {
+            match BertForSequenceClassification::group_kind(&t) {
                 Some(k) => wanted.push(k.name()),
                 None => {
                     return Err(cx.err(
@@ -199,7 +202,7 @@ impl StageKind for Prune {
                 "list any of \"heads\", \"ffn\", \"hidden\", \"layers\"",
             ));
         }
-        let targets: Vec<&'static dyn BertGroup> = mopt_prune::bert::kinds()
+        let targets: Vec<Group> = BertForSequenceClassification::group_kinds()
             .into_iter()
             .filter(|k| wanted.contains(&k.name()))
             .collect();
@@ -339,7 +342,7 @@ pub struct RoundRecord {
 
 fn shape_after(c: &BertConfig, keep: &Keep) -> BertConfig {
     let mut out = c.clone();
-    for kind in mopt_prune::bert::kinds() {
+    for kind in BertForSequenceClassification::group_kinds() {
         if let Some(k) = keep.get(kind.name()) {
             out = kind.resize(&out, k);
         }
@@ -457,8 +460,8 @@ impl PruneStage {
             } else {
                 None
             };
-            let scores = mopt_prune::bert::scores(
-                &model.valid(),
+            let scores = mopt_prune::scores(
+                &ParamTable::weights(&model.valid()),
                 &config,
                 &self.targets,
                 criterion,
@@ -467,7 +470,7 @@ impl PruneStage {
                 self.seed.wrapping_add(r as u64),
             );
             let keep = self.keep(&scores, &config, &orig, &origin, r);
-            let (pruned, pcfg) = prune(&model.valid(), &config, &keep);
+            let (pruned, pcfg) = prune(&model.valid(), &config, &keep, &device);
             origin = origin_after(&origin, &keep);
             let pdir = rdir.join("pruned");
             save_checkpoint_dir(&pruned, &pcfg, cx.extras, &pdir)?;

@@ -13,14 +13,13 @@
 //! - [`Layers`]: a whole encoder layer (every tensor under `bert.encoder.layer.N.`); later layers
 //!   are renumbered. One scope.
 //!
-//! [`prune`] applies a [`Keep`] in that order (heads, FFN, hidden, layers: unit indices refer to
-//! the input model) and rebuilds the model from the shrunken config.
+//! Removal (`mopt_prune::prune`) applies a `Keep` in that order (heads, FFN, hidden, layers:
+//! unit indices refer to the input model) and rebuilds the model from the shrunken config.
 
-use mopt_models::bert::{BertConfig, BertForSequenceClassification};
+use mopt_core::prune::{GroupKind, Member, Prunable, Rule, UnitLimits};
+use mopt_core::ParamTable;
 
-use crate::group::{GroupKind, Keep, Member, Rule};
-use crate::schedule::UnitLimits;
-use crate::table::ParamTable;
+use super::{BertConfig, BertForSequenceClassification};
 
 fn layer(l: usize) -> String {
     format!("bert.encoder.layer.{l}")
@@ -39,19 +38,10 @@ pub struct Hidden;
 /// Whole encoder layers.
 pub struct Layers;
 
-/// A BERT group kind, with the rule it follows under [`UnitLimits`].
-pub trait BertGroup: GroupKind<Config = BertConfig> + Sync {
-    fn rule(&self, limits: &UnitLimits) -> Rule;
-}
-
-/// Every BERT group kind, in the order [`prune`] applies them.
-pub fn kinds() -> [&'static dyn BertGroup; 4] {
-    [&Heads, &Ffn, &Hidden, &Layers]
-}
-
-/// The BERT group kind named `name` (`heads`, `ffn`, `hidden`, `layers`).
-pub fn kind(name: &str) -> Option<&'static dyn BertGroup> {
-    kinds().into_iter().find(|k| k.name() == name)
+impl Prunable for BertForSequenceClassification {
+    fn group_kinds() -> Vec<&'static dyn GroupKind<Config = BertConfig>> {
+        vec![&Heads, &Ffn, &Hidden, &Layers]
+    }
 }
 
 impl GroupKind for Heads {
@@ -102,9 +92,6 @@ impl GroupKind for Heads {
             ..c.clone()
         }
     }
-}
-
-impl BertGroup for Heads {
     fn rule(&self, l: &UnitLimits) -> Rule {
         Rule {
             min_keep: l.min_heads.max(1),
@@ -146,9 +133,6 @@ impl GroupKind for Ffn {
             ..c.clone()
         }
     }
-}
-
-impl BertGroup for Ffn {
     fn rule(&self, l: &UnitLimits) -> Rule {
         Rule {
             min_keep: l.ffn_multiple.max(1),
@@ -229,9 +213,6 @@ impl GroupKind for Hidden {
             ..c.clone()
         }
     }
-}
-
-impl BertGroup for Hidden {
     fn rule(&self, l: &UnitLimits) -> Rule {
         Rule {
             min_keep: l.hidden_multiple.max(1),
@@ -318,9 +299,6 @@ impl GroupKind for Layers {
         }
         table.0.extend(moved);
     }
-}
-
-impl BertGroup for Layers {
     fn rule(&self, l: &UnitLimits) -> Rule {
         Rule {
             min_keep: 1,
@@ -331,59 +309,38 @@ impl BertGroup for Layers {
     }
 }
 
-/// Remove every unit not in `keep` (kinds absent from it stay whole): a new, smaller model
-/// built from the shrunken config, and that config. Give it a model on an inference device.
-pub fn prune(
-    model: &BertForSequenceClassification,
-    config: &BertConfig,
-    keep: &Keep,
-) -> (BertForSequenceClassification, BertConfig) {
-    let mut table = ParamTable::weights(model);
-    let mut cfg = config.clone();
-    for kind in kinds() {
-        if let Some(k) = keep.get(kind.name()) {
-            kind.shrink(&cfg, &mut table, k);
-            cfg = kind.resize(&cfg, k);
-        }
-    }
-    let device = model.classifier.weight.val().device();
-    let fresh = BertForSequenceClassification::new(&cfg, &device);
-    let pruned = table
-        .load_into(fresh)
-        .unwrap_or_else(|missing| panic!("pruned table does not fit its config: {missing:?}"));
-    (pruned, cfg)
-}
-
-/// Every unit of every kind in `kinds` scored; `seed` drives the random criterion.
-pub fn scores(
-    model: &BertForSequenceClassification,
-    config: &BertConfig,
-    kinds: &[&dyn BertGroup],
-    criterion: crate::Criterion,
-    reduce: crate::Reduce,
-    grads: Option<&ParamTable>,
-    seed: u64,
-) -> crate::GroupScores {
-    let weights = ParamTable::weights(model);
-    let mut counter = 0u64;
-    let mut random = || {
-        counter += 1;
-        crate::importance::uniform(seed, counter)
-    };
-    kinds
-        .iter()
-        .map(|k| {
-            let s =
-                crate::group::score(*k, config, &weights, grads, criterion, reduce, &mut random);
-            (k.name().to_string(), s)
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Criterion, Reduce};
+    use mopt_core::prune::{GroupScores, Keep};
+    use mopt_prune::{Criterion, Reduce};
+
+    type Kinds = Vec<&'static dyn GroupKind<Config = BertConfig>>;
+
+    fn kinds() -> Kinds {
+        BertForSequenceClassification::group_kinds()
+    }
+
+    fn prune(
+        m: &BertForSequenceClassification,
+        c: &BertConfig,
+        k: &Keep,
+    ) -> (BertForSequenceClassification, BertConfig) {
+        mopt_prune::prune(m, c, k, &Device::flex())
+    }
+
+    fn scores(
+        m: &BertForSequenceClassification,
+        c: &BertConfig,
+        kinds: &[&dyn GroupKind<Config = BertConfig>],
+        criterion: Criterion,
+        reduce: Reduce,
+        grads: Option<&ParamTable>,
+        seed: u64,
+    ) -> GroupScores {
+        let w = ParamTable::weights(m);
+        mopt_prune::scores(&w, c, kinds, criterion, reduce, grads, seed)
+    }
     use burn::module::Param;
     use burn::nn::Linear;
     use burn::prelude::*;
@@ -667,8 +624,8 @@ mod tests {
         k.insert("hidden".into(), vec![(0..32).step_by(2).collect()]);
         let (p, pc) = prune(&m, &c, &k);
         let dir = std::env::temp_dir().join(format!("mopt-prune-reload-{}", std::process::id()));
-        mopt_models::bert::weights::save_checkpoint(&p, &pc, &dir).unwrap();
-        let (q, qc) = mopt_models::bert::weights::load_checkpoint(&dir, &Device::flex()).unwrap();
+        super::super::weights::save_checkpoint(&p, &pc, &dir).unwrap();
+        let (q, qc) = super::super::weights::load_checkpoint(&dir, &Device::flex()).unwrap();
         assert_eq!(qc, pc);
         // (Burnpack tensors are read from the file lazily: compare before removing it.)
         assert_eq!(logits(&q), logits(&p));

@@ -1,0 +1,191 @@
+//! The prunable contract: dependency groups. A group is the set of weight slices that must go
+//! together for one unit (a head, a neuron, a channel, a layer) to disappear. A model family
+//! describes each kind of group once, as a [`GroupKind`]: where its units are ([`Member`]s: a
+//! parameter, an axis, indices, a role) and what the config looks like after removal. The
+//! algorithms (`mopt-prune`: importance, schedules, removal) are generic over those members.
+
+use std::collections::BTreeMap;
+
+use crate::model::Checkpoint;
+use crate::table::ParamTable;
+
+/// What a member is to importance scoring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    /// A trained weight: scored by the criterion and sliced.
+    #[default]
+    Scored,
+    /// Sliced with the unit but never scored (a BatchNorm's running statistics, which have no
+    /// gradient, or a tensor whose magnitude says nothing about the unit).
+    Carried,
+}
+
+/// One slice of a group: the entries at `index` along `axis` of parameter `param`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub param: String,
+    pub axis: usize,
+    pub index: Vec<usize>,
+    pub role: Role,
+}
+
+impl Member {
+    /// A scored member.
+    pub fn new(param: impl Into<String>, axis: usize, index: Vec<usize>) -> Self {
+        Self {
+            param: param.into(),
+            axis,
+            index,
+            role: Role::Scored,
+        }
+    }
+
+    /// A member sliced with its unit but not scored.
+    pub fn carried(param: impl Into<String>, axis: usize, index: Vec<usize>) -> Self {
+        Self {
+            role: Role::Carried,
+            ..Self::new(param, axis, index)
+        }
+    }
+}
+
+/// Constraints of one group kind in a schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Rule {
+    /// Units kept per scope, at least.
+    pub min_keep: usize,
+    /// Kept counts are a multiple of this (1: any count).
+    pub multiple: usize,
+    /// Scopes left whole.
+    pub frozen_scopes: Vec<usize>,
+    /// Units never removed (in every scope).
+    pub frozen_units: Vec<usize>,
+}
+
+/// Units kept, per group kind (its [`GroupKind::name`]) and scope: indices into the current
+/// model's units, ascending.
+pub type Keep = BTreeMap<String, Vec<Vec<usize>>>;
+
+/// Scores per group kind and scope, one per unit.
+pub type GroupScores = BTreeMap<String, Vec<Vec<f64>>>;
+
+/// One kind of dependency group of an architecture with config type `Config`.
+pub trait GroupKind: Sync {
+    type Config;
+
+    /// Its name in recipes (`targets = ["heads"]`).
+    fn name(&self) -> &'static str;
+
+    /// Ranking scopes (a layer each, or one for the whole model).
+    fn scopes(&self, config: &Self::Config) -> usize;
+
+    /// Whether scope `s` is layer `s` (its path, ratios and ignored layers follow the layer).
+    fn layer_scoped(&self) -> bool;
+
+    /// The path ratios match against; `s` is the scope, or for layer-scoped kinds the layer.
+    fn scope_path(&self, s: usize) -> String;
+
+    /// Units in scope `s`.
+    fn units(&self, config: &Self::Config, s: usize) -> usize;
+
+    /// Unit `u` of scope `s`.
+    fn members(&self, config: &Self::Config, s: usize, u: usize) -> Vec<Member>;
+
+    /// The config after keeping `keep[s]` units of every scope.
+    fn resize(&self, config: &Self::Config, keep: &[Vec<usize>]) -> Self::Config;
+
+    /// The constraints this kind follows under a schedule's `limits`. By default at least one
+    /// unit per scope, any count, and the ignored layers left whole (layer-scoped kinds).
+    fn rule(&self, limits: &UnitLimits) -> Rule {
+        Rule {
+            min_keep: 1,
+            multiple: 1,
+            frozen_scopes: if self.layer_scoped() {
+                limits.ignore_layers.clone()
+            } else {
+                Vec::new()
+            },
+            frozen_units: Vec::new(),
+        }
+    }
+
+    /// Slice `table` to keep `keep[s]` units of every scope: by default every removed unit's
+    /// members go (along their axes); kinds whose removal is not slicing (whole layers) override.
+    fn shrink(&self, config: &Self::Config, table: &mut ParamTable, keep: &[Vec<usize>]) {
+        let mut gone: BTreeMap<(String, usize), Vec<usize>> = BTreeMap::new();
+        for (s, kept) in keep.iter().enumerate() {
+            for u in (0..self.units(config, s)).filter(|u| !kept.contains(u)) {
+                for m in self.members(config, s, u) {
+                    gone.entry((m.param, m.axis)).or_default().extend(m.index);
+                }
+            }
+        }
+        for ((param, axis), removed) in gone {
+            let a = table
+                .0
+                .get_mut(&param)
+                .unwrap_or_else(|| panic!("no parameter `{param}`"));
+            let kept: Vec<usize> = (0..a.shape[axis])
+                .filter(|i| !removed.contains(i))
+                .collect();
+            a.keep(axis, &kept);
+        }
+    }
+}
+
+/// Constraints every round keeps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnitLimits {
+    /// Heads kept per layer at least.
+    pub min_heads: usize,
+    /// FFN widths kept are a multiple of this (and at least this).
+    pub ffn_multiple: usize,
+    /// Hidden sizes kept are a multiple of this (and at least this).
+    pub hidden_multiple: usize,
+    /// Layers (0-based, of the stage's input) left whole: their heads and FFN are not pruned
+    /// and they are not removed. Hidden channels run through every layer and ignore this.
+    pub ignore_layers: Vec<usize>,
+    /// Per-scope targets: a glob over group paths (`encoder.layer.0.attention`,
+    /// `encoder.layer.2.ffn`, `hidden`, `encoder.layers`; `*` matches anything) and the fraction removed there in the end.
+    /// The most specific matching pattern (most literal characters) wins; unmatched groups use
+    /// the stage's target.
+    pub scopes: Vec<(String, f64)>,
+}
+
+/// `*`-glob match of `text` against `pattern`.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == text,
+        Some((head, rest)) => {
+            let Some(tail) = text.strip_prefix(head) else {
+                return false;
+            };
+            (0..=tail.len()).any(|i| tail.is_char_boundary(i) && glob(rest, &tail[i..]))
+        }
+    }
+}
+
+impl UnitLimits {
+    /// The final fraction removed from the group at `path`.
+    pub fn target_of(&self, path: &str, default: f64) -> f64 {
+        self.scopes
+            .iter()
+            .filter(|(p, _)| glob(p, path))
+            .max_by_key(|(p, _)| p.chars().filter(|c| *c != '*').count())
+            .map_or(default, |(_, t)| *t)
+    }
+}
+
+/// A model whose units can be removed physically: its dependency group kinds, and a fresh model
+/// of a (shrunken) config to load the sliced parameters into ([`Checkpoint::init`]). The
+/// pruned model is a plain model of the smaller config: it saves and reloads with no history.
+pub trait Prunable: Checkpoint {
+    /// Every group kind, in the order removal applies them (unit indices refer to the model
+    /// before any of them).
+    fn group_kinds() -> Vec<&'static dyn GroupKind<Config = Self::Config>>;
+
+    /// The group kind named `name` (`heads`, `channels`, …).
+    fn group_kind(name: &str) -> Option<&'static dyn GroupKind<Config = Self::Config>> {
+        Self::group_kinds().into_iter().find(|k| k.name() == name)
+    }
+}
