@@ -473,7 +473,7 @@ fn ptq_stage_calibrates_ranks_layers_and_falls_back_to_float() {
     );
     let d = burn::prelude::Device::flex();
     let (m, c) = mopt_models::bert::weights::load_checkpoint(&run.join("best"), &d).unwrap();
-    assert!(m.is_quantized() && c.mopt_quant.is_some());
+    assert!(mopt_core::Quantizable::is_quantized(&m) && c.mopt_quant.is_some());
     // Pruning after quantization, or quantizing twice, is refused at --check.
     for (name, more) in [("late", PRUNE), ("twice", all)] {
         std::fs::create_dir_all(tmp.path().join(name)).unwrap();

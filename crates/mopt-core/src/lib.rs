@@ -15,6 +15,8 @@
 //!    that a trained (or shrunk) model comes back with its own shape.
 //! 5. [`Prunable`]: its dependency groups ([`prune::GroupKind`]) over the model's parameter
 //!    table ([`ParamTable`]): unlocks structured pruning.
+//! 6. [`Quantizable`]: its quantizable layers ([`quant::QuantSlot`]): unlocks post-training
+//!    quantization and quantization-aware training.
 //!
 //! Each capability beyond these unlocks more stage kinds; a stage that needs one the model
 //! lacks says so in `--check`.
@@ -24,6 +26,7 @@ mod error;
 mod memory;
 mod model;
 pub mod prune;
+pub mod quant;
 mod table;
 
 pub use data::{Examples, Labeled};
@@ -31,4 +34,5 @@ pub use error::ModelFault;
 pub use memory::MemoryEstimate;
 pub use model::{Checkpoint, Classifier, ModelConfig};
 pub use prune::Prunable;
+pub use quant::Quantizable;
 pub use table::{Array, ParamTable};

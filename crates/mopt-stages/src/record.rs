@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
+use mopt_core::Quantizable;
 use mopt_data::{Encoded, EncodedSplits, TextExamples};
 use mopt_distill::latency::{measure as measure_latency, LatencyStats};
 use mopt_models::bert::weights;

@@ -3,24 +3,21 @@
 //! (`bert.encoder.layer.0.attention.self_attn.query`) so that placement patterns, calibration
 //! and export see one list. LayerNorm, softmax, GELU and the embeddings stay float.
 
-use burn::nn::Linear;
 use burn::prelude::*;
-use mopt_quant::node::{LinearQuant, Phase, QuantConfig};
+use mopt_core::quant::{QuantSlot as Slot, QuantSlotRef as SlotRef};
+use mopt_core::Quantizable;
+use mopt_quant::node::{Phase, QuantConfig};
 
 use super::{BertConfig, BertForSequenceClassification};
 
-/// One quantizable linear layer: its path, the layer and its quantizers.
-pub struct Slot<'a> {
-    pub path: String,
-    pub linear: &'a mut Linear,
-    pub quant: &'a mut Option<LinearQuant>,
-}
+impl Quantizable for BertForSequenceClassification {
+    fn quant_slots(&mut self) -> Vec<Slot<'_>> {
+        slots(self)
+    }
 
-/// One quantizable linear layer, read-only.
-pub struct SlotRef<'a> {
-    pub path: String,
-    pub linear: &'a Linear,
-    pub quant: &'a Option<LinearQuant>,
+    fn quant_slots_ref(&self) -> Vec<SlotRef<'_>> {
+        slots_ref(self)
+    }
 }
 
 /// Every quantizable linear layer of `model`, in forward order.
@@ -131,42 +128,9 @@ impl BertForSequenceClassification {
     /// every other layer float. Without `mopt_quant` the model is returned as it is.
     pub fn with_quantizers(mut self, config: &BertConfig, phase: Phase, device: &Device) -> Self {
         if let Some(q) = &config.mopt_quant {
-            attach(&mut self, q, phase, device);
+            self.attach_quantizers(q, phase, device);
         }
         self
-    }
-
-    /// For inference: every quantized weight replaced by its fake-quantized value (what each
-    /// forward pass would compute from it) and its weight quantizer switched off, so that a
-    /// forward pass no longer re-quantizes every weight. Outputs are identical; inputs are
-    /// still fake-quantized. Not for training (the STE needs the float weights). The weight
-    /// quantizers' phase is shared with clones of this model.
-    pub fn with_baked_weights(mut self) -> Self {
-        for s in slots(&mut self) {
-            if let Some(q) = s.quant.as_ref() {
-                if q.weight.phase() == Phase::Quantize {
-                    let w = q.weight.forward(s.linear.weight.val());
-                    s.linear.weight = burn::module::Param::from_tensor(w);
-                    q.weight.set_phase(Phase::Off);
-                }
-            }
-        }
-        self
-    }
-
-    /// Whether any layer is quantized.
-    pub fn is_quantized(&self) -> bool {
-        slots_ref(self).iter().any(|s| s.quant.is_some())
-    }
-
-    /// Put every quantizer in `phase` (inputs and weights).
-    pub fn set_quant_phase(&self, phase: Phase) {
-        for s in slots_ref(self) {
-            if let Some(q) = s.quant {
-                q.input.set_phase(phase);
-                q.weight.set_phase(phase);
-            }
-        }
     }
 }
 
@@ -177,44 +141,10 @@ pub fn attach(
     phase: Phase,
     device: &Device,
 ) {
-    for s in slots(model) {
-        let d_out = s.linear.weight.val().dims()[1];
-        *s.quant = q.linear(&s.path, d_out, phase, device);
-    }
+    model.attach_quantizers(q, phase, device);
 }
 
-/// Post-training calibration: quantizers on the layers `q.layers` lists, inputs observed over
-/// the forward passes `feed` runs (on the float model: weights stay float meanwhile), then
-/// frozen; weights get per-channel (or per-tensor) min-max scales. Returns the model in phase
-/// `Quantize` and the paths whose input saw no data (left at their placeholder scale).
-pub fn calibrate(
-    mut model: BertForSequenceClassification,
-    q: &QuantConfig,
-    device: &Device,
-    feed: impl FnOnce(&BertForSequenceClassification),
-) -> (BertForSequenceClassification, Vec<String>) {
-    attach(&mut model, q, Phase::Observe, device);
-    for s in slots_ref(&model) {
-        if let Some(lq) = s.quant {
-            lq.weight.set_phase(Phase::Off);
-        }
-    }
-    feed(&model);
-    let mut unseen = Vec::new();
-    for s in slots(&mut model) {
-        if let Some(lq) = s.quant.take() {
-            let (input, seen) = lq.input.freeze(&q.activation);
-            if !seen {
-                unseen.push(s.path.clone());
-            }
-            let weight = lq
-                .weight
-                .calibrate_weight(&s.linear.weight.val(), &q.weight);
-            *s.quant = Some(LinearQuant { input, weight });
-        }
-    }
-    (model, unseen)
-}
+pub use mopt_core::quant::calibrate;
 
 #[cfg(test)]
 mod tests {

@@ -19,6 +19,7 @@ use burn::store::{
 use super::{BertConfig, BertForSequenceClassification};
 use crate::error::ModelError;
 use burn::prelude::*;
+use mopt_core::Quantizable;
 
 /// HF checkpoint key patterns → mopt module paths.
 const HF_TO_MOPT: [(&str, &str); 3] = [

@@ -14,6 +14,7 @@
 use std::path::Path;
 
 use burn::prelude::*;
+use mopt_core::Quantizable;
 use mopt_data::{epoch_order, Batcher, Encoded};
 use mopt_distill::{DistillModel, DistillTask};
 use mopt_models::bert::quant::{calibrate, linear_paths, slots, slots_ref};

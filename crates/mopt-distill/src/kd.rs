@@ -1,0 +1,160 @@
+//! Distillation on logits for any classifier ([`mopt_core::Classifier`]): the teacher's logits
+//! for every training example, computed once in eval mode ([`LogitCache`]), and the objective
+//! `L = α·CE(student, labels) + (1−α)·soft(student, teacher; T)` ([`KdTask`]) for mopt's
+//! trainer. Intermediate matches need the model's taps; BERT's are in [`crate::task`].
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
+use burn::prelude::*;
+use mopt_core::{Checkpoint, Classifier, Examples, Labeled};
+use mopt_train::trainer::{Parts, Replica, Task};
+
+use crate::loss::soft_loss;
+use crate::spec::{Schedule, SoftLoss};
+
+/// A teacher's logits for every example of a split, in example order. Clones share them.
+#[derive(Debug, Clone)]
+pub struct LogitCache {
+    num_labels: usize,
+    /// `[examples, num_labels]`, row-major.
+    logits: Arc<Vec<f32>>,
+}
+
+impl LogitCache {
+    /// Run `teacher` (an inference-device model) over `examples` in batches of `batch_size`.
+    pub fn compute<C, E>(teacher: &C, examples: &E, batch_size: usize, device: &Device) -> Self
+    where
+        C: Classifier,
+        E: Examples<Batch = C::Batch>,
+    {
+        let n = examples.len();
+        let teacher = teacher.valid();
+        let mut logits = Vec::new();
+        let mut num_labels = 0;
+        let order: Vec<usize> = (0..n).collect();
+        for chunk in order.chunks(batch_size.max(1)) {
+            let out = teacher.logits(&examples.batch(chunk, device));
+            num_labels = out.dims()[1];
+            logits.extend(
+                out.into_data()
+                    .convert::<f32>()
+                    .try_to_vec::<f32>()
+                    .expect("f32"),
+            );
+        }
+        Self {
+            num_labels,
+            logits: Arc::new(logits),
+        }
+    }
+
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        self.logits.len() / self.num_labels.max(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.logits.is_empty()
+    }
+
+    /// The logits of example `i`.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.logits[i * self.num_labels..(i + 1) * self.num_labels]
+    }
+
+    /// The logits of the examples at `indices`.
+    ///
+    /// # Shapes
+    /// - output: `[indices.len(), num_labels]`
+    pub fn batch(&self, indices: &[usize], device: &Device) -> Tensor<2> {
+        let rows: Vec<f32> = indices.iter().flat_map(|&i| self.row(i)).copied().collect();
+        Tensor::from_data(
+            TensorData::new(rows, [indices.len(), self.num_labels]),
+            device,
+        )
+    }
+}
+
+/// The KD settings on logits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KdSettings {
+    /// Weight of the hard-label cross-entropy (the soft term gets `1 − alpha`).
+    pub alpha: Schedule,
+    pub temperature: Schedule,
+    pub soft_loss: SoftLoss,
+}
+
+impl Default for KdSettings {
+    /// α = 0.5, T = 4, KL: the usual starting point (Hinton et al.).
+    fn default() -> Self {
+        Self {
+            alpha: Schedule::Constant(0.5),
+            temperature: Schedule::Constant(4.0),
+            soft_loss: SoftLoss::Kl,
+        }
+    }
+}
+
+/// Distillation of any classifier `C` from a teacher's cached logits on the training split.
+pub struct KdTask<C> {
+    settings: KdSettings,
+    teacher: LogitCache,
+    ce: CrossEntropyLoss,
+    model: PhantomData<fn() -> C>,
+}
+
+impl<C> KdTask<C> {
+    /// `teacher`: the teacher's logits on the training split (indices as the trainer draws
+    /// them).
+    pub fn new(settings: KdSettings, teacher: LogitCache, device: &Device) -> Self {
+        Self {
+            settings,
+            teacher,
+            ce: CrossEntropyLossConfig::new().init(device),
+            model: PhantomData,
+        }
+    }
+}
+
+impl<C: Checkpoint<Batch: Labeled>> Task for KdTask<C> {
+    type Model = C;
+    type Classifier = C;
+
+    fn loss(
+        &mut self,
+        model: &C,
+        b: &C::Batch,
+        indices: &[usize],
+        progress: f64,
+    ) -> (Tensor<1>, Parts) {
+        let logits = model.logits(b);
+        let device = logits.device();
+        let ce = self.ce.forward(logits.clone(), b.labels());
+        let teacher = self.teacher.batch(indices, &device);
+        let (alpha, t) = (
+            self.settings.alpha.at(progress),
+            self.settings.temperature.at(progress),
+        );
+        let soft = soft_loss(logits, teacher, t, self.settings.soft_loss);
+        let parts = vec![
+            ("ce", ce.clone().into_scalar::<f32>() as f64),
+            ("soft", soft.clone().into_scalar::<f32>() as f64),
+        ];
+        let loss = ce.mul_scalar(alpha as f32) + soft.mul_scalar((1.0 - alpha) as f32);
+        (loss, parts)
+    }
+
+    fn classifier<'a>(&self, model: &'a C) -> &'a C {
+        model
+    }
+
+    fn replicate(&self, device: &Device) -> Option<Replica<C, C>> {
+        Some(Box::new(KdTask::<C>::new(
+            self.settings,
+            self.teacher.clone(),
+            device,
+        )))
+    }
+}

@@ -1,0 +1,153 @@
+//! The exportable contract: a model that writes itself as an ONNX graph and says how a batch is
+//! fed to it, so that the parity check (and anything else that runs the graph in ONNX Runtime)
+//! reads an input spec instead of assuming one model's inputs.
+
+use std::path::Path;
+
+use burn::prelude::*;
+use mopt_core::{Classifier, Examples};
+use serde_json::{Map, Value};
+
+use crate::error::ExportError;
+use crate::onnx::{Dim, ModelProto};
+use crate::python;
+
+/// The element type of a graph input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputType {
+    Float,
+    Int64,
+}
+
+/// One graph input: its name, element type and dimensions (the batch named `batch`).
+#[derive(Debug, Clone)]
+pub struct InputSpec {
+    pub name: String,
+    pub dtype: InputType,
+    pub dims: Vec<Dim>,
+}
+
+/// A model that exports itself to ONNX.
+pub trait Exportable: Classifier {
+    type Config;
+
+    /// The graph inputs, in order.
+    fn inputs(config: &Self::Config) -> Vec<InputSpec>;
+
+    /// The ONNX model: the inputs of [`inputs`](Exportable::inputs), one output with the logits
+    /// `[batch, num_labels]`.
+    fn onnx(&self, config: &Self::Config) -> Result<ModelProto, ExportError>;
+
+    /// `batch` as ONNX Runtime is fed it: input name → nested array, for every input.
+    fn feed(batch: &Self::Batch) -> Map<String, Value>;
+}
+
+/// A tensor's data (`tensor.into_data()`) as a nested JSON array: a feed value.
+pub fn tensor_json(data: TensorData) -> Value {
+    let dims = data.shape().to_vec();
+    let flat: Vec<f64> = data
+        .convert::<f64>()
+        .try_to_vec::<f64>()
+        .expect("numeric tensor");
+    nest(&flat, &dims)
+}
+
+fn nest(v: &[f64], dims: &[usize]) -> Value {
+    match dims {
+        [] => Value::from(v[0]),
+        [_] => Value::from(v.to_vec()),
+        [n, rest @ ..] => {
+            let per = v.len() / n.max(&1);
+            Value::Array(
+                (0..*n)
+                    .map(|i| nest(&v[i * per..(i + 1) * per], rest))
+                    .collect(),
+            )
+        }
+    }
+}
+
+/// Write `model` to `path` and check it with `onnx.checker` (full check).
+pub fn write_checked(model: &ModelProto, path: &Path) -> Result<(), ExportError> {
+    std::fs::write(path, model.to_bytes())
+        .map_err(|e| ExportError::Io(path.display().to_string(), e))?;
+    python::tool(&["check", &path.display().to_string()])?;
+    Ok(())
+}
+
+/// How ONNX Runtime's outputs compare with mopt's.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Parity {
+    /// Max |ONNX Runtime − mopt| over every logit.
+    pub max_abs_diff: f64,
+    /// Share of examples with the same predicted class.
+    pub agreement: f64,
+    pub examples: usize,
+}
+
+/// Run the exported graph at `onnx` in ONNX Runtime on `examples` (in batches of `batch_size`)
+/// and compare with `model`'s logits (inference device `device`). `work` holds the feeds.
+pub fn parity<M, E>(
+    model: &M,
+    onnx: &Path,
+    examples: &E,
+    batch_size: usize,
+    device: &Device,
+    work: &Path,
+) -> Result<Parity, ExportError>
+where
+    M: Exportable,
+    E: Examples<Batch = M::Batch>,
+{
+    let order: Vec<usize> = (0..examples.len()).collect();
+    let batches: Vec<M::Batch> = order
+        .chunks(batch_size.max(1))
+        .map(|c| examples.batch(c, device))
+        .collect();
+    let feeds: Vec<Value> = batches.iter().map(|b| Value::Object(M::feed(b))).collect();
+    let outs = python::run(onnx, &Value::Array(feeds), work)?;
+    let (mut max, mut same, mut n) = (0f64, 0usize, 0usize);
+    for (b, out) in batches.iter().zip(outs) {
+        let ours: Vec<f32> = model.logits(b).into_data().try_to_vec().expect("f32");
+        let theirs: Vec<Vec<f64>> =
+            serde_json::from_value(out).map_err(|e| ExportError::Python(e.to_string()))?;
+        let c = theirs.first().map_or(1, Vec::len);
+        for (a, t) in ours.chunks(c).zip(&theirs) {
+            for (x, y) in a.iter().zip(t) {
+                max = max.max((*x as f64 - y).abs());
+            }
+            let am = |v: &mut dyn Iterator<Item = f64>| {
+                v.enumerate()
+                    .fold(
+                        (0, f64::NEG_INFINITY),
+                        |b, (i, x)| if x > b.1 { (i, x) } else { b },
+                    )
+                    .0
+            };
+            same += usize::from(am(&mut a.iter().map(|&x| x as f64)) == am(&mut t.iter().copied()));
+            n += 1;
+        }
+    }
+    Ok(Parity {
+        max_abs_diff: max,
+        agreement: same as f64 / n.max(1) as f64,
+        examples: n,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensors_nest_by_their_dimensions() {
+        let d = Device::flex();
+        let t = Tensor::<2>::from_data(TensorData::new(vec![1f32, 2., 3., 4., 5., 6.], [2, 3]), &d);
+        assert_eq!(
+            tensor_json(t.into_data()),
+            serde_json::json!([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+        );
+        let i = Tensor::<1, Int>::from_data(TensorData::new(vec![7i64, 8], [2]), &d);
+        assert_eq!(tensor_json(i.into_data()), serde_json::json!([7.0, 8.0]));
+    }
+}
