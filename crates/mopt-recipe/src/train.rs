@@ -109,6 +109,33 @@ pub struct TrainSpec {
     pub loss_scale: Option<LossScaleSpec>,
 }
 
+impl Default for TrainSpec {
+    /// What an empty `[train]` table gives (the recipe's defaults), for training set up in Rust:
+    /// 3 epochs, batch 32, AdamW at 5e-5 with weight decay 0.01, 10% warmup, cosine to a tenth,
+    /// global-norm clipping at 1.0, best epoch by validation accuracy, fp32.
+    fn default() -> Self {
+        Self {
+            epochs: 3,
+            batch_size: 32,
+            eval_batch_size: 64,
+            grad_accum_steps: 1,
+            lr: 5e-5,
+            weight_decay: 0.01,
+            adam_beta1: 0.9,
+            adam_beta2: 0.999,
+            adam_epsilon: 1e-8,
+            warmup_fraction: 0.1,
+            final_lr_ratio: 0.1,
+            grad_clip_norm: Some(1.0),
+            best_metric: BestMetric::Accuracy,
+            log_every: 20,
+            gradient_checkpointing: false,
+            precision: Precision::Fp32,
+            loss_scale: None,
+        }
+    }
+}
+
 /// `[lr-find]`: the LR range test.
 #[derive(Debug, Clone)]
 pub struct LrFindSpec {
@@ -279,4 +306,20 @@ pub fn merge_tables(base: &toml::Table, overrides: &toml::Table) -> toml::Table 
         t.insert(k.clone(), v.clone());
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_is_an_empty_train_table() {
+        let raw: RawTrain = toml::from_str("").unwrap();
+        let cx = Scope::root(std::path::Path::new("r.toml"), "");
+        let from_recipe = train_spec(&cx.nested("train"), raw).unwrap();
+        assert_eq!(
+            format!("{:?}", TrainSpec::default()),
+            format!("{from_recipe:?}")
+        );
+    }
 }
