@@ -14,12 +14,11 @@ use burn::tensor::activation::{log_softmax, softmax};
 use mopt_distill::spec::*;
 use mopt_distill::student::from_teacher_layers;
 use mopt_models::bert::{weights, BertConfig};
-use mopt_recipe::{GateMetric, GateReference, GateSpec, OnFail, StageEntry};
-use mopt_stages::kinds::distill::DistillStage;
+use mopt_recipe::{GateReference, GateSpec, StageEntry};
+use mopt_stages::kinds::distill::{DistillStage, ExtraTerm};
 use mopt_stages::kinds::export::ExportStage;
 use mopt_stages::{Pipeline, RunOptions, Stage, StageContext, StageError, StageOutput, StagePlan};
 use mopt_train::trainer::save_checkpoint_dir;
-use mopt_train::DeviceSpec;
 
 /// A custom stage: remove the input's last encoder layer (embeddings, pooler and head kept).
 struct DropLastLayer;
@@ -91,74 +90,54 @@ fn main() -> anyhow::Result<()> {
     student.init_from_teacher_layers = Some(vec![1, 4]);
     student.overrides.num_hidden_layers = Some(2);
     let objective = DistillSpec {
-        enabled: true,
         alpha: Schedule::Linear { from: 0.7, to: 0.3 },
-        temperature: Schedule::Constant(4.0),
-        soft_loss: SoftLoss::Kl,
-        teacher_cache: true,
-        baseline: false,
-        matches: vec![MatchSpec {
-            feature: Feature::Hidden,
-            loss: MatchLoss::Cosine,
-            layers: LayerMap::Pairs(vec![(1, 2), (2, 5)]),
-            weight: 0.5,
-            projection: false,
-            heads: HeadPolicy::Error,
-            tokens: Tokens::All,
-            until_epoch: None,
-            rows: 0,
-            index: 0,
-        }],
-    };
-    // A custom loss term: β · (−entropy) of the student's predictions, which discourages
-    // over-confident students (Pereyra et al., 2017).
-    let confidence_penalty = Arc::new(
-        |model: &mopt_distill::DistillModel, b: &mopt_data::TextBatch| {
-            let logits = model.student.forward(
-                b.input_ids.clone(),
-                b.attention_mask.clone(),
-                b.token_type_ids.clone(),
-            );
-            let batch = logits.dims()[0] as f32;
-            let neg_entropy = (softmax(logits.clone(), 1) * log_softmax(logits, 1))
-                .sum()
-                .div_scalar(batch);
-            let v: f32 = neg_entropy.clone().into_scalar();
-            (
-                neg_entropy.mul_scalar(0.1),
-                vec![("confidence_penalty", v as f64)],
-            )
-        },
+        ..DistillSpec::default()
+    }
+    .with_match(
+        MatchSpec::new(
+            Feature::Hidden,
+            MatchLoss::Cosine,
+            LayerMap::Pairs(vec![(1, 2), (2, 5)]),
+        )
+        .weight(0.5),
     );
+    // A custom loss term: β · (−entropy) of the student's predictions, which discourages
+    // over-confident students (Pereyra et al., 2017). It reads the logits the objective has
+    // already computed.
+    let confidence_penalty: ExtraTerm = Arc::new(|out, _batch| {
+        let batch = out.logits.dims()[0] as f32;
+        let neg_entropy = (softmax(out.logits.clone(), 1) * log_softmax(out.logits.clone(), 1))
+            .sum()
+            .div_scalar(batch);
+        let v: f32 = neg_entropy.clone().into_scalar();
+        (
+            neg_entropy.mul_scalar(0.1),
+            vec![("confidence_penalty", v as f64)],
+        )
+    });
     let distill =
         DistillStage::new(student, objective, recipe.scope.stage(1)).with_term(confidence_penalty);
 
     let mut train = recipe.train.clone();
     train.epochs = 1;
     train.lr = 1e-4;
-    let gate = GateSpec {
-        metric: GateMetric::Accuracy,
-        against: GateReference::Baseline,
-        max_drop: Some(0.05),
-        max_relative_drop: None,
-        max_logit_error: None,
-        on_fail: OnFail::Rollback,
-    };
+    let gate = GateSpec::max_drop(0.05, GateReference::Baseline);
     let export = ExportStage {
         samples: 200,
         tolerance: 1e-4,
         latency_runs: Some(10),
         reference: vec!["baseline".into()],
     };
-    let report = Pipeline::shared(recipe)
+    let pipeline = Pipeline::shared(recipe)
         .named("distill-in-rust")
         .push("distill-2l", train.clone(), Some(gate.clone()), distill)
         .push("drop-last-layer", train.clone(), Some(gate), DropLastLayer)
-        .push("export", train, None, export)
-        .run(&RunOptions {
-            force: true,
-            ..RunOptions::new(DeviceSpec::Cpu)
-        })?;
+        .push("export", train, None, export);
+    // `[run] device` and `devices` of the recipe, as the binary reads them.
+    let report = pipeline.run(&RunOptions {
+        force: true,
+        ..pipeline.options()?
+    })?;
     for st in &report.stages {
         println!(
             "{} {}: {} — validation accuracy {:.4}, test {:.4}, {} layers",

@@ -95,28 +95,14 @@ fn devices_for(
     recipe: &mopt_recipe::Recipe,
     flag: &Option<String>,
 ) -> Result<(DeviceSpec, Vec<DeviceSpec>), TrainError> {
-    let (main, replicas) = device_for(recipe, flag)?.data_parallel(&recipe.run.devices);
-    for d in std::iter::once(&main).chain(&replicas) {
-        d.open()?;
-    }
-    Ok((main, replicas))
+    mopt_stages::recipe_devices(recipe, flag.as_deref())
 }
 
 fn device_for(
     recipe: &mopt_recipe::Recipe,
     flag: &Option<String>,
 ) -> Result<DeviceSpec, TrainError> {
-    let spec = match flag {
-        Some(name) => {
-            DeviceSpec::parse(name).map_err(|e| TrainError::Input(format!("--device: {e}")))?
-        }
-        None => DeviceSpec::parse(&recipe.run.device).map_err(|e| {
-            TrainError::Input(format!("{}: run.device: {e}", recipe.path.display()))
-        })?,
-    };
-    // Open it now: a missing GPU fails before a run folder exists.
-    spec.open()?;
-    Ok(spec)
+    mopt_stages::recipe_device(recipe, flag.as_deref())
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {

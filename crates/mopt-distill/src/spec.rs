@@ -117,6 +117,93 @@ pub struct DistillSpec {
     pub matches: Vec<MatchSpec>,
 }
 
+impl MatchSpec {
+    /// A match with a recipe's defaults: weight 1, no projection, head counts must agree, all
+    /// tokens, every epoch (word-embedding matches compare 4096 vocabulary rows per step).
+    ///
+    /// ```
+    /// use mopt_distill::spec::{Feature, LayerMap, MatchLoss, MatchSpec};
+    /// let m = MatchSpec::new(Feature::Hidden, MatchLoss::Cosine, LayerMap::Pairs(vec![(1, 2), (2, 5)]))
+    ///     .weight(0.5);
+    /// assert_eq!((m.weight, m.projection), (0.5, false));
+    /// ```
+    pub fn new(feature: Feature, loss: MatchLoss, layers: LayerMap) -> Self {
+        Self {
+            feature,
+            loss,
+            layers,
+            weight: 1.0,
+            projection: false,
+            heads: HeadPolicy::Error,
+            tokens: Tokens::All,
+            until_epoch: None,
+            rows: if feature == Feature::WordEmbeddings {
+                4096
+            } else {
+                0
+            },
+            index: 0,
+        }
+    }
+
+    pub fn weight(mut self, weight: f64) -> Self {
+        self.weight = weight;
+        self
+    }
+
+    /// Learn a linear projection from the student's width to the teacher's.
+    pub fn projection(mut self) -> Self {
+        self.projection = true;
+        self
+    }
+
+    pub fn heads(mut self, heads: HeadPolicy) -> Self {
+        self.heads = heads;
+        self
+    }
+
+    pub fn tokens(mut self, tokens: Tokens) -> Self {
+        self.tokens = tokens;
+        self
+    }
+
+    /// Match in epochs 1..=`epoch` only (TinyBERT's two-stage schedule).
+    pub fn until_epoch(mut self, epoch: usize) -> Self {
+        self.until_epoch = Some(epoch);
+        self
+    }
+
+    /// Vocabulary rows compared per step (word-embedding matches).
+    pub fn rows(mut self, rows: usize) -> Self {
+        self.rows = rows;
+        self
+    }
+}
+
+impl Default for DistillSpec {
+    /// A recipe's defaults: KD on, α = 0.5, T = 4, KL, teacher cache on, no twin, no matches.
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            alpha: Schedule::Constant(0.5),
+            temperature: Schedule::Constant(4.0),
+            soft_loss: SoftLoss::Kl,
+            teacher_cache: true,
+            baseline: false,
+            matches: Vec::new(),
+        }
+    }
+}
+
+impl DistillSpec {
+    /// Add an intermediate match (its position in the list names it in messages).
+    pub fn with_match(mut self, mut m: MatchSpec) -> Self {
+        m.index = self.matches.len();
+        self.matches.push(m);
+        self
+    }
+}
+
 impl Schedule {
     /// The schedule as a recipe writes it: `0.5` or `{ from = 0.7, to = 0.3 }`.
     pub fn to_toml(&self) -> String {

@@ -8,8 +8,9 @@ use crate::spec::{DistillSpec, Feature};
 use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::prelude::*;
 use mopt_data::{Batcher, Encoded, TextBatch};
-use mopt_models::bert::{BertForSequenceClassification, ForwardOptions};
-use mopt_train::trainer::{Replica, Task};
+use mopt_models::bert::{BertForSequenceClassification, BertOutputs, ForwardOptions};
+use mopt_train::trainer::{Parts, Replica, Task};
+use std::sync::Arc;
 
 use crate::cache::{live_batch, TeacherCache};
 use crate::loss::soft_loss;
@@ -31,6 +32,11 @@ pub enum TeacherSource {
     None,
 }
 
+/// A loss term added to the distillation objective (Rust API): it receives the student's
+/// outputs the objective already computed (logits, and whatever the matches asked for) and the
+/// batch, and returns the term to add and named parts to log.
+pub type ExtraTerm = Arc<dyn Fn(&BertOutputs, &TextBatch) -> (Tensor<1>, Parts) + Send + Sync>;
+
 pub struct DistillTask {
     pub spec: DistillSpec,
     pub plan: MatchPlan,
@@ -41,6 +47,8 @@ pub struct DistillTask {
     epoch: usize,
     /// The teacher's word-embedding table `[vocab, hidden_t]` (word-embedding matches).
     teacher_words: Option<Tensor<2>>,
+    /// A term of the caller's, added to the student's loss (not the twin's).
+    extra: Option<ExtraTerm>,
 }
 
 impl DistillTask {
@@ -53,9 +61,16 @@ impl DistillTask {
             opts: ForwardOptions::default(),
             epoch: 1,
             teacher_words: None,
+            extra: None,
         };
         task.begin_epoch(1);
         task
+    }
+
+    /// Add a loss term of the caller's (see [`ExtraTerm`]).
+    pub fn with_extra(mut self, term: Option<ExtraTerm>) -> Self {
+        self.extra = term;
+        self
     }
 
     /// Give the task the teacher's word-embedding table (`[vocab, hidden_t]`, on the training
@@ -133,20 +148,41 @@ impl DistillTask {
         }
     }
 
-    /// Loss and components for a batch (also used by tests to compare cached and live teachers).
+    /// Loss and components for a batch (also used by tests to compare cached and live teachers),
+    /// the caller's extra term included.
     pub fn objective(
         &self,
         model: &DistillModel,
         b: &TextBatch,
         indices: &[usize],
         progress: f64,
-    ) -> (Tensor<1>, Vec<(&'static str, f64)>) {
+    ) -> (Tensor<1>, Parts) {
         let out = model.student.forward_with(
             b.input_ids.clone(),
             b.attention_mask.clone(),
             b.token_type_ids.clone(),
             self.opts,
         );
+        let (loss, mut parts) = self.terms(model, &out, b, indices, progress);
+        match &self.extra {
+            None => (loss, parts),
+            Some(term) => {
+                let (extra, more) = term(&out, b);
+                parts.extend(more);
+                (loss + extra, parts)
+            }
+        }
+    }
+
+    /// mopt's own terms on the student's outputs `out`.
+    fn terms(
+        &self,
+        model: &DistillModel,
+        out: &BertOutputs,
+        b: &TextBatch,
+        indices: &[usize],
+        progress: f64,
+    ) -> (Tensor<1>, Parts) {
         let ce = self.ce.forward(out.logits.clone(), b.labels.clone());
         let ce_v: f32 = ce.clone().into_scalar();
         let seq = b.input_ids.dims()[1];
@@ -180,7 +216,7 @@ impl DistillTask {
         for m in self.active_matches() {
             let l = match_loss(
                 m,
-                &out,
+                out,
                 &teacher,
                 &model.projections,
                 &b.attention_mask,
@@ -253,6 +289,61 @@ impl DistillTask {
             opts: self.opts,
             epoch: self.epoch,
             teacher_words: self.teacher_words.clone().map(|t| t.to_device(device)),
+            extra: self.extra.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mopt_models::bert::BertConfig;
+
+    #[test]
+    fn an_extra_term_reads_the_computed_outputs_and_adds_to_the_loss() {
+        let dev = Device::flex();
+        let c = BertConfig {
+            hidden_dropout_prob: 0.0,
+            attention_probs_dropout_prob: 0.0,
+            ..BertConfig::tiny(50, 3)
+        };
+        dev.seed(1);
+        let model = DistillModel::new(BertForSequenceClassification::new(&c, &dev), &[], &dev);
+        let items = [
+            Encoded {
+                ids: vec![1, 5, 7, 2],
+                label: 0,
+            },
+            Encoded {
+                ids: vec![1, 9, 2],
+                label: 2,
+            },
+        ];
+        let b = Batcher::new(0).batch(&items.iter().collect::<Vec<_>>(), &dev);
+        let spec = DistillSpec {
+            enabled: false,
+            ..DistillSpec::default()
+        };
+        let plan = MatchPlan {
+            matches: Vec::new(),
+            projections: Vec::new(),
+            needs: TeacherNeeds::default(),
+        };
+        let plain = DistillTask::new(spec.clone(), plan.clone(), TeacherSource::None, &dev);
+        let (base, _) = plain.objective(&model, &b, &[0, 1], 0.0);
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let term: ExtraTerm = Arc::new(move |out, _b| {
+            log.lock().unwrap().push(out.logits.dims());
+            let mean: Tensor<1> = out.logits.clone().mean();
+            (mean.mul_scalar(0.0).add_scalar(2.5), vec![("extra", 2.5)])
+        });
+        let with = DistillTask::new(spec, plan, TeacherSource::None, &dev).with_extra(Some(term));
+        let (loss, parts) = with.objective(&model, &b, &[0, 1], 0.0);
+        let (a, z): (f32, f32) = (base.into_scalar(), loss.into_scalar());
+        assert!((z - a - 2.5).abs() < 1e-5, "{a} + 2.5 != {z}");
+        assert!(parts.contains(&("extra", 2.5)));
+        // The term read the logits of this forward pass: no second student forward.
+        assert_eq!(*seen.lock().unwrap(), vec![[2, 3]]);
     }
 }

@@ -76,6 +76,25 @@ pub struct GateSpec {
 }
 
 impl GateSpec {
+    /// Accuracy may drop at most `max_drop` (absolute: 0.02 = 2 points) against `against`; a
+    /// failing stage is rolled back.
+    pub fn max_drop(max_drop: f64, against: GateReference) -> Self {
+        Self {
+            metric: GateMetric::Accuracy,
+            against,
+            max_drop: Some(max_drop),
+            max_relative_drop: None,
+            max_logit_error: None,
+            on_fail: OnFail::Rollback,
+        }
+    }
+
+    /// The same gate with another action on failure.
+    pub fn on_fail(mut self, on_fail: OnFail) -> Self {
+        self.on_fail = on_fail;
+        self
+    }
+
     /// The gate as a recipe writes it: `{ max-drop = 0.03, against = "baseline", on-fail = "rollback" }`.
     pub fn to_toml(&self) -> String {
         let mut parts = vec![format!("metric = \"{}\"", self.metric.name())];

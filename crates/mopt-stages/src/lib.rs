@@ -40,7 +40,7 @@ use std::path::Path;
 
 pub use error::StageError;
 pub use report::PipelineReport;
-pub use runner::{obtain_checkpoint, GoldenReference, RunOptions};
+pub use runner::{obtain_checkpoint, recipe_device, recipe_devices, GoldenReference, RunOptions};
 pub use stage::{kinds, Stage, StageContext, StageKind, StageOutput, StagePlan};
 
 use mopt_recipe::{Recipe, StageEntry, TrainSpec};

@@ -53,6 +53,45 @@ impl RunOptions {
     }
 }
 
+/// The recipe's device (`[run] device`, or `flag` when given: a `--device` value), opened now so
+/// that a missing GPU fails before a run folder exists.
+pub fn recipe_device(recipe: &Recipe, flag: Option<&str>) -> Result<DeviceSpec, TrainError> {
+    let spec = match flag {
+        Some(name) => {
+            DeviceSpec::parse(name).map_err(|e| TrainError::Input(format!("--device: {e}")))?
+        }
+        None => DeviceSpec::parse(&recipe.run.device).map_err(|e| {
+            TrainError::Input(format!("{}: run.device: {e}", recipe.path.display()))
+        })?,
+    };
+    spec.open()?;
+    Ok(spec)
+}
+
+/// The main device and the data-parallel replicas (`[run] devices`), each opened.
+pub fn recipe_devices(
+    recipe: &Recipe,
+    flag: Option<&str>,
+) -> Result<(DeviceSpec, Vec<DeviceSpec>), TrainError> {
+    let (main, replicas) = recipe_device(recipe, flag)?.data_parallel(&recipe.run.devices);
+    for d in std::iter::once(&main).chain(&replicas) {
+        d.open()?;
+    }
+    Ok((main, replicas))
+}
+
+impl Pipeline {
+    /// Run options as the binary builds them for this recipe: `[run] device` and `devices`
+    /// (opened), reuse of other runs' stages on; no `--force`, `--resume` or `--max-steps`.
+    pub fn options(&self) -> Result<RunOptions, StageError> {
+        let (device, replicas) = recipe_devices(&self.recipe, None)?;
+        Ok(RunOptions {
+            replicas,
+            ..RunOptions::new(device)
+        })
+    }
+}
+
 /// The golden reference: the baseline's logits on the first validation examples.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct GoldenReference {

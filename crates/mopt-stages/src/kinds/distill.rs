@@ -3,10 +3,9 @@
 //! hard-label twin (same init, same budget, no teacher) is trained too when `baseline = true`.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use burn::prelude::*;
-use mopt_data::{LabelMap, TextBatch};
+use mopt_data::LabelMap;
 use mopt_distill::matching::MatchPlan;
 use mopt_distill::pipeline::{
     check_compat, init_student, teacher_source, with_word_table, TeacherOutputs,
@@ -14,10 +13,10 @@ use mopt_distill::pipeline::{
 use mopt_distill::spec::*;
 use mopt_distill::{DistillModel, DistillTask, TeacherSource};
 use mopt_models::bert::setup::model_config;
-use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
+use mopt_models::bert::{weights, BertConfig};
 use mopt_recipe::raw::RawModel;
 use mopt_recipe::{model_spec, ModelSpec, RecipeError, Scope, StageEntry, TrainSpec};
-use mopt_train::trainer::{fit, RunContext, Task};
+use mopt_train::trainer::{fit, RunContext};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -305,10 +304,7 @@ fn distill_spec(
     ))
 }
 
-/// A loss term added to the distillation objective (Rust API): returns the term to add and
-/// named parts to log.
-pub type ExtraTerm =
-    Arc<dyn Fn(&DistillModel, &TextBatch) -> (Tensor<1>, Vec<(&'static str, f64)>) + Send + Sync>;
+pub use mopt_distill::task::ExtraTerm;
 
 /// A distill stage, validated.
 #[derive(Clone)]
@@ -384,53 +380,6 @@ impl StageKind for Distill {
 
     fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
         Ok(Box::new(DistillStage::from_entry(entry)?))
-    }
-}
-
-/// mopt's distillation objective plus an optional extra term.
-struct Objective {
-    inner: DistillTask,
-    extra: Option<ExtraTerm>,
-}
-
-impl Task for Objective {
-    type Model = DistillModel;
-    type Classifier = BertForSequenceClassification;
-
-    fn loss(
-        &mut self,
-        model: &DistillModel,
-        b: &TextBatch,
-        indices: &[usize],
-        progress: f64,
-    ) -> (Tensor<1>, Vec<(&'static str, f64)>) {
-        let (loss, mut parts) = self.inner.loss(model, b, indices, progress);
-        match &self.extra {
-            None => (loss, parts),
-            Some(term) => {
-                let (extra, more) = term(model, b);
-                parts.extend(more);
-                (loss + extra, parts)
-            }
-        }
-    }
-
-    fn classifier<'a>(&self, model: &'a DistillModel) -> &'a BertForSequenceClassification {
-        &model.student
-    }
-
-    fn begin_epoch(&mut self, epoch: usize) {
-        self.inner.begin_epoch(epoch);
-    }
-
-    fn replicate(
-        &self,
-        device: &Device,
-    ) -> Option<mopt_train::trainer::Replica<DistillModel, BertForSequenceClassification>> {
-        Some(Box::new(Objective {
-            inner: self.inner.replica(device),
-            extra: self.extra.clone(),
-        }))
     }
 }
 
@@ -618,15 +567,13 @@ impl Stage for DistillStage {
             self.spec.alpha.to_toml(),
             self.spec.temperature.to_toml()
         );
-        let task = Objective {
-            inner: with_word_table(
-                DistillTask::new(self.spec.clone(), plan.clone(), source, &ad),
-                &plan,
-                &teacher,
-                &ad,
-            ),
-            extra: self.extra.clone(),
-        };
+        let task = with_word_table(
+            DistillTask::new(self.spec.clone(), plan.clone(), source, &ad),
+            &plan,
+            &teacher,
+            &ad,
+        )
+        .with_extra(self.extra.clone());
         let training = fit(&run, task, model)?;
         let mut references = Vec::new();
         let mut notes = vec![format!(
