@@ -2,6 +2,8 @@
 //! per-tensor uint8 `QuantizeLinear`/`DequantizeLinear`, and a Rust reference that quantizes with
 //! the same rounding (half to even) as ONNX.
 
+use mopt_quant::fake::{fake_quant_value, quantize};
+
 use crate::graph::{int, GraphBuilder};
 use crate::onnx::{dtype, value_info, Dim, ModelProto};
 
@@ -31,15 +33,9 @@ pub struct QdqMlp {
     pub acts: Vec<ActQuant>,
 }
 
-/// Round half to even, as ONNX `QuantizeLinear` does.
-pub fn round_half_even(x: f32) -> f32 {
-    x.round_ties_even()
-}
-
-/// `dq(q(x))` with uint8 saturation.
+/// `dq(q(x))` with uint8 saturation: mopt-quant's ONNX-exact rounding (half to even).
 pub fn fake_quant(x: f32, a: ActQuant) -> f32 {
-    let q = (round_half_even(x / a.scale) + a.zero_point as f32).clamp(0.0, 255.0);
-    (q - a.zero_point as f32) * a.scale
+    fake_quant_value(x, a.scale, a.zero_point as i32, 0, 255)
 }
 
 impl QuantLinear {
@@ -48,7 +44,7 @@ impl QuantLinear {
         self.bias
             .iter()
             .zip(&self.weight_scale)
-            .map(|(b, ws)| round_half_even(b / (input_scale * ws)) as i32)
+            .map(|(b, ws)| quantize(*b, input_scale * ws, 0, i32::MIN, i32::MAX))
             .collect()
     }
 }
@@ -167,12 +163,37 @@ mod tests {
 
     #[test]
     fn rounding_is_half_to_even_and_saturates() {
-        assert_eq!(round_half_even(0.5), 0.0);
-        assert_eq!(round_half_even(1.5), 2.0);
-        assert_eq!(round_half_even(2.5), 2.0);
-        assert_eq!(round_half_even(-0.5), -0.0);
-        assert_eq!(round_half_even(-1.5), -2.0);
-        assert_eq!(round_half_even(1.4), 1.0);
+        let unit = ActQuant {
+            scale: 1.0,
+            zero_point: 128,
+        };
+        for (x, want) in [
+            (0.5, 0.0),
+            (1.5, 2.0),
+            (2.5, 2.0),
+            (-0.5, 0.0),
+            (-1.5, -2.0),
+            (1.4, 1.0),
+        ] {
+            assert_eq!(fake_quant(x, unit), want, "{x}");
+        }
+        let q = QuantLinear {
+            d_in: 1,
+            d_out: 1,
+            weight: vec![1],
+            weight_scale: vec![0.5],
+            bias: vec![0.25],
+        };
+        // 0.25 / (0.5 · 0.5) = 1; 0.375 / 0.25 = 1.5 rounds to 2.
+        assert_eq!(q.bias_q(0.5), vec![1]);
+        assert_eq!(
+            QuantLinear {
+                bias: vec![0.375],
+                ..q
+            }
+            .bias_q(0.5),
+            vec![2]
+        );
         let a = ActQuant {
             scale: 0.1,
             zero_point: 128,

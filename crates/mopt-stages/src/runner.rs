@@ -133,6 +133,25 @@ fn copy_checkpoint(from: &Path, to: &Path) -> Result<(), StageError> {
     std::fs::rename(&tmp, to).map_err(io(to))
 }
 
+/// `golden.json`: the baseline's logits on the first validation examples.
+fn write_golden(
+    run_dir: &Path,
+    baseline: &StageRecord,
+    golden: &[mopt_data::Encoded],
+    logits: &[Vec<f32>],
+) -> Result<(), StageError> {
+    write_json_atomic(
+        &run_dir.join("golden.json"),
+        &GoldenReference {
+            baseline: baseline.model.checkpoint.clone(),
+            baseline_sha256: baseline.model.sha256.clone(),
+            examples: golden.len(),
+            input_ids: golden.iter().map(|e| e.ids.clone()).collect(),
+            logits: logits.to_vec(),
+        },
+    )
+}
+
 /// Prepare the run folder: refuse, replace, or resume an existing one.
 fn open_run_dir(recipe: &Recipe, dir: &Path, opts: &RunOptions) -> Result<(), StageError> {
     let copy = dir.join("recipe.toml");
@@ -182,19 +201,7 @@ impl Pipeline {
 
         // The baseline: the teacher (trained first when missing) or the recipe's [model].
         let base_dir = run_dir.join("00-baseline");
-        std::fs::create_dir_all(&base_dir).map_err(io(&base_dir))?;
-        let (baseline_ckpt, baseline_note) = self.baseline_checkpoint(&base_dir, opts)?;
-        let labels = match &baseline_ckpt {
-            Some(c) => Some(LabelMap::load(&c.join("labels.json")).map_err(TrainError::from)?),
-            None => None,
-        };
-        eprintln!("preparing data ({})", recipe.data.source_label());
-        let prepared = prepare_data(&recipe.tokenizer, &recipe.data, labels)?;
-        describe_data(&shown(&recipe.path), &prepared.data)?;
-        let baseline_ckpt = match baseline_ckpt {
-            Some(c) => c,
-            None => self.build_baseline(&base_dir, &prepared, opts)?,
-        };
+        let (prepared, baseline_ckpt, baseline_note) = self.data_and_baseline(&base_dir, opts)?;
         let golden_n = recipe
             .evaluation
             .golden_samples
@@ -211,142 +218,27 @@ impl Pipeline {
         };
         let (baseline, baseline_logits) =
             self.baseline_record(&base_dir, &baseline_ckpt, &baseline_note, &ev, opts)?;
-        let golden_path = run_dir.join("golden.json");
-        write_json_atomic(
-            &golden_path,
-            &GoldenReference {
-                baseline: baseline.model.checkpoint.clone(),
-                baseline_sha256: baseline.model.sha256.clone(),
-                examples: golden.len(),
-                input_ids: golden.iter().map(|e| e.ids.clone()).collect(),
-                logits: baseline_logits.clone(),
-            },
-        )?;
+        write_golden(&run_dir, &baseline, golden, &baseline_logits)?;
 
         let extras = TextExtras {
             labels: &prepared.data.labels,
             tokenizer_file: &prepared.tokenizer.path,
         };
-        let mut records = vec![baseline.clone()];
-        let mut current = Current {
-            dir: baseline_ckpt.clone(),
-            facts: baseline.model.clone(),
-            logits: baseline_logits.clone(),
+        let shared = RunShared {
+            pipeline: self,
+            opts,
+            train_opts: &train_opts,
+            run_dir: &run_dir,
+            prepared: &prepared,
+            golden,
+            extras: &extras,
+            ev: &ev,
+            baseline_ckpt: &baseline_ckpt,
+            baseline: &baseline,
+            baseline_logits: &baseline_logits,
+            chain: &chain,
         };
-        let mut aborted: Option<(usize, String, String)> = None;
-        let mut earlier: Vec<(String, PathBuf)> = vec![("baseline".into(), baseline_ckpt.clone())];
-        for (entry, stage) in &self.stages {
-            let dir = run_dir.join(entry.dir_name());
-            let reused = if opts.resume {
-                reuse(&dir, &current)?
-            } else {
-                None
-            };
-            let (record, out_logits, out_dir) = match reused {
-                Some(r) => r,
-                None => {
-                    if dir.exists() {
-                        std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
-                    }
-                    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-                    eprintln!("stage {} ({}): {}", entry.index, entry.kind, entry.name);
-                    let t0 = Instant::now();
-                    let cx = StageContext {
-                        entry,
-                        device: &opts.device,
-                        data: &prepared.data,
-                        data_spec: &recipe.data,
-                        tokenizer: &recipe.tokenizer,
-                        tokenizer_file: &prepared.tokenizer.path,
-                        pad_id: prepared.tokenizer.pad_id,
-                        vocab: prepared.tokenizer.vocab_size(),
-                        evaluation: &recipe.evaluation,
-                        seed: recipe.run.seed,
-                        opts: &train_opts,
-                        baseline: &baseline_ckpt,
-                        golden,
-                        baseline_valid: &baseline.model.valid,
-                        input_valid: &current.facts.valid,
-                        input_logits: &current.logits,
-                        earlier: &earlier,
-                        dir: &dir,
-                        extras: &extras,
-                    };
-                    let reuse_key = crate::donor::reuse_key(
-                        stage.reuse_key(),
-                        entry,
-                        &crate::donor::Shared {
-                            data: &recipe.data,
-                            tokenizer: &recipe.tokenizer,
-                            seed: recipe.run.seed,
-                        },
-                    );
-                    let donor = (opts.reuse && opts.max_steps.is_none())
-                        .then_some(reuse_key.as_deref())
-                        .flatten()
-                        .and_then(|key| {
-                            let w = crate::donor::Wanted {
-                                index: entry.index,
-                                kind: &entry.kind,
-                                key,
-                                input_sha256: &current.facts.sha256,
-                                baseline_sha256: &baseline.model.sha256,
-                            };
-                            crate::donor::find(run_dir.parent()?, &run_dir, &w)
-                        });
-                    let out = match donor {
-                        Some(d) => d.into_output(),
-                        None => stage.run(&current.dir, &cx)?,
-                    };
-                    let settings = chain.stages[entry.index - 1].settings.clone();
-                    let r = finish_stage(
-                        entry,
-                        settings,
-                        &current,
-                        &baseline,
-                        &baseline_logits,
-                        out,
-                        &ev,
-                        &dir,
-                        Provenance {
-                            t0,
-                            max_steps: opts.max_steps,
-                            reuse_key,
-                        },
-                    )?;
-                    eprintln!(
-                        "stage {} ({}): {} — {}",
-                        entry.index,
-                        entry.name,
-                        r.0.decision.action.label(),
-                        r.0.decision.reason
-                    );
-                    r
-                }
-            };
-            earlier.push((entry.name.clone(), out_dir.clone()));
-            match record.decision.action {
-                Action::Kept | Action::Baseline => {
-                    current = Current {
-                        dir: out_dir,
-                        facts: record.model.clone(),
-                        logits: out_logits,
-                    };
-                }
-                Action::RolledBack => {}
-                Action::Aborted => {
-                    aborted = Some((
-                        entry.index,
-                        entry.name.clone(),
-                        record.decision.reason.clone(),
-                    ));
-                }
-            }
-            records.push(record);
-            if aborted.is_some() {
-                break;
-            }
-        }
+        let (records, current, aborted) = shared.run_chain()?;
 
         let final_dir = run_dir.join("best");
         copy_checkpoint(&current.dir, &final_dir)?;
@@ -368,6 +260,31 @@ impl Pipeline {
             });
         }
         Ok(report)
+    }
+
+    /// The data, prepared with the baseline's label map when it has one, and the baseline
+    /// checkpoint (a teacher, trained first when missing, or the recipe's `[model]` built and
+    /// saved into `base_dir`) with a note for the report.
+    fn data_and_baseline(
+        &self,
+        base_dir: &Path,
+        opts: &RunOptions,
+    ) -> Result<(PreparedData, PathBuf, String), StageError> {
+        let recipe = &self.recipe;
+        std::fs::create_dir_all(base_dir).map_err(io(base_dir))?;
+        let (baseline_ckpt, baseline_note) = self.baseline_checkpoint(base_dir, opts)?;
+        let labels = match &baseline_ckpt {
+            Some(c) => Some(LabelMap::load(&c.join("labels.json")).map_err(TrainError::from)?),
+            None => None,
+        };
+        eprintln!("preparing data ({})", recipe.data.source_label());
+        let prepared = prepare_data(&recipe.tokenizer, &recipe.data, labels)?;
+        describe_data(&shown(&recipe.path), &prepared.data)?;
+        let baseline_ckpt = match baseline_ckpt {
+            Some(c) => c,
+            None => self.build_baseline(base_dir, &prepared, opts)?,
+        };
+        Ok((prepared, baseline_ckpt, baseline_note))
     }
 
     /// The teacher checkpoint, trained first when missing (`None`: the baseline is built from
@@ -513,6 +430,180 @@ impl Pipeline {
         write_json_atomic(&logits_path, &logits)?;
         write_json_atomic(&path, &r)?;
         Ok((r, logits))
+    }
+}
+
+/// The stage that aborted a run: its index, name and the gate's reason.
+type Aborted = (usize, String, String);
+
+/// What every stage of a run shares.
+struct RunShared<'a> {
+    pipeline: &'a Pipeline,
+    opts: &'a RunOptions,
+    train_opts: &'a TrainOptions,
+    run_dir: &'a Path,
+    prepared: &'a PreparedData,
+    golden: &'a [mopt_data::Encoded],
+    extras: &'a TextExtras<'a>,
+    ev: &'a Evaluator<'a>,
+    baseline_ckpt: &'a Path,
+    baseline: &'a StageRecord,
+    baseline_logits: &'a [Vec<f32>],
+    chain: &'a crate::plan::ChainPlan,
+}
+
+impl RunShared<'_> {
+    /// Every stage in order, each on the last passing model: its records, the final current
+    /// model, and the stage that aborted the run, if one did.
+    fn run_chain(&self) -> Result<(Vec<StageRecord>, Current, Option<Aborted>), StageError> {
+        let mut records = vec![self.baseline.clone()];
+        let mut current = Current {
+            dir: self.baseline_ckpt.to_path_buf(),
+            facts: self.baseline.model.clone(),
+            logits: self.baseline_logits.to_vec(),
+        };
+        let mut aborted: Option<(usize, String, String)> = None;
+        let mut earlier: Vec<(String, PathBuf)> =
+            vec![("baseline".into(), self.baseline_ckpt.to_path_buf())];
+        for (entry, stage) in &self.pipeline.stages {
+            let dir = self.run_dir.join(entry.dir_name());
+            let reused = if self.opts.resume {
+                reuse(&dir, &current)?
+            } else {
+                None
+            };
+            let (record, out_logits, out_dir) = match reused {
+                Some(r) => r,
+                None => self.run_stage(entry, stage.as_ref(), &current, &earlier)?,
+            };
+            earlier.push((entry.name.clone(), out_dir.clone()));
+            match record.decision.action {
+                Action::Kept | Action::Baseline => {
+                    current = Current {
+                        dir: out_dir,
+                        facts: record.model.clone(),
+                        logits: out_logits,
+                    };
+                }
+                Action::RolledBack => {}
+                Action::Aborted => {
+                    aborted = Some((
+                        entry.index,
+                        entry.name.clone(),
+                        record.decision.reason.clone(),
+                    ));
+                }
+            }
+            records.push(record);
+            if aborted.is_some() {
+                break;
+            }
+        }
+
+        Ok((records, current, aborted))
+    }
+
+    /// Run `stage` on the current model (or take the output another run finished with the same
+    /// reuse key), then measure and judge it; its folder is made afresh.
+    fn run_stage(
+        &self,
+        entry: &mopt_recipe::StageEntry,
+        stage: &dyn crate::Stage,
+        current: &Current,
+        earlier: &[(String, PathBuf)],
+    ) -> Result<Finished, StageError> {
+        let (recipe, opts, prepared) = (&self.pipeline.recipe, self.opts, self.prepared);
+        let dir = self.run_dir.join(entry.dir_name());
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        }
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        eprintln!("stage {} ({}): {}", entry.index, entry.kind, entry.name);
+        let t0 = Instant::now();
+        let cx = StageContext {
+            entry,
+            device: &opts.device,
+            data: &prepared.data,
+            data_spec: &recipe.data,
+            tokenizer: &recipe.tokenizer,
+            tokenizer_file: &prepared.tokenizer.path,
+            pad_id: prepared.tokenizer.pad_id,
+            vocab: prepared.tokenizer.vocab_size(),
+            evaluation: &recipe.evaluation,
+            seed: recipe.run.seed,
+            opts: self.train_opts,
+            baseline: self.baseline_ckpt,
+            golden: self.golden,
+            baseline_valid: &self.baseline.model.valid,
+            input_valid: &current.facts.valid,
+            input_logits: &current.logits,
+            earlier,
+            dir: &dir,
+            extras: self.extras,
+        };
+        let (reuse_key, donor) = self.donor(entry, stage, current);
+        let out = match donor {
+            Some(d) => d.into_output(),
+            None => stage.run(&current.dir, &cx)?,
+        };
+        let settings = self.chain.stages[entry.index - 1].settings.clone();
+        let prov = Provenance {
+            t0,
+            max_steps: opts.max_steps,
+            reuse_key,
+        };
+        let r = finish_stage(
+            entry,
+            settings,
+            current,
+            self.baseline,
+            self.baseline_logits,
+            out,
+            self.ev,
+            &dir,
+            prov,
+        )?;
+        let d = &r.0.decision;
+        eprintln!(
+            "stage {} ({}): {} — {}",
+            entry.index,
+            entry.name,
+            d.action.label(),
+            d.reason
+        );
+        Ok(r)
+    }
+
+    /// The stage's reuse key, and a finished stage of another run in the same output folder
+    /// with that key, the same input and the same baseline (not with `--no-reuse` or in smoke
+    /// runs).
+    fn donor(
+        &self,
+        entry: &mopt_recipe::StageEntry,
+        stage: &dyn crate::Stage,
+        current: &Current,
+    ) -> (Option<String>, Option<crate::donor::Donor>) {
+        let recipe = &self.pipeline.recipe;
+        let shared = crate::donor::Shared {
+            data: &recipe.data,
+            tokenizer: &recipe.tokenizer,
+            seed: recipe.run.seed,
+        };
+        let key = crate::donor::reuse_key(stage.reuse_key(), entry, &shared);
+        if !self.opts.reuse || self.opts.max_steps.is_some() {
+            return (key, None);
+        }
+        let donor = key.as_deref().and_then(|key| {
+            let w = crate::donor::Wanted {
+                index: entry.index,
+                kind: &entry.kind,
+                key,
+                input_sha256: &current.facts.sha256,
+                baseline_sha256: &self.baseline.model.sha256,
+            };
+            crate::donor::find(self.run_dir.parent()?, self.run_dir, &w)
+        });
+        (key, donor)
     }
 }
 

@@ -143,6 +143,12 @@ where
         points,
         stopped_early,
     };
+    write_results(&result, run_dir)?;
+    Ok(result)
+}
+
+/// `lr-find.csv` (one line a step) and `lr-find.json` in `run_dir`.
+fn write_results(result: &LrFindResult, run_dir: &Path) -> Result<(), TrainError> {
     let mut csv = String::from("step,lr,loss,smoothed\n");
     for p in &result.points {
         csv.push_str(&format!(
@@ -155,10 +161,10 @@ where
     let json_path = run_dir.join("lr-find.json");
     std::fs::write(
         &json_path,
-        serde_json::to_string_pretty(&result).expect("json"),
+        serde_json::to_string_pretty(result).expect("json"),
     )
     .map_err(|e| TrainError::io(&json_path, e))?;
-    Ok(result)
+    Ok(())
 }
 
 #[cfg(test)]

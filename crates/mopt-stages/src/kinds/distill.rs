@@ -71,6 +71,199 @@ struct RawMatch {
     rows: Option<usize>,
 }
 
+/// A match's feature and loss (the loss defaulting by feature), checked against each other.
+fn feature_and_loss(
+    cx: &Scope,
+    index: usize,
+    m: &RawMatch,
+) -> Result<(Feature, MatchLoss), RecipeError> {
+    let key = |k: &str| format!("match.{k}");
+    let feature =
+        match m.feature.as_str() {
+            "hidden" => Feature::Hidden,
+            "attention" | "attention-probs" => Feature::AttentionProbs,
+            "attention-scores" => Feature::AttentionScores,
+            "embeddings" => Feature::Embeddings,
+            "word-embeddings" => Feature::WordEmbeddings,
+            other => return Err(cx.err(
+                &key("feature"),
+                format!("match {index}: unknown feature `{other}`"),
+                "use `hidden`, `attention`, `attention-scores`, `embeddings` or `word-embeddings`",
+            )),
+        };
+    let default_loss = match feature {
+        Feature::AttentionProbs => "kl",
+        _ => "mse",
+    };
+    let loss = match m.loss.as_deref().unwrap_or(default_loss) {
+        "mse" => MatchLoss::Mse,
+        "cosine" => MatchLoss::Cosine,
+        "kl" => MatchLoss::Kl,
+        other => {
+            return Err(cx.err(
+                &key("loss"),
+                format!("match {index}: unknown loss `{other}`"),
+                "use `mse`, `cosine` or `kl`",
+            ))
+        }
+    };
+    let ok = matches!(
+        (feature, loss),
+        (Feature::Hidden, MatchLoss::Mse | MatchLoss::Cosine)
+            | (
+                Feature::Embeddings | Feature::WordEmbeddings,
+                MatchLoss::Mse | MatchLoss::Cosine
+            )
+            | (Feature::AttentionProbs, MatchLoss::Kl)
+            | (Feature::AttentionScores, MatchLoss::Mse)
+    );
+    if !ok {
+        return Err(cx.err(
+            &key("loss"),
+            format!("match {index}: loss {loss:?} does not apply to {feature:?}"),
+            "hidden/embeddings/word-embeddings: mse or cosine; attention: kl; attention-scores: mse",
+        ));
+    }
+    Ok((feature, loss))
+}
+
+/// A match's layer map (tables take none).
+fn layer_map(
+    cx: &Scope,
+    index: usize,
+    feature: Feature,
+    layers: Option<RawLayers>,
+) -> Result<LayerMap, RecipeError> {
+    let key = |k: &str| format!("match.{k}");
+    let tables = matches!(feature, Feature::Embeddings | Feature::WordEmbeddings);
+    let layers = match layers {
+        None if tables => LayerMap::Pairs(vec![(0, 0)]),
+        Some(_) if tables => {
+            return Err(cx.err(
+                &key("layers"),
+                format!("match {index}: {feature:?} matches take no layer map"),
+                "leave `layers` out: embeddings are compared at the input of the encoder",
+            ))
+        }
+        None => {
+            return Err(cx.err(
+                &key("layers"),
+                format!("match {index}: `layers` is missing"),
+                "give `layers = \"uniform\"` or [student, teacher] pairs, e.g. [[2, 4], [3, 6]]",
+            ))
+        }
+        Some(RawLayers::Named(n)) if n == "uniform" => LayerMap::Uniform,
+        Some(RawLayers::Named(n)) => {
+            return Err(cx.err(
+                &key("layers"),
+                format!("match {index}: unknown layer map `{n}`"),
+                "use \"uniform\" or pairs [[student, teacher], ...]",
+            ))
+        }
+        Some(RawLayers::Pairs(p)) if p.is_empty() => {
+            return Err(cx.err(
+                &key("layers"),
+                format!("match {index}: empty layer map"),
+                "list [student, teacher] pairs",
+            ))
+        }
+        Some(RawLayers::Pairs(p)) => LayerMap::Pairs(p.into_iter().map(|[s, t]| (s, t)).collect()),
+    };
+    Ok(layers)
+}
+
+/// Validate one `[[stage.match]]` (`index`: its position, for messages).
+fn match_spec(
+    cx: &Scope,
+    index: usize,
+    m: RawMatch,
+    train: &TrainSpec,
+) -> Result<MatchSpec, RecipeError> {
+    let key = |k: &str| format!("match.{k}");
+    let (feature, loss) = feature_and_loss(cx, index, &m)?;
+    let layers = layer_map(cx, index, feature, m.layers)?;
+    let weight = m.weight.unwrap_or(1.0);
+    if !(weight >= 0.0 && weight.is_finite()) {
+        return Err(cx.err(
+            &key("weight"),
+            format!("match {index}: weight {weight} must be >= 0"),
+            "use e.g. 1.0",
+        ));
+    }
+    let heads = match m.heads.as_deref().unwrap_or("error") {
+        "error" => HeadPolicy::Error,
+        "mean" => HeadPolicy::Mean,
+        other => {
+            return Err(cx.err(
+                &key("heads"),
+                format!("match {index}: unknown head policy `{other}`"),
+                "use `mean` (average heads on both sides) or leave it out",
+            ))
+        }
+    };
+    let tokens = match m.tokens.as_deref().unwrap_or("all") {
+        "all" => Tokens::All,
+        "cls" => Tokens::Cls,
+        other => {
+            return Err(cx.err(
+                &key("tokens"),
+                format!("match {index}: unknown token selection `{other}`"),
+                "use `all` (every real token) or `cls` (the [CLS] token only)",
+            ))
+        }
+    };
+    if tokens == Tokens::Cls && feature != Feature::Hidden {
+        return Err(cx.err(
+            &key("tokens"),
+            format!("match {index}: `tokens = \"cls\"` applies to hidden-state matches only"),
+            "use it with `feature = \"hidden\"`, or leave `tokens` out",
+        ));
+    }
+    if let Some(u) = m.until_epoch {
+        if u == 0 || u >= train.epochs {
+            return Err(cx.err(
+                &key("until-epoch"),
+                format!(
+                    "match {index}: until-epoch = {u} must lie in 1..{e} ([train] epochs = {e})",
+                    e = train.epochs
+                ),
+                "the match is on in epochs 1..=until-epoch; leave it out to match in every epoch",
+            ));
+        }
+    }
+    let rows = match (feature, m.rows) {
+        (Feature::WordEmbeddings, None) => 4096,
+        (Feature::WordEmbeddings, Some(r)) if r > 0 => r,
+        (Feature::WordEmbeddings, Some(_)) => {
+            return Err(cx.err(
+                &key("rows"),
+                format!("match {index}: rows must be > 0"),
+                "use e.g. 4096 (vocabulary rows compared per step)",
+            ))
+        }
+        (_, Some(_)) => {
+            return Err(cx.err(
+                &key("rows"),
+                format!("match {index}: `rows` applies to word-embedding matches only"),
+                "leave `rows` out, or use it with `feature = \"word-embeddings\"`",
+            ))
+        }
+        (_, None) => 0,
+    };
+    Ok(MatchSpec {
+        feature,
+        loss,
+        layers,
+        weight,
+        projection: m.projection.unwrap_or(false),
+        heads,
+        tokens,
+        until_epoch: m.until_epoch,
+        rows,
+        index,
+    })
+}
+
 /// Validate a distill stage's own keys.
 fn distill_spec(
     cx: &Scope,
@@ -127,169 +320,12 @@ fn distill_spec(
             ))
         }
     };
-    let mut matches = Vec::new();
-    for (index, m) in d.matches.into_iter().enumerate() {
-        let key = |k: &str| format!("match.{k}");
-        let feature = match m.feature.as_str() {
-            "hidden" => Feature::Hidden,
-            "attention" | "attention-probs" => Feature::AttentionProbs,
-            "attention-scores" => Feature::AttentionScores,
-            "embeddings" => Feature::Embeddings,
-            "word-embeddings" => Feature::WordEmbeddings,
-            other => return Err(cx.err(
-                &key("feature"),
-                format!("match {index}: unknown feature `{other}`"),
-                "use `hidden`, `attention`, `attention-scores`, `embeddings` or `word-embeddings`",
-            )),
-        };
-        let default_loss = match feature {
-            Feature::AttentionProbs => "kl",
-            _ => "mse",
-        };
-        let loss = match m.loss.as_deref().unwrap_or(default_loss) {
-            "mse" => MatchLoss::Mse,
-            "cosine" => MatchLoss::Cosine,
-            "kl" => MatchLoss::Kl,
-            other => {
-                return Err(cx.err(
-                    &key("loss"),
-                    format!("match {index}: unknown loss `{other}`"),
-                    "use `mse`, `cosine` or `kl`",
-                ))
-            }
-        };
-        let ok = matches!(
-            (feature, loss),
-            (Feature::Hidden, MatchLoss::Mse | MatchLoss::Cosine)
-                | (
-                    Feature::Embeddings | Feature::WordEmbeddings,
-                    MatchLoss::Mse | MatchLoss::Cosine
-                )
-                | (Feature::AttentionProbs, MatchLoss::Kl)
-                | (Feature::AttentionScores, MatchLoss::Mse)
-        );
-        if !ok {
-            return Err(cx.err(
-                &key("loss"),
-                format!("match {index}: loss {loss:?} does not apply to {feature:?}"),
-                "hidden/embeddings/word-embeddings: mse or cosine; attention: kl; attention-scores: mse",
-            ));
-        }
-        let tables = matches!(feature, Feature::Embeddings | Feature::WordEmbeddings);
-        let layers = match m.layers {
-            None if tables => LayerMap::Pairs(vec![(0, 0)]),
-            Some(_) if tables => {
-                return Err(cx.err(
-                    &key("layers"),
-                    format!("match {index}: {feature:?} matches take no layer map"),
-                    "leave `layers` out: embeddings are compared at the input of the encoder",
-                ))
-            }
-            None => return Err(cx.err(
-                &key("layers"),
-                format!("match {index}: `layers` is missing"),
-                "give `layers = \"uniform\"` or [student, teacher] pairs, e.g. [[2, 4], [3, 6]]",
-            )),
-            Some(RawLayers::Named(n)) if n == "uniform" => LayerMap::Uniform,
-            Some(RawLayers::Named(n)) => {
-                return Err(cx.err(
-                    &key("layers"),
-                    format!("match {index}: unknown layer map `{n}`"),
-                    "use \"uniform\" or pairs [[student, teacher], ...]",
-                ))
-            }
-            Some(RawLayers::Pairs(p)) if p.is_empty() => {
-                return Err(cx.err(
-                    &key("layers"),
-                    format!("match {index}: empty layer map"),
-                    "list [student, teacher] pairs",
-                ))
-            }
-            Some(RawLayers::Pairs(p)) => {
-                LayerMap::Pairs(p.into_iter().map(|[s, t]| (s, t)).collect())
-            }
-        };
-        let weight = m.weight.unwrap_or(1.0);
-        if !(weight >= 0.0 && weight.is_finite()) {
-            return Err(cx.err(
-                &key("weight"),
-                format!("match {index}: weight {weight} must be >= 0"),
-                "use e.g. 1.0",
-            ));
-        }
-        let heads = match m.heads.as_deref().unwrap_or("error") {
-            "error" => HeadPolicy::Error,
-            "mean" => HeadPolicy::Mean,
-            other => {
-                return Err(cx.err(
-                    &key("heads"),
-                    format!("match {index}: unknown head policy `{other}`"),
-                    "use `mean` (average heads on both sides) or leave it out",
-                ))
-            }
-        };
-        let tokens = match m.tokens.as_deref().unwrap_or("all") {
-            "all" => Tokens::All,
-            "cls" => Tokens::Cls,
-            other => {
-                return Err(cx.err(
-                    &key("tokens"),
-                    format!("match {index}: unknown token selection `{other}`"),
-                    "use `all` (every real token) or `cls` (the [CLS] token only)",
-                ))
-            }
-        };
-        if tokens == Tokens::Cls && feature != Feature::Hidden {
-            return Err(cx.err(
-                &key("tokens"),
-                format!("match {index}: `tokens = \"cls\"` applies to hidden-state matches only"),
-                "use it with `feature = \"hidden\"`, or leave `tokens` out",
-            ));
-        }
-        if let Some(u) = m.until_epoch {
-            if u == 0 || u >= train.epochs {
-                return Err(cx.err(
-                    &key("until-epoch"),
-                    format!(
-                        "match {index}: until-epoch = {u} must lie in 1..{e} ([train] epochs = {e})",
-                        e = train.epochs
-                    ),
-                    "the match is on in epochs 1..=until-epoch; leave it out to match in every epoch",
-                ));
-            }
-        }
-        let rows = match (feature, m.rows) {
-            (Feature::WordEmbeddings, None) => 4096,
-            (Feature::WordEmbeddings, Some(r)) if r > 0 => r,
-            (Feature::WordEmbeddings, Some(_)) => {
-                return Err(cx.err(
-                    &key("rows"),
-                    format!("match {index}: rows must be > 0"),
-                    "use e.g. 4096 (vocabulary rows compared per step)",
-                ))
-            }
-            (_, Some(_)) => {
-                return Err(cx.err(
-                    &key("rows"),
-                    format!("match {index}: `rows` applies to word-embedding matches only"),
-                    "leave `rows` out, or use it with `feature = \"word-embeddings\"`",
-                ))
-            }
-            (_, None) => 0,
-        };
-        matches.push(MatchSpec {
-            feature,
-            loss,
-            layers,
-            weight,
-            projection: m.projection.unwrap_or(false),
-            heads,
-            tokens,
-            until_epoch: m.until_epoch,
-            rows,
-            index,
-        });
-    }
+    let matches = d
+        .matches
+        .into_iter()
+        .enumerate()
+        .map(|(index, m)| match_spec(cx, index, m, train))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok((
         student,
         DistillSpec {
