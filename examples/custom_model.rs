@@ -42,9 +42,7 @@ use mopt_export::{parity, tensor_json, write_checked, Exportable, InputSpec, Inp
 use mopt_prune::{select, units, Criterion, Progress, Ranking, Reduce, UnitLimits};
 use mopt_quant::fake::quantize;
 use mopt_quant::node::{LinearQuant, Phase, QuantConfig};
-use mopt_quant::observer::ObserverKind;
-use mopt_quant::scheme::{Granularity, IntFormat, QuantScheme};
-use mopt_recipe::{GateMetric, GateReference, GateSpec, OnFail, TrainSpec};
+use mopt_recipe::{GateReference, GateSpec, TrainSpec};
 use mopt_stages::gate::{decide, Action};
 use mopt_train::metrics::EvalMetrics;
 use mopt_train::trainer::{
@@ -572,17 +570,6 @@ struct Chain<'a> {
     report: Vec<StageResult>,
 }
 
-fn gate(max_drop: f64, against: GateReference) -> GateSpec {
-    GateSpec {
-        metric: GateMetric::Accuracy,
-        against,
-        max_drop: Some(max_drop),
-        max_relative_drop: None,
-        max_logit_error: None,
-        on_fail: OnFail::Rollback,
-    }
-}
-
 fn max_abs(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
     a.iter()
         .flatten()
@@ -790,7 +777,7 @@ fn distill(chain: &mut Chain) -> Result<f64, Box<dyn std::error::Error>> {
         "distill",
         student,
         config,
-        Some(gate(0.05, GateReference::Baseline)),
+        Some(GateSpec::max_drop(0.05, GateReference::Baseline)),
         &dir.join("model"),
     )?;
     Ok(student_test.accuracy - twin_test.accuracy)
@@ -843,7 +830,7 @@ fn prune(chain: &mut Chain) -> Result<(), Box<dyn std::error::Error>> {
         "prune",
         model,
         config,
-        Some(gate(0.03, GateReference::Previous)),
+        Some(GateSpec::max_drop(0.03, GateReference::Previous)),
         &dir,
     )?;
     Ok(())
@@ -855,24 +842,7 @@ fn prune(chain: &mut Chain) -> Result<(), Box<dyn std::error::Error>> {
 fn ptq(chain: &mut Chain) -> Result<(), Box<dyn std::error::Error>> {
     let cur = chain.current.as_ref().expect("a model");
     let (model, config) = (cur.model.clone(), cur.config.clone());
-    let q = QuantConfig {
-        weight: QuantScheme {
-            format: IntFormat {
-                bits: 7,
-                signed: true,
-            },
-            symmetric: true,
-            granularity: Granularity::PerChannel(1),
-        },
-        activation: QuantScheme {
-            format: IntFormat::UINT8,
-            symmetric: false,
-            granularity: Granularity::PerTensor,
-        },
-        learned_scales: false,
-        observer: ObserverKind::MinMax,
-        layers: model.quant_paths(),
-    };
+    let q = QuantConfig::int8(7, model.quant_paths());
     let train = chain.data.train;
     let device = chain.device.clone();
     let (quantized, unseen) = calibrate(model.valid(), &q, &device, |m| {
@@ -889,7 +859,7 @@ fn ptq(chain: &mut Chain) -> Result<(), Box<dyn std::error::Error>> {
         "ptq",
         quantized,
         qc,
-        Some(gate(0.01, GateReference::Previous)),
+        Some(GateSpec::max_drop(0.01, GateReference::Previous)),
         &dir,
     )?;
     Ok(())

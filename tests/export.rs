@@ -153,7 +153,6 @@ fn bert_with_pruned_hidden_channels_exports_and_matches() {
 /// `calib` sentences.
 fn quantized_checkpoint(dir: &std::path::Path, bits: u32) -> BertConfig {
     use mopt_quant::node::QuantConfig;
-    use mopt_quant::scheme::{Granularity, IntFormat, QuantScheme};
     let dev = Device::flex();
     let mut c = BertConfig::tiny(30522, 3);
     c.hidden_dropout_prob = 0.0;
@@ -162,21 +161,7 @@ fn quantized_checkpoint(dir: &std::path::Path, bits: u32) -> BertConfig {
     c.initializer_range = 0.3;
     dev.seed(5);
     let float = BertForSequenceClassification::new(&c, &dev);
-    let q = QuantConfig {
-        weight: QuantScheme {
-            format: IntFormat { bits, signed: true },
-            symmetric: true,
-            granularity: Granularity::PerChannel(1),
-        },
-        activation: QuantScheme {
-            format: IntFormat::UINT8,
-            symmetric: false,
-            granularity: Granularity::PerTensor,
-        },
-        learned_scales: false,
-        observer: mopt_quant::ObserverKind::MinMax,
-        layers: mopt_models::bert::quant::linear_paths(&c),
-    };
+    let q = QuantConfig::int8(bits, mopt_models::bert::quant::linear_paths(&c));
     let calib = samples(64, 30522, 9);
     let (m, unseen) = mopt_models::bert::quant::calibrate(float, &q, &dev, |m| {
         for chunk in calib.chunks(16) {

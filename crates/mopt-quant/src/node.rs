@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fake::{fake_quant, scale_gradient};
 use crate::observer::{Observer, ObserverKind};
-use crate::scheme::{Granularity, QParams, QuantScheme};
+use crate::scheme::{Granularity, IntFormat, QParams, QuantScheme};
 
 /// A quantizer's phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -238,6 +238,30 @@ pub struct QuantConfig {
 }
 
 impl QuantConfig {
+    /// The usual INT8 deployment scheme on the layers at `layers`: symmetric per-output-channel
+    /// signed weights of `weight_bits` bits (8, or 7 for ONNX Runtime's u8·s8 kernels on CPUs
+    /// without VNNI), asymmetric per-tensor uint8 inputs, min-max observers, fixed scales.
+    pub fn int8(weight_bits: u32, layers: Vec<String>) -> Self {
+        Self {
+            weight: QuantScheme {
+                format: IntFormat {
+                    bits: weight_bits,
+                    signed: true,
+                },
+                symmetric: true,
+                granularity: Granularity::PerChannel(1),
+            },
+            activation: QuantScheme {
+                format: IntFormat::UINT8,
+                symmetric: false,
+                granularity: Granularity::PerTensor,
+            },
+            learned_scales: false,
+            observer: ObserverKind::MinMax,
+            layers,
+        }
+    }
+
     /// The quantizers of the linear layer at `path` (`None` when it stays float), in `phase`.
     pub fn linear(
         &self,

@@ -149,29 +149,13 @@ pub use mopt_core::quant::calibrate;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mopt_quant::observer::ObserverKind;
-    use mopt_quant::scheme::{Granularity, IntFormat, QuantScheme};
 
     fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
     }
 
     pub fn int8(layers: Vec<String>) -> QuantConfig {
-        QuantConfig {
-            weight: QuantScheme {
-                format: IntFormat::INT8,
-                symmetric: true,
-                granularity: Granularity::PerChannel(1),
-            },
-            activation: QuantScheme {
-                format: IntFormat::UINT8,
-                symmetric: false,
-                granularity: Granularity::PerTensor,
-            },
-            learned_scales: false,
-            observer: ObserverKind::MinMax,
-            layers,
-        }
+        QuantConfig::int8(8, layers)
     }
 
     fn batch(dev: &Device, seed: i64) -> [Tensor<2, Int>; 2] {
