@@ -643,3 +643,54 @@ fn reuse_follows_the_stages_as_declared_in_rust_not_the_recipe_text() {
     let from = reused_from("d-toml").expect("the same TOML stage is reused");
     assert!(from.ends_with("a-toml/01-finetune"), "{from}");
 }
+
+#[test]
+fn an_error_inside_a_stage_pushed_in_rust_names_that_stage() {
+    use mopt_models::bert::BertConfig;
+    use mopt_recipe::StageEntry;
+    use mopt_stages::stage::PlanContext;
+    use mopt_stages::{
+        Pipeline, RunOptions, Stage, StageContext, StageError, StageOutput, StagePlan,
+    };
+
+    /// A stage of the caller's that fails while running.
+    struct Fails;
+
+    impl Stage for Fails {
+        fn kind(&self) -> &str {
+            "always-fails"
+        }
+
+        fn plan(
+            &self,
+            _: &StageEntry,
+            input: &BertConfig,
+            _: &PlanContext,
+        ) -> Result<StagePlan, StageError> {
+            Ok(StagePlan {
+                output: input.clone(),
+                settings: Vec::new(),
+                memory: None,
+                extra_memory: Vec::new(),
+            })
+        }
+
+        fn run(&self, _: &Path, _: &StageContext) -> Result<StageOutput, StageError> {
+            Err(mopt_train::TrainError::Failed("the sky fell".into()).into())
+        }
+    }
+
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_pipeline(tmp.path(), "pushed", "");
+    let p = Pipeline::load(&recipe).unwrap();
+    let train = p.recipe.train.clone();
+    let err = p
+        .push("my-step", train, None, Fails)
+        .run(&RunOptions::new(mopt_train::DeviceSpec::Cpu))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "stage 2 `my-step` (kind always-fails): training failed: the sky fell"
+    );
+    assert!(!err.is_input_error());
+}

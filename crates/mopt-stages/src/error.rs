@@ -11,6 +11,15 @@ pub enum StageError {
     Train(#[from] TrainError),
     #[error(transparent)]
     Export(#[from] ExportError),
+    /// A stage's own run failed: which stage (a stage pushed in Rust has no recipe line to name).
+    #[error("stage {index} `{name}` (kind {kind}): {error}")]
+    InStage {
+        index: usize,
+        name: String,
+        kind: String,
+        /// What went wrong (its message is part of this one's, so it is not a `source`).
+        error: Box<StageError>,
+    },
     /// A stage failed its gate with `on-fail = "abort"`; the report was written.
     #[error("stage {index} ({name}) failed its gate: {reason}; on-fail = \"abort\" stopped the run (report: {report})")]
     Aborted {
@@ -51,7 +60,21 @@ impl StageError {
         match self {
             StageError::Train(e) => e.is_input_error(),
             StageError::Export(e) => e.is_input_error(),
+            StageError::InStage { error, .. } => error.is_input_error(),
             StageError::Aborted { .. } => false,
+        }
+    }
+
+    /// This error, raised while stage `entry` ran, with the stage named.
+    pub fn in_stage(self, entry: &mopt_recipe::StageEntry) -> Self {
+        match self {
+            e @ (StageError::InStage { .. } | StageError::Aborted { .. }) => e,
+            e => StageError::InStage {
+                index: entry.index,
+                name: entry.name.clone(),
+                kind: entry.kind.clone(),
+                error: Box::new(e),
+            },
         }
     }
 

@@ -544,7 +544,9 @@ impl RunShared<'_> {
         let (reuse_key, donor) = self.donor(entry, stage, current);
         let out = match donor {
             Some(d) => d.into_output(),
-            None => stage.run(&current.dir, &cx)?,
+            None => stage
+                .run(&current.dir, &cx)
+                .map_err(|e| e.in_stage(entry))?,
         };
         let settings = self.chain.stages[entry.index - 1].settings.clone();
         let prov = Provenance {
