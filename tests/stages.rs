@@ -509,13 +509,11 @@ fn qat_trains_through_fake_quant_and_exports_as_qdq() {
     assert!(reference.get("quantization").is_none());
 }
 
-#[test]
-fn a_stage_finished_by_another_run_is_reused_when_its_inputs_match() {
-    // A teacher, then two recipes in one output folder on it with the same finetune stage: the
-    // second run reuses the first's (same settings, same input by sha256) and only runs what is
-    // new. (A `[model]` baseline is built afresh by each run, so runs on it never match.)
-    let tmp = tempfile::tempdir().unwrap();
-    let teacher = write_pipeline(tmp.path(), "teacher", "");
+/// The tiny pipeline run as `teacher` in `dir` (its best model in `dir/runs/teacher/best`): the
+/// recipe's text and its `[model]` table's first two lines (what a recipe on the teacher
+/// replaces with `[teacher]`).
+fn trained_teacher(dir: &Path) -> (String, String) {
+    let teacher = write_pipeline(dir, "teacher", "");
     assert!(mopt(&[teacher.to_str().unwrap()]).status.success());
     let text = std::fs::read_to_string(&teacher).unwrap();
     let model = text[text.find("[model]").unwrap()..]
@@ -523,6 +521,16 @@ fn a_stage_finished_by_another_run_is_reused_when_its_inputs_match() {
         .take(2)
         .collect::<Vec<_>>()
         .join("\n");
+    (text, model)
+}
+
+#[test]
+fn a_stage_finished_by_another_run_is_reused_when_its_inputs_match() {
+    // A teacher, then two recipes in one output folder on it with the same finetune stage: the
+    // second run reuses the first's (same settings, same input by sha256) and only runs what is
+    // new. (A `[model]` baseline is built afresh by each run, so runs on it never match.)
+    let tmp = tempfile::tempdir().unwrap();
+    let (text, model) = trained_teacher(tmp.path());
     let on_teacher = |name: &str, extra: &str| {
         let dir = tmp.path().join(name);
         std::fs::create_dir_all(&dir).unwrap();
@@ -589,14 +597,7 @@ fn reuse_follows_the_stages_as_declared_in_rust_not_the_recipe_text() {
     // `c-rust` reused `a-toml`'s.)
     use mopt_stages::{Pipeline, RunOptions};
     let tmp = tempfile::tempdir().unwrap();
-    let teacher = write_pipeline(tmp.path(), "teacher", "");
-    assert!(mopt(&[teacher.to_str().unwrap()]).status.success());
-    let text = std::fs::read_to_string(&teacher).unwrap();
-    let model = text[text.find("[model]").unwrap()..]
-        .lines()
-        .take(2)
-        .collect::<Vec<_>>()
-        .join("\n");
+    let (text, model) = trained_teacher(tmp.path());
     let recipe = tmp.path().join("on-teacher.toml");
     let on_teacher = text.replace(
         &model,
