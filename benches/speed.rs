@@ -42,7 +42,7 @@ use mopt_recipe::Recipe;
 use mopt_stages::kinds::distill::DistillStage;
 use mopt_train::clip::unscale_and_clip;
 use mopt_train::setup::prepare_data;
-use mopt_train::trainer::{save_checkpoint_dir, FinetuneTask, Task, TextExtras};
+use mopt_train::trainer::{save_checkpoint_dir, FinetuneTask, Task};
 use mopt_train::DeviceSpec;
 use serde_json::{json, Value};
 
@@ -381,11 +381,7 @@ fn prepare(bench: &Bench, work: &Path) -> Prepared {
         .expect("teacher weights");
     // The teacher as a mopt checkpoint (for the distillation setup) and in HF form (for PyTorch).
     let ckpt = work.join("teacher");
-    let extras = TextExtras {
-        labels: &data.labels,
-        tokenizer_file: &prepared.tokenizer.path,
-    };
-    save_checkpoint_dir(&teacher, &config, &extras, &ckpt).expect("teacher checkpoint");
+    save_checkpoint_dir(&teacher, &config, &prepared.extras(), &ckpt).expect("teacher checkpoint");
     weights::save_hf(&teacher, &config, &work.join("teacher-hf")).expect("teacher hf");
     let b = teacher_recipe.train.batch_size;
     let n = (bench.args.warmup + bench.args.steps) * b;

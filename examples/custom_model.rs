@@ -554,6 +554,8 @@ pub struct ChainReport {
 struct Current {
     model: Mlp,
     config: MlpConfig,
+    /// Its checkpoint folder.
+    dir: PathBuf,
     valid: EvalMetrics,
     logits: Vec<Vec<f32>>,
 }
@@ -591,7 +593,8 @@ impl<'a> Chain<'a> {
         }
     }
 
-    /// Train `model` with `task` into `dir`; the best checkpoint by validation, reloaded.
+    /// Train `model` with `task` into `dir`; the best checkpoint by validation, reloaded, and
+    /// its folder.
     fn train<T>(
         &self,
         name: &str,
@@ -600,7 +603,7 @@ impl<'a> Chain<'a> {
         config: &MlpConfig,
         task: T,
         model: Mlp,
-    ) -> Result<Mlp, Box<dyn std::error::Error>>
+    ) -> Result<(Mlp, PathBuf), Box<dyn std::error::Error>>
     where
         T: Task<Model = Mlp, Classifier = Mlp>,
     {
@@ -619,7 +622,8 @@ impl<'a> Chain<'a> {
             config,
         };
         let report = fit(&ctx, task, model)?;
-        Ok(Mlp::load(&report.checkpoint, &self.device)?.0)
+        let best = Mlp::load(&report.checkpoint, &self.device)?.0;
+        Ok((best, report.checkpoint))
     }
 
     fn measure(&self, m: &Mlp) -> (EvalMetrics, EvalMetrics, Vec<Vec<f32>>) {
@@ -628,17 +632,15 @@ impl<'a> Chain<'a> {
         (v.metrics, t.metrics, v.logits)
     }
 
-    /// Judge a stage's output; keep it (it becomes the current model) or roll back.
+    /// Judge a stage's output, saved in `dir`; keep it (it becomes the current model) or roll
+    /// back.
     fn judge(
         &mut self,
         stage: &str,
-        model: Mlp,
+        (model, dir): (Mlp, PathBuf),
         config: MlpConfig,
         gate: Option<GateSpec>,
-        dir: &Path,
     ) -> Result<bool, Box<dyn std::error::Error>> {
-        std::fs::create_dir_all(dir)?;
-        model.save(&config, dir)?;
         let (valid, test, logits) = self.measure(&model);
         let baseline = self.teacher_valid.unwrap_or(valid);
         let (input_valid, err) = match &self.current {
@@ -661,13 +663,14 @@ impl<'a> Chain<'a> {
             params: config.num_params(),
             valid_accuracy: valid.accuracy,
             test_accuracy: test.accuracy,
-            checkpoint: dir.to_path_buf(),
+            checkpoint: dir.clone(),
         });
         let kept = matches!(d.action, Action::Kept | Action::Baseline);
         if kept {
             self.current = Some(Current {
                 model,
                 config,
+                dir,
                 valid,
                 logits,
             });
@@ -698,8 +701,9 @@ pub fn run(opts: &Options, digits: &Digits) -> Result<ChainReport, Box<dyn std::
     teacher(&mut chain)?;
     let kd_gain_test = distill(&mut chain)?;
     prune(&mut chain)?;
+    let float_dir = chain.current.as_ref().expect("a model").dir.clone();
     ptq(&mut chain)?;
-    let (float_parity_max_abs, qdq, onnx) = export(&chain)?;
+    let (float_parity_max_abs, qdq, onnx) = export(&chain, &float_dir)?;
     let report = ChainReport {
         stages: chain.report,
         kd_gain_test,
@@ -725,7 +729,7 @@ fn teacher(chain: &mut Chain) -> Result<(), Box<dyn std::error::Error>> {
     ad.seed(1);
     let spec = chain.train_spec(3e-3, o.epochs);
     let dir = o.out.join("00-teacher");
-    let m = chain.train(
+    let (m, best) = chain.train(
         "teacher",
         &dir,
         &spec,
@@ -733,7 +737,7 @@ fn teacher(chain: &mut Chain) -> Result<(), Box<dyn std::error::Error>> {
         FinetuneTask::<Mlp>::new(&ad),
         Mlp::init(&config, &ad),
     )?;
-    chain.judge("teacher", m.clone(), config, None, &dir.join("model"))?;
+    chain.judge("teacher", (m.clone(), best), config, None)?;
     chain.teacher_valid = chain.current.as_ref().map(|c| c.valid);
     chain.teacher_cache = Some(LogitCache::compute(
         &m,
@@ -758,8 +762,8 @@ fn distill(chain: &mut Chain) -> Result<f64, Box<dyn std::error::Error>> {
     let dir = o.out.join("01-distill");
     let cache = chain.teacher_cache.clone().expect("teacher logits");
     let kd = KdTask::<Mlp>::new(KdSettings::default(), cache, &ad);
-    let student = chain.train("distill", &dir, &spec, &config, kd, init.clone())?;
-    let twin = chain.train(
+    let (student, best) = chain.train("distill", &dir, &spec, &config, kd, init.clone())?;
+    let (twin, _) = chain.train(
         "twin",
         &dir.join("twin"),
         &spec,
@@ -775,10 +779,9 @@ fn distill(chain: &mut Chain) -> Result<f64, Box<dyn std::error::Error>> {
     );
     chain.judge(
         "distill",
-        student,
+        (student, best),
         config,
         Some(GateSpec::max_drop(0.05, GateReference::Baseline)),
-        &dir.join("model"),
     )?;
     Ok(student_test.accuracy - twin_test.accuracy)
 }
@@ -787,7 +790,8 @@ fn distill(chain: &mut Chain) -> Result<f64, Box<dyn std::error::Error>> {
 fn prune(chain: &mut Chain) -> Result<(), Box<dyn std::error::Error>> {
     let o = chain.opts;
     let cur = chain.current.as_ref().expect("a model");
-    let (mut model, mut config) = (cur.model.clone(), cur.config.clone());
+    let (mut model, mut config, mut best) =
+        (cur.model.clone(), cur.config.clone(), cur.dir.clone());
     let kinds = Mlp::group_kinds();
     let limits = UnitLimits {
         min_heads: 1,
@@ -822,16 +826,14 @@ fn prune(chain: &mut Chain) -> Result<(), Box<dyn std::error::Error>> {
         let cache = chain.teacher_cache.clone().expect("teacher logits");
         let kd = KdTask::<Mlp>::new(KdSettings::default(), cache, &ad);
         let spec = chain.train_spec(1e-3, 2);
-        model = chain.train("prune", &dir, &spec, &pcfg, kd, pruned)?;
+        (model, best) = chain.train("prune", &dir, &spec, &pcfg, kd, pruned)?;
         config = pcfg;
     }
-    let dir = o.out.join("02-prune/model");
     chain.judge(
         "prune",
-        model,
+        (model, best),
         config,
         Some(GateSpec::max_drop(0.03, GateReference::Previous)),
-        &dir,
     )?;
     Ok(())
 }
@@ -855,36 +857,26 @@ fn ptq(chain: &mut Chain) -> Result<(), Box<dyn std::error::Error>> {
         ..config
     };
     let dir = chain.opts.out.join("03-ptq/model");
+    std::fs::create_dir_all(&dir)?;
+    quantized.save(&qc, &dir)?;
     chain.judge(
         "ptq",
-        quantized,
+        (quantized, dir),
         qc,
         Some(GateSpec::max_drop(0.01, GateReference::Previous)),
-        &dir,
     )?;
     Ok(())
 }
 
-/// The chain's last float model and its quantized successor as ONNX, each run in ONNX Runtime
-/// against mopt on the test digits.
+/// The chain's last float model (at `float_dir`) and the current model (its quantized successor
+/// when PTQ was kept) as ONNX, each run in ONNX Runtime against mopt on the test digits.
 fn export(
     chain: &Chain,
+    float_dir: &Path,
 ) -> Result<(f64, mopt_export::Parity, Vec<PathBuf>), Box<dyn std::error::Error>> {
     let dir = chain.opts.out.join("04-export");
     std::fs::create_dir_all(&dir)?;
-    let by_stage = |s: &str| {
-        chain
-            .report
-            .iter()
-            .rev()
-            .find(|r| r.stage == s && r.action == "kept")
-    };
-    let float_dir = by_stage("prune")
-        .or_else(|| by_stage("distill"))
-        .expect("a float model")
-        .checkpoint
-        .clone();
-    let (float, fc) = Mlp::load(&float_dir, &chain.device)?;
+    let (float, fc) = Mlp::load(float_dir, &chain.device)?;
     let float_onnx = dir.join("model-float.onnx");
     write_checked(&float.onnx(&fc)?, &float_onnx)?;
     let fp = parity(
@@ -899,14 +891,8 @@ fn export(
         "export: float ONNX max |ORT − mopt| {:.2e} on {} digits",
         fp.max_abs_diff, fp.examples
     );
-    let (q, qc) = Mlp::load(
-        &chain
-            .current
-            .as_ref()
-            .expect("a model")
-            .checkpoint_dir(chain),
-        &chain.device,
-    )?;
+    let current = chain.current.as_ref().expect("a model");
+    let (q, qc) = Mlp::load(&current.dir, &chain.device)?;
     let q_onnx = dir.join("model-int8.onnx");
     write_checked(&q.onnx(&qc)?, &q_onnx)?;
     let qp = parity(&q, &q_onnx, &chain.data.test, 250, &chain.device, &dir)?;
@@ -917,20 +903,6 @@ fn export(
         qp.max_abs_diff
     );
     Ok((fp.max_abs_diff, qp, vec![float_onnx, q_onnx]))
-}
-
-impl Current {
-    /// The kept checkpoint of the current model.
-    fn checkpoint_dir(&self, chain: &Chain) -> PathBuf {
-        chain
-            .report
-            .iter()
-            .rev()
-            .find(|r| r.action == "kept" && r.params == self.config.num_params())
-            .expect("the current model was kept")
-            .checkpoint
-            .clone()
-    }
 }
 
 #[allow(dead_code)]

@@ -90,21 +90,6 @@ enum Command {
     },
 }
 
-/// The main device and the data-parallel replicas (`[run] devices`), each opened.
-fn devices_for(
-    recipe: &mopt_recipe::Recipe,
-    flag: &Option<String>,
-) -> Result<(DeviceSpec, Vec<DeviceSpec>), TrainError> {
-    mopt_stages::recipe_devices(recipe, flag.as_deref())
-}
-
-fn device_for(
-    recipe: &mopt_recipe::Recipe,
-    flag: &Option<String>,
-) -> Result<DeviceSpec, TrainError> {
-    mopt_stages::recipe_device(recipe, flag.as_deref())
-}
-
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::LrFind {
@@ -113,7 +98,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             device,
         }) => {
             let recipe = mopt_recipe::load(&recipe)?;
-            let device = device_for(&recipe, &device)?;
+            let device = mopt_stages::recipe_device(&recipe, device.as_deref())?;
             let dir = recipe
                 .run
                 .output_dir
@@ -176,7 +161,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let args = cli.run;
             let path = args.recipe.expect("clap requires RECIPE");
             let pipeline = mopt_stages::Pipeline::load(&path)?;
-            let (device, replicas) = devices_for(&pipeline.recipe, &args.device)?;
+            let (device, replicas) =
+                mopt_stages::recipe_devices(&pipeline.recipe, args.device.as_deref())?;
             if args.check {
                 print!("{}", pipeline.check(&device)?);
                 println!("recipe OK");

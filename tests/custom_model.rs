@@ -35,14 +35,11 @@ fn a_model_of_its_own_is_distilled_pruned_quantized_and_exported() {
         "{:?}",
         stage("teacher")
     );
+    // Every gate passes on this seeded run (margins: distill 1.2 points of 5, prune 0.2 of 3,
+    // PTQ 0 of 1), so each stage's output is the next one's input.
     for s in ["distill", "prune", "ptq"] {
-        assert!(
-            ["kept", "rolled back"].contains(&stage(s).action.as_str()),
-            "{:?}",
-            stage(s)
-        );
+        assert_eq!(stage(s).action, "kept", "{:?}", stage(s));
     }
-    assert_eq!(stage("distill").action, "kept", "{:?}", stage("distill"));
     // Pruning halves the student's hidden layer (64 -> 32 neurons): 784·32+32 + 32·10+10.
     let pruned = stage("prune");
     assert_eq!(pruned.params, 784 * 32 + 32 + 32 * 10 + 10);
@@ -64,9 +61,7 @@ fn a_model_of_its_own_is_distilled_pruned_quantized_and_exported() {
         .zip(&lf)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0, f32::max);
-    if stage("ptq").action == "kept" && pruned.action == "kept" {
-        assert!(diff > 0.0 && diff < 1.0, "int8 vs float {diff}");
-    }
+    assert!(diff > 0.0 && diff < 1.0, "int8 vs float {diff}");
     // ONNX Runtime against mopt.
     assert!(r.float_parity_max_abs < 1e-4, "{}", r.float_parity_max_abs);
     assert!(r.qdq_agreement >= 0.995, "{}", r.qdq_agreement);

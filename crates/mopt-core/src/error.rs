@@ -20,12 +20,4 @@ impl ModelFault {
             source: source.into(),
         }
     }
-
-    /// A fault while running.
-    pub fn failed(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
-        Self {
-            input: false,
-            source: source.into(),
-        }
-    }
 }

@@ -6,8 +6,9 @@
 //! them and never name a model.
 //!
 //! In the order a family implements them:
-//! 1. [`ModelConfig`]: what `--check`, the report and the model card print (parameters, FLOPs,
-//!    an ordered summary, a training-memory estimate).
+//! 1. [`ModelConfig`]: parameters and classes (the trainer reads them), a training-memory
+//!    estimate (`--check`), and FLOPs, an ordered summary and the arch name, which the
+//!    family-generic runner's plan and model card are to print (nothing reads them yet).
 //! 2. [`Examples`]: a data split that batches itself; its batch carries labels ([`Labeled`]).
 //! 3. [`Classifier`]: a Burn module with a forward pass from a batch to logits. This is all
 //!    fine-tuning and evaluation need.

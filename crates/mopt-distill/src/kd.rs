@@ -97,6 +97,34 @@ impl Default for KdSettings {
     }
 }
 
+/// The KD objective on logits: `α·ce + (1−α)·soft(student, teacher; T)` at `progress` (0 to 1
+/// over training), with its logged parts (`ce`, `soft`, `alpha`, `temperature`). `ce` is the
+/// hard-label cross-entropy the caller computed on the same student logits.
+///
+/// # Shapes
+/// - student, teacher: `[batch, classes]`; ce and the loss: `[1]`
+pub fn kd_loss(
+    ce: Tensor<1>,
+    student: Tensor<2>,
+    teacher: Tensor<2>,
+    settings: &KdSettings,
+    progress: f64,
+) -> (Tensor<1>, Parts) {
+    let alpha = settings.alpha.at(progress);
+    let temperature = settings.temperature.at(progress);
+    let soft = soft_loss(student, teacher, temperature, settings.soft_loss);
+    let ce_v: f32 = ce.clone().into_scalar();
+    let soft_v: f32 = soft.clone().into_scalar();
+    let loss = ce.mul_scalar(alpha as f32) + soft.mul_scalar((1.0 - alpha) as f32);
+    let parts = vec![
+        ("ce", ce_v as f64),
+        ("soft", soft_v as f64),
+        ("alpha", alpha),
+        ("temperature", temperature),
+    ];
+    (loss, parts)
+}
+
 /// Distillation of any classifier `C` from a teacher's cached logits on the training split.
 pub struct KdTask<C> {
     settings: KdSettings,
@@ -130,20 +158,9 @@ impl<C: Checkpoint<Batch: Labeled>> Task for KdTask<C> {
         progress: f64,
     ) -> (Tensor<1>, Parts) {
         let logits = model.logits(b);
-        let device = logits.device();
         let ce = self.ce.forward(logits.clone(), b.labels());
-        let teacher = self.teacher.batch(indices, &device);
-        let (alpha, t) = (
-            self.settings.alpha.at(progress),
-            self.settings.temperature.at(progress),
-        );
-        let soft = soft_loss(logits, teacher, t, self.settings.soft_loss);
-        let parts = vec![
-            ("ce", ce.clone().into_scalar::<f32>() as f64),
-            ("soft", soft.clone().into_scalar::<f32>() as f64),
-        ];
-        let loss = ce.mul_scalar(alpha as f32) + soft.mul_scalar((1.0 - alpha) as f32);
-        (loss, parts)
+        let teacher = self.teacher.batch(indices, &logits.device());
+        kd_loss(ce, logits, teacher, &self.settings, progress)
     }
 
     fn classifier<'a>(&self, model: &'a C) -> &'a C {

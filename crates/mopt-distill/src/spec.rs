@@ -196,6 +196,15 @@ impl Default for DistillSpec {
 }
 
 impl DistillSpec {
+    /// Its settings of the KD term on logits.
+    pub fn kd(&self) -> crate::kd::KdSettings {
+        crate::kd::KdSettings {
+            alpha: self.alpha,
+            temperature: self.temperature,
+            soft_loss: self.soft_loss,
+        }
+    }
+
     /// Add an intermediate match (its position in the list names it in messages).
     pub fn with_match(mut self, mut m: MatchSpec) -> Self {
         m.index = self.matches.len();

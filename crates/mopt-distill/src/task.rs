@@ -13,7 +13,7 @@ use mopt_train::trainer::{Parts, Replica, Task};
 use std::sync::Arc;
 
 use crate::cache::{live_batch, TeacherCache};
-use crate::loss::soft_loss;
+use crate::kd::kd_loss;
 use crate::matching::{match_loss, MatchPlan, TeacherBatch, TeacherNeeds, WordRows};
 use crate::student::DistillModel;
 
@@ -184,7 +184,6 @@ impl DistillTask {
         progress: f64,
     ) -> (Tensor<1>, Parts) {
         let ce = self.ce.forward(out.logits.clone(), b.labels.clone());
-        let ce_v: f32 = ce.clone().into_scalar();
         let seq = b.input_ids.dims()[1];
         let teacher = match (
             self.spec.enabled,
@@ -194,24 +193,18 @@ impl DistillTask {
                 t.word_rows = self.word_rows(indices);
                 t
             }
-            _ => return (ce, vec![("ce", ce_v as f64)]),
+            _ => {
+                let ce_v: f32 = ce.clone().into_scalar();
+                return (ce, vec![("ce", ce_v as f64)]);
+            }
         };
-        let alpha = self.spec.alpha.at(progress);
-        let temperature = self.spec.temperature.at(progress);
-        let soft = soft_loss(
+        let (mut loss, mut parts) = kd_loss(
+            ce,
             out.logits.clone(),
             teacher.logits.clone(),
-            temperature,
-            self.spec.soft_loss,
+            &self.spec.kd(),
+            progress,
         );
-        let soft_v: f32 = soft.clone().into_scalar();
-        let mut loss = ce.mul_scalar(alpha as f32) + soft.mul_scalar((1.0 - alpha) as f32);
-        let mut parts = vec![
-            ("ce", ce_v as f64),
-            ("soft", soft_v as f64),
-            ("alpha", alpha),
-            ("temperature", temperature),
-        ];
         let words = model.student.bert.embeddings.word_embeddings.weight.val();
         for m in self.active_matches() {
             let l = match_loss(

@@ -75,6 +75,16 @@ pub fn write_checked(model: &ModelProto, path: &Path) -> Result<(), ExportError>
     Ok(())
 }
 
+/// Index of the largest value (the first on ties): a prediction.
+pub(crate) fn argmax(v: impl Iterator<Item = f64>) -> usize {
+    v.enumerate()
+        .fold(
+            (0, f64::NEG_INFINITY),
+            |b, (i, x)| if x > b.1 { (i, x) } else { b },
+        )
+        .0
+}
+
 /// How ONNX Runtime's outputs compare with mopt's.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Parity {
@@ -116,15 +126,7 @@ where
             for (x, y) in a.iter().zip(t) {
                 max = max.max((*x as f64 - y).abs());
             }
-            let am = |v: &mut dyn Iterator<Item = f64>| {
-                v.enumerate()
-                    .fold(
-                        (0, f64::NEG_INFINITY),
-                        |b, (i, x)| if x > b.1 { (i, x) } else { b },
-                    )
-                    .0
-            };
-            same += usize::from(am(&mut a.iter().map(|&x| x as f64)) == am(&mut t.iter().copied()));
+            same += usize::from(argmax(a.iter().map(|&x| x as f64)) == argmax(t.iter().copied()));
             n += 1;
         }
     }

@@ -11,6 +11,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::bert::{export_bert, INPUTS, IR_VERSION, OPSET, OUTPUT};
+use crate::contract::argmax;
 use crate::error::ExportError;
 use crate::python;
 
@@ -148,14 +149,6 @@ pub fn parity(
     let outs = python::run(onnx, &serde_json::Value::Array(feeds), work)?;
     let mut max = 0f64;
     let (mut same, mut n) = (0usize, 0usize);
-    let argmax = |v: &mut dyn Iterator<Item = f64>| {
-        v.enumerate()
-            .fold(
-                (0, f64::NEG_INFINITY),
-                |b, (i, x)| if x > b.1 { (i, x) } else { b },
-            )
-            .0
-    };
     for ((ids, mask), out) in bs.iter().zip(outs) {
         let ours = mopt_logits(model, ids, mask, &device);
         let theirs: Vec<Vec<f64>> =
@@ -165,9 +158,7 @@ pub fn parity(
                 max = max.max((*x as f64 - y).abs());
             }
             n += 1;
-            same += usize::from(
-                argmax(&mut a.iter().map(|&x| x as f64)) == argmax(&mut b.iter().copied()),
-            );
+            same += usize::from(argmax(a.iter().map(|&x| x as f64)) == argmax(b.iter().copied()));
         }
     }
     Ok((max, same as f64 / n.max(1) as f64))

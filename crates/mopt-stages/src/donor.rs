@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use mopt_recipe::{DataSpec, OnFail, StageEntry, TokenizerSpec};
 use sha2::{Digest, Sha256};
 
-use crate::record::{checkpoint_sha256, sha256_file, short_sha, shown, StageRecord};
+use crate::record::{checkpoint_sha256, read_json, sha256_file, short_sha, shown, StageRecord};
 
 /// What a run shares with every stage and what shapes a stage's output besides its own settings.
 pub struct Shared<'a> {
@@ -41,10 +41,6 @@ pub fn reuse_key(stage_key: Option<String>, entry: &StageEntry, shared: &Shared)
         entry.kind, entry.train, shared.data, shared.tokenizer, shared.seed
     );
     Some(format!("{:x}", Sha256::digest(text.as_bytes())))
-}
-
-fn read_record(p: &Path) -> Option<StageRecord> {
-    serde_json::from_slice(&std::fs::read(p).ok()?).ok()
 }
 
 /// A finished stage of another run that this one can reuse.
@@ -98,7 +94,7 @@ pub fn find(output_dir: &Path, own: &Path, w: &Wanted) -> Option<Donor> {
         .collect();
     runs.sort();
     for run in runs {
-        let Some(base) = read_record(&run.join("00-baseline/stage.json")) else {
+        let Some(base) = read_json::<StageRecord>(&run.join("00-baseline/stage.json")) else {
             continue;
         };
         if base.model.sha256 != w.baseline_sha256 || base.max_steps.is_some() {
@@ -112,7 +108,7 @@ pub fn find(output_dir: &Path, own: &Path, w: &Wanted) -> Option<Donor> {
             .collect();
         stages.sort();
         for dir in stages {
-            let Some(r) = read_record(&dir.join("stage.json")) else {
+            let Some(r) = read_json::<StageRecord>(&dir.join("stage.json")) else {
                 continue;
             };
             if r.index == 0

@@ -56,24 +56,28 @@ impl RunOptions {
 /// The recipe's device (`[run] device`, or `flag` when given: a `--device` value), opened now so
 /// that a missing GPU fails before a run folder exists.
 pub fn recipe_device(recipe: &Recipe, flag: Option<&str>) -> Result<DeviceSpec, TrainError> {
-    let spec = match flag {
-        Some(name) => {
-            DeviceSpec::parse(name).map_err(|e| TrainError::Input(format!("--device: {e}")))?
-        }
-        None => DeviceSpec::parse(&recipe.run.device).map_err(|e| {
-            TrainError::Input(format!("{}: run.device: {e}", recipe.path.display()))
-        })?,
-    };
+    let spec = parse_device(recipe, flag)?;
     spec.open()?;
     Ok(spec)
 }
 
-/// The main device and the data-parallel replicas (`[run] devices`), each opened.
+/// The device `flag` or `[run] device` names, not yet opened.
+fn parse_device(recipe: &Recipe, flag: Option<&str>) -> Result<DeviceSpec, TrainError> {
+    match flag {
+        Some(name) => {
+            DeviceSpec::parse(name).map_err(|e| TrainError::Input(format!("--device: {e}")))
+        }
+        None => DeviceSpec::parse(&recipe.run.device)
+            .map_err(|e| TrainError::Input(format!("{}: run.device: {e}", recipe.path.display()))),
+    }
+}
+
+/// The main device and the data-parallel replicas (`[run] devices`), each opened once.
 pub fn recipe_devices(
     recipe: &Recipe,
     flag: Option<&str>,
 ) -> Result<(DeviceSpec, Vec<DeviceSpec>), TrainError> {
-    let (main, replicas) = recipe_device(recipe, flag)?.data_parallel(&recipe.run.devices);
+    let (main, replicas) = parse_device(recipe, flag)?.data_parallel(&recipe.run.devices);
     for d in std::iter::once(&main).chain(&replicas) {
         d.open()?;
     }
@@ -220,10 +224,7 @@ impl Pipeline {
             self.baseline_record(&base_dir, &baseline_ckpt, &baseline_note, &ev, opts)?;
         write_golden(&run_dir, &baseline, golden, &baseline_logits)?;
 
-        let extras = TextExtras {
-            labels: &prepared.data.labels,
-            tokenizer_file: &prepared.tokenizer.path,
-        };
+        let extras = prepared.extras();
         let shared = RunShared {
             pipeline: self,
             opts,
@@ -357,11 +358,7 @@ impl Pipeline {
                 l.skipped.len()
             );
         }
-        let extras = TextExtras {
-            labels: &prepared.data.labels,
-            tokenizer_file: &prepared.tokenizer.path,
-        };
-        save_checkpoint_dir(&model, &config, &extras, &ckpt)?;
+        save_checkpoint_dir(&model, &config, &prepared.extras(), &ckpt)?;
         Ok(ckpt)
     }
 
@@ -526,7 +523,6 @@ impl RunShared<'_> {
             data: &prepared.data,
             data_spec: &recipe.data,
             tokenizer: &recipe.tokenizer,
-            tokenizer_file: &prepared.tokenizer.path,
             pad_id: prepared.tokenizer.pad_id,
             vocab: prepared.tokenizer.vocab_size(),
             evaluation: &recipe.evaluation,

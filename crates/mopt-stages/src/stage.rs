@@ -82,7 +82,6 @@ pub struct StageContext<'a> {
     pub data: &'a EncodedSplits,
     pub data_spec: &'a DataSpec,
     pub tokenizer: &'a TokenizerSpec,
-    pub tokenizer_file: &'a Path,
     pub pad_id: u32,
     /// Tokenizer vocabulary size.
     pub vocab: usize,

@@ -18,10 +18,9 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn_train::train::MultiDevicesTrainStep;
 use burn_train::{InferenceStep, ItemLazy, TrainOutput, TrainStep};
-
-use crate::error::TrainError;
 use mopt_core::{Checkpoint, Examples, Labeled};
 
+use crate::error::TrainError;
 use crate::trainer::{MicroBatch, MicroOut, Replica, ShardOut};
 
 /// The trained model as Burn's workers see it: a [`TrainStep`] whose input carries the shard and

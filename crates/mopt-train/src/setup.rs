@@ -6,11 +6,22 @@ use mopt_data::{encode_splits, load_splits, EncodedSplits, LabelMap, TextTokeniz
 use mopt_recipe::{DataSpec, TokenizerSpec};
 
 use crate::error::TrainError;
+use crate::trainer::TextExtras;
 
 /// Tokenizer and tokenized splits.
 pub struct PreparedData {
     pub tokenizer: TextTokenizer,
     pub data: EncodedSplits,
+}
+
+impl PreparedData {
+    /// What every checkpoint trained on this data carries: the label map and the tokenizer file.
+    pub fn extras(&self) -> TextExtras<'_> {
+        TextExtras {
+            labels: &self.data.labels,
+            tokenizer_file: &self.tokenizer.path,
+        }
+    }
 }
 
 /// Load, split and tokenize the recipe's data (token ids cached in `.mopt-cache/` beside it).

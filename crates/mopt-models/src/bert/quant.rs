@@ -6,7 +6,7 @@
 use burn::prelude::*;
 use mopt_core::quant::{QuantSlot as Slot, QuantSlotRef as SlotRef};
 use mopt_core::Quantizable;
-use mopt_quant::node::{Phase, QuantConfig};
+use mopt_quant::node::Phase;
 
 use super::{BertConfig, BertForSequenceClassification};
 
@@ -134,21 +134,12 @@ impl BertForSequenceClassification {
     }
 }
 
-/// Quantizers (placeholder scales) on the layers `q.layers` lists; the others float.
-pub fn attach(
-    model: &mut BertForSequenceClassification,
-    q: &QuantConfig,
-    phase: Phase,
-    device: &Device,
-) {
-    model.attach_quantizers(q, phase, device);
-}
-
 pub use mopt_core::quant::calibrate;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mopt_quant::node::QuantConfig;
 
     fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
