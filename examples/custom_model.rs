@@ -38,7 +38,9 @@ use mopt_core::{
 use mopt_distill::{KdSettings, KdTask, LogitCache};
 use mopt_export::graph::{int, GraphBuilder};
 use mopt_export::onnx::{dtype, value_info, Dim, ModelProto};
-use mopt_export::{parity, tensor_json, write_checked, Exportable, InputSpec, InputType};
+use mopt_export::{
+    export_checkpoint, tensor_json, ExportOptions, Exportable, InputSpec, InputType,
+};
 use mopt_prune::{select, units, Criterion, Progress, Ranking, Reduce, UnitLimits};
 use mopt_quant::fake::quantize;
 use mopt_quant::node::{LinearQuant, Phase, QuantConfig};
@@ -396,8 +398,6 @@ fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 }
 
 impl Exportable for Mlp {
-    type Config = MlpConfig;
-
     fn inputs(c: &MlpConfig) -> Vec<InputSpec> {
         vec![InputSpec {
             name: "x".into(),
@@ -485,6 +485,17 @@ impl Exportable for Mlp {
     fn feed(b: &DigitBatch) -> serde_json::Map<String, serde_json::Value> {
         let mut m = serde_json::Map::new();
         m.insert("x".into(), tensor_json(b.x.clone().into_data()));
+        m
+    }
+
+    /// The export is QDQ (judged by prediction agreement) when the model was quantized.
+    fn quantization(c: &MlpConfig) -> Option<QuantConfig> {
+        c.quant.clone()
+    }
+
+    fn card_facts(c: &MlpConfig) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        m.insert("hidden".into(), serde_json::json!(c.hidden));
         m
     }
 }
@@ -869,40 +880,42 @@ fn ptq(chain: &mut Chain) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// The chain's last float model (at `float_dir`) and the current model (its quantized successor
-/// when PTQ was kept) as ONNX, each run in ONNX Runtime against mopt on the test digits.
+/// when PTQ was kept) exported by mopt's generic exporter: each a deployment folder (`model.onnx`,
+/// `model-card.json`, sha256 sums) written only after ONNX Runtime matched mopt on the test
+/// digits (float: max |Δ| ≤ 1e-4; QDQ: ≥ 99.5% of predictions equal).
 fn export(
     chain: &Chain,
     float_dir: &Path,
 ) -> Result<(f64, mopt_export::Parity, Vec<PathBuf>), Box<dyn std::error::Error>> {
     let dir = chain.opts.out.join("04-export");
-    std::fs::create_dir_all(&dir)?;
-    let (float, fc) = Mlp::load(float_dir, &chain.device)?;
-    let float_onnx = dir.join("model-float.onnx");
-    write_checked(&float.onnx(&fc)?, &float_onnx)?;
-    let fp = parity(
-        &float,
-        &float_onnx,
-        &chain.data.test,
-        250,
-        &chain.device,
-        &dir,
-    )?;
+    let opts = ExportOptions {
+        tolerance: 1e-4,
+        input_notes: "x: 784 pixel intensities in [0, 1], row-major 28 x 28".into(),
+        labels: (0..10).map(|d| d.to_string()).collect(),
+        accuracy: None,
+        force: true,
+    };
+    let float =
+        export_checkpoint::<Mlp, _>(float_dir, &dir.join("float"), &chain.data.test, &opts)?;
     eprintln!(
         "export: float ONNX max |ORT − mopt| {:.2e} on {} digits",
-        fp.max_abs_diff, fp.examples
+        float.parity.max_abs_err, float.parity.samples
     );
     let current = chain.current.as_ref().expect("a model");
-    let (q, qc) = Mlp::load(&current.dir, &chain.device)?;
-    let q_onnx = dir.join("model-int8.onnx");
-    write_checked(&q.onnx(&qc)?, &q_onnx)?;
-    let qp = parity(&q, &q_onnx, &chain.data.test, 250, &chain.device, &dir)?;
+    let q = export_checkpoint::<Mlp, _>(&current.dir, &dir.join("int8"), &chain.data.test, &opts)?;
     eprintln!(
         "export: QDQ ONNX agrees with mopt's fake-quant forward on {:.2}% of {} digits (max |Δ| {:.2e})",
-        100.0 * qp.agreement,
-        qp.examples,
-        qp.max_abs_diff
+        100.0 * q.parity.agreement,
+        q.parity.samples,
+        q.parity.max_abs_err
     );
-    Ok((fp.max_abs_diff, qp, vec![float_onnx, q_onnx]))
+    let qp = mopt_export::Parity {
+        max_abs_diff: q.parity.max_abs_err,
+        agreement: q.parity.agreement,
+        examples: q.parity.samples,
+    };
+    let files = vec![dir.join("float/model.onnx"), dir.join("int8/model.onnx")];
+    Ok((float.parity.max_abs_err, qp, files))
 }
 
 #[allow(dead_code)]

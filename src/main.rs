@@ -122,14 +122,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             force,
         }) => {
             let recipe = mopt_recipe::load(&recipe)?;
-            let opts = mopt_export::pipeline::RecipeExport {
+            let opts = mopt_stages::export_recipe::RecipeExport {
                 checkpoint,
                 out,
                 samples,
                 force,
                 latency_runs,
             };
-            let s = mopt_export::pipeline::export_recipe(&recipe, &opts)?;
+            let s = mopt_stages::export_recipe::export_recipe(&recipe, &opts)?;
             for (name, card) in std::iter::once(("student", &s.student))
                 .chain(s.teacher.as_ref().map(|t| ("teacher", t)))
             {

@@ -2,12 +2,12 @@
 //! These call Python's `onnx` and `onnxruntime` (requirements-test.txt) and fail without them.
 
 use burn::prelude::*;
-use mopt_data::SplitMix64;
+use mopt_data::{Encoded, SplitMix64, TextExamples};
 use mopt_export::qdq::{ActQuant, QdqMlp, QuantLinear};
-use mopt_export::{export_checkpoint, python, ExportError, ExportOptions};
+use mopt_export::{python, ExportError, ExportOptions, ModelCard};
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
 
-fn samples(n: usize, vocab: u64, seed: u64) -> Vec<Vec<u32>> {
+fn samples(n: usize, vocab: u64, seed: u64) -> Vec<Encoded> {
     let mut r = SplitMix64::new(seed);
     (0..n)
         .map(|_| {
@@ -15,9 +15,20 @@ fn samples(n: usize, vocab: u64, seed: u64) -> Vec<Vec<u32>> {
             let mut ids = vec![101u32];
             ids.extend((0..len - 2).map(|_| 1000 + (r.next_u64() % (vocab - 1000)) as u32));
             ids.push(102);
-            ids
+            Encoded { ids, label: 0 }
         })
         .collect()
+}
+
+/// Export a BERT checkpoint with parity on `samples` (right-padded with [PAD] = 0).
+fn export_checkpoint(
+    ckpt: &std::path::Path,
+    out: &std::path::Path,
+    samples: &[Encoded],
+    opts: &ExportOptions,
+) -> Result<ModelCard, ExportError> {
+    let examples = TextExamples::new(samples, 0);
+    mopt_export::export_checkpoint::<BertForSequenceClassification, _>(ckpt, out, &examples, opts)
 }
 
 fn checkpoint(config: &BertConfig, dir: &std::path::Path) {
@@ -29,7 +40,8 @@ fn checkpoint(config: &BertConfig, dir: &std::path::Path) {
 fn opts() -> ExportOptions {
     ExportOptions {
         tolerance: 1e-4,
-        max_len: 64,
+        input_notes: mopt_models::bert::onnx::input_notes(64),
+        labels: vec!["neg".into(), "pos".into()],
         accuracy: None,
         force: false,
     }
@@ -38,8 +50,7 @@ fn opts() -> ExportOptions {
 #[test]
 fn tiny_bert_exports_checks_matches_and_fuses() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut c = BertConfig::tiny(30522, 2);
-    c.mopt_labels = Some(vec!["neg".into(), "pos".into()]);
+    let c = BertConfig::tiny(30522, 2);
     checkpoint(&c, &tmp.path().join("ckpt"));
     let out = tmp.path().join("export");
     let card = export_checkpoint(
@@ -120,8 +131,15 @@ fn pruned_bert_with_per_layer_heads_and_ffn_exports_and_matches() {
         "{}",
         card.parity.max_abs_err
     );
-    assert_eq!(card.heads_per_layer, vec![4, 1, 3]);
-    assert_eq!(card.ffn_per_layer, vec![64, 8, 40]);
+    assert_eq!(
+        card.architecture["heads_per_layer"],
+        serde_json::json!([4, 1, 3])
+    );
+    assert_eq!(
+        card.architecture["ffn_per_layer"],
+        serde_json::json!([64, 8, 40])
+    );
+    assert_eq!(card.architecture["layers"], serde_json::json!(3));
 }
 
 #[test]
@@ -146,7 +164,7 @@ fn bert_with_pruned_hidden_channels_exports_and_matches() {
         "{}",
         card.parity.max_abs_err
     );
-    assert_eq!(card.heads_per_layer, vec![4]);
+    assert_eq!(card.architecture["heads_per_layer"], serde_json::json!([4]));
 }
 
 /// A tiny INT8 model: weights per channel (7-bit range), inputs uint8 per tensor, calibrated on
@@ -164,22 +182,10 @@ fn quantized_checkpoint(dir: &std::path::Path, bits: u32) -> BertConfig {
     let q = QuantConfig::int8(bits, mopt_models::bert::quant::linear_paths(&c));
     let calib = samples(64, 30522, 9);
     let (m, unseen) = mopt_models::bert::quant::calibrate(float, &q, &dev, |m| {
+        let batcher = mopt_data::Batcher::new(0);
         for chunk in calib.chunks(16) {
-            let seq = chunk.iter().map(Vec::len).max().unwrap();
-            let ids: Vec<i64> = chunk
-                .iter()
-                .flat_map(|s| (0..seq).map(|i| s.get(i).map_or(0, |&t| t as i64)))
-                .collect();
-            let mask: Vec<f32> = chunk
-                .iter()
-                .flat_map(|s| (0..seq).map(move |i| f32::from(u8::from(i < s.len()))))
-                .collect();
-            let b = chunk.len();
-            let _ = m.forward(
-                Tensor::from_data(TensorData::new(ids, [b, seq]), &dev),
-                Tensor::from_data(TensorData::new(mask, [b, seq]), &dev),
-                Tensor::zeros([b, seq], &dev),
-            );
+            let b = batcher.batch(&chunk.iter().collect::<Vec<_>>(), &dev);
+            let _ = m.forward(b.input_ids, b.attention_mask, b.token_type_ids);
         }
     });
     assert!(unseen.is_empty());

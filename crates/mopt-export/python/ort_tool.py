@@ -2,9 +2,10 @@
 
   check MODEL                         onnx.checker.check_model (full check)
   run MODEL INPUTS_JSON OUT_JSON      run ONNX Runtime; inputs: {"feeds": [{name: nested list}, ...]}
-  fuse MODEL HEADS HIDDEN OUT         ORT transformer optimizer (model_type=bert); op-type counts
+  fuse MODEL TYPE HEADS HIDDEN OUT    ORT transformer optimizer (model_type=TYPE); op-type counts
   optimized-ops MODEL OUT             ORT graph optimisation (ORT_ENABLE_ALL) saved to OUT; op-type counts
-  bench MODEL SEQ WARMUP RUNS VOCAB   latency p50/p90/p99 (ms) at batch 1 and 32
+  bench MODEL FEEDS_JSON WARMUP RUNS  latency p50/p90/p99 (ms); feeds: [{"batch", "seq_len", "feed"}]
+                                      (RUNS timed runs, 4x at batch 1)
 """
 import json
 import sys
@@ -60,8 +61,8 @@ def main(argv):
     elif cmd == "fuse":
         from onnxruntime.transformers import optimizer
 
-        opt = optimizer.optimize_model(argv[1], model_type="bert", num_heads=int(argv[2]), hidden_size=int(argv[3]), opt_level=0)
-        opt.save_model_to_file(argv[4])
+        opt = optimizer.optimize_model(argv[1], model_type=argv[2], num_heads=int(argv[3]), hidden_size=int(argv[4]), opt_level=0)
+        opt.save_model_to_file(argv[5])
         print(json.dumps({"ok": True, "ops": op_counts(opt.model)}))
     elif cmd == "optimized-ops":
         import onnx
@@ -69,14 +70,14 @@ def main(argv):
         session(argv[1], optimized_out=argv[2])
         print(json.dumps({"ok": True, "ops": op_counts(onnx.load(argv[2]))}))
     elif cmd == "bench":
-        path, seq, warmup, runs, vocab = argv[1], int(argv[2]), int(argv[3]), int(argv[4]), int(argv[5])
+        path, feeds, warmup, runs = argv[1], json.load(open(argv[2])), int(argv[3]), int(argv[4])
         sess = session(path)
+        types = {i.name: i.type for i in sess.get_inputs()}
         res = []
-        for batch in (1, 32):
+        for entry in feeds:
+            batch, seq = entry["batch"], entry["seq_len"]
             n = runs * 4 if batch == 1 else runs
-            ids = (1000 + (np.arange(batch * seq) * 7919) % (vocab - 1000)).reshape(batch, seq).astype(np.int64)
-            ids[:, 0] = 101
-            feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+            feed = {k: np.asarray(v, dtype=np.int64 if "int64" in types[k] else np.float32) for k, v in entry["feed"].items()}
             for _ in range(warmup):
                 sess.run(None, feed)
             times = []

@@ -9,7 +9,7 @@ use burn::nn::pool::MaxPool2d;
 use burn::nn::{BatchNorm, Linear, PaddingConfig2d};
 use burn::prelude::*;
 
-use crate::bert::{data, dims};
+use crate::graph::{data, dims};
 use crate::graph::{int, ints, GraphBuilder};
 use crate::onnx::{dtype, value_info, Dim, ModelProto};
 

@@ -5,7 +5,8 @@
 use std::path::Path;
 
 use burn::prelude::*;
-use mopt_core::{Classifier, Examples};
+use mopt_core::{Checkpoint, Examples};
+use mopt_quant::node::QuantConfig;
 use serde_json::{Map, Value};
 
 use crate::error::ExportError;
@@ -27,19 +28,54 @@ pub struct InputSpec {
     pub dims: Vec<Dim>,
 }
 
-/// A model that exports itself to ONNX.
-pub trait Exportable: Classifier {
-    type Config;
+/// ONNX Runtime's transformer optimizer settings for a float model (`model_type`, heads,
+/// hidden size), which fuses attention, LayerNorm and GELU subgraphs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrtFusion {
+    pub model_type: &'static str,
+    pub heads: usize,
+    pub hidden: usize,
+}
 
+/// A model that exports itself to ONNX. [`export_checkpoint`](crate::export_checkpoint) needs
+/// the first three methods; the provided ones add to the model card and the benchmark.
+pub trait Exportable: Checkpoint {
     /// The graph inputs, in order.
     fn inputs(config: &Self::Config) -> Vec<InputSpec>;
 
-    /// The ONNX model: the inputs of [`inputs`](Exportable::inputs), one output with the logits
-    /// `[batch, num_labels]`.
+    /// The ONNX model: the inputs of [`inputs`](Exportable::inputs), one output named `logits`
+    /// with the logits `[batch, num_labels]`.
     fn onnx(&self, config: &Self::Config) -> Result<ModelProto, ExportError>;
 
     /// `batch` as ONNX Runtime is fed it: input name → nested array, for every input.
     fn feed(batch: &Self::Batch) -> Map<String, Value>;
+
+    /// Facts about the architecture for the model card (e.g. layers and heads per layer).
+    fn card_facts(_config: &Self::Config) -> Map<String, Value> {
+        Map::new()
+    }
+
+    /// The quantization a quantized model was trained or calibrated with: the export is QDQ,
+    /// judged by prediction agreement rather than logit tolerance. `None`: a float model.
+    fn quantization(_config: &Self::Config) -> Option<QuantConfig> {
+        None
+    }
+
+    /// Settings for ONNX Runtime's transformer optimizer (float models); `None`: ONNX
+    /// Runtime's generic graph optimisation reports the fused op types.
+    fn ort_fusion(_config: &Self::Config) -> Option<OrtFusion> {
+        None
+    }
+
+    /// A synthetic input of `batch` examples of size `size` (tokens, pixels…) for the ONNX
+    /// Runtime latency benchmark; `None`: the model is not benchmarked.
+    fn bench_feed(
+        _config: &Self::Config,
+        _batch: usize,
+        _size: usize,
+    ) -> Option<Map<String, Value>> {
+        None
+    }
 }
 
 /// A tensor's data (`tensor.into_data()`) as a nested JSON array: a feed value.

@@ -4,8 +4,9 @@
 pub enum ExportError {
     #[error("{0}: {1}")]
     Io(String, #[source] std::io::Error),
+    /// Loading the checkpoint (a bad file is an input error).
     #[error(transparent)]
-    Model(#[from] mopt_models::ModelError),
+    Model(#[from] mopt_core::ModelFault),
     #[error("python: {0}")]
     Python(String),
     #[error("parity check failed: ONNX Runtime differs from mopt by {max_abs_err:e} (tolerance {tolerance:e}) on {samples} samples; the export was not written")]
@@ -23,8 +24,6 @@ pub enum ExportError {
     },
     #[error("{0}")]
     Invalid(String),
-    #[error(transparent)]
-    Train(#[from] mopt_train::TrainError),
 }
 
 impl ExportError {
@@ -32,7 +31,7 @@ impl ExportError {
     pub fn is_input_error(&self) -> bool {
         match self {
             ExportError::Invalid(_) => true,
-            ExportError::Train(e) => e.is_input_error(),
+            ExportError::Model(e) => e.input,
             _ => false,
         }
     }

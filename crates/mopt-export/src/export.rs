@@ -1,19 +1,30 @@
-//! Exporting a mopt checkpoint: `model.onnx`, tokenizer files, label map and `model-card.json`,
-//! after an ONNX checker pass and a parity check against mopt's own forward pass. Files are
-//! written to a temporary folder and moved into place only when every check passes.
+//! Exporting a mopt checkpoint of any [`Exportable`] model: `model.onnx`, the checkpoint's
+//! side files (tokenizer, label map), and `model-card.json`, after an ONNX checker pass and a
+//! parity check against mopt's own forward pass. Files are written to a temporary folder and
+//! moved into place only when every check passes.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
-use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
+use mopt_core::{Examples, ModelConfig};
+use mopt_quant::node::QuantConfig;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::bert::{export_bert, INPUTS, IR_VERSION, OPSET, OUTPUT};
-use crate::contract::argmax;
+use crate::contract::{parity, Exportable, InputType};
 use crate::error::ExportError;
+use crate::onnx::{Dim, IR_VERSION, OPSET};
 use crate::python;
+
+/// The graph output every exporter writes: the logits `[batch, num_labels]`.
+pub const OUTPUT: &str = "logits";
+
+/// Examples per ONNX Runtime call in the parity check.
+const PARITY_BATCH: usize = 32;
+
+/// Files of a checkpoint folder a deployment needs besides the graph, copied when present.
+const SIDE_FILES: [&str; 3] = ["tokenizer.json", "vocab.txt", "labels.json"];
 
 /// Parity tolerance for float exports (max absolute logit difference).
 pub const FLOAT_TOLERANCE: f64 = 1e-4;
@@ -50,11 +61,13 @@ pub struct ModelCard {
     pub ir_version: i64,
     pub inputs: Vec<TensorSpec>,
     pub outputs: Vec<TensorSpec>,
+    /// How a deployment prepares the inputs (BERT: padding, token types, truncation).
     pub padding: String,
     pub labels: Vec<String>,
-    pub layers: usize,
-    pub heads_per_layer: Vec<usize>,
-    pub ffn_per_layer: Vec<usize>,
+    /// The model's own facts ([`Exportable::card_facts`]; BERT: `layers`, `heads_per_layer`,
+    /// `ffn_per_layer`).
+    #[serde(flatten)]
+    pub architecture: serde_json::Map<String, serde_json::Value>,
     pub params: usize,
     pub accuracy_at_export: Option<f64>,
     pub parity: Parity,
@@ -71,8 +84,10 @@ pub struct ModelCard {
 #[derive(Debug, Clone)]
 pub struct ExportOptions {
     pub tolerance: f64,
-    /// Tokenizer truncation length, recorded in the card.
-    pub max_len: usize,
+    /// How a deployment prepares the inputs, recorded in the card (see [`ModelCard::padding`]).
+    pub input_notes: String,
+    /// The class names, in logit order, recorded in the card.
+    pub labels: Vec<String>,
     pub accuracy: Option<f64>,
     /// Replace an existing output folder.
     pub force: bool,
@@ -83,90 +98,9 @@ fn sha256_file(p: &Path) -> Result<String, ExportError> {
     Ok(format!("{:x}", Sha256::digest(&bytes)))
 }
 
-/// Rows of int64 values.
-type Rows = Vec<Vec<i64>>;
-
-/// Right-padded batches of token ids (ids, attention mask).
-fn batches(samples: &[Vec<u32>], batch: usize) -> Vec<(Rows, Rows)> {
-    samples
-        .chunks(batch)
-        .map(|chunk| {
-            let seq = chunk.iter().map(Vec::len).max().unwrap_or(1);
-            let ids = chunk
-                .iter()
-                .map(|s| {
-                    (0..seq)
-                        .map(|i| s.get(i).map_or(0, |&t| t as i64))
-                        .collect()
-                })
-                .collect();
-            let mask = chunk
-                .iter()
-                .map(|s| (0..seq).map(|i| i64::from(i < s.len())).collect())
-                .collect();
-            (ids, mask)
-        })
-        .collect()
-}
-
-/// mopt's logits for one padded batch.
-pub fn mopt_logits(
-    model: &BertForSequenceClassification,
-    ids: &[Vec<i64>],
-    mask: &[Vec<i64>],
-    device: &Device,
-) -> Vec<Vec<f32>> {
-    let (b, s) = (ids.len(), ids[0].len());
-    let flat: Vec<i64> = ids.iter().flatten().copied().collect();
-    let m: Vec<f32> = mask.iter().flatten().map(|&v| v as f32).collect();
-    let out = model.forward(
-        Tensor::from_data(TensorData::new(flat, [b, s]), device),
-        Tensor::from_data(TensorData::new(m, [b, s]), device),
-        Tensor::zeros([b, s], device),
-    );
-    let c = out.dims()[1];
-    let v: Vec<f32> = out.into_data().try_to_vec().expect("f32");
-    v.chunks(c).map(<[f32]>::to_vec).collect()
-}
-
-/// Max |ONNX Runtime − mopt| over `samples` and the share of equal predictions, run in batches
-/// of 32.
-pub fn parity(
-    model: &BertForSequenceClassification,
-    onnx: &Path,
-    samples: &[Vec<u32>],
-    work: &Path,
-) -> Result<(f64, f64), ExportError> {
-    let device = Device::flex();
-    let bs = batches(samples, 32);
-    let feeds: Vec<serde_json::Value> = bs
-        .iter()
-        .map(|(ids, mask)| {
-            let zeros: Vec<Vec<i64>> = ids.iter().map(|r| vec![0; r.len()]).collect();
-            serde_json::json!({ "input_ids": ids, "attention_mask": mask, "token_type_ids": zeros })
-        })
-        .collect();
-    let outs = python::run(onnx, &serde_json::Value::Array(feeds), work)?;
-    let mut max = 0f64;
-    let (mut same, mut n) = (0usize, 0usize);
-    for ((ids, mask), out) in bs.iter().zip(outs) {
-        let ours = mopt_logits(model, ids, mask, &device);
-        let theirs: Vec<Vec<f64>> =
-            serde_json::from_value(out).map_err(|e| ExportError::Python(e.to_string()))?;
-        for (a, b) in ours.iter().zip(&theirs) {
-            for (x, y) in a.iter().zip(b) {
-                max = max.max((*x as f64 - y).abs());
-            }
-            n += 1;
-            same += usize::from(argmax(a.iter().map(|&x| x as f64)) == argmax(b.iter().copied()));
-        }
-    }
-    Ok((max, same as f64 / n.max(1) as f64))
-}
-
 /// Why a quantized model cannot be exported as QDQ, if it cannot.
-fn qdq_unsupported(config: &BertConfig) -> Option<String> {
-    let q = config.mopt_quant.as_ref()?;
+fn qdq_unsupported(q: Option<&QuantConfig>) -> Option<String> {
+    let q = q?;
     if q.weight.format.bits > 8 || q.weight.format.bits < 5 || !q.weight.format.signed {
         return Some(format!(
             "weights are quantized to {}-bit {}: the QDQ export writes int8 weights (8 bits, or the 7-bit range); INT4 needs ONNX opset 21. Use weight bits = 8 (or 7) for an ONNX deployment",
@@ -183,28 +117,31 @@ fn qdq_unsupported(config: &BertConfig) -> Option<String> {
     None
 }
 
-/// Export the checkpoint folder `ckpt` into `out`.
-pub fn export_checkpoint(
+/// Export the checkpoint folder `ckpt` of an `M` into `out`, checking parity on `examples`.
+pub fn export_checkpoint<M, E>(
     ckpt: &Path,
     out: &Path,
-    samples: &[Vec<u32>],
+    examples: &E,
     opts: &ExportOptions,
-) -> Result<ModelCard, ExportError> {
+) -> Result<ModelCard, ExportError>
+where
+    M: Exportable,
+    E: Examples<Batch = M::Batch>,
+{
     if out.exists() && !opts.force {
         return Err(ExportError::Invalid(format!(
             "{} already exists; pass --force to replace it",
             out.display()
         )));
     }
-    if samples.is_empty() {
+    if examples.is_empty() {
         return Err(ExportError::Invalid(
             "parity needs at least one sample".into(),
         ));
     }
     let device = Device::flex();
-    let (model, config): (BertForSequenceClassification, BertConfig) =
-        weights::load_checkpoint(ckpt, &device)?;
-    if let Some(why) = qdq_unsupported(&config) {
+    let (model, config) = M::load(ckpt, &device).map_err(ExportError::Model)?;
+    if let Some(why) = qdq_unsupported(M::quantization(&config).as_ref()) {
         return Err(ExportError::Invalid(format!("{}: {why}", ckpt.display())));
     }
     let model = model.valid();
@@ -213,7 +150,12 @@ pub fn export_checkpoint(
         std::fs::remove_dir_all(&tmp).map_err(|e| ExportError::Io(tmp.display().to_string(), e))?;
     }
     std::fs::create_dir_all(&tmp).map_err(|e| ExportError::Io(tmp.display().to_string(), e))?;
-    let result = write_export(&model, &config, ckpt, &tmp, samples, opts);
+    let target = Target {
+        ckpt,
+        dir: &tmp,
+        device: &device,
+    };
+    let result = write_export(&model, &config, &target, examples, opts);
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
         return result;
@@ -225,66 +167,135 @@ pub fn export_checkpoint(
     result
 }
 
-fn write_export(
-    model: &BertForSequenceClassification,
-    config: &BertConfig,
-    ckpt: &Path,
-    dir: &Path,
-    samples: &[Vec<u32>],
+/// Where an export reads from and writes to.
+struct Target<'a> {
+    ckpt: &'a Path,
+    dir: &'a Path,
+    device: &'a Device,
+}
+
+fn write_export<M, E>(
+    model: &M,
+    config: &M::Config,
+    at: &Target,
+    examples: &E,
     opts: &ExportOptions,
-) -> Result<ModelCard, ExportError> {
-    let onnx_path = dir.join("model.onnx");
-    let proto = export_bert(
-        model,
-        config,
-        &[("mopt_version", env!("CARGO_PKG_VERSION").to_string())],
-    );
-    std::fs::write(&onnx_path, proto.to_bytes())
-        .map_err(|e| ExportError::Io(onnx_path.display().to_string(), e))?;
-    python::tool(&["check", &onnx_path.display().to_string()])?;
-    let (max_abs_err, agreement) = parity(model, &onnx_path, samples, dir)?;
-    let quantized = config.mopt_quant.is_some();
-    if quantized {
+) -> Result<ModelCard, ExportError>
+where
+    M: Exportable,
+    E: Examples<Batch = M::Batch>,
+{
+    let onnx_path = at.dir.join("model.onnx");
+    crate::contract::write_checked(&model.onnx(config)?, &onnx_path)?;
+    let p = parity(model, &onnx_path, examples, PARITY_BATCH, at.device, at.dir)?;
+    let (max_abs_err, agreement, samples) = (p.max_abs_diff, p.agreement, p.examples);
+    let quantization = M::quantization(config);
+    if quantization.is_some() {
         if agreement < QDQ_MIN_AGREEMENT || max_abs_err.is_nan() {
             return Err(ExportError::Agreement {
                 agreement,
                 min: QDQ_MIN_AGREEMENT,
                 max_abs_err,
-                samples: samples.len(),
+                samples,
             });
         }
     } else if max_abs_err > opts.tolerance || max_abs_err.is_nan() {
         return Err(ExportError::Parity {
             max_abs_err,
             tolerance: opts.tolerance,
-            samples: samples.len(),
+            samples,
         });
     }
+    let fused = python::ops(&fused_ops(
+        &onnx_path,
+        quantization
+            .is_none()
+            .then(|| M::ort_fusion(config))
+            .flatten(),
+        at.dir,
+    )?);
+    let sha256 = copy_side_files(at.ckpt, at.dir)?;
+    let card = ModelCard {
+        mopt_version: env!("CARGO_PKG_VERSION"),
+        burn_version: "0.22.1",
+        onnxruntime_checked_with: ort_version(),
+        opset: OPSET,
+        ir_version: IR_VERSION,
+        inputs: M::inputs(config).iter().map(|i| TensorSpec {
+            name: i.name.clone(),
+            dtype: match i.dtype { InputType::Float => "float32", InputType::Int64 => "int64" }.into(),
+            shape: i.dims.iter().map(dim_name).collect(),
+        }).collect(),
+        outputs: vec![TensorSpec { name: OUTPUT.into(), dtype: "float32".into(), shape: vec!["batch".into(), config.num_labels().to_string()] }],
+        padding: opts.input_notes.clone(),
+        labels: opts.labels.clone(),
+        architecture: M::card_facts(config),
+        params: config.num_params(),
+        accuracy_at_export: opts.accuracy,
+        parity: Parity { samples, max_abs_err, tolerance: opts.tolerance, agreement },
+        quantization: quantization.as_ref().map(|q| {
+            serde_json::json!({
+                "config": q,
+                "format": "QDQ: QuantizeLinear/DequantizeLinear on inputs, int8 weights with per-channel DequantizeLinear",
+                "min_agreement": QDQ_MIN_AGREEMENT,
+                "onnxruntime_optimized_ops": fused,
+            })
+        }),
+        fused_ops: fused,
+        sha256,
+    };
+    let card_path = at.dir.join("model-card.json");
+    std::fs::write(
+        &card_path,
+        serde_json::to_string_pretty(&card).expect("json"),
+    )
+    .map_err(|e| ExportError::Io(card_path.display().to_string(), e))?;
+    Ok(card)
+}
+
+fn dim_name(d: &Dim) -> String {
+    match d {
+        Dim::Fixed(v) => v.to_string(),
+        Dim::Named(n) => (*n).to_string(),
+    }
+}
+
+/// The op types of ONNX Runtime's optimised graph: its transformer optimizer with `fusion`
+/// (float BERT: Attention, SkipLayerNormalization, BiasGelu…), otherwise its own graph
+/// optimisation (which turns QDQ into integer kernels).
+fn fused_ops(
+    onnx: &Path,
+    fusion: Option<crate::contract::OrtFusion>,
+    dir: &Path,
+) -> Result<serde_json::Value, ExportError> {
     let fused_path = dir.join("fused.onnx.tmp");
-    // Float models: ORT's BERT optimizer (fused attention, SkipLayerNorm...). Quantized ones:
-    // ORT's own graph optimisation, which is what turns QDQ into integer kernels.
-    let fused = if quantized {
-        python::tool(&[
-            "optimized-ops",
-            &onnx_path.display().to_string(),
-            &fused_path.display().to_string(),
-        ])?
-    } else {
-        python::tool(&[
+    let (onnx, fused) = (onnx.display().to_string(), fused_path.display().to_string());
+    let ops = match fusion {
+        Some(f) => python::tool(&[
             "fuse",
-            &onnx_path.display().to_string(),
-            &config.num_attention_heads.to_string(),
-            &config.hidden_size.to_string(),
-            &fused_path.display().to_string(),
-        ])?
+            &onnx,
+            f.model_type,
+            &f.heads.to_string(),
+            &f.hidden.to_string(),
+            &fused,
+        ])?,
+        None => python::tool(&["optimized-ops", &onnx, &fused])?,
     };
     let _ = std::fs::remove_file(&fused_path);
-    let ort_version = python::tool(&["version"])
+    Ok(ops)
+}
+
+fn ort_version() -> String {
+    python::tool(&["version"])
         .ok()
         .and_then(|v| v["onnxruntime"].as_str().map(String::from))
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// Copy [`SIDE_FILES`] present in `ckpt` to `dir`; sha256 of those and `model.onnx`.
+fn copy_side_files(ckpt: &Path, dir: &Path) -> Result<BTreeMap<String, String>, ExportError> {
     let mut files = vec!["model.onnx".to_string()];
-    for f in ["tokenizer.json", "vocab.txt", "labels.json"] {
+    for f in SIDE_FILES {
         let src = ckpt.join(f);
         if src.is_file() {
             std::fs::copy(&src, dir.join(f))
@@ -296,42 +307,35 @@ fn write_export(
     for f in &files {
         sha256.insert(f.clone(), sha256_file(&dir.join(f))?);
     }
-    let dynamic = || vec!["batch".to_string(), "sequence".to_string()];
-    let card = ModelCard {
-        mopt_version: env!("CARGO_PKG_VERSION"),
-        burn_version: "0.22.1",
-        onnxruntime_checked_with: ort_version,
-        opset: OPSET,
-        ir_version: IR_VERSION,
-        inputs: INPUTS.iter().map(|n| TensorSpec { name: n.to_string(), dtype: "int64".into(), shape: dynamic() }).collect(),
-        outputs: vec![TensorSpec { name: OUTPUT.into(), dtype: "float32".into(), shape: vec!["batch".into(), config.num_labels.to_string()] }],
-        padding: format!(
-            "right padding with id 0 ([PAD]); attention_mask 1 for tokens and 0 for padding; token_type_ids all 0; [CLS] … [SEP], truncated at {} tokens",
-            opts.max_len
-        ),
-        labels: config.mopt_labels.clone().unwrap_or_default(),
-        layers: config.num_hidden_layers,
-        heads_per_layer: (0..config.num_hidden_layers).map(|i| config.heads(i)).collect(),
-        ffn_per_layer: (0..config.num_hidden_layers).map(|i| config.ffn(i)).collect(),
-        params: config.num_params(),
-        accuracy_at_export: opts.accuracy,
-        parity: Parity { samples: samples.len(), max_abs_err, tolerance: opts.tolerance, agreement },
-        quantization: config.mopt_quant.as_ref().map(|q| {
-            serde_json::json!({
-                "config": q,
-                "format": "QDQ: QuantizeLinear/DequantizeLinear on inputs, int8 weights with per-channel DequantizeLinear",
-                "min_agreement": QDQ_MIN_AGREEMENT,
-                "onnxruntime_optimized_ops": python::ops(&fused),
-            })
-        }),
-        fused_ops: python::ops(&fused),
-        sha256,
-    };
-    let card_path = dir.join("model-card.json");
-    std::fs::write(
-        &card_path,
-        serde_json::to_string_pretty(&card).expect("json"),
-    )
-    .map_err(|e| ExportError::Io(card_path.display().to_string(), e))?;
-    Ok(card)
+    Ok(sha256)
+}
+
+/// ONNX Runtime latency (p50/p90/p99 at batch 1 and 32) of the model at `onnx`, on
+/// [`Exportable::bench_feed`] inputs of size `size`; `None` when the model declares none.
+pub fn ort_latency<M: Exportable>(
+    onnx: &Path,
+    config: &M::Config,
+    size: usize,
+    (warmup, runs): (usize, usize),
+    work: &Path,
+) -> Result<Option<serde_json::Value>, ExportError> {
+    let mut feeds = Vec::new();
+    for batch in [1, 32] {
+        let Some(feed) = M::bench_feed(config, batch, size) else {
+            return Ok(None);
+        };
+        feeds.push(serde_json::json!({ "batch": batch, "seq_len": size, "feed": feed }));
+    }
+    let path = work.join("ort-bench-feeds.json");
+    std::fs::write(&path, serde_json::to_vec(&feeds).expect("json"))
+        .map_err(|e| ExportError::Io(path.display().to_string(), e))?;
+    let v = python::tool(&[
+        "bench",
+        &onnx.display().to_string(),
+        &path.display().to_string(),
+        &warmup.to_string(),
+        &runs.to_string(),
+    ]);
+    let _ = std::fs::remove_file(&path);
+    Ok(Some(v?["latency"].clone()))
 }

@@ -1,8 +1,25 @@
 //! A small ONNX graph builder: unique value names, nodes, initializers.
 
+use burn::module::Param;
+use burn::prelude::*;
+
 use crate::onnx::{
     attr_type, dtype, AttributeProto, GraphProto, NodeProto, TensorProto, ValueInfoProto,
 };
+
+/// A parameter's values, as f32 (initializers).
+pub fn data<const D: usize>(p: &Param<Tensor<D>>) -> Vec<f32> {
+    p.val()
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec()
+        .expect("f32 parameter")
+}
+
+/// A parameter's dimensions.
+pub fn dims<const D: usize>(p: &Param<Tensor<D>>) -> Vec<usize> {
+    p.val().dims().to_vec()
+}
 
 /// Builds a [`GraphProto`] node by node.
 #[derive(Default)]

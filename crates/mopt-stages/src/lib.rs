@@ -27,6 +27,8 @@ pub mod chart;
 pub mod donor;
 pub mod env;
 mod error;
+pub mod export_recipe;
+pub mod family;
 pub mod gate;
 pub mod kinds;
 pub mod lr_find;

@@ -78,6 +78,8 @@ pub struct PlanContext<'a> {
 /// Everything a running stage may read.
 pub struct StageContext<'a> {
     pub entry: &'a StageEntry,
+    /// The model family of the run (`[model] arch`): the stage's capabilities.
+    pub family: &'a dyn crate::family::Family,
     pub device: &'a DeviceSpec,
     pub data: &'a EncodedSplits,
     pub data_spec: &'a DataSpec,

@@ -3,6 +3,7 @@
 mod config;
 mod family;
 mod model;
+pub mod onnx;
 pub mod prune;
 pub mod quant;
 pub mod setup;

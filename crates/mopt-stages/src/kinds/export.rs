@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use mopt_export::export::{export_checkpoint, ExportOptions, FLOAT_TOLERANCE};
-use mopt_export::pipeline::ort_latency;
+use mopt_data::TextExamples;
+use mopt_export::export::{ExportOptions, FLOAT_TOLERANCE};
 use mopt_models::bert::BertConfig;
 use mopt_recipe::{RecipeError, StageEntry};
 
@@ -127,21 +127,18 @@ impl Stage for ExportStage {
     }
 
     fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
-        let samples: Vec<Vec<u32>> = cx
-            .golden
-            .iter()
-            .take(self.samples)
-            .map(|e| e.ids.clone())
-            .collect();
+        let golden = &cx.golden[..self.samples.min(cx.golden.len())];
+        let samples = TextExamples::new(golden, cx.pad_id);
         let opts = ExportOptions {
             tolerance: self.tolerance,
-            max_len: cx.tokenizer.max_len,
+            input_notes: cx.family.input_notes(cx.tokenizer.max_len),
+            labels: cx.data.labels.labels.clone(),
             accuracy: None,
             force: true,
         };
         let out = cx.dir.join("onnx");
         eprintln!("export: {} -> {}", input.display(), out.display());
-        let card = export_checkpoint(input, &out, &samples, &opts)?;
+        let card = cx.family.export(input, &out, &samples, &opts)?;
         let runs = self.latency_runs.unwrap_or(cx.evaluation.latency_runs);
         let e = cx.evaluation;
         let mut latency = Vec::new();
@@ -178,7 +175,7 @@ impl Stage for ExportStage {
                 dir.display(),
                 b.display()
             );
-            export_checkpoint(dir, &b, &samples, &opts)?;
+            cx.family.export(dir, &b, &samples, &opts)?;
             models.push((name.clone(), b.join("model.onnx")));
         }
         notes.push(format!(
@@ -193,10 +190,26 @@ impl Stage for ExportStage {
                 .join(", ")
         ));
         if runs > 0 {
-            let vocab = BertConfig::from_file(&input.join("config.json"))?.vocab_size;
             for (name, path) in &models {
                 eprintln!("export: ONNX Runtime latency of the {name}");
-                let l = ort_latency(path, vocab, e.latency_seq_len, e.latency_warmup, runs)?;
+                let ckpt = if name == "model" {
+                    input
+                } else {
+                    cx.earlier
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .map_or(input, |(_, d)| d.as_path())
+                };
+                let Some(l) = cx.family.ort_latency(
+                    ckpt,
+                    path,
+                    e.latency_seq_len,
+                    (e.latency_warmup, runs),
+                )?
+                else {
+                    notes.push(format!("No ONNX Runtime latency for the {name}: its family declares no benchmark input."));
+                    continue;
+                };
                 for row in l.as_array().into_iter().flatten() {
                     notes.push(format!(
                         "ONNX Runtime CPU latency, {name}, batch {} x {}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms.",

@@ -1,19 +1,17 @@
-//! `mopt-train export RECIPE`: export a run's best checkpoint (and its teacher, for distillation
+//! `mopt-train export RECIPE` (the recipe's model family does the work): export a run's best checkpoint (and its teacher, for distillation
 //! runs) with parity on real test sentences, then benchmark both in ONNX Runtime side by side.
 
 use std::path::{Path, PathBuf};
 
-use burn::prelude::*;
 use mopt_data::{LabelMap, TextExamples};
-use mopt_models::bert::weights;
+use mopt_export::export::{ExportOptions, ModelCard, FLOAT_TOLERANCE};
+use mopt_export::ExportError;
 use mopt_recipe::Recipe;
 use mopt_train::setup::prepare_data;
-use mopt_train::trainer::evaluate;
 use serde::Serialize;
 
-use crate::error::ExportError;
-use crate::export::{export_checkpoint, ExportOptions, ModelCard, FLOAT_TOLERANCE};
-use crate::python;
+use crate::error::StageError;
+use crate::family::recipe_family;
 
 /// ONNX Runtime latency of one exported model.
 #[derive(Debug, Clone, Serialize)]
@@ -47,59 +45,34 @@ fn export_one(
     ckpt: &Path,
     out: &Path,
     opts: &RecipeExport,
-) -> Result<ModelCard, ExportError> {
+) -> Result<ModelCard, StageError> {
     if !ckpt.join("model.bpk").is_file() {
         return Err(ExportError::Invalid(format!(
             "no checkpoint at {} (model.bpk); run the recipe first or pass --checkpoint",
             ckpt.display()
-        )));
+        ))
+        .into());
     }
     let labels = LabelMap::load(&ckpt.join("labels.json")).map_err(mopt_train::TrainError::from)?;
     let prepared = prepare_data(&recipe.tokenizer, &recipe.data, Some(labels))?;
-    let test = &prepared.data.test;
-    let device = Device::flex();
-    let (model, config) = weights::load_checkpoint(ckpt, &device)?;
-    let test_split = TextExamples::new(test, prepared.tokenizer.pad_id);
-    let accuracy = evaluate(&model.valid(), &test_split, 64, config.num_labels, &device)
-        .metrics
-        .accuracy;
-    let samples: Vec<Vec<u32>> = test
-        .iter()
-        .take(opts.samples)
-        .map(|e| e.ids.clone())
-        .collect();
+    let test = TextExamples::new(&prepared.data.test, prepared.tokenizer.pad_id);
+    let fam = recipe_family(recipe);
+    let accuracy = fam.accuracy(ckpt, &test)?;
+    let n = opts.samples.min(prepared.data.test.len());
+    let samples = TextExamples::new(&prepared.data.test[..n], prepared.tokenizer.pad_id);
     let eo = ExportOptions {
         tolerance: FLOAT_TOLERANCE,
-        max_len: recipe.tokenizer.max_len,
+        input_notes: fam.input_notes(recipe.tokenizer.max_len),
+        labels: prepared.data.labels.labels.clone(),
         accuracy: Some(accuracy),
         force: opts.force,
     };
-    export_checkpoint(ckpt, out, &samples, &eo)
-}
-
-/// ONNX Runtime latency (p50/p90/p99 at batch 1 and 32) of the model at `onnx`, on token ids
-/// drawn below `vocab`.
-pub fn ort_latency(
-    onnx: &Path,
-    vocab: usize,
-    seq_len: usize,
-    warmup: usize,
-    runs: usize,
-) -> Result<serde_json::Value, ExportError> {
-    let v = python::tool(&[
-        "bench",
-        &onnx.display().to_string(),
-        &seq_len.to_string(),
-        &warmup.to_string(),
-        &runs.to_string(),
-        &vocab.to_string(),
-    ])?;
-    Ok(v["latency"].clone())
+    fam.export(ckpt, out, &samples, &eo)
 }
 
 /// Export the recipe's best checkpoint (default `<run>/best` → `<run>/export`), plus the teacher of
 /// a distillation recipe (→ `<out>/teacher`), and benchmark them in ONNX Runtime.
-pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSummary, ExportError> {
+pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSummary, StageError> {
     let run_dir = recipe.run.run_dir();
     let ckpt = opts
         .checkpoint
@@ -110,7 +83,8 @@ pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSumma
         return Err(ExportError::Invalid(format!(
             "{} already exists; pass --force to replace it",
             out.display()
-        )));
+        ))
+        .into());
     }
     eprintln!("exporting {} -> {}", ckpt.display(), out.display());
     let student = export_one(
@@ -139,24 +113,25 @@ pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSumma
     };
     let mut latency = Vec::new();
     if opts.latency_runs > 0 {
-        let vocab = mopt_models::bert::BertConfig::from_file(&ckpt.join("config.json"))?.vocab_size;
-        let mut models = vec![("student".to_string(), out.join("model.onnx"))];
-        if teacher.is_some() {
-            models.push(("teacher".to_string(), out.join("teacher/model.onnx")));
+        let fam = recipe_family(recipe);
+        let mut models = vec![("student".to_string(), ckpt.clone(), out.join("model.onnx"))];
+        if let Some(t) = &recipe.teacher {
+            models.push((
+                "teacher".into(),
+                t.checkpoint.clone(),
+                out.join("teacher/model.onnx"),
+            ));
         }
-        for (name, path) in models {
+        for (name, ckpt, path) in models {
             eprintln!("benchmarking {name} in ONNX Runtime");
             let e = &recipe.evaluation;
-            latency.push(OrtLatency {
-                model: name,
-                latency: ort_latency(
-                    &path,
-                    vocab,
-                    e.latency_seq_len,
-                    e.latency_warmup,
-                    opts.latency_runs,
-                )?,
-            });
+            let runs = (e.latency_warmup, opts.latency_runs);
+            if let Some(l) = fam.ort_latency(&ckpt, &path, e.latency_seq_len, runs)? {
+                latency.push(OrtLatency {
+                    model: name,
+                    latency: l,
+                });
+            }
         }
     }
     if !latency.is_empty() {
@@ -177,7 +152,7 @@ pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSumma
             }
         }
         let path = out.join("latency.md");
-        std::fs::write(&path, &md).map_err(|e| ExportError::Io(path.display().to_string(), e))?;
+        std::fs::write(&path, &md).map_err(|e| StageError::io(&path, e))?;
         eprint!("{md}");
     }
     let summary = ExportSummary {
@@ -188,6 +163,6 @@ pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSumma
     };
     let path = out.join("export-report.json");
     std::fs::write(&path, serde_json::to_string_pretty(&summary).expect("json"))
-        .map_err(|e| ExportError::Io(path.display().to_string(), e))?;
+        .map_err(|e| StageError::io(&path, e))?;
     Ok(summary)
 }

@@ -13,33 +13,24 @@
 //! the bias stays float. ONNX Runtime's QDQ transformer turns `DQ(x), DQ(W) → MatMul` into
 //! integer kernels (`MatMulIntegerToFloat`); LayerNorm, softmax, GELU stay float, as in mopt.
 
+use super::{BertConfig, BertForSequenceClassification, MASK_BIAS};
 use burn::module::Param;
 use burn::nn::{LayerNorm, Linear};
 use burn::prelude::*;
-use mopt_models::bert::{BertConfig, BertForSequenceClassification, MASK_BIAS};
 use mopt_quant::fake::quantize;
 use mopt_quant::node::{FakeQuant, LinearQuant};
 
-use crate::graph::{float, int, ints, GraphBuilder};
-use crate::onnx::{dtype, value_info, Dim, ModelProto};
+use mopt_data::TextBatch;
+use mopt_export::contract::OrtFusion;
+use mopt_export::graph::{data, dims, float, int, ints, GraphBuilder};
+use mopt_export::onnx::{dtype, value_info, Dim, ModelProto};
+use mopt_export::{tensor_json, ExportError, Exportable, InputSpec, InputType};
+use mopt_quant::node::QuantConfig;
+use serde_json::{Map, Value};
 
-pub use crate::onnx::{IR_VERSION, OPSET};
-
-/// Graph input and output names.
+/// Graph input names.
 pub const INPUTS: [&str; 3] = ["input_ids", "attention_mask", "token_type_ids"];
-pub const OUTPUT: &str = "logits";
-
-pub(crate) fn data<const D: usize>(p: &Param<Tensor<D>>) -> Vec<f32> {
-    p.val()
-        .into_data()
-        .convert::<f32>()
-        .try_to_vec()
-        .expect("f32 parameter")
-}
-
-pub(crate) fn dims<const D: usize>(p: &Param<Tensor<D>>) -> Vec<usize> {
-    p.val().dims().to_vec()
-}
+use mopt_export::export::OUTPUT;
 
 /// Quantized inputs already in the graph: (tensor, scale bits, zero point) → its DQ output.
 /// Q, K and V read the same tensor with the same calibrated parameters: one
@@ -402,4 +393,85 @@ pub fn export_bert(
         )],
     );
     ModelProto::new(graph, "BERT sequence classifier exported by mopt", metadata)
+}
+
+/// The model card's note on inputs: how a deployment pads and truncates.
+pub fn input_notes(max_len: usize) -> String {
+    format!(
+        "right padding with id 0 ([PAD]); attention_mask 1 for tokens and 0 for padding; token_type_ids all 0; [CLS] … [SEP], truncated at {max_len} tokens"
+    )
+}
+
+impl Exportable for BertForSequenceClassification {
+    fn inputs(_: &BertConfig) -> Vec<InputSpec> {
+        INPUTS
+            .iter()
+            .map(|n| InputSpec {
+                name: n.to_string(),
+                dtype: InputType::Int64,
+                dims: vec![Dim::Named("batch"), Dim::Named("sequence")],
+            })
+            .collect()
+    }
+
+    fn onnx(&self, config: &BertConfig) -> Result<ModelProto, ExportError> {
+        Ok(export_bert(
+            self,
+            config,
+            &[("mopt_version", env!("CARGO_PKG_VERSION").to_string())],
+        ))
+    }
+
+    fn feed(b: &TextBatch) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert(INPUTS[0].into(), tensor_json(b.input_ids.to_data()));
+        m.insert(INPUTS[1].into(), tensor_json(b.attention_mask.to_data()));
+        m.insert(INPUTS[2].into(), tensor_json(b.token_type_ids.to_data()));
+        m
+    }
+
+    fn card_facts(c: &BertConfig) -> Map<String, Value> {
+        let n = c.num_hidden_layers;
+        let mut m = Map::new();
+        m.insert("layers".into(), n.into());
+        let heads: Vec<usize> = (0..n).map(|i| c.heads(i)).collect();
+        m.insert("heads_per_layer".into(), heads.into());
+        let ffn: Vec<usize> = (0..n).map(|i| c.ffn(i)).collect();
+        m.insert("ffn_per_layer".into(), ffn.into());
+        m
+    }
+
+    fn quantization(c: &BertConfig) -> Option<QuantConfig> {
+        c.mopt_quant.clone()
+    }
+
+    fn ort_fusion(c: &BertConfig) -> Option<OrtFusion> {
+        Some(OrtFusion {
+            model_type: "bert",
+            heads: c.num_attention_heads,
+            hidden: c.hidden_size,
+        })
+    }
+
+    /// `[CLS]` (101) then ids spread over the vocabulary above 1000, no padding.
+    fn bench_feed(c: &BertConfig, batch: usize, seq: usize) -> Option<Map<String, Value>> {
+        let span = c.vocab_size.checked_sub(1000).filter(|&s| s > 0)?;
+        let ids: Vec<Vec<i64>> = (0..batch)
+            .map(|r| {
+                (0..seq)
+                    .map(|j| match j {
+                        0 => 101,
+                        _ => (1000 + ((r * seq + j) * 7919) % span) as i64,
+                    })
+                    .collect()
+            })
+            .collect();
+        let ones: Vec<Vec<i64>> = vec![vec![1; seq]; batch];
+        let zeros: Vec<Vec<i64>> = vec![vec![0; seq]; batch];
+        let mut m = Map::new();
+        m.insert(INPUTS[0].into(), serde_json::json!(ids));
+        m.insert(INPUTS[1].into(), serde_json::json!(ones));
+        m.insert(INPUTS[2].into(), serde_json::json!(zeros));
+        Some(m)
+    }
 }

@@ -1,0 +1,55 @@
+//! BERT sequence classifiers (`mopt_models::bert`) as a family.
+
+use std::path::Path;
+
+use mopt_data::TextExamples;
+use mopt_export::{export_checkpoint, ort_latency, ExportOptions, ModelCard};
+use mopt_models::bert::{onnx, BertConfig, BertForSequenceClassification as Model};
+
+use super::{checkpoint_accuracy, Family};
+use crate::error::StageError;
+
+/// The BERT family.
+pub struct Bert;
+
+impl Family for Bert {
+    fn arch(&self) -> &'static str {
+        "bert"
+    }
+
+    fn input_notes(&self, max_len: usize) -> String {
+        onnx::input_notes(max_len)
+    }
+
+    fn accuracy(&self, ckpt: &Path, examples: &TextExamples) -> Result<f64, StageError> {
+        checkpoint_accuracy::<Model, _>(ckpt, examples)
+    }
+
+    fn export(
+        &self,
+        ckpt: &Path,
+        out: &Path,
+        examples: &TextExamples,
+        opts: &ExportOptions,
+    ) -> Result<ModelCard, StageError> {
+        Ok(export_checkpoint::<Model, _>(ckpt, out, examples, opts)?)
+    }
+
+    fn ort_latency(
+        &self,
+        ckpt: &Path,
+        onnx: &Path,
+        size: usize,
+        warmup_runs: (usize, usize),
+    ) -> Result<Option<serde_json::Value>, StageError> {
+        let config = BertConfig::from_file(&ckpt.join("config.json"))?;
+        let work = onnx.parent().unwrap_or(Path::new("."));
+        Ok(ort_latency::<Model>(
+            onnx,
+            &config,
+            size,
+            warmup_runs,
+            work,
+        )?)
+    }
+}

@@ -1,0 +1,92 @@
+//! Model families as the runner and the stage kinds see them: one object per family that does
+//! each capability with the family's own types, so a kind calls `cx.family.export(…)` and never
+//! names a model. A family implements the `mopt-core` / `mopt-export` contracts in its own crate
+//! and is registered here with one line in [`families`].
+//!
+//! Transitional: the runner's data is still tokenised text (`TextExamples`), so every family
+//! registered today reads text batches.
+
+mod bert;
+
+use std::path::Path;
+
+use burn::prelude::*;
+use mopt_core::{Checkpoint, Examples, Labeled, ModelConfig};
+use mopt_data::TextExamples;
+use mopt_export::{ExportOptions, ModelCard};
+use mopt_recipe::{Arch, Recipe};
+use mopt_train::trainer::evaluate;
+
+use crate::error::StageError;
+
+/// What the stage kinds ask of a model family.
+pub trait Family: Sync {
+    /// The `[model] arch` name (`bert`).
+    fn arch(&self) -> &'static str;
+
+    /// How a deployment feeds the exported graph (padding, truncation at `max_len` tokens),
+    /// for the model card.
+    fn input_notes(&self, max_len: usize) -> String;
+
+    /// Test accuracy of the checkpoint at `ckpt` on `examples` (inference device).
+    fn accuracy(&self, ckpt: &Path, examples: &TextExamples) -> Result<f64, StageError>;
+
+    /// Export the checkpoint at `ckpt` to the folder `out`, parity checked on `examples`.
+    fn export(
+        &self,
+        ckpt: &Path,
+        out: &Path,
+        examples: &TextExamples,
+        opts: &ExportOptions,
+    ) -> Result<ModelCard, StageError>;
+
+    /// ONNX Runtime latency of the graph at `onnx` exported from `ckpt`, on synthetic inputs
+    /// of `size` tokens; `None` when the family declares no benchmark input.
+    fn ort_latency(
+        &self,
+        ckpt: &Path,
+        onnx: &Path,
+        size: usize,
+        warmup_runs: (usize, usize),
+    ) -> Result<Option<serde_json::Value>, StageError>;
+}
+
+/// The registered families.
+pub fn families() -> &'static [&'static dyn Family] {
+    &[&bert::Bert]
+}
+
+/// The family of a recipe: its `[model] arch`. A recipe without `[model]` continues from
+/// checkpoints, which today are all BERT's (the only family with recipe-level data).
+pub fn recipe_family(recipe: &Recipe) -> &'static dyn Family {
+    family(
+        recipe
+            .model
+            .as_ref()
+            .map_or(Arch::BertClassifier, |m| m.arch),
+    )
+}
+
+/// The family of an `[model] arch`.
+pub fn family(arch: Arch) -> &'static dyn Family {
+    let name = match arch {
+        Arch::BertClassifier => "bert",
+    };
+    families()
+        .iter()
+        .copied()
+        .find(|f| f.arch() == name)
+        .expect("every Arch has a registered family")
+}
+
+/// Test accuracy of an `M` checkpoint on `examples`, on the inference device (batches of 64).
+pub fn checkpoint_accuracy<M, E>(ckpt: &Path, examples: &E) -> Result<f64, StageError>
+where
+    M: Checkpoint<Batch: Labeled>,
+    E: Examples<Batch = M::Batch>,
+{
+    let device = Device::flex();
+    let (model, config) = M::load(ckpt, &device)?;
+    let eval = evaluate(&model.valid(), examples, 64, config.num_labels(), &device);
+    Ok(eval.metrics.accuracy)
+}
