@@ -17,6 +17,7 @@ use mopt_models::bert::{weights, BertConfig};
 use mopt_recipe::{GateReference, GateSpec, StageEntry};
 use mopt_stages::kinds::distill::{DistillStage, ExtraTerm};
 use mopt_stages::kinds::export::ExportStage;
+use mopt_stages::shape::Shape;
 use mopt_stages::{Pipeline, RunOptions, Stage, StageContext, StageError, StageOutput, StagePlan};
 use mopt_train::trainer::save_checkpoint_dir;
 
@@ -43,11 +44,11 @@ impl Stage for DropLastLayer {
     fn plan(
         &self,
         _: &StageEntry,
-        input: &BertConfig,
+        input: &Shape,
         _: &mopt_stages::stage::PlanContext,
     ) -> Result<StagePlan, StageError> {
         Ok(StagePlan {
-            output: shallower(input),
+            output: Shape::new(shallower(input.get::<BertConfig>()?)),
             settings: vec!["remove the last encoder layer".into()],
             memory: None,
             extra_memory: Vec::new(),

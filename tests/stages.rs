@@ -647,7 +647,6 @@ fn reuse_follows_the_stages_as_declared_in_rust_not_the_recipe_text() {
 
 #[test]
 fn an_error_inside_a_stage_pushed_in_rust_names_that_stage() {
-    use mopt_models::bert::BertConfig;
     use mopt_recipe::StageEntry;
     use mopt_stages::stage::PlanContext;
     use mopt_stages::{
@@ -665,7 +664,7 @@ fn an_error_inside_a_stage_pushed_in_rust_names_that_stage() {
         fn plan(
             &self,
             _: &StageEntry,
-            input: &BertConfig,
+            input: &mopt_stages::shape::Shape,
             _: &PlanContext,
         ) -> Result<StagePlan, StageError> {
             Ok(StagePlan {

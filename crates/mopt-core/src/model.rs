@@ -27,6 +27,21 @@ pub trait ModelConfig: Clone + Send + Sync + 'static {
     /// The shape in a few words, in order (`layers = 3`, `hidden = 384`, …).
     fn summary(&self) -> Vec<(String, String)>;
 
+    /// The shape on one line, as `--check` prints a stage's input and output. By default the
+    /// [`summary`](ModelConfig::summary) pairs and the parameter count.
+    fn describe(&self) -> String {
+        let parts: Vec<String> = self
+            .summary()
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        format!(
+            "{}, {:.2}M params",
+            parts.join(", "),
+            self.num_params() as f64 / 1e6
+        )
+    }
+
     /// Training memory of one micro-batch of `batch` examples of `size`.
     fn training_memory(&self, batch: usize, size: usize) -> MemoryEstimate;
 }

@@ -20,6 +20,10 @@ pub enum StageError {
         /// What went wrong (its message is part of this one's, so it is not a `source`).
         error: Box<StageError>,
     },
+    /// The model's family lacks what a stage needs (a capability, or the model is of another
+    /// family than a typed step expects).
+    #[error("{0}")]
+    Unsupported(String),
     /// A stage failed its gate with `on-fail = "abort"`; the report was written.
     #[error("stage {index} ({name}) failed its gate: {reason}; on-fail = \"abort\" stopped the run (report: {report})")]
     Aborted {
@@ -62,6 +66,7 @@ impl StageError {
             StageError::Export(e) => e.is_input_error(),
             StageError::InStage { error, .. } => error.is_input_error(),
             StageError::Aborted { .. } => false,
+            StageError::Unsupported(_) => true,
         }
     }
 

@@ -36,6 +36,7 @@ pub mod plan;
 pub mod record;
 pub mod report;
 mod runner;
+pub mod shape;
 pub mod stage;
 
 use std::path::Path;

@@ -5,14 +5,14 @@
 use std::fmt::Write;
 
 use mopt_data::{load_splits, LabelMap, TextTokenizer};
-use mopt_models::bert::setup::model_config;
-use mopt_models::bert::BertConfig;
 use mopt_recipe::TrainSpec;
 use mopt_train::memory::human_bytes;
 use mopt_train::{DeviceSpec, TrainError};
 
 use crate::error::StageError;
+use crate::family::recipe_family;
 use crate::record::shown;
+use crate::shape::Shape;
 use crate::stage::{PlanContext, StagePlan};
 use crate::Pipeline;
 
@@ -51,23 +51,9 @@ fn precision_note(t: &TrainSpec) -> String {
     }
 }
 
-/// One line describing a model shape.
-pub fn shape(c: &BertConfig) -> String {
-    let heads: Vec<usize> = (0..c.num_hidden_layers).map(|i| c.heads(i)).collect();
-    let ffn: Vec<usize> = (0..c.num_hidden_layers).map(|i| c.ffn(i)).collect();
-    format!(
-        "{} layers x {}, heads {:?}, FFN {:?}, {:.2}M params",
-        c.num_hidden_layers,
-        c.hidden_size,
-        heads,
-        ffn,
-        c.num_params() as f64 / 1e6
-    )
-}
-
 /// The resolved chain: the baseline's shape and each stage's plan.
 pub struct ChainPlan {
-    pub baseline: BertConfig,
+    pub baseline: Shape,
     pub baseline_source: String,
     pub stages: Vec<StagePlan>,
     pub vocab: usize,
@@ -81,13 +67,13 @@ impl Pipeline {
         &self,
         labels: &LabelMap,
         vocab: usize,
-    ) -> Result<(BertConfig, String), StageError> {
+    ) -> Result<(Shape, String), StageError> {
         let r = &self.recipe;
         if let Some(t) = &r.teacher {
             let cfg = t.checkpoint.join("config.json");
             if cfg.is_file() {
                 return Ok((
-                    BertConfig::from_file(&cfg)?,
+                    recipe_family(r).read_shape(&t.checkpoint)?,
                     format!("teacher {} (exists)", shown(&t.checkpoint)),
                 ));
             }
@@ -108,7 +94,7 @@ impl Pipeline {
             ));
         }
         let m = r.model.as_ref().expect("validated");
-        let c = model_config(
+        let c = recipe_family(r).model_shape(
             m,
             &r.tokenizer,
             &r.scope.nested("model"),
@@ -160,6 +146,7 @@ impl Pipeline {
         let mut earlier = vec!["baseline".to_string()];
         for (entry, stage) in &self.stages {
             let cx = PlanContext {
+                family: recipe_family(r),
                 tokenizer: &r.tokenizer,
                 data: &r.data,
                 vocab: tok.vocab_size(),
@@ -248,7 +235,7 @@ impl Pipeline {
             s,
             "baseline   {}: {}",
             chain.baseline_source,
-            shape(&chain.baseline)
+            chain.baseline.describe()
         );
         let mut input = chain.baseline.clone();
         let mut peak = 4 * chain.baseline.num_params() as u64;
@@ -261,8 +248,8 @@ impl Pipeline {
                 entry.kind,
                 shown(&run_dir.join(entry.dir_name()))
             );
-            let _ = writeln!(s, "  in       {}", shape(&input));
-            let _ = writeln!(s, "  out      {}", shape(&p.output));
+            let _ = writeln!(s, "  in       {}", input.describe());
+            let _ = writeln!(s, "  out      {}", p.output.describe());
             for line in &p.settings {
                 let _ = writeln!(s, "  set      {line}");
             }

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 
 use mopt_core::MemoryEstimate;
 use mopt_data::{EncodedSplits, TextExamples};
-use mopt_models::bert::BertConfig;
 use mopt_recipe::{DataSpec, EvaluationSpec, RecipeError, StageEntry, TokenizerSpec};
 use mopt_train::metrics::EvalMetrics;
 use mopt_train::trainer::{CheckpointExtras, RunContext, Splits, TrainOptions};
@@ -14,6 +13,7 @@ use mopt_train::DeviceSpec;
 use serde::{Deserialize, Serialize};
 
 use crate::error::StageError;
+use crate::shape::Shape;
 
 /// The registered stage kinds, in the order the README lists them.
 pub fn kinds() -> &'static [&'static dyn StageKind] {
@@ -51,7 +51,7 @@ pub fn kind(name: &str) -> Option<&'static dyn StageKind> {
 /// What `--check` learns from a stage without running it.
 pub struct StagePlan {
     /// The output model's shape.
-    pub output: BertConfig,
+    pub output: Shape,
     /// The stage's settings as a recipe writes them (`alpha = 0.5`), one per line.
     pub settings: Vec<String>,
     /// Training memory of the stage, when it trains.
@@ -62,6 +62,8 @@ pub struct StagePlan {
 
 /// Read-only context of planning.
 pub struct PlanContext<'a> {
+    /// The model family of the run (`[model] arch`).
+    pub family: &'a dyn crate::family::Family,
     pub tokenizer: &'a TokenizerSpec,
     pub data: &'a DataSpec,
     /// Tokenizer vocabulary size.
@@ -186,7 +188,7 @@ pub trait Stage {
     fn plan(
         &self,
         entry: &StageEntry,
-        input: &BertConfig,
+        input: &Shape,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError>;
     /// Run on the checkpoint at `input`; write only inside `cx.dir`.

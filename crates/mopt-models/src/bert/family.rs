@@ -53,6 +53,20 @@ impl ModelConfig for BertConfig {
         ]
     }
 
+    /// `3 layers x 384, heads [12, 12, 12], FFN [1536, 1536, 1536], 22.71M params`.
+    fn describe(&self) -> String {
+        let heads: Vec<usize> = (0..self.num_hidden_layers).map(|i| self.heads(i)).collect();
+        let ffn: Vec<usize> = (0..self.num_hidden_layers).map(|i| self.ffn(i)).collect();
+        format!(
+            "{} layers x {}, heads {:?}, FFN {:?}, {:.2}M params",
+            self.num_hidden_layers,
+            self.hidden_size,
+            heads,
+            ffn,
+            BertConfig::num_params(self) as f64 / 1e6
+        )
+    }
+
     /// The activations the backward pass keeps per layer: inputs of Q/K/V, Q/K/V, context,
     /// residual sums, LayerNorm inputs/outputs, dropout masks, FFN input/pre-activation/
     /// activation, plus attention scores/probabilities/mask.

@@ -6,8 +6,12 @@ use mopt_data::TextExamples;
 use mopt_export::{export_checkpoint, ort_latency, ExportOptions, ModelCard};
 use mopt_models::bert::{onnx, BertConfig, BertForSequenceClassification as Model};
 
+use mopt_models::bert::setup::model_config;
+use mopt_recipe::{ModelSpec, Scope, TokenizerSpec};
+
 use super::{checkpoint_accuracy, Family};
 use crate::error::StageError;
+use crate::shape::Shape;
 
 /// The BERT family.
 pub struct Bert;
@@ -19,6 +23,23 @@ impl Family for Bert {
 
     fn input_notes(&self, max_len: usize) -> String {
         onnx::input_notes(max_len)
+    }
+
+    fn read_shape(&self, dir: &Path) -> Result<Shape, StageError> {
+        Ok(Shape::new(BertConfig::from_file(&dir.join("config.json"))?))
+    }
+
+    fn model_shape(
+        &self,
+        model: &ModelSpec,
+        tokenizer: &TokenizerSpec,
+        scope: &Scope,
+        labels: &[String],
+        vocab: usize,
+    ) -> Result<Shape, StageError> {
+        Ok(Shape::new(model_config(
+            model, tokenizer, scope, labels, vocab,
+        )?))
     }
 
     fn accuracy(&self, ckpt: &Path, examples: &TextExamples) -> Result<f64, StageError> {

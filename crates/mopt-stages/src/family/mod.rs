@@ -14,10 +14,11 @@ use burn::prelude::*;
 use mopt_core::{Checkpoint, Examples, Labeled, ModelConfig};
 use mopt_data::TextExamples;
 use mopt_export::{ExportOptions, ModelCard};
-use mopt_recipe::{Arch, Recipe};
+use mopt_recipe::{Arch, ModelSpec, Recipe, Scope, TokenizerSpec};
 use mopt_train::trainer::evaluate;
 
 use crate::error::StageError;
+use crate::shape::Shape;
 
 /// What the stage kinds ask of a model family.
 pub trait Family: Sync {
@@ -27,6 +28,19 @@ pub trait Family: Sync {
     /// How a deployment feeds the exported graph (padding, truncation at `max_len` tokens),
     /// for the model card.
     fn input_notes(&self, max_len: usize) -> String;
+
+    /// The shape of the checkpoint in the folder `dir` (its config file).
+    fn read_shape(&self, dir: &Path) -> Result<Shape, StageError>;
+
+    /// The shape the recipe's `[model]` builds (errors name keys in `scope`).
+    fn model_shape(
+        &self,
+        model: &ModelSpec,
+        tokenizer: &TokenizerSpec,
+        scope: &Scope,
+        labels: &[String],
+        vocab: usize,
+    ) -> Result<Shape, StageError>;
 
     /// Test accuracy of the checkpoint at `ckpt` on `examples` (inference device).
     fn accuracy(&self, ckpt: &Path, examples: &TextExamples) -> Result<f64, StageError>;

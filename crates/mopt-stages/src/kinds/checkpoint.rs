@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 
-use mopt_models::bert::BertConfig;
 use mopt_recipe::{RecipeError, StageEntry};
 use serde::Deserialize;
 use serde_json::json;
@@ -13,6 +12,7 @@ use serde_json::json;
 use crate::error::StageError;
 use crate::record::shown;
 use crate::runner::{obtain_checkpoint, RunOptions};
+use crate::shape::Shape;
 use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
 use crate::Pipeline;
 
@@ -71,12 +71,12 @@ impl Stage for CheckpointStage {
     fn plan(
         &self,
         _: &StageEntry,
-        _input: &BertConfig,
-        _: &PlanContext,
+        _input: &Shape,
+        cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
         let cfg = self.path.join("config.json");
         let (output, state) = if cfg.is_file() {
-            (BertConfig::from_file(&cfg)?, "exists".to_string())
+            (cx.family.read_shape(&self.path)?, "exists".to_string())
         } else {
             let recipe = self
                 .recipe

@@ -22,6 +22,7 @@ use serde_json::json;
 
 use crate::error::StageError;
 use crate::plan::train_settings;
+use crate::shape::Shape;
 use crate::stage::{
     PlanContext, ReferenceModel, Stage, StageContext, StageKind, StageOutput, StagePlan,
 };
@@ -488,9 +489,10 @@ impl Stage for DistillStage {
     fn plan(
         &self,
         entry: &StageEntry,
-        input: &BertConfig,
+        shape: &Shape,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
+        let input: &BertConfig = shape.get()?;
         let labels = LabelMap::new(
             (0..input.num_labels)
                 .map(|i| format!("<class {i}>"))
@@ -563,7 +565,7 @@ impl Stage for DistillStage {
                 entry.train.batch_size,
                 cx.tokenizer.max_len,
             )),
-            output: config,
+            output: Shape::new(config),
             settings,
             extra_memory: extra,
         })

@@ -6,13 +6,13 @@ use std::path::Path;
 
 use mopt_data::TextExamples;
 use mopt_export::export::{ExportOptions, FLOAT_TOLERANCE};
-use mopt_models::bert::BertConfig;
 use mopt_recipe::{RecipeError, StageEntry};
 
 use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::StageError;
+use crate::shape::Shape;
 use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
 
 /// The kind.
@@ -97,7 +97,7 @@ impl Stage for ExportStage {
     fn plan(
         &self,
         entry: &StageEntry,
-        input: &BertConfig,
+        input: &Shape,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
         for r in &self.reference {

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use mopt_models::bert::{weights, BertConfig};
+use mopt_models::bert::weights;
 use mopt_recipe::{RecipeError, StageEntry};
 use mopt_train::trainer::{fit, FinetuneTask};
 use serde::Deserialize;
@@ -11,6 +11,7 @@ use serde_json::json;
 
 use crate::error::StageError;
 use crate::plan::train_settings;
+use crate::shape::Shape;
 use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
 
 /// The kind.
@@ -47,17 +48,13 @@ impl Stage for FinetuneStage {
     fn plan(
         &self,
         entry: &StageEntry,
-        input: &BertConfig,
+        input: &Shape,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
         Ok(StagePlan {
             output: input.clone(),
             settings: train_settings(&entry.train, entry.train_overridden),
-            memory: Some(mopt_core::ModelConfig::training_memory(
-                input,
-                entry.train.batch_size,
-                cx.tokenizer.max_len,
-            )),
+            memory: Some(input.training_memory(entry.train.batch_size, cx.tokenizer.max_len)),
             extra_memory: Vec::new(),
         })
     }

@@ -29,6 +29,7 @@ use crate::error::StageError;
 use crate::kinds::kd::kd_task;
 use crate::plan::train_settings;
 use crate::record::max_abs_diff;
+use crate::shape::Shape;
 use crate::stage::{
     PlanContext, ReferenceModel, Stage, StageContext, StageKind, StageOutput, StagePlan,
 };
@@ -558,9 +559,10 @@ impl Stage for PruneStage {
     fn plan(
         &self,
         entry: &StageEntry,
-        input: &BertConfig,
+        shape: &Shape,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
+        let input: &BertConfig = shape.get()?;
         if input.mopt_quant.is_some() {
             return Err(entry
                 .scope
@@ -619,7 +621,7 @@ impl Stage for PruneStage {
                 entry.train.batch_size,
                 cx.tokenizer.max_len,
             )),
-            output: c,
+            output: Shape::new(c),
             settings,
             extra_memory: Vec::new(),
         })

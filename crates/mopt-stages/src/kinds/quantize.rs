@@ -31,6 +31,7 @@ use crate::error::StageError;
 use crate::kinds::kd::kd_task;
 use crate::plan::train_settings;
 use crate::record::max_abs_diff;
+use crate::shape::Shape;
 use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
 
 /// `kind = "ptq"`.
@@ -446,9 +447,10 @@ impl Stage for QuantStage {
     fn plan(
         &self,
         entry: &StageEntry,
-        input: &BertConfig,
+        shape: &Shape,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
+        let input: &BertConfig = shape.get()?;
         if input.mopt_quant.is_some() {
             return Err(entry
                 .scope
@@ -496,10 +498,10 @@ impl Stage for QuantStage {
             ));
         }
         Ok(StagePlan {
-            output: BertConfig {
+            output: Shape::new(BertConfig {
                 mopt_quant: Some(q),
                 ..input.clone()
-            },
+            }),
             settings,
             memory: self.train.then(|| {
                 mopt_core::ModelConfig::training_memory(

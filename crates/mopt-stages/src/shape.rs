@@ -1,0 +1,83 @@
+//! A model's shape as the runner carries it from stage to stage: the family's own config,
+//! type-erased, so that planning, `--check` and the report never name a model family. A kind
+//! that needs the typed config asks for it with [`Shape::get`].
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use mopt_core::{MemoryEstimate, ModelConfig};
+
+use crate::error::StageError;
+
+/// A family's model config behind a pointer.
+#[derive(Clone)]
+pub struct Shape(Arc<dyn ErasedConfig>);
+
+trait ErasedConfig: Send + Sync {
+    fn any(&self) -> &dyn Any;
+    fn arch(&self) -> &'static str;
+    fn describe(&self) -> String;
+    fn num_params(&self) -> usize;
+    fn training_memory(&self, batch: usize, size: usize) -> MemoryEstimate;
+}
+
+impl<C: ModelConfig> ErasedConfig for C {
+    fn any(&self) -> &dyn Any {
+        self
+    }
+    fn arch(&self) -> &'static str {
+        ModelConfig::arch(self)
+    }
+    fn describe(&self) -> String {
+        ModelConfig::describe(self)
+    }
+    fn num_params(&self) -> usize {
+        ModelConfig::num_params(self)
+    }
+    fn training_memory(&self, batch: usize, size: usize) -> MemoryEstimate {
+        ModelConfig::training_memory(self, batch, size)
+    }
+}
+
+impl Shape {
+    /// The shape of a model with config `config`.
+    pub fn new<C: ModelConfig>(config: C) -> Self {
+        Self(Arc::new(config))
+    }
+
+    /// The typed config; an error when the model is of another family than the kind expects.
+    pub fn get<C: ModelConfig>(&self) -> Result<&C, StageError> {
+        self.0.any().downcast_ref::<C>().ok_or_else(|| {
+            StageError::Unsupported(format!(
+                "the model is a `{}`, not the model family this step was built for",
+                self.0.arch()
+            ))
+        })
+    }
+
+    /// The family's `[model] arch` name.
+    pub fn arch(&self) -> &'static str {
+        self.0.arch()
+    }
+
+    /// One line for `--check` ([`ModelConfig::describe`]).
+    pub fn describe(&self) -> String {
+        self.0.describe()
+    }
+
+    pub fn num_params(&self) -> usize {
+        self.0.num_params()
+    }
+
+    /// Training memory at `batch` examples of `size` ([`ModelConfig::training_memory`]).
+    pub fn training_memory(&self, batch: usize, size: usize) -> MemoryEstimate {
+        self.0.training_memory(batch, size)
+    }
+}
+
+impl fmt::Debug for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Shape({}: {})", self.arch(), self.describe())
+    }
+}
