@@ -12,6 +12,7 @@ use mopt_recipe::{ModelSpec, Scope, TokenizerSpec};
 use super::{checkpoint_accuracy, Family};
 use crate::error::StageError;
 use crate::shape::Shape;
+use crate::stage::{StageContext, StageOutput};
 
 /// The BERT family.
 pub struct Bert;
@@ -40,6 +41,10 @@ impl Family for Bert {
         Ok(Shape::new(model_config(
             model, tokenizer, scope, labels, vocab,
         )?))
+    }
+
+    fn finetune(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+        crate::kinds::finetune::run::<Model>(input, cx)
     }
 
     fn accuracy(&self, ckpt: &Path, examples: &TextExamples) -> Result<f64, StageError> {

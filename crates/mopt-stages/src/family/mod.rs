@@ -19,6 +19,7 @@ use mopt_train::trainer::evaluate;
 
 use crate::error::StageError;
 use crate::shape::Shape;
+use crate::stage::{StageContext, StageOutput};
 
 /// What the stage kinds ask of a model family.
 pub trait Family: Sync {
@@ -41,6 +42,9 @@ pub trait Family: Sync {
         labels: &[String],
         vocab: usize,
     ) -> Result<Shape, StageError>;
+
+    /// Run a `finetune` stage on the checkpoint at `input` ([`crate::kinds::finetune::run`]).
+    fn finetune(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError>;
 
     /// Test accuracy of the checkpoint at `ckpt` on `examples` (inference device).
     fn accuracy(&self, ckpt: &Path, examples: &TextExamples) -> Result<f64, StageError>;

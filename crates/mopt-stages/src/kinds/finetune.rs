@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use mopt_models::bert::weights;
+use mopt_core::Checkpoint;
+use mopt_data::TextBatch;
 use mopt_recipe::{RecipeError, StageEntry};
 use mopt_train::trainer::{fit, FinetuneTask};
 use serde::Deserialize;
@@ -60,31 +61,40 @@ impl Stage for FinetuneStage {
     }
 
     fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
-        let entry = cx.entry;
-        let ad = cx.device.train_device(&entry.train);
-        let (model, config) = weights::load_checkpoint(input, &ad)?;
-        let run = cx.run_context(&config);
-        let report = fit(&run, FinetuneTask::new(&ad), model)?;
-        Ok(StageOutput {
-            checkpoint: report.checkpoint.clone(),
-            steps: report.steps,
-            facts: json!({
-                "best_epoch": report.best_epoch,
-                "epochs": report.epochs.len(),
-                "train_samples_per_s": report.train_samples_per_s,
-            }),
-            notes: vec![format!(
-                "{} optimizer steps, best epoch {} by validation {}, {:.1} train samples/s.",
-                report.steps, report.best_epoch, report.best_metric, report.train_samples_per_s
-            )],
-            references: Vec::new(),
-            logit_error_vs_input: None,
-            artifacts: Vec::new(),
-        })
+        cx.family.finetune(input, cx)
     }
 
     fn reuse_key(&self) -> Option<String> {
         // Everything that shapes the output is in the merged training settings.
         Some("finetune".into())
     }
+}
+
+/// Fine-tune the `M` checkpoint at `input` on the stage's data (what a family's
+/// [`Family::finetune`](crate::family::Family::finetune) calls with its model type).
+pub fn run<M>(input: &Path, cx: &StageContext) -> Result<StageOutput, StageError>
+where
+    M: Checkpoint<Batch = TextBatch>,
+{
+    let entry = cx.entry;
+    let ad = cx.device.train_device(&entry.train);
+    let (model, config) = M::load(input, &ad)?;
+    let run = cx.run_context(&config);
+    let report = fit(&run, FinetuneTask::new(&ad), model)?;
+    Ok(StageOutput {
+        checkpoint: report.checkpoint.clone(),
+        steps: report.steps,
+        facts: json!({
+            "best_epoch": report.best_epoch,
+            "epochs": report.epochs.len(),
+            "train_samples_per_s": report.train_samples_per_s,
+        }),
+        notes: vec![format!(
+            "{} optimizer steps, best epoch {} by validation {}, {:.1} train samples/s.",
+            report.steps, report.best_epoch, report.best_metric, report.train_samples_per_s
+        )],
+        references: Vec::new(),
+        logit_error_vs_input: None,
+        artifacts: Vec::new(),
+    })
 }
