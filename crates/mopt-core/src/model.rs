@@ -27,19 +27,30 @@ pub trait ModelConfig: Clone + Send + Sync + 'static {
     /// The shape in a few words, in order (`layers = 3`, `hidden = 384`, …).
     fn summary(&self) -> Vec<(String, String)>;
 
-    /// The shape on one line, as `--check` prints a stage's input and output. By default the
-    /// [`summary`](ModelConfig::summary) pairs and the parameter count.
+    /// The shape on one line, without the parameter count (`--check` and the pruning rounds
+    /// add it). By default the [`summary`](ModelConfig::summary) pairs.
     fn describe(&self) -> String {
         let parts: Vec<String> = self
             .summary()
             .iter()
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
-        format!(
-            "{}, {:.2}M params",
-            parts.join(", "),
-            self.num_params() as f64 / 1e6
-        )
+        parts.join(", ")
+    }
+
+    /// The shape as JSON fields for records (a pruning round's `heads`, `ffn`, …). By default
+    /// the [`summary`](ModelConfig::summary) pairs as strings.
+    fn facts(&self) -> serde_json::Map<String, serde_json::Value> {
+        self.summary()
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::Value::String(v)))
+            .collect()
+    }
+
+    /// Whether the config describes a quantized model (its fake-quant nodes are part of it):
+    /// pruning refuses one. False by default.
+    fn is_quantized(&self) -> bool {
+        false
     }
 
     /// Training memory of one micro-batch of `batch` examples of `size`.
@@ -70,4 +81,15 @@ pub trait Checkpoint: Classifier + Sized {
 
     /// Read a folder written by [`save`](Checkpoint::save) onto `device`.
     fn load(dir: &Path, device: &Device) -> Result<(Self, Self::Config), ModelFault>;
+
+    /// A synthetic batch of `batch` examples of `size` (tokens, ignored by fixed-shape inputs)
+    /// for latency measurements; `None` (the default): the model is not timed.
+    fn bench_batch(
+        _config: &Self::Config,
+        _batch: usize,
+        _size: usize,
+        _device: &Device,
+    ) -> Option<Self::Batch> {
+        None
+    }
 }

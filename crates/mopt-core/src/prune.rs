@@ -188,4 +188,10 @@ pub trait Prunable: Checkpoint {
     fn group_kind(name: &str) -> Option<&'static dyn GroupKind<Config = Self::Config>> {
         Self::group_kinds().into_iter().find(|k| k.name() == name)
     }
+
+    /// The number of layers that layer-scoped group kinds count (their scopes, `ignore-layers`,
+    /// the input layer each pruned layer came from). 0 (the default): no layer-scoped kinds.
+    fn layers(_config: &Self::Config) -> usize {
+        0
+    }
 }

@@ -23,7 +23,9 @@ pub struct LogitCache {
 }
 
 impl LogitCache {
-    /// Run `teacher` (an inference-device model) over `examples` in batches of `batch_size`.
+    /// Run `teacher` (an inference-device model) over `examples` in batches of `batch_size`,
+    /// the examples sorted by [`Examples::size`] (less padding; a stable sort, as evaluation
+    /// batches them), the logits kept in example order.
     pub fn compute<C, E>(teacher: &C, examples: &E, batch_size: usize, device: &Device) -> Self
     where
         C: Classifier,
@@ -31,22 +33,21 @@ impl LogitCache {
     {
         let n = examples.len();
         let teacher = teacher.valid();
-        let mut logits = Vec::new();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| examples.size(i));
+        let mut rows: Vec<Vec<f32>> = vec![Vec::new(); n];
         let mut num_labels = 0;
-        let order: Vec<usize> = (0..n).collect();
         for chunk in order.chunks(batch_size.max(1)) {
             let out = teacher.logits(&examples.batch(chunk, device));
             num_labels = out.dims()[1];
-            logits.extend(
-                out.into_data()
-                    .convert::<f32>()
-                    .try_to_vec::<f32>()
-                    .expect("f32"),
-            );
+            let flat: Vec<f32> = out.into_data().convert::<f32>().try_to_vec().expect("f32");
+            for (r, &i) in chunk.iter().enumerate() {
+                rows[i] = flat[r * num_labels..(r + 1) * num_labels].to_vec();
+            }
         }
         Self {
             num_labels,
-            logits: Arc::new(logits),
+            logits: Arc::new(rows.concat()),
         }
     }
 
@@ -125,10 +126,11 @@ pub fn kd_loss(
     (loss, parts)
 }
 
-/// Distillation of any classifier `C` from a teacher's cached logits on the training split.
+/// Distillation of any classifier `C` from a teacher's cached logits on the training split, or
+/// (without a teacher, [`KdTask::hard_labels`]) fine-tuning on the labels alone.
 pub struct KdTask<C> {
     settings: KdSettings,
-    teacher: LogitCache,
+    teacher: Option<LogitCache>,
     ce: CrossEntropyLoss,
     model: PhantomData<fn() -> C>,
 }
@@ -139,7 +141,20 @@ impl<C> KdTask<C> {
     pub fn new(settings: KdSettings, teacher: LogitCache, device: &Device) -> Self {
         Self {
             settings,
-            teacher,
+            teacher: Some(teacher),
+            ce: CrossEntropyLossConfig::new().init(device),
+            model: PhantomData,
+        }
+    }
+}
+
+impl<C> KdTask<C> {
+    /// Cross-entropy on the labels only (logged as `ce`): the same model and trainer wiring
+    /// as with a teacher, for stages whose KD is switched off.
+    pub fn hard_labels(device: &Device) -> Self {
+        Self {
+            settings: KdSettings::default(),
+            teacher: None,
             ce: CrossEntropyLossConfig::new().init(device),
             model: PhantomData,
         }
@@ -159,8 +174,16 @@ impl<C: Checkpoint<Batch: Labeled>> Task for KdTask<C> {
     ) -> (Tensor<1>, Parts) {
         let logits = model.logits(b);
         let ce = self.ce.forward(logits.clone(), b.labels());
-        let teacher = self.teacher.batch(indices, &logits.device());
-        kd_loss(ce, logits, teacher, &self.settings, progress)
+        match &self.teacher {
+            Some(t) => {
+                let teacher = t.batch(indices, &logits.device());
+                kd_loss(ce, logits, teacher, &self.settings, progress)
+            }
+            None => {
+                let v: f32 = ce.clone().into_scalar();
+                (ce, vec![("ce", v as f64)])
+            }
+        }
     }
 
     fn classifier<'a>(&self, model: &'a C) -> &'a C {
@@ -168,10 +191,11 @@ impl<C: Checkpoint<Batch: Labeled>> Task for KdTask<C> {
     }
 
     fn replicate(&self, device: &Device) -> Option<Replica<C, C>> {
-        Some(Box::new(KdTask::<C>::new(
-            self.settings,
-            self.teacher.clone(),
-            device,
-        )))
+        Some(Box::new(KdTask::<C> {
+            settings: self.settings,
+            teacher: self.teacher.clone(),
+            ce: CrossEntropyLossConfig::new().init(device),
+            model: PhantomData,
+        }))
     }
 }

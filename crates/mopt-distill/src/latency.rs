@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use burn::prelude::*;
-use mopt_models::bert::BertForSequenceClassification;
+use mopt_core::Checkpoint;
 use serde::Serialize;
 
 /// Latency percentiles of one shape, in milliseconds.
@@ -27,31 +27,18 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// Time `model.forward` on a `[batch, seq_len]` input (deterministic ids, no padding).
-pub fn measure(
-    model: &BertForSequenceClassification,
-    vocab: usize,
-    batch: usize,
-    seq_len: usize,
-    warmup: usize,
-    runs: usize,
+/// Time `model`'s forward pass on its [`Checkpoint::bench_batch`] of `batch` examples of
+/// `size` (a text's tokens); `None` when the model declares no benchmark batch.
+pub fn measure<M: Checkpoint>(
+    model: &M,
+    config: &M::Config,
+    (batch, size): (usize, usize),
+    (warmup, runs): (usize, usize),
     device: &Device,
-) -> LatencyStats {
-    let ids: Vec<i64> = (0..batch * seq_len)
-        .map(|i| {
-            if i % seq_len == 0 {
-                101
-            } else {
-                1000 + ((i * 7919) % (vocab - 1000).max(1)) as i64
-            }
-        })
-        .collect();
-    let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, seq_len]), device);
-    let mask = Tensor::<2>::ones([batch, seq_len], device);
-    let types = Tensor::<2, Int>::zeros([batch, seq_len], device);
+) -> Option<LatencyStats> {
+    let input = M::bench_batch(config, batch, size, device)?;
     let run = || {
-        let out = model.forward(input.clone(), mask.clone(), types.clone());
-        let _ = out.into_data();
+        let _ = model.logits(&input).into_data();
     };
     for _ in 0..warmup {
         run();
@@ -64,17 +51,16 @@ pub fn measure(
         })
         .collect();
     times.sort_by(|a, b| a.total_cmp(b));
-    LatencyStats {
+    Some(LatencyStats {
         batch,
-        seq_len,
+        seq_len: size,
         runs,
         p50_ms: percentile(&times, 50.0),
         p90_ms: percentile(&times, 90.0),
         p99_ms: percentile(&times, 99.0),
         mean_ms: times.iter().sum::<f64>() / times.len().max(1) as f64,
-    }
+    })
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

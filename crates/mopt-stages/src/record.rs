@@ -106,7 +106,7 @@ impl Evaluator<'_> {
         } else {
             [1usize, 32]
                 .iter()
-                .map(|&b| {
+                .filter_map(|&b| {
                     let runs = if b == 1 {
                         e.latency_runs * 4
                     } else {
@@ -114,11 +114,9 @@ impl Evaluator<'_> {
                     };
                     measure_latency(
                         &model,
-                        config.vocab_size,
-                        b,
-                        e.latency_seq_len,
-                        e.latency_warmup,
-                        runs,
+                        &config,
+                        (b, e.latency_seq_len),
+                        (e.latency_warmup, runs),
                         &self.device,
                     )
                 })

@@ -61,9 +61,13 @@ impl Shape {
         self.0.arch()
     }
 
-    /// One line for `--check` ([`ModelConfig::describe`]).
+    /// One line for `--check`: [`ModelConfig::describe`] and the parameter count.
     pub fn describe(&self) -> String {
-        self.0.describe()
+        format!(
+            "{}, {:.2}M params",
+            self.0.describe(),
+            self.num_params() as f64 / 1e6
+        )
     }
 
     pub fn num_params(&self) -> usize {

@@ -13,6 +13,7 @@ use mopt_train::DeviceSpec;
 use serde::{Deserialize, Serialize};
 
 use crate::error::StageError;
+use crate::family::Family;
 use crate::shape::Shape;
 
 /// The registered stage kinds, in the order the README lists them.
@@ -35,8 +36,10 @@ pub trait StageKind: Sync {
     fn name(&self) -> &'static str;
     /// One line for `--check` and error messages.
     fn about(&self) -> &'static str;
-    /// Validate `entry.settings` (errors through `entry.scope`) into a stage.
-    fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError>;
+    /// Validate `entry.settings` (errors through `entry.scope`) into a stage for a model of
+    /// `family` (a kind that needs a capability the family lacks says so here).
+    fn parse(&self, entry: &StageEntry, family: &dyn Family)
+        -> Result<Box<dyn Stage>, RecipeError>;
     /// Whether the kind has a gentler retry for `on-fail = "retry"`.
     fn has_retry(&self) -> bool {
         false
@@ -206,7 +209,10 @@ pub trait Stage {
 }
 
 /// Validate every stage of a recipe with its kind.
-pub fn parse_stages(entries: &[StageEntry]) -> Result<Vec<Box<dyn Stage>>, RecipeError> {
+pub fn parse_stages(
+    entries: &[StageEntry],
+    family: &dyn Family,
+) -> Result<Vec<Box<dyn Stage>>, RecipeError> {
     entries
         .iter()
         .map(|e| {
@@ -233,7 +239,7 @@ pub fn parse_stages(entries: &[StageEntry]) -> Result<Vec<Box<dyn Stage>>, Recip
                     "use on-fail = \"rollback\" or \"abort\" (pruning and quantization stages retry)",
                 ));
             }
-            kind.parse(e)
+            kind.parse(e, family)
         })
         .collect()
 }

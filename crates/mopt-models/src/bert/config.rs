@@ -127,6 +127,16 @@ impl BertConfig {
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
 
+    /// Attention heads of every layer.
+    pub fn layer_heads(&self) -> Vec<usize> {
+        (0..self.num_hidden_layers).map(|i| self.heads(i)).collect()
+    }
+
+    /// FFN width of every layer.
+    pub fn layer_ffn(&self) -> Vec<usize> {
+        (0..self.num_hidden_layers).map(|i| self.ffn(i)).collect()
+    }
+
     /// Heads of layer `i`.
     pub fn heads(&self, i: usize) -> usize {
         self.mopt_layer_heads

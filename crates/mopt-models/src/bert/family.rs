@@ -42,29 +42,38 @@ impl ModelConfig for BertConfig {
     }
 
     fn summary(&self) -> Vec<(String, String)> {
-        let heads: Vec<usize> = (0..self.num_hidden_layers).map(|i| self.heads(i)).collect();
-        let ffn: Vec<usize> = (0..self.num_hidden_layers).map(|i| self.ffn(i)).collect();
         vec![
             ("layers".into(), self.num_hidden_layers.to_string()),
             ("hidden".into(), self.hidden_size.to_string()),
-            ("heads".into(), format!("{heads:?}")),
-            ("ffn".into(), format!("{ffn:?}")),
+            ("heads".into(), format!("{:?}", self.layer_heads())),
+            ("ffn".into(), format!("{:?}", self.layer_ffn())),
             ("vocabulary".into(), self.vocab_size.to_string()),
         ]
     }
 
-    /// `3 layers x 384, heads [12, 12, 12], FFN [1536, 1536, 1536], 22.71M params`.
+    /// `3 layers x 384, heads [12, 12, 12], FFN [1536, 1536, 1536]`.
     fn describe(&self) -> String {
-        let heads: Vec<usize> = (0..self.num_hidden_layers).map(|i| self.heads(i)).collect();
-        let ffn: Vec<usize> = (0..self.num_hidden_layers).map(|i| self.ffn(i)).collect();
         format!(
-            "{} layers x {}, heads {:?}, FFN {:?}, {:.2}M params",
+            "{} layers x {}, heads {:?}, FFN {:?}",
             self.num_hidden_layers,
             self.hidden_size,
-            heads,
-            ffn,
-            BertConfig::num_params(self) as f64 / 1e6
+            self.layer_heads(),
+            self.layer_ffn()
         )
+    }
+
+    /// `heads` and `ffn` per layer, `hidden`, `layers` (a pruning round's record).
+    fn facts(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        m.insert("heads".into(), self.layer_heads().into());
+        m.insert("ffn".into(), self.layer_ffn().into());
+        m.insert("hidden".into(), self.hidden_size.into());
+        m.insert("layers".into(), self.num_hidden_layers.into());
+        m
+    }
+
+    fn is_quantized(&self) -> bool {
+        self.mopt_quant.is_some()
     }
 
     /// The activations the backward pass keeps per layer: inputs of Q/K/V, Q/K/V, context,
@@ -111,6 +120,23 @@ impl Checkpoint for BertForSequenceClassification {
 
     fn load(dir: &Path, device: &Device) -> Result<(Self, BertConfig), ModelFault> {
         Ok(weights::load_checkpoint(dir, device)?)
+    }
+
+    /// `[CLS]` (101), then ids spread over the vocabulary above 1000; no padding.
+    fn bench_batch(c: &BertConfig, batch: usize, seq: usize, device: &Device) -> Option<TextBatch> {
+        let span = c.vocab_size.checked_sub(1000).filter(|&s| s > 0)?;
+        let ids: Vec<i64> = (0..batch * seq)
+            .map(|i| match i % seq {
+                0 => 101,
+                _ => 1000 + ((i * 7919) % span) as i64,
+            })
+            .collect();
+        Some(TextBatch {
+            input_ids: Tensor::from_data(TensorData::new(ids, [batch, seq]), device),
+            attention_mask: Tensor::ones([batch, seq], device),
+            token_type_ids: Tensor::zeros([batch, seq], device),
+            labels: Tensor::zeros([batch], device),
+        })
     }
 }
 

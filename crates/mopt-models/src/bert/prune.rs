@@ -42,6 +42,10 @@ impl Prunable for BertForSequenceClassification {
     fn group_kinds() -> Vec<&'static dyn GroupKind<Config = BertConfig>> {
         vec![&Heads, &Ffn, &Hidden, &Layers]
     }
+
+    fn layers(c: &BertConfig) -> usize {
+        c.num_hidden_layers
+    }
 }
 
 impl GroupKind for Heads {

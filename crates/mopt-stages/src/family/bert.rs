@@ -6,13 +6,15 @@ use mopt_data::TextExamples;
 use mopt_export::{export_checkpoint, ort_latency, ExportOptions, ModelCard};
 use mopt_models::bert::{onnx, BertConfig, BertForSequenceClassification as Model};
 
+use mopt_core::prune::Prunable;
 use mopt_models::bert::setup::model_config;
-use mopt_recipe::{ModelSpec, Scope, TokenizerSpec};
+use mopt_recipe::{ModelSpec, Scope, StageEntry, TokenizerSpec};
 
 use super::{checkpoint_accuracy, Family};
 use crate::error::StageError;
+use crate::kinds::prune::PruneStage;
 use crate::shape::Shape;
-use crate::stage::{StageContext, StageOutput};
+use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
 
 /// The BERT family.
 pub struct Bert;
@@ -45,6 +47,29 @@ impl Family for Bert {
 
     fn finetune(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
         crate::kinds::finetune::run::<Model>(input, cx)
+    }
+
+    fn prune_targets(&self) -> Vec<&'static str> {
+        Model::group_kinds().iter().map(|k| k.name()).collect()
+    }
+
+    fn plan_prune(
+        &self,
+        stage: &PruneStage,
+        entry: &StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        stage.plan::<Model>(entry, input, cx)
+    }
+
+    fn prune(
+        &self,
+        stage: &PruneStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        stage.run::<Model>(input, cx)
     }
 
     fn accuracy(&self, ckpt: &Path, examples: &TextExamples) -> Result<f64, StageError> {

@@ -14,12 +14,13 @@ use burn::prelude::*;
 use mopt_core::{Checkpoint, Examples, Labeled, ModelConfig};
 use mopt_data::TextExamples;
 use mopt_export::{ExportOptions, ModelCard};
-use mopt_recipe::{Arch, ModelSpec, Recipe, Scope, TokenizerSpec};
+use mopt_recipe::{Arch, ModelSpec, Recipe, Scope, StageEntry, TokenizerSpec};
 use mopt_train::trainer::evaluate;
 
 use crate::error::StageError;
+use crate::kinds::prune::PruneStage;
 use crate::shape::Shape;
-use crate::stage::{StageContext, StageOutput};
+use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
 
 /// What the stage kinds ask of a model family.
 pub trait Family: Sync {
@@ -45,6 +46,41 @@ pub trait Family: Sync {
 
     /// Run a `finetune` stage on the checkpoint at `input` ([`crate::kinds::finetune::run`]).
     fn finetune(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError>;
+
+    /// The dependency-group kinds a `prune` stage can target, in the order pruning applies
+    /// them (the first two are the default targets); empty (the default): not prunable.
+    fn prune_targets(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+
+    /// Plan a `prune` stage ([`PruneStage::plan`]).
+    fn plan_prune(
+        &self,
+        _stage: &PruneStage,
+        _entry: &StageEntry,
+        _input: &Shape,
+        _cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        Err(self.lacks("prune", "a prunable model", "declares no dependency groups"))
+    }
+
+    /// Run a `prune` stage ([`PruneStage::run`]).
+    fn prune(
+        &self,
+        _stage: &PruneStage,
+        _input: &Path,
+        _cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        Err(self.lacks("prune", "a prunable model", "declares no dependency groups"))
+    }
+
+    /// The error of a stage kind that needs a capability this family lacks.
+    fn lacks(&self, kind: &str, needs: &str, why: &str) -> StageError {
+        StageError::Unsupported(format!(
+            "kind `{kind}` needs {needs}: `{}` {why}",
+            self.arch()
+        ))
+    }
 
     /// Test accuracy of the checkpoint at `ckpt` on `examples` (inference device).
     fn accuracy(&self, ckpt: &Path, examples: &TextExamples) -> Result<f64, StageError>;

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::StageError;
+use crate::family::Family;
 use crate::record::shown;
 use crate::runner::{obtain_checkpoint, RunOptions};
 use crate::shape::Shape;
@@ -44,7 +45,11 @@ impl StageKind for Checkpoint {
         "continue from another recipe's model, reused when it exists"
     }
 
-    fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
+    fn parse(
+        &self,
+        entry: &StageEntry,
+        _family: &dyn Family,
+    ) -> Result<Box<dyn Stage>, RecipeError> {
         let cx = &entry.scope;
         let r: RawCheckpoint = cx.deserialize(entry.settings.clone())?;
         let path = cx.resolve(&r.path);

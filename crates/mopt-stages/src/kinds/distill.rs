@@ -21,6 +21,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::StageError;
+use crate::family::Family;
 use crate::plan::train_settings;
 use crate::shape::Shape;
 use crate::stage::{
@@ -415,7 +416,11 @@ impl StageKind for Distill {
         "distil the input model into a smaller student"
     }
 
-    fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
+    fn parse(
+        &self,
+        entry: &StageEntry,
+        _family: &dyn Family,
+    ) -> Result<Box<dyn Stage>, RecipeError> {
         Ok(Box::new(DistillStage::from_entry(entry)?))
     }
 }

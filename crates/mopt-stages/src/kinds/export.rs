@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::StageError;
+use crate::family::Family;
 use crate::shape::Shape;
 use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
 
@@ -57,7 +58,11 @@ impl StageKind for Export {
         "ONNX export with parity and ONNX Runtime latency"
     }
 
-    fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
+    fn parse(
+        &self,
+        entry: &StageEntry,
+        _family: &dyn Family,
+    ) -> Result<Box<dyn Stage>, RecipeError> {
         let cx = &entry.scope;
         let r: RawExport = cx.deserialize(entry.settings.clone())?;
         let tolerance = r.tolerance.unwrap_or(FLOAT_TOLERANCE);

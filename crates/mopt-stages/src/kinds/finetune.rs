@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::StageError;
+use crate::family::Family;
 use crate::plan::train_settings;
 use crate::shape::Shape;
 use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
@@ -32,7 +33,11 @@ impl StageKind for Finetune {
         "fine-tune the input model on the labels"
     }
 
-    fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
+    fn parse(
+        &self,
+        entry: &StageEntry,
+        _family: &dyn Family,
+    ) -> Result<Box<dyn Stage>, RecipeError> {
         let _: RawFinetune = entry.scope.deserialize(entry.settings.clone())?;
         Ok(Box::new(FinetuneStage))
     }

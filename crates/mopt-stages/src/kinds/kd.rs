@@ -2,6 +2,9 @@
 //! against the baseline teacher's cached logits, or hard labels.
 
 use burn::prelude::*;
+use mopt_core::{Checkpoint, Examples};
+use mopt_data::TextBatch;
+use mopt_distill::kd::{KdSettings, KdTask, LogitCache};
 use mopt_distill::matching::MatchPlan;
 use mopt_distill::pipeline::{teacher_source, TeacherOutputs};
 use mopt_distill::spec::{DistillSpec, Schedule, SoftLoss};
@@ -81,4 +84,35 @@ pub fn kd_task(
         TeacherSource::None
     };
     Ok(DistillTask::new(spec, plan, source, ad))
+}
+
+/// The objective of a compressing stage for any model family: `kd = Some((alpha,
+/// temperature))`: KD on logits against the run's baseline (loaded as an `M`), its logits on
+/// the training split computed once (size-sorted batches of the stage's eval batch size);
+/// `None`: hard labels only. `ad` is the training device.
+pub fn kd_objective<M>(
+    kd: Option<(f64, f64)>,
+    cx: &StageContext,
+    ad: &Device,
+) -> Result<KdTask<M>, StageError>
+where
+    M: Checkpoint<Batch = TextBatch>,
+{
+    let Some((alpha, temperature)) = kd else {
+        return Ok(KdTask::hard_labels(ad));
+    };
+    let device = cx.device.device();
+    let (teacher, _) = M::load(cx.baseline, &device)?;
+    let train = cx.splits().train;
+    eprintln!(
+        "teacher pass: the baseline's logits on {} training examples",
+        train.len()
+    );
+    let cache = LogitCache::compute(&teacher, &train, cx.entry.train.eval_batch_size, &device);
+    let settings = KdSettings {
+        alpha: Schedule::Constant(alpha),
+        temperature: Schedule::Constant(temperature),
+        soft_loss: SoftLoss::Kl,
+    };
+    Ok(KdTask::new(settings, cache, ad))
 }

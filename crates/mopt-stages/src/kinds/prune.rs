@@ -10,23 +10,21 @@
 use std::path::Path;
 
 use burn::prelude::*;
-use mopt_data::{epoch_order, Batcher, Encoded, TextExamples};
-use mopt_distill::{DistillModel, DistillTask};
-use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
+use mopt_core::{Examples, ModelConfig};
+use mopt_data::{epoch_order, TextBatch, TextExamples};
+use mopt_distill::kd::KdTask;
 use mopt_prune::{
-    origin_after, prune, select, units, Criterion, GroupKind, GroupScores, Keep, ParamTable,
+    glob, origin_after, prune, select, units, Criterion, GroupKind, GroupScores, Keep, ParamTable,
     Progress, Prunable, Ranking, Reduce, UnitLimits, Units,
 };
-
-/// A group kind of the pruned model.
-type Group = &'static dyn GroupKind<Config = BertConfig>;
 use mopt_recipe::{OnFail, RecipeError, StageEntry};
 use mopt_train::trainer::{evaluate, fit, save_checkpoint_dir, Task};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::error::StageError;
-use crate::kinds::kd::kd_task;
+use crate::family::Family;
+use crate::kinds::kd::kd_objective;
 use crate::plan::train_settings;
 use crate::record::max_abs_diff;
 use crate::shape::Shape;
@@ -62,8 +60,8 @@ struct RawPrune {
 /// A prune stage, validated.
 #[derive(Clone)]
 pub struct PruneStage {
-    /// The group kinds pruned, in the order `mopt_prune::bert::prune` applies them.
-    pub targets: Vec<Group>,
+    /// The names of the group kinds pruned, in the order the model family applies them.
+    pub targets: Vec<&'static str>,
     pub criterion: Criterion,
     pub reduce: Reduce,
     pub ranking: Ranking,
@@ -98,19 +96,27 @@ impl PruneStage {
         ((top / self.step) - 1e-9).ceil().max(1.0) as usize
     }
 
+    /// The target group kinds of an `M`.
+    fn groups<M: Prunable>(&self) -> Vec<&'static dyn GroupKind<Config = M::Config>> {
+        M::group_kinds()
+            .into_iter()
+            .filter(|k| self.targets.contains(&k.name()))
+            .collect()
+    }
+
     /// The units round `r` keeps. `origin[l]`: the input layer that layer `l` is.
-    fn keep(
+    fn keep<M: Prunable>(
         &self,
         scores: &GroupScores,
-        config: &BertConfig,
+        config: &M::Config,
         orig: &Units,
         origin: &[usize],
         r: usize,
     ) -> Keep {
-        let kinds: Vec<(&dyn GroupKind<Config = BertConfig>, mopt_prune::Rule)> = self
-            .targets
-            .iter()
-            .map(|k| (*k, k.rule(&self.limits)))
+        let kinds: Vec<(&dyn GroupKind<Config = M::Config>, mopt_prune::Rule)> = self
+            .groups::<M>()
+            .into_iter()
+            .map(|k| (k, k.rule(&self.limits)))
             .collect();
         let at = Progress {
             orig,
@@ -125,7 +131,7 @@ impl PruneStage {
     fn target_names(&self) -> String {
         self.targets
             .iter()
-            .map(|k| format!("\"{}\"", k.name()))
+            .map(|k| format!("\"{k}\""))
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -177,21 +183,36 @@ impl StageKind for Prune {
         true
     }
 
-    fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
+    fn parse(
+        &self,
+        entry: &StageEntry,
+        family: &dyn Family,
+    ) -> Result<Box<dyn Stage>, RecipeError> {
         let cx = &entry.scope;
         let r: RawPrune = cx.deserialize(entry.settings.clone())?;
+        let known = family.prune_targets();
+        if known.is_empty() {
+            return Err(cx.err(
+                "kind",
+                format!("kind `prune` needs a prunable model: `{}` declares no dependency groups", family.arch()),
+                "implement `mopt_core::prune::Prunable` for the model and return its group kinds from the family's `prune_targets`",
+            ));
+        }
+        let listed = known
+            .iter()
+            .map(|k| format!("\"{k}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let default: Vec<String> = known.iter().take(2).map(|k| k.to_string()).collect();
         let mut wanted = Vec::new();
-        for t in r
-            .targets
-            .unwrap_or_else(|| vec!["heads".into(), "ffn".into()])
-        {
-            match BertForSequenceClassification::group_kind(&t) {
-                Some(k) => wanted.push(k.name()),
+        for t in r.targets.unwrap_or(default) {
+            match known.iter().find(|k| **k == t) {
+                Some(k) => wanted.push(*k),
                 None => {
                     return Err(cx.err(
                         "targets",
                         format!("unknown pruning target `{t}`"),
-                        "use any of \"heads\", \"ffn\", \"hidden\" (residual-stream channels), \"layers\" (whole encoder layers)",
+                        format!("use any of {listed}"),
                     ))
                 }
             }
@@ -200,13 +221,10 @@ impl StageKind for Prune {
             return Err(cx.err(
                 "targets",
                 "nothing to prune",
-                "list any of \"heads\", \"ffn\", \"hidden\", \"layers\"",
+                format!("list any of {listed}"),
             ));
         }
-        let targets: Vec<Group> = BertForSequenceClassification::group_kinds()
-            .into_iter()
-            .filter(|k| wanted.contains(&k.name()))
-            .collect();
+        let targets: Vec<&'static str> = known.into_iter().filter(|k| wanted.contains(k)).collect();
         let criteria = [
             ("l1", Criterion::L1),
             ("l2", Criterion::L2),
@@ -222,16 +240,7 @@ impl StageKind for Prune {
                     "the fraction removed from the matching groups in the end, e.g. \"encoder.layer.0.*\" = 0.3",
                 ));
             }
-            if !(pattern.starts_with("encoder.layer")
-                || pattern == "hidden"
-                || pattern.starts_with('*'))
-            {
-                return Err(cx.err(
-                    "ratios",
-                    format!("`{pattern}` matches no group"),
-                    "groups are `encoder.layer.<i>.attention` (heads), `encoder.layer.<i>.ffn`, `hidden` and `encoder.layers`; `*` matches anything",
-                ));
-            }
+            // Which groups a pattern matches depends on the input's shape: checked by `plan`.
             scopes.push((pattern, t));
         }
         let mut compare = Vec::new();
@@ -323,12 +332,10 @@ pub struct RoundRecord {
     pub round: usize,
     /// Cumulative fraction of the input's units removed.
     pub removed: f64,
-    pub heads: Vec<usize>,
-    pub ffn: Vec<usize>,
-    #[serde(default)]
-    pub hidden: usize,
-    #[serde(default)]
-    pub layers: usize,
+    /// The shape after the round ([`ModelConfig::facts`]; BERT: `heads`, `ffn`, `hidden`,
+    /// `layers`).
+    #[serde(flatten)]
+    pub shape: serde_json::Map<String, serde_json::Value>,
     pub params: usize,
     pub flops_per_example: u64,
     /// mopt CPU latency p50 at batch 32 (ms), when `[evaluation] latency-runs` > 0.
@@ -341,9 +348,9 @@ pub struct RoundRecord {
     pub steps: usize,
 }
 
-fn shape_after(c: &BertConfig, keep: &Keep) -> BertConfig {
+fn shape_after<M: Prunable>(c: &M::Config, keep: &Keep) -> M::Config {
     let mut out = c.clone();
-    for kind in BertForSequenceClassification::group_kinds() {
+    for kind in M::group_kinds() {
         if let Some(k) = keep.get(kind.name()) {
             out = kind.resize(&out, k);
         }
@@ -351,30 +358,15 @@ fn shape_after(c: &BertConfig, keep: &Keep) -> BertConfig {
     out
 }
 
-/// One line of a shape: its heads and FFN widths per layer, hidden size and layer count.
-fn describe(c: &BertConfig) -> String {
-    format!(
-        "{} layers x {}, heads {:?}, FFN {:?}",
-        c.num_hidden_layers,
-        c.hidden_size,
-        (0..c.num_hidden_layers)
-            .map(|l| c.heads(l))
-            .collect::<Vec<_>>(),
-        (0..c.num_hidden_layers)
-            .map(|l| c.ffn(l))
-            .collect::<Vec<_>>()
-    )
-}
-
 impl PruneStage {
-    fn units(&self, c: &BertConfig) -> Units {
-        units(&self.targets, c)
+    fn units<M: Prunable>(&self, c: &M::Config) -> Units {
+        units(&self.groups::<M>(), c)
     }
 
     /// Equal scores of the current shape (the plan's stand-in: local counts do not depend on
     /// them).
-    fn flat_scores(&self, c: &BertConfig) -> GroupScores {
-        self.units(c)
+    fn flat_scores<M: Prunable>(&self, c: &M::Config) -> GroupScores {
+        self.units::<M>(c)
             .into_iter()
             .map(|(k, n)| (k, n.into_iter().map(|n| vec![1.0; n]).collect()))
             .collect()
@@ -382,39 +374,37 @@ impl PruneStage {
 
     /// The objective of Taylor scoring and fine-tuning: KD against the baseline teacher's cached
     /// logits, or hard labels.
-    fn task(
+    fn task<M: Prunable<Batch = TextBatch>>(
         &self,
         input: &Path,
         cx: &StageContext,
         ad: &Device,
-    ) -> Result<DistillTask, StageError> {
+    ) -> Result<KdTask<M>, StageError> {
         let kd = (self.distill && input != cx.baseline).then_some((self.alpha, self.temperature));
-        kd_task(kd, cx, ad)
+        kd_objective(kd, cx, ad)
     }
 
     /// First-order Taylor gradients of every parameter, summed over `taylor_batches` training
     /// batches.
-    fn taylor_gradients(
+    fn taylor_gradients<M: Prunable<Batch = TextBatch>>(
         &self,
         dir: &Path,
-        task: &mut DistillTask,
+        task: &mut KdTask<M>,
         cx: &StageContext,
         ad: &Device,
     ) -> Result<ParamTable, StageError> {
-        let (student, _) = weights::load_checkpoint(dir, ad)?;
-        let model = DistillModel::new(student, &[], ad);
-        let batcher = Batcher::new(cx.pad_id);
-        let order = epoch_order(cx.data.train.len(), self.seed ^ cx.seed, 0);
+        let (model, _) = M::load(dir, ad)?;
+        let train = cx.splits().train;
+        let order = epoch_order(train.len(), self.seed ^ cx.seed, 0);
         let mut acc = ParamTable::default();
         for chunk in order
             .chunks(cx.entry.train.batch_size)
             .take(self.taylor_batches)
         {
-            let items: Vec<&Encoded> = chunk.iter().map(|&i| &cx.data.train[i]).collect();
-            let b = batcher.batch(&items, ad);
+            let b = train.batch(chunk, ad);
             let (loss, _) = task.loss(&model, &b, chunk, 0.0);
             let grads = loss.backward();
-            acc.add(&ParamTable::gradients(&model.student, &grads));
+            acc.add(&ParamTable::gradients(&model, &grads));
         }
         Ok(acc)
     }
@@ -424,24 +414,24 @@ impl PruneStage {
     /// One schedule of rounds with `criterion`, its rounds in `dir/round-N`. With `stop_at_knee`
     /// (the stage's `on-fail = "retry"`) it stops at the first round that fails the gate and
     /// hands on the last passing round's model; otherwise every round runs.
-    fn schedule(
+    fn schedule<M: Prunable<Batch = TextBatch>>(
         &self,
         criterion: Criterion,
         stop_at_knee: bool,
-        task: &mut DistillTask,
+        task: &mut KdTask<M>,
         input: &Path,
         cx: &StageContext,
         dir: &Path,
     ) -> Result<Pruned, StageError> {
         let device = cx.device.device();
         let ad = cx.device.train_device(&cx.entry.train);
-        let (mut model, mut config) = weights::load_checkpoint(input, &device)?;
-        let orig = self.units(&config);
-        let mut origin: Vec<usize> = (0..config.num_hidden_layers).collect();
+        let (mut model, mut config) = M::load(input, &device)?;
+        let orig = self.units::<M>(&config);
+        let mut origin: Vec<usize> = (0..M::layers(&config)).collect();
         let golden_split = TextExamples::new(cx.golden, cx.pad_id);
-        let golden = |m: &mopt_models::bert::BertForSequenceClassification, c: &BertConfig| {
+        let golden = |m: &M, c: &M::Config| {
             let bs = cx.entry.train.eval_batch_size;
-            evaluate(&m.valid(), &golden_split, bs, c.num_labels, &device).logits
+            evaluate(&m.valid(), &golden_split, bs, c.num_labels(), &device).logits
         };
         let mut current = input.to_path_buf();
         let mut last_pass = input.to_path_buf();
@@ -464,55 +454,52 @@ impl PruneStage {
             let scores = mopt_prune::scores(
                 &ParamTable::weights(&model.valid()),
                 &config,
-                &self.targets,
+                &self.groups::<M>(),
                 criterion,
                 self.reduce,
                 grads.as_ref(),
                 self.seed.wrapping_add(r as u64),
             );
-            let keep = self.keep(&scores, &config, &orig, &origin, r);
+            let keep = self.keep::<M>(&scores, &config, &orig, &origin, r);
             let (pruned, pcfg) = prune(&model.valid(), &config, &keep, &device);
             origin = origin_after(&origin, &keep);
             let pdir = rdir.join("pruned");
             save_checkpoint_dir(&pruned, &pcfg, cx.extras, &pdir)?;
             eprintln!(
                 "prune round {r}: {} ({:.2}M params); fine-tuning",
-                describe(&pcfg),
+                pcfg.describe(),
                 pcfg.num_params() as f64 / 1e6
             );
-            let (student, _) = weights::load_checkpoint(&pdir, &ad)?;
+            let (student, _) = M::load(&pdir, &ad)?;
             let run = mopt_train::trainer::RunContext {
                 run_dir: &rdir,
                 ..cx.run_context(&pcfg)
             };
-            let report = fit(&run, &mut *task, DistillModel::new(student, &[], &ad))?;
+            let report = fit(&run, &mut *task, student)?;
             steps += report.steps;
-            let (m, c) = weights::load_checkpoint(&report.checkpoint, &device)?;
+            let (m, c) = M::load(&report.checkpoint, &device)?;
             let err = max_abs_diff(&golden(&m, &c), cx.input_logits);
             let d = cx.judge(&report.best_valid, err);
             let e = cx.evaluation;
-            let latency = (e.latency_runs > 0).then(|| {
-                mopt_distill::latency::measure(
-                    &m,
-                    c.vocab_size,
-                    32,
-                    e.latency_seq_len,
-                    e.latency_warmup,
-                    e.latency_runs,
-                    &device,
-                )
-                .p50_ms
-            });
+            let latency = (e.latency_runs > 0)
+                .then(|| {
+                    mopt_distill::latency::measure(
+                        &m,
+                        &c,
+                        (32, e.latency_seq_len),
+                        (e.latency_warmup, e.latency_runs),
+                        &device,
+                    )
+                    .map(|l| l.p50_ms)
+                })
+                .flatten();
             rounds.push(RoundRecord {
                 round: r,
                 removed: self.fraction(r),
-                heads: (0..c.num_hidden_layers).map(|l| c.heads(l)).collect(),
-                ffn: (0..c.num_hidden_layers).map(|l| c.ffn(l)).collect(),
-                hidden: c.hidden_size,
-                layers: c.num_hidden_layers,
+                shape: c.facts(),
                 latency_b32_ms: latency,
                 params: c.num_params(),
-                flops_per_example: c.forward_flops(cx.evaluation.latency_seq_len),
+                flops_per_example: c.flops(cx.evaluation.latency_seq_len) as u64,
                 valid_accuracy: report.best_valid.accuracy,
                 max_logit_error_vs_input: err,
                 passed: d.passed,
@@ -522,7 +509,7 @@ impl PruneStage {
             notes.push(format!(
                 "Round {r} ({:.0}% removed): {}, {:.2}M params, {:.3} GFLOPs/example{}; validation accuracy {:.4} after fine-tuning; {}.",
                 self.fraction(r) * 100.0,
-                describe(&c),
+                c.describe(),
                 c.num_params() as f64 / 1e6,
                 rounds[r - 1].flops_per_example as f64 / 1e9,
                 latency.map_or(String::new(), |ms| format!(", mopt b32 latency p50 {ms:.1} ms")),
@@ -551,19 +538,18 @@ impl PruneStage {
     }
 }
 
-impl Stage for PruneStage {
-    fn kind(&self) -> &str {
-        "prune"
-    }
-
-    fn plan(
+impl PruneStage {
+    /// The plan of a prune stage on an `M` (what a family's
+    /// [`Family::plan_prune`](crate::family::Family::plan_prune) calls).
+    pub fn plan<M: Prunable>(
         &self,
         entry: &StageEntry,
         shape: &Shape,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
-        let input: &BertConfig = shape.get()?;
-        if input.mopt_quant.is_some() {
+        let input: &M::Config = shape.get()?;
+        self.check_ratios::<M>(entry, input)?;
+        if input.is_quantized() {
             return Err(entry
                 .scope
                 .err(
@@ -573,7 +559,7 @@ impl Stage for PruneStage {
                 )
                 .into());
         }
-        let orig = self.units(input);
+        let orig = self.units::<M>(input);
         let mut settings = vec![format!(
             "targets = [{}], criterion = \"{}\", reduce = \"{}\", ranking = \"{}\", target = {}, step = {}, taylor-batches = {}, ffn-multiple = {}, hidden-multiple = {}, min-heads = {}, ignore-layers = {:?}, distill = {} (alpha = {}, temperature = {}), compare = {:?}, ratios = {:?}",
             self.target_names(),
@@ -594,44 +580,46 @@ impl Stage for PruneStage {
             self.limits.scopes
         )];
         let mut c = input.clone();
-        let mut origin: Vec<usize> = (0..c.num_hidden_layers).collect();
+        let mut origin: Vec<usize> = (0..M::layers(&c)).collect();
         let scored = if self.ranking == Ranking::Global {
             " (global: the split across layers follows the scores)"
-        } else if self.targets.iter().any(|k| k.name() == "layers") {
+        } else if self.targets.contains(&"layers") {
             " (which layers go follows the scores)"
         } else {
             ""
         };
         for r in 1..=self.rounds() {
-            let keep = self.keep(&self.flat_scores(&c), &c, &orig, &origin, r);
+            let keep = self.keep::<M>(&self.flat_scores::<M>(&c), &c, &orig, &origin, r);
             origin = origin_after(&origin, &keep);
-            c = shape_after(&c, &keep);
+            c = shape_after::<M>(&c, &keep);
             settings.push(format!(
                 "round {r}: {:.0}% removed -> {}{scored}: {:.2}M params, {:.3} GFLOPs/example, then fine-tune",
                 self.fraction(r) * 100.0,
-                describe(&c),
+                c.describe(),
                 c.num_params() as f64 / 1e6,
-                c.forward_flops(cx.tokenizer.max_len) as f64 / 1e9
+                c.flops(cx.tokenizer.max_len) / 1e9
             ));
         }
         settings.extend(train_settings(&entry.train, entry.train_overridden));
         Ok(StagePlan {
-            memory: Some(mopt_core::ModelConfig::training_memory(
-                input,
-                entry.train.batch_size,
-                cx.tokenizer.max_len,
-            )),
+            memory: Some(input.training_memory(entry.train.batch_size, cx.tokenizer.max_len)),
             output: Shape::new(c),
             settings,
             extra_memory: Vec::new(),
         })
     }
 
-    fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+    /// Run a prune stage on the `M` checkpoint at `input` (what a family's
+    /// [`Family::prune`](crate::family::Family::prune) calls).
+    pub fn run<M: Prunable<Batch = TextBatch>>(
+        &self,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
         // One objective for every round of every schedule: the teacher and its cached logits are
         // loaded once.
         let ad = cx.device.train_device(&cx.entry.train);
-        let mut task = self.task(input, cx, &ad)?;
+        let mut task = self.task::<M>(input, cx, &ad)?;
         let main = self.schedule(self.criterion, self.retry, &mut task, input, cx, cx.dir)?;
         let mut notes = main.notes;
         let mut references = Vec::new();
@@ -676,6 +664,62 @@ impl Stage for PruneStage {
             logit_error_vs_input: None,
             artifacts: Vec::new(),
         })
+    }
+
+    /// Every `[stage.ratios]` pattern must match a group of the input (any group kind, any
+    /// scope): a typo would otherwise prune nothing it names.
+    fn check_ratios<M: Prunable>(
+        &self,
+        entry: &StageEntry,
+        c: &M::Config,
+    ) -> Result<(), StageError> {
+        let paths: Vec<String> = M::group_kinds()
+            .iter()
+            .flat_map(|k| {
+                (0..k.scopes(c))
+                    .map(|s| k.scope_path(s))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for (pattern, _) in &self.limits.scopes {
+            if !paths.iter().any(|p| glob(pattern, p)) {
+                return Err(entry
+                    .scope
+                    .err(
+                        "ratios",
+                        format!("`{pattern}` matches no group"),
+                        format!(
+                            "groups of this model: {}; `*` matches anything",
+                            paths
+                                .iter()
+                                .map(|p| format!("`{p}`"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    )
+                    .into());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Stage for PruneStage {
+    fn kind(&self) -> &str {
+        "prune"
+    }
+
+    fn plan(
+        &self,
+        entry: &StageEntry,
+        shape: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        cx.family.plan_prune(self, entry, shape, cx)
+    }
+
+    fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+        cx.family.prune(self, input, cx)
     }
 
     fn reuse_key(&self) -> Option<String> {

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::error::StageError;
+use crate::family::Family;
 use crate::kinds::kd::kd_task;
 use crate::plan::train_settings;
 use crate::record::max_abs_diff;
@@ -238,7 +239,11 @@ impl StageKind for Ptq {
     fn has_retry(&self) -> bool {
         true
     }
-    fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
+    fn parse(
+        &self,
+        entry: &StageEntry,
+        _family: &dyn Family,
+    ) -> Result<Box<dyn Stage>, RecipeError> {
         parse(entry, false)
     }
 }
@@ -250,7 +255,11 @@ impl StageKind for Qat {
     fn about(&self) -> &'static str {
         "quantization-aware training: calibrate, then train with fake-quant (STE, optional LSQ) and KD"
     }
-    fn parse(&self, entry: &StageEntry) -> Result<Box<dyn Stage>, RecipeError> {
+    fn parse(
+        &self,
+        entry: &StageEntry,
+        _family: &dyn Family,
+    ) -> Result<Box<dyn Stage>, RecipeError> {
         parse(entry, true)
     }
 }
