@@ -366,6 +366,17 @@ impl Prunable for Mlp {
 }
 
 impl Quantizable for Mlp {
+    fn quantization(c: &MlpConfig) -> Option<&QuantConfig> {
+        c.quant.as_ref()
+    }
+
+    fn with_quantization(c: &MlpConfig, q: Option<QuantConfig>) -> MlpConfig {
+        MlpConfig {
+            quant: q,
+            ..c.clone()
+        }
+    }
+
     fn quant_slots(&mut self) -> Vec<QuantSlot<'_>> {
         self.layers
             .iter_mut()

@@ -179,7 +179,10 @@ fn quantized_checkpoint(dir: &std::path::Path, bits: u32) -> BertConfig {
     c.initializer_range = 0.3;
     dev.seed(5);
     let float = BertForSequenceClassification::new(&c, &dev);
-    let q = QuantConfig::int8(bits, mopt_models::bert::quant::linear_paths(&c));
+    let q = QuantConfig::int8(
+        bits,
+        <BertForSequenceClassification as mopt_core::Quantizable>::linear_paths(&c),
+    );
     let calib = samples(64, 30522, 9);
     let (m, unseen) = mopt_models::bert::quant::calibrate(float, &q, &dev, |m| {
         let batcher = mopt_data::Batcher::new(0);

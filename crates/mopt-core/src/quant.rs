@@ -9,6 +9,8 @@ use burn::nn::Linear;
 use burn::prelude::*;
 use mopt_quant::node::{LinearQuant, Phase, QuantConfig};
 
+use crate::model::Checkpoint;
+
 /// One quantizable linear layer: its module path, the layer and its quantizers.
 pub struct QuantSlot<'a> {
     pub path: String,
@@ -23,9 +25,22 @@ pub struct QuantSlotRef<'a> {
     pub quant: &'a Option<LinearQuant>,
 }
 
-/// A model whose linear layers take quantizers. Implement the two slot lists; the rest is
-/// provided.
-pub trait Quantizable: Sized {
+/// A model whose linear layers take quantizers. Implement the two slot lists and where the
+/// config records the quantization (so that a quantized checkpoint reloads quantized); the rest
+/// is provided.
+pub trait Quantizable: Checkpoint {
+    /// The quantization the config records (`None`: a float model).
+    fn quantization(config: &Self::Config) -> Option<&QuantConfig>;
+
+    /// `config` recording `q` (`None`: the float model's config).
+    fn with_quantization(config: &Self::Config, q: Option<QuantConfig>) -> Self::Config;
+
+    /// The quantizable layers' paths of a model shaped `config` (built on the CPU to list them).
+    fn linear_paths(config: &Self::Config) -> Vec<String> {
+        let float = Self::with_quantization(config, None);
+        Self::init(&float, &Device::flex()).quant_paths()
+    }
+
     /// Every quantizable linear layer, in forward order.
     fn quant_slots(&mut self) -> Vec<QuantSlot<'_>>;
 

@@ -6,11 +6,22 @@
 use burn::prelude::*;
 use mopt_core::quant::{QuantSlot as Slot, QuantSlotRef as SlotRef};
 use mopt_core::Quantizable;
-use mopt_quant::node::Phase;
+use mopt_quant::node::{Phase, QuantConfig};
 
 use super::{BertConfig, BertForSequenceClassification};
 
 impl Quantizable for BertForSequenceClassification {
+    fn quantization(c: &BertConfig) -> Option<&QuantConfig> {
+        c.mopt_quant.as_ref()
+    }
+
+    fn with_quantization(c: &BertConfig, q: Option<QuantConfig>) -> BertConfig {
+        BertConfig {
+            mopt_quant: q,
+            ..c.clone()
+        }
+    }
+
     fn quant_slots(&mut self) -> Vec<Slot<'_>> {
         slots(self)
     }
@@ -111,18 +122,6 @@ pub fn slots_ref(model: &BertForSequenceClassification) -> Vec<SlotRef<'_>> {
     out
 }
 
-/// The paths of every quantizable linear layer of a model of shape `config`.
-pub fn linear_paths(config: &BertConfig) -> Vec<String> {
-    let mut m = BertForSequenceClassification::new(
-        &BertConfig {
-            mopt_quant: None,
-            ..config.clone()
-        },
-        &Device::flex(),
-    );
-    slots(&mut m).into_iter().map(|s| s.path).collect()
-}
-
 impl BertForSequenceClassification {
     /// Quantizers (placeholder scales) on the layers `config.mopt_quant` lists, in `phase`;
     /// every other layer float. Without `mopt_quant` the model is returned as it is.
@@ -139,7 +138,6 @@ pub use mopt_core::quant::calibrate;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mopt_quant::node::QuantConfig;
 
     fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
@@ -170,7 +168,7 @@ mod tests {
         c.attention_probs_dropout_prob = 0.0;
         dev.seed(5);
         let float = BertForSequenceClassification::new(&c, &dev);
-        let paths = linear_paths(&c);
+        let paths = BertForSequenceClassification::linear_paths(&c);
         assert_eq!(paths.len(), 2 * 6 + 2);
         // Everything but the classifier (a path can stay float).
         let q = int8(paths[..paths.len() - 1].to_vec());

@@ -13,6 +13,7 @@ use mopt_recipe::{ModelSpec, Scope, StageEntry, TokenizerSpec};
 use super::{checkpoint_accuracy, Family};
 use crate::error::StageError;
 use crate::kinds::prune::PruneStage;
+use crate::kinds::quantize::QuantStage;
 use crate::shape::Shape;
 use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
 
@@ -66,6 +67,29 @@ impl Family for Bert {
     fn prune(
         &self,
         stage: &PruneStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        stage.run::<Model>(input, cx)
+    }
+
+    fn quantizable(&self) -> bool {
+        true
+    }
+
+    fn plan_quantize(
+        &self,
+        stage: &QuantStage,
+        entry: &StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        stage.plan::<Model>(entry, input, cx)
+    }
+
+    fn quantize(
+        &self,
+        stage: &QuantStage,
         input: &Path,
         cx: &StageContext,
     ) -> Result<StageOutput, StageError> {

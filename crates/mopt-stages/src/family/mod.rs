@@ -19,6 +19,7 @@ use mopt_train::trainer::evaluate;
 
 use crate::error::StageError;
 use crate::kinds::prune::PruneStage;
+use crate::kinds::quantize::QuantStage;
 use crate::shape::Shape;
 use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
 
@@ -72,6 +73,40 @@ pub trait Family: Sync {
         _cx: &StageContext,
     ) -> Result<StageOutput, StageError> {
         Err(self.lacks("prune", "a prunable model", "declares no dependency groups"))
+    }
+
+    /// Whether `ptq` / `qat` stages can quantize this family's models (false by default).
+    fn quantizable(&self) -> bool {
+        false
+    }
+
+    /// Plan a `ptq` / `qat` stage ([`QuantStage::plan`]).
+    fn plan_quantize(
+        &self,
+        _stage: &QuantStage,
+        _entry: &StageEntry,
+        _input: &Shape,
+        _cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        Err(self.lacks(
+            "ptq/qat",
+            "a quantizable model",
+            "declares no quantizable layers",
+        ))
+    }
+
+    /// Run a `ptq` / `qat` stage ([`QuantStage::run`]).
+    fn quantize(
+        &self,
+        _stage: &QuantStage,
+        _input: &Path,
+        _cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        Err(self.lacks(
+            "ptq/qat",
+            "a quantizable model",
+            "declares no quantizable layers",
+        ))
     }
 
     /// The error of a stage kind that needs a capability this family lacks.
@@ -143,4 +178,109 @@ where
     let (model, config) = M::load(ckpt, &device)?;
     let eval = evaluate(&model.valid(), examples, 64, config.num_labels(), &device);
     Ok(eval.metrics.accuracy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mopt_recipe::{StageEntry, TrainSpec};
+
+    /// A family that declares the required methods only: no optional capability.
+    struct Bare;
+
+    impl Family for Bare {
+        fn arch(&self) -> &'static str {
+            "bare"
+        }
+        fn input_notes(&self, _: usize) -> String {
+            unreachable!()
+        }
+        fn read_shape(&self, _: &Path) -> Result<Shape, StageError> {
+            unreachable!()
+        }
+        fn model_shape(
+            &self,
+            _: &ModelSpec,
+            _: &TokenizerSpec,
+            _: &Scope,
+            _: &[String],
+            _: usize,
+        ) -> Result<Shape, StageError> {
+            unreachable!()
+        }
+        fn finetune(&self, _: &Path, _: &StageContext) -> Result<StageOutput, StageError> {
+            unreachable!()
+        }
+        fn accuracy(&self, _: &Path, _: &TextExamples) -> Result<f64, StageError> {
+            unreachable!()
+        }
+        fn export(
+            &self,
+            _: &Path,
+            _: &Path,
+            _: &TextExamples,
+            _: &ExportOptions,
+        ) -> Result<ModelCard, StageError> {
+            unreachable!()
+        }
+        fn ort_latency(
+            &self,
+            _: &Path,
+            _: &Path,
+            _: usize,
+            _: (usize, usize),
+        ) -> Result<Option<serde_json::Value>, StageError> {
+            unreachable!()
+        }
+    }
+
+    fn entry(kind: &str) -> StageEntry {
+        let source = format!("[[stage]]\nkind = \"{kind}\"\n");
+        let scope = Scope::root(Path::new("recipe.toml"), &source).stage(1);
+        StageEntry {
+            index: 1,
+            kind: kind.into(),
+            name: kind.into(),
+            train: TrainSpec::default(),
+            train_overridden: false,
+            gate: None,
+            settings: Default::default(),
+            scope,
+        }
+    }
+
+    #[test]
+    fn a_stage_that_needs_a_capability_the_family_lacks_says_which() {
+        let err = crate::stage::parse_stages(&[entry("prune")], &Bare)
+            .err()
+            .expect("a bare family cannot prune")
+            .to_string();
+        assert!(
+            err.contains(
+                "kind `prune` needs a prunable model: `bare` declares no dependency groups"
+            ),
+            "{err}"
+        );
+        for kind in ["ptq", "qat"] {
+            let err = crate::stage::parse_stages(&[entry(kind)], &Bare)
+                .err()
+                .expect("a bare family cannot quantize")
+                .to_string();
+            assert!(
+                err.contains(&format!(
+                    "kind `{kind}` needs a quantizable model: `bare` declares no quantizable layers"
+                )),
+                "{err}"
+            );
+        }
+        // The same stages parse for BERT, whose family declares its group kinds and layers.
+        let bert = family(Arch::BertClassifier);
+        assert_eq!(bert.prune_targets(), ["heads", "ffn", "hidden", "layers"]);
+        for kind in ["prune", "ptq", "qat"] {
+            assert!(
+                crate::stage::parse_stages(&[entry(kind)], bert).is_ok(),
+                "{kind}"
+            );
+        }
+    }
 }

@@ -1,15 +1,11 @@
-//! The training objective of stages that fine-tune a compressed model (prune rounds, QAT): KD
-//! against the baseline teacher's cached logits, or hard labels.
+//! The training objective of stages that fine-tune a compressed model (prune rounds, QAT), for
+//! any model family: KD against the baseline teacher's cached logits, or hard labels.
 
 use burn::prelude::*;
 use mopt_core::{Checkpoint, Examples};
 use mopt_data::TextBatch;
 use mopt_distill::kd::{KdSettings, KdTask, LogitCache};
-use mopt_distill::matching::MatchPlan;
-use mopt_distill::pipeline::{teacher_source, TeacherOutputs};
-use mopt_distill::spec::{DistillSpec, Schedule, SoftLoss};
-use mopt_distill::{DistillTask, TeacherSource};
-use mopt_models::bert::weights;
+use mopt_distill::spec::{Schedule, SoftLoss};
 
 use crate::error::StageError;
 use crate::stage::StageContext;
@@ -38,52 +34,6 @@ pub fn kd_settings(
         ));
     }
     Ok((alpha, temperature))
-}
-
-/// `kd = Some((alpha, temperature))`: the KD loss (KL at that temperature, `alpha` on the hard
-/// labels) against the run's baseline, its logits cached once for the training set and reused;
-/// `None`: hard labels only. `ad` is the training device.
-pub fn kd_task(
-    kd: Option<(f64, f64)>,
-    cx: &StageContext,
-    ad: &Device,
-) -> Result<DistillTask, StageError> {
-    let (alpha, temperature) = kd.unwrap_or((1.0, 1.0));
-    let spec = DistillSpec {
-        enabled: kd.is_some(),
-        alpha: Schedule::Constant(alpha),
-        temperature: Schedule::Constant(temperature),
-        soft_loss: SoftLoss::Kl,
-        teacher_cache: true,
-        baseline: false,
-        matches: Vec::new(),
-    };
-    let plan = MatchPlan {
-        matches: Vec::new(),
-        projections: Vec::new(),
-        needs: Default::default(),
-    };
-    let source = if kd.is_some() {
-        let device = cx.device.device();
-        let (teacher, _) = weights::load_checkpoint(cx.baseline, &device)?;
-        teacher_source(
-            &TeacherOutputs {
-                teacher_dir: cx.baseline,
-                teacher: &teacher.valid(),
-                data: cx.data_spec,
-                train: &cx.data.train,
-                pad_id: cx.pad_id,
-                batch_size: cx.entry.train.eval_batch_size,
-            },
-            &spec,
-            &plan,
-            &device,
-        )?
-        .0
-    } else {
-        TeacherSource::None
-    };
-    Ok(DistillTask::new(spec, plan, source, ad))
 }
 
 /// The objective of a compressing stage for any model family: `kd = Some((alpha,

@@ -13,12 +13,9 @@
 
 use std::path::Path;
 
-use burn::prelude::*;
-use mopt_core::Quantizable;
-use mopt_data::{epoch_order, Batcher, Encoded};
-use mopt_distill::{DistillModel, DistillTask};
-use mopt_models::bert::quant::{calibrate, linear_paths, slots, slots_ref};
-use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
+use mopt_core::quant::calibrate;
+use mopt_core::{Examples, ModelConfig, Quantizable};
+use mopt_data::{epoch_order, TextBatch, TextExamples};
 use mopt_quant::node::{Phase, QuantConfig};
 use mopt_quant::{Granularity, IntFormat, ObserverKind, QuantScheme};
 use mopt_recipe::{RecipeError, Scope, StageEntry};
@@ -29,7 +26,7 @@ use serde_json::json;
 
 use crate::error::StageError;
 use crate::family::Family;
-use crate::kinds::kd::kd_task;
+use crate::kinds::kd::kd_objective;
 use crate::plan::train_settings;
 use crate::record::max_abs_diff;
 use crate::shape::Shape;
@@ -80,7 +77,22 @@ pub struct QuantStage {
     pub temperature: f64,
 }
 
-fn parse(entry: &StageEntry, train: bool) -> Result<Box<dyn Stage>, RecipeError> {
+fn parse(
+    entry: &StageEntry,
+    train: bool,
+    family: &dyn Family,
+) -> Result<Box<dyn Stage>, RecipeError> {
+    if !family.quantizable() {
+        return Err(entry.scope.err(
+            "kind",
+            format!(
+                "kind `{}` needs a quantizable model: `{}` declares no quantizable layers",
+                entry.kind,
+                family.arch()
+            ),
+            "implement `mopt_core::Quantizable` for the model and say so in the family's `quantizable`",
+        ));
+    }
     let cx: &Scope = &entry.scope;
     let r: RawQuant = cx.deserialize(entry.settings.clone())?;
     if !train {
@@ -173,17 +185,7 @@ fn parse(entry: &StageEntry, train: bool) -> Result<Box<dyn Stage>, RecipeError>
             "remove it or set observer = \"percentile\"",
         ));
     }
-    for (key, v) in [("include", &r.include), ("exclude", &r.exclude)] {
-        for p in v.iter().flatten() {
-            if !(p.starts_with("bert.") || p.starts_with("classifier") || p.starts_with('*')) {
-                return Err(cx.err(
-                    key,
-                    format!("`{p}` matches no linear layer"),
-                    "layers are `bert.encoder.layer.<i>.attention.self_attn.query` (key, value), `bert.encoder.layer.<i>.attention.output.dense`, `bert.encoder.layer.<i>.intermediate.dense`, `bert.encoder.layer.<i>.output.dense`, `bert.pooler.dense`, `classifier`; `*` matches anything",
-                ));
-            }
-        }
-    }
+    // Which layers a pattern matches depends on the input's shape: checked by `plan`.
     let (alpha, temperature) = crate::kinds::kd::kd_settings(cx, r.alpha, r.temperature)?;
     Ok(Box::new(QuantStage {
         train,
@@ -242,9 +244,9 @@ impl StageKind for Ptq {
     fn parse(
         &self,
         entry: &StageEntry,
-        _family: &dyn Family,
+        family: &dyn Family,
     ) -> Result<Box<dyn Stage>, RecipeError> {
-        parse(entry, false)
+        parse(entry, false, family)
     }
 }
 
@@ -258,9 +260,9 @@ impl StageKind for Qat {
     fn parse(
         &self,
         entry: &StageEntry,
-        _family: &dyn Family,
+        family: &dyn Family,
     ) -> Result<Box<dyn Stage>, RecipeError> {
-        parse(entry, true)
+        parse(entry, true, family)
     }
 }
 
@@ -286,8 +288,8 @@ impl QuantStage {
     }
 
     /// The quantization config for a model of shape `c`: the included, not excluded layers.
-    fn config_for(&self, c: &BertConfig) -> QuantConfig {
-        let layers = linear_paths(c)
+    fn config_for<M: Quantizable>(&self, c: &M::Config) -> QuantConfig {
+        let layers = M::linear_paths(c)
             .into_iter()
             .filter(|p| self.include.iter().any(|g| mopt_prune::glob(g, p)))
             .filter(|p| !self.exclude.iter().any(|g| mopt_prune::glob(g, p)))
@@ -316,16 +318,16 @@ impl QuantStage {
     }
 
     /// The input with calibrated quantizers, and the layers whose input saw no data.
-    fn calibrated(
+    fn calibrated<M: Quantizable<Batch = TextBatch>>(
         &self,
         input: &Path,
         cx: &StageContext,
-    ) -> Result<(BertForSequenceClassification, BertConfig, Vec<String>), StageError> {
+    ) -> Result<(M, M::Config, Vec<String>), StageError> {
         let device = cx.device.device();
-        let (model, config) = weights::load_checkpoint(input, &device)?;
-        let q = self.config_for(&config);
-        let batcher = Batcher::new(cx.pad_id);
-        let order = epoch_order(cx.data.train.len(), cx.seed ^ 0x9a7, 0);
+        let (model, config) = M::load(input, &device)?;
+        let q = self.config_for::<M>(&config);
+        let train = TextExamples::new(&cx.data.train, cx.pad_id);
+        let order = epoch_order(train.len(), cx.seed ^ 0x9a7, 0);
         let n = self.calibration_samples.min(order.len());
         eprintln!(
             "{}: calibrating {} layers on {n} training sentences ({})",
@@ -336,41 +338,37 @@ impl QuantStage {
         let model = model.valid();
         let (m, unseen) = calibrate(model, &q, &device, |m| {
             for chunk in order[..n].chunks(cx.entry.train.eval_batch_size) {
-                let items: Vec<&Encoded> = chunk.iter().map(|&i| &cx.data.train[i]).collect();
-                let b = batcher.batch(&items, &device);
-                let _ = m.forward(b.input_ids, b.attention_mask, b.token_type_ids);
+                let _ = m.logits(&train.batch(chunk, &device));
             }
         });
-        let qc = BertConfig {
-            mopt_quant: Some(q),
-            ..config
-        };
+        let qc = M::with_quantization(&config, Some(q));
         Ok((m, qc, unseen))
     }
 
     /// Validation metrics and golden logits of `m` (the golden set is the validation split's
     /// first examples: one pass gives both).
-    fn measure(
-        m: &BertForSequenceClassification,
-        c: &BertConfig,
+    fn measure<M: Quantizable<Batch = TextBatch>>(
+        m: &M,
+        c: &M::Config,
         cx: &StageContext,
     ) -> (EvalMetrics, Vec<Vec<f32>>) {
         let device = cx.device.device();
         let bs = cx.entry.train.eval_batch_size;
-        let out = evaluate(m, &cx.splits().valid, bs, c.num_labels, &device);
+        let out = evaluate(m, &cx.splits().valid, bs, c.num_labels(), &device);
         let golden = out.logits[..cx.golden.len().min(out.logits.len())].to_vec();
         (out.metrics, golden)
     }
 
     /// Each quantized layer alone (the others float), ranked worst first.
-    fn sensitivity(
+    fn sensitivity<M: Quantizable<Batch = TextBatch>>(
         &self,
-        m: &BertForSequenceClassification,
-        c: &BertConfig,
+        m: &M,
+        c: &M::Config,
         cx: &StageContext,
         float_logits: &[Vec<f32>],
     ) -> Vec<Sensitivity> {
-        let layers: Vec<String> = slots_ref(m)
+        let layers: Vec<String> = m
+            .quant_slots_ref()
             .into_iter()
             .filter(|s| s.quant.is_some())
             .map(|s| s.path)
@@ -378,7 +376,7 @@ impl QuantStage {
         let mut rows = Vec::new();
         for (i, layer) in layers.iter().enumerate() {
             eprintln!("ptq: sensitivity {}/{}: {layer}", i + 1, layers.len());
-            for s in slots_ref(m) {
+            for s in m.quant_slots_ref() {
                 if let Some(q) = s.quant {
                     let phase = if &s.path == layer {
                         Phase::Quantize
@@ -389,7 +387,7 @@ impl QuantStage {
                     q.weight.set_phase(phase);
                 }
             }
-            let (valid, golden) = Self::measure(m, c, cx);
+            let (valid, golden) = Self::measure::<M>(m, c, cx);
             rows.push(Sensitivity {
                 layer: layer.clone(),
                 valid_accuracy: valid.accuracy,
@@ -448,19 +446,18 @@ fn sensitivity_svg(rows: &[Sensitivity], fallback: &[String]) -> String {
     s + "</svg>\n"
 }
 
-impl Stage for QuantStage {
-    fn kind(&self) -> &str {
-        self.name()
-    }
-
-    fn plan(
+impl QuantStage {
+    /// The plan of a `ptq` / `qat` stage on an `M` (what a family's
+    /// [`Family::plan_quantize`](crate::family::Family::plan_quantize) calls).
+    pub fn plan<M: Quantizable>(
         &self,
         entry: &StageEntry,
         shape: &Shape,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
-        let input: &BertConfig = shape.get()?;
-        if input.mopt_quant.is_some() {
+        let input: &M::Config = shape.get()?;
+        self.check_patterns::<M>(entry, input)?;
+        if M::quantization(input).is_some() {
             return Err(entry
                 .scope
                 .err(
@@ -470,7 +467,7 @@ impl Stage for QuantStage {
                 )
                 .into());
         }
-        let q = self.config_for(input);
+        let q = self.config_for::<M>(input);
         if q.layers.is_empty() {
             return Err(entry
                 .scope
@@ -486,7 +483,7 @@ impl Stage for QuantStage {
             format!(
                 "{} of {} linear layers quantized (exclude = {:?}); LayerNorm, softmax, GELU and embeddings float; calibration on {} training sentences",
                 q.layers.len(),
-                linear_paths(input).len(),
+                M::linear_paths(input).len(),
                 self.exclude,
                 self.calibration_samples.min(cx.train_examples)
             ),
@@ -507,43 +504,42 @@ impl Stage for QuantStage {
             ));
         }
         Ok(StagePlan {
-            output: Shape::new(BertConfig {
-                mopt_quant: Some(q),
-                ..input.clone()
-            }),
+            output: Shape::new(M::with_quantization(input, Some(q))),
             settings,
-            memory: self.train.then(|| {
-                mopt_core::ModelConfig::training_memory(
-                    input,
-                    entry.train.batch_size,
-                    cx.tokenizer.max_len,
-                )
-            }),
+            memory: self
+                .train
+                .then(|| input.training_memory(entry.train.batch_size, cx.tokenizer.max_len)),
             extra_memory: Vec::new(),
         })
     }
 
-    fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+    /// Run a `ptq` / `qat` stage on the `M` checkpoint at `input` (what a family's
+    /// [`Family::quantize`](crate::family::Family::quantize) calls).
+    pub fn run<M: Quantizable<Batch = TextBatch>>(
+        &self,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
         // The float input's golden logits, as the runner measured them.
         let float_logits = cx.input_logits;
-        let (mut m, mut qc, unseen) = self.calibrated(input, cx)?;
+        let (mut m, mut qc, unseen) = self.calibrated::<M>(input, cx)?;
         let mut notes = vec![format!(
             "{} linear layers quantized: {}.",
-            qc.mopt_quant.as_ref().map_or(0, |q| q.layers.len()),
+            M::quantization(&qc).map_or(0, |q| q.layers.len()),
             if unseen.is_empty() {
                 "every input observed".to_string()
             } else {
                 format!("no data reached {unseen:?}")
             }
         )];
-        let (valid, golden) = Self::measure(&m, &qc, cx);
+        let (valid, golden) = Self::measure::<M>(&m, &qc, cx);
         let ptq_err = max_abs_diff(&golden, float_logits);
         notes.push(format!(
             "After calibration: validation accuracy {:.4} (input {:.4}), max logit error vs the float input {:.3}.",
             valid.accuracy, cx.input_valid.accuracy, ptq_err
         ));
         let mut facts = json!({
-            "quantization": qc.mopt_quant,
+            "quantization": M::quantization(&qc),
             "calibration_samples": self.calibration_samples.min(cx.data.train.len()),
             "calibrated_valid_accuracy": valid.accuracy,
             "calibrated_max_logit_error": ptq_err,
@@ -557,16 +553,17 @@ impl Stage for QuantStage {
                 if d.passed || fallback.len() >= self.max_fallback {
                     break;
                 }
-                for s in slots(&mut m) {
+                for s in m.quant_slots() {
                     if s.path == r.layer {
                         *s.quant = None;
                     }
                 }
                 fallback.push(r.layer.clone());
-                if let Some(q) = qc.mopt_quant.as_mut() {
+                if let Some(mut q) = M::quantization(&qc).cloned() {
                     q.layers.retain(|l| l != &r.layer);
+                    qc = M::with_quantization(&qc, Some(q));
                 }
-                let (v, g) = Self::measure(&m, &qc, cx);
+                let (v, g) = Self::measure::<M>(&m, &qc, cx);
                 let current = (v, max_abs_diff(&g, float_logits));
                 d = cx.judge(&current.0, current.1);
                 notes.push(format!(
@@ -603,7 +600,7 @@ impl Stage for QuantStage {
             artifacts.push(svg);
             facts["sensitivity"] = json!(rows);
             facts["fallback"] = json!(fallback);
-            facts["quantization"] = json!(qc.mopt_quant);
+            facts["quantization"] = json!(M::quantization(&qc));
         }
         let out = cx.dir.join("model");
         save_checkpoint_dir(&m, &qc, cx.extras, &out)?;
@@ -621,8 +618,8 @@ impl Stage for QuantStage {
         // QAT: train the calibrated model (fake-quant in the forward pass, STE in the backward).
         let ad = cx.device.train_device(&cx.entry.train);
         let kd = (self.distill && input != cx.baseline).then_some((self.alpha, self.temperature));
-        let mut task: DistillTask = kd_task(kd, cx, &ad)?;
-        let (student, _) = weights::load_checkpoint(&out, &ad)?;
+        let mut task = kd_objective::<M>(kd, cx, &ad)?;
+        let (student, _) = M::load(&out, &ad)?;
         eprintln!(
             "qat: training with fake-quant{}{}",
             if self.base.learned_scales {
@@ -636,11 +633,7 @@ impl Stage for QuantStage {
                 ""
             }
         );
-        let report = fit(
-            &cx.run_context(&qc),
-            &mut task,
-            DistillModel::new(student, &[], &ad),
-        )?;
+        let report = fit(&cx.run_context(&qc), &mut task, student)?;
         notes.push(format!(
             "QAT: {} steps; best validation accuracy {:.4} (calibrated {:.4}).",
             report.steps, report.best_valid.accuracy, valid.accuracy
@@ -655,6 +648,57 @@ impl Stage for QuantStage {
             logit_error_vs_input: None,
             artifacts,
         })
+    }
+
+    /// Every `include` / `exclude` pattern must match a quantizable layer of the input: a typo
+    /// would otherwise quantize (or keep float) nothing it names.
+    fn check_patterns<M: Quantizable>(
+        &self,
+        entry: &StageEntry,
+        c: &M::Config,
+    ) -> Result<(), StageError> {
+        let paths = M::linear_paths(c);
+        for (key, patterns) in [("include", &self.include), ("exclude", &self.exclude)] {
+            for p in patterns {
+                if !paths.iter().any(|l| mopt_prune::glob(p, l)) {
+                    let some: Vec<String> =
+                        paths.iter().take(8).map(|l| format!("`{l}`")).collect();
+                    return Err(entry
+                        .scope
+                        .err(
+                            key,
+                            format!("`{p}` matches no linear layer"),
+                            format!(
+                                "this model's quantizable layers are {}{} ({} in all); `*` matches anything",
+                                some.join(", "),
+                                if paths.len() > some.len() { ", …" } else { "" },
+                                paths.len()
+                            ),
+                        )
+                        .into());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Stage for QuantStage {
+    fn kind(&self) -> &str {
+        self.name()
+    }
+
+    fn plan(
+        &self,
+        entry: &StageEntry,
+        shape: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        cx.family.plan_quantize(self, entry, shape, cx)
+    }
+
+    fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+        cx.family.quantize(self, input, cx)
     }
 
     fn reuse_key(&self) -> Option<String> {
