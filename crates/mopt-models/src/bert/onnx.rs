@@ -186,110 +186,111 @@ fn embedding(g: &mut GraphBuilder, weight: &Param<Tensor<2>>, ids: &str, name: &
     )
 }
 
-/// Export `model` (inference device) with the shape `config` describes.
-pub fn export_bert(
-    model: &BertForSequenceClassification,
-    config: &BertConfig,
-    metadata: &[(&str, String)],
-) -> ModelProto {
-    let mut g = GraphBuilder::default();
-    let mut cache = QdqCache::new();
-    let (ids, mask, types) = (INPUTS[0], INPUTS[1], INPUTS[2]);
-    let emb = &model.bert.embeddings;
+/// The graph being written: the builder and the shared QDQ inputs.
+struct Writer {
+    g: GraphBuilder,
+    cache: QdqCache,
+}
 
-    // Embeddings: word + position (0..seq) + token type, then LayerNorm.
-    let words = embedding(
-        &mut g,
-        &emb.word_embeddings.weight,
-        ids,
-        "bert.embeddings.word_embeddings",
-    );
-    let shape = g.op("Shape", &[ids], vec![], "ids_shape");
-    let one_idx = g.i64s("const_index_1", &[], &[1]);
-    let seq = g.op(
-        "Gather",
-        &[&shape, &one_idx],
-        vec![int("axis", 0)],
-        "seq_len",
-    );
-    let zero = g.i64s("const_i64_0", &[], &[0]);
-    let step = g.i64s("const_i64_1", &[], &[1]);
-    let positions = g.op("Range", &[&zero, &seq, &step], vec![], "position_ids");
-    let axes0 = g.shape("const_axes_0", &[0]);
-    let positions = g.op(
-        "Unsqueeze",
-        &[&positions, &axes0],
-        vec![],
-        "position_ids_2d",
-    );
-    let pos = embedding(
-        &mut g,
-        &emb.position_embeddings.weight,
-        &positions,
-        "bert.embeddings.position_embeddings",
-    );
-    let tt = embedding(
-        &mut g,
-        &emb.token_type_embeddings.weight,
-        types,
-        "bert.embeddings.token_type_embeddings",
-    );
-    let sum = g.op("Add", &[&words, &pos], vec![], "emb_add");
-    let sum = g.op("Add", &[&sum, &tt], vec![], "emb_add");
-    let mut x = layer_norm(
-        &mut g,
-        &sum,
-        &emb.layer_norm,
-        config.layer_norm_eps,
-        "bert.embeddings.LayerNorm",
-    );
+impl Writer {
+    /// A linear layer (QDQ when `quant` is set), named `name`.
+    fn linear(&mut self, x: &str, l: &Linear, quant: &Option<LinearQuant>, name: &str) -> String {
+        linear(&mut self.g, x, l, quant, name, &mut self.cache)
+    }
 
-    // Additive attention mask [batch, 1, 1, seq].
-    let axes1 = g.shape("const_axes_1", &[1]);
-    let axes2 = g.shape("const_axes_2", &[2]);
-    let m = g.op("Unsqueeze", &[mask, &axes1], vec![], "mask_u1");
-    let m = g.op("Unsqueeze", &[&m, &axes2], vec![], "mask_u2");
-    let m = g.op(
-        "Cast",
-        &[&m],
-        vec![int("to", dtype::FLOAT as i64)],
-        "mask_f",
-    );
-    let one = g.scalar("const_one", 1.0);
-    let m = g.op("Sub", &[&one, &m], vec![], "mask_inv");
-    let big = g.scalar("const_mask_bias", MASK_BIAS);
-    let mask_bias = g.op("Mul", &[&m, &big], vec![], "mask_bias");
+    /// Word + position (0..seq) + token-type embeddings, then LayerNorm.
+    fn embeddings(&mut self, model: &BertForSequenceClassification, eps: f64) -> String {
+        let g = &mut self.g;
+        let (ids, types) = (INPUTS[0], INPUTS[2]);
+        let emb = &model.bert.embeddings;
+        let words = embedding(
+            g,
+            &emb.word_embeddings.weight,
+            ids,
+            "bert.embeddings.word_embeddings",
+        );
+        let shape = g.op("Shape", &[ids], vec![], "ids_shape");
+        let one_idx = g.i64s("const_index_1", &[], &[1]);
+        let seq = g.op(
+            "Gather",
+            &[&shape, &one_idx],
+            vec![int("axis", 0)],
+            "seq_len",
+        );
+        let zero = g.i64s("const_i64_0", &[], &[0]);
+        let step = g.i64s("const_i64_1", &[], &[1]);
+        let positions = g.op("Range", &[&zero, &seq, &step], vec![], "position_ids");
+        let axes0 = g.shape("const_axes_0", &[0]);
+        let positions = g.op(
+            "Unsqueeze",
+            &[&positions, &axes0],
+            vec![],
+            "position_ids_2d",
+        );
+        let pos = embedding(
+            g,
+            &emb.position_embeddings.weight,
+            &positions,
+            "bert.embeddings.position_embeddings",
+        );
+        let tt = embedding(
+            g,
+            &emb.token_type_embeddings.weight,
+            types,
+            "bert.embeddings.token_type_embeddings",
+        );
+        let sum = g.op("Add", &[&words, &pos], vec![], "emb_add");
+        let sum = g.op("Add", &[&sum, &tt], vec![], "emb_add");
+        layer_norm(g, &sum, &emb.layer_norm, eps, "bert.embeddings.LayerNorm")
+    }
 
-    for (i, layer) in model.bert.encoder.layer.iter().enumerate() {
-        let p = format!("bert.encoder.layer.{i}");
+    /// The additive attention mask `(1 − mask) · MASK_BIAS`, `[batch, 1, 1, seq]`.
+    fn mask_bias(&mut self) -> String {
+        let g = &mut self.g;
+        let axes1 = g.shape("const_axes_1", &[1]);
+        let axes2 = g.shape("const_axes_2", &[2]);
+        let m = g.op("Unsqueeze", &[INPUTS[1], &axes1], vec![], "mask_u1");
+        let m = g.op("Unsqueeze", &[&m, &axes2], vec![], "mask_u2");
+        let m = g.op(
+            "Cast",
+            &[&m],
+            vec![int("to", dtype::FLOAT as i64)],
+            "mask_f",
+        );
+        let one = g.scalar("const_one", 1.0);
+        let m = g.op("Sub", &[&one, &m], vec![], "mask_inv");
+        let big = g.scalar("const_mask_bias", MASK_BIAS);
+        g.op("Mul", &[&m, &big], vec![], "mask_bias")
+    }
+
+    /// Self-attention of layer `p` on `x` (before the output projection): the context,
+    /// `[batch, seq, heads · head_size]`.
+    fn attention(&mut self, layer: &super::BertLayer, p: &str, x: &str, mask_bias: &str) -> String {
         let sa = &layer.attention.self_attn;
         let (h, d) = (sa.num_heads as i64, sa.head_size as i64);
-        let split = g.shape(&format!("const_split_{h}_{d}"), &[0, 0, h, d]);
-        let merge = g.shape(&format!("const_merge_{}", h * d), &[0, 0, h * d]);
-        let q = linear(
-            &mut g,
-            &x,
+        let split = self.g.shape(&format!("const_split_{h}_{d}"), &[0, 0, h, d]);
+        let merge = self
+            .g
+            .shape(&format!("const_merge_{}", h * d), &[0, 0, h * d]);
+        let q = self.linear(
+            x,
             &sa.query,
             &sa.query_quant,
             &format!("{p}.attention.self.query"),
-            &mut cache,
         );
-        let k = linear(
-            &mut g,
-            &x,
+        let k = self.linear(
+            x,
             &sa.key,
             &sa.key_quant,
             &format!("{p}.attention.self.key"),
-            &mut cache,
         );
-        let v = linear(
-            &mut g,
-            &x,
+        let v = self.linear(
+            x,
             &sa.value,
             &sa.value_quant,
             &format!("{p}.attention.self.value"),
-            &mut cache,
         );
+        let g = &mut self.g;
         let q = g.op("Reshape", &[&q, &split], vec![], "q_heads");
         let q = g.op("Transpose", &[&q], vec![ints("perm", &[0, 2, 1, 3])], "q_t");
         let k = g.op("Reshape", &[&k, &split], vec![], "k_heads");
@@ -299,7 +300,7 @@ pub fn export_bert(
         let scores = g.op("MatMul", &[&q, &k], vec![], "scores");
         let scale = g.scalar(&format!("const_sqrt_{d}"), (d as f32).sqrt());
         let scores = g.op("Div", &[&scores, &scale], vec![], "scores_scaled");
-        let scores = g.op("Add", &[&scores, &mask_bias], vec![], "scores_masked");
+        let scores = g.op("Add", &[&scores, mask_bias], vec![], "scores_masked");
         let probs = g.op("Softmax", &[&scores], vec![int("axis", 3)], "probs");
         let ctx = g.op("MatMul", &[&probs, &v], vec![], "context");
         let ctx = g.op(
@@ -308,74 +309,95 @@ pub fn export_bert(
             vec![ints("perm", &[0, 2, 1, 3])],
             "context_t",
         );
-        let ctx = g.op("Reshape", &[&ctx, &merge], vec![], "context_merged");
+        g.op("Reshape", &[&ctx, &merge], vec![], "context_merged")
+    }
+
+    /// Encoder layer `i` on `x`: attention, residual + LayerNorm, FFN, residual + LayerNorm.
+    fn layer(
+        &mut self,
+        layer: &super::BertLayer,
+        i: usize,
+        x: &str,
+        mask_bias: &str,
+        eps: f64,
+    ) -> String {
+        let p = format!("bert.encoder.layer.{i}");
+        let ctx = self.attention(layer, &p, x, mask_bias);
         let out = &layer.attention.output;
-        let y = linear(
-            &mut g,
+        let y = self.linear(
             &ctx,
             &out.dense,
             &out.dense_quant,
             &format!("{p}.attention.output.dense"),
-            &mut cache,
         );
-        let y = g.op("Add", &[&y, &x], vec![], "attn_residual");
+        let y = self.g.op("Add", &[&y, x], vec![], "attn_residual");
         let attn = layer_norm(
-            &mut g,
+            &mut self.g,
             &y,
             &out.layer_norm,
-            config.layer_norm_eps,
+            eps,
             &format!("{p}.attention.output.LayerNorm"),
         );
-        let f = linear(
-            &mut g,
+        let (it, o) = (&layer.intermediate, &layer.output);
+        let f = self.linear(
             &attn,
-            &layer.intermediate.dense,
-            &layer.intermediate.dense_quant,
+            &it.dense,
+            &it.dense_quant,
             &format!("{p}.intermediate.dense"),
-            &mut cache,
         );
-        let f = gelu(&mut g, &f, &format!("{p}.gelu"));
-        let y = linear(
-            &mut g,
-            &f,
-            &layer.output.dense,
-            &layer.output.dense_quant,
-            &format!("{p}.output.dense"),
-            &mut cache,
-        );
-        let y = g.op("Add", &[&y, &attn], vec![], "ffn_residual");
-        x = layer_norm(
-            &mut g,
+        let f = gelu(&mut self.g, &f, &format!("{p}.gelu"));
+        let y = self.linear(&f, &o.dense, &o.dense_quant, &format!("{p}.output.dense"));
+        let y = self.g.op("Add", &[&y, &attn], vec![], "ffn_residual");
+        layer_norm(
+            &mut self.g,
             &y,
-            &layer.output.layer_norm,
-            config.layer_norm_eps,
+            &o.layer_norm,
+            eps,
             &format!("{p}.output.LayerNorm"),
-        );
+        )
     }
 
-    // Pooler on [CLS], classifier.
-    let cls_idx = g.i64s("const_cls_index", &[], &[0]);
-    let cls = g.op("Gather", &[&x, &cls_idx], vec![int("axis", 1)], "cls");
-    let pooler = &model.bert.pooler;
-    let pooled = linear(
-        &mut g,
-        &cls,
-        &pooler.dense,
-        &pooler.dense_quant,
-        "bert.pooler.dense",
-        &mut cache,
-    );
-    let pooled = g.op("Tanh", &[&pooled], vec![], "pooled");
-    let logits = linear(
-        &mut g,
-        &pooled,
-        &model.classifier,
-        &model.classifier_quant,
-        "classifier",
-        &mut cache,
-    );
-    g.op_into("Identity", &[&logits], vec![], OUTPUT);
+    /// Pooler on `[CLS]`, then the classifier: the logits.
+    fn head(&mut self, model: &BertForSequenceClassification, x: &str) -> String {
+        let cls_idx = self.g.i64s("const_cls_index", &[], &[0]);
+        let cls = self
+            .g
+            .op("Gather", &[x, &cls_idx], vec![int("axis", 1)], "cls");
+        let pooler = &model.bert.pooler;
+        let pooled = self.linear(
+            &cls,
+            &pooler.dense,
+            &pooler.dense_quant,
+            "bert.pooler.dense",
+        );
+        let pooled = self.g.op("Tanh", &[&pooled], vec![], "pooled");
+        self.linear(
+            &pooled,
+            &model.classifier,
+            &model.classifier_quant,
+            "classifier",
+        )
+    }
+}
 
+/// Export `model` (inference device) with the shape `config` describes.
+pub fn export_bert(
+    model: &BertForSequenceClassification,
+    config: &BertConfig,
+    metadata: &[(&str, String)],
+) -> ModelProto {
+    let mut w = Writer {
+        g: GraphBuilder::default(),
+        cache: QdqCache::new(),
+    };
+    let eps = config.layer_norm_eps;
+    let mut x = w.embeddings(model, eps);
+    let mask_bias = w.mask_bias();
+    for (i, layer) in model.bert.encoder.layer.iter().enumerate() {
+        x = w.layer(layer, i, &x, &mask_bias, eps);
+    }
+    let logits = w.head(model, &x);
+    w.g.op_into("Identity", &[&logits], vec![], OUTPUT);
     let io = |n: &str| {
         value_info(
             n,
@@ -383,7 +405,7 @@ pub fn export_bert(
             &[Dim::Named("batch"), Dim::Named("sequence")],
         )
     };
-    let graph = g.finish(
+    let graph = w.g.finish(
         "mopt_bert",
         INPUTS.iter().map(|n| io(n)).collect(),
         vec![value_info(
