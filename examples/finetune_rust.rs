@@ -8,9 +8,6 @@
 
 use std::path::PathBuf;
 
-use burn::prelude::*;
-use mopt_data::{Batcher, Encoded, LabelMap, TextTokenizer};
-use mopt_models::bert::weights;
 use mopt_stages::{Pipeline, RunOptions};
 use mopt_train::DeviceSpec;
 
@@ -44,45 +41,13 @@ fn main() -> anyhow::Result<()> {
     );
 
     // Classify new text with the saved checkpoint.
-    let best = dir.join("best");
-    let (model, _config) = weights::load_checkpoint(&best, &device.device())?;
-    let labels = LabelMap::load(&best.join("labels.json"))?;
-    let tok = TextTokenizer::from_file(
-        &recipe.tokenizer.path,
-        recipe.tokenizer.max_len,
-        recipe.tokenizer.lowercase,
-    )?;
+    let model = mopt_stages::Predictor::load(&recipe, &dir.join("best"))?;
     let sentences = [
         "a warm, funny and beautifully acted film",
         "a tedious, lifeless mess",
     ];
-    let encoded: Vec<Encoded> = sentences
-        .iter()
-        .map(|s| {
-            Ok(Encoded {
-                ids: tok.encode(s)?,
-                label: 0,
-            })
-        })
-        .collect::<Result<_, mopt_data::DataError>>()?;
-    let batch =
-        Batcher::new(tok.pad_id).batch(&encoded.iter().collect::<Vec<_>>(), &device.device());
-    let probs = burn::tensor::activation::softmax(
-        model
-            .valid()
-            .forward(batch.input_ids, batch.attention_mask, batch.token_type_ids),
-        1,
-    );
-    let probs: Vec<f32> = probs.into_data().try_to_vec().expect("f32");
-    for (i, s) in sentences.iter().enumerate() {
-        let row = &probs[i * labels.len()..(i + 1) * labels.len()];
-        let best = row
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(j, _)| j)
-            .unwrap_or(0);
-        println!("{s:?} -> {} ({:.2})", labels.labels[best], row[best]);
+    for (s, p) in sentences.iter().zip(model.predict(&sentences)?) {
+        println!("{s:?} -> {} ({:.2})", p.label, p.probability);
     }
     Ok(())
 }

@@ -694,3 +694,35 @@ fn an_error_inside_a_stage_pushed_in_rust_names_that_stage() {
     );
     assert!(!err.is_input_error());
 }
+
+#[test]
+fn a_trained_checkpoint_classifies_new_text_through_the_predict_api() {
+    let tmp = tempfile::tempdir().unwrap();
+    trained_teacher(tmp.path());
+    let recipe = mopt_recipe::load(tmp.path().join("tiny.toml")).unwrap();
+    let run = recipe.run.run_dir();
+    let report = read_json(&run.join("report.json"));
+    let model = mopt_stages::Predictor::load(&recipe, &run.join("best")).unwrap();
+    assert_eq!(model.labels(), ["fresh", "rotten"]);
+    // The run's own validation texts, classified from their raw text: the accuracy is the one
+    // the run recorded for its final model (same tokenizer settings, same label order).
+    let valid = mopt_data::load_splits(&recipe.data).unwrap().valid;
+    let texts: Vec<&str> = valid.iter().map(|e| e.text.as_str()).collect();
+    let preds = model.predict(&texts).unwrap();
+    assert_eq!(preds.len(), 40);
+    let right = preds
+        .iter()
+        .zip(&valid)
+        .filter(|(p, e)| p.label == e.label)
+        .count();
+    let recorded = report["final_model"]["valid"]["accuracy"].as_f64().unwrap();
+    assert!(
+        (right as f64 / 40.0 - recorded).abs() < 1e-9,
+        "{right}/40 vs {recorded}"
+    );
+    for p in &preds {
+        let sum: f32 = p.probabilities.iter().sum();
+        assert!((sum - 1.0).abs() < 1e-5 && p.probability >= 0.5, "{p:?}");
+    }
+    assert!(model.predict(&[]).unwrap().is_empty());
+}

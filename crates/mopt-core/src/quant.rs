@@ -35,6 +35,12 @@ pub trait Quantizable: Checkpoint {
     /// `config` recording `q` (`None`: the float model's config).
     fn with_quantization(config: &Self::Config, q: Option<QuantConfig>) -> Self::Config;
 
+    /// Layers kept float unless a recipe says otherwise (layers right before the logits, say).
+    /// None by default.
+    fn default_float_paths() -> Vec<String> {
+        Vec::new()
+    }
+
     /// The quantizable layers' paths of a model shaped `config` (built on the CPU to list them).
     fn linear_paths(config: &Self::Config) -> Vec<String> {
         let float = Self::with_quantization(config, None);

@@ -135,22 +135,7 @@ pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSumma
         }
     }
     if !latency.is_empty() {
-        let mut md = String::from(
-            "| ONNX Runtime CPU latency (ms) | batch | p50 | p90 | p99 |\n|---|---|---|---|---|\n",
-        );
-        for l in &latency {
-            for row in l.latency.as_array().into_iter().flatten() {
-                md += &format!(
-                    "| {} | {} x {} | {:.2} | {:.2} | {:.2} |\n",
-                    l.model,
-                    row["batch"],
-                    row["seq_len"],
-                    row["p50_ms"].as_f64().unwrap_or(f64::NAN),
-                    row["p90_ms"].as_f64().unwrap_or(f64::NAN),
-                    row["p99_ms"].as_f64().unwrap_or(f64::NAN)
-                );
-            }
-        }
+        let md = latency_markdown(&latency);
         let path = out.join("latency.md");
         std::fs::write(&path, &md).map_err(|e| StageError::io(&path, e))?;
         eprint!("{md}");
@@ -165,4 +150,25 @@ pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSumma
     std::fs::write(&path, serde_json::to_string_pretty(&summary).expect("json"))
         .map_err(|e| StageError::io(&path, e))?;
     Ok(summary)
+}
+
+/// The latency rows as a markdown table.
+fn latency_markdown(latency: &[OrtLatency]) -> String {
+    let mut md = String::from(
+        "| ONNX Runtime CPU latency (ms) | batch | p50 | p90 | p99 |\n|---|---|---|---|---|\n",
+    );
+    for l in latency {
+        for row in l.latency.as_array().into_iter().flatten() {
+            md += &format!(
+                "| {} | {} x {} | {:.2} | {:.2} | {:.2} |\n",
+                l.model,
+                row["batch"],
+                row["seq_len"],
+                row["p50_ms"].as_f64().unwrap_or(f64::NAN),
+                row["p90_ms"].as_f64().unwrap_or(f64::NAN),
+                row["p99_ms"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+    }
+    md
 }

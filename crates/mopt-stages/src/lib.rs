@@ -33,6 +33,7 @@ pub mod gate;
 pub mod kinds;
 pub mod lr_find;
 pub mod plan;
+pub mod predict;
 pub mod record;
 pub mod report;
 mod runner;
@@ -42,6 +43,7 @@ pub mod stage;
 use std::path::Path;
 
 pub use error::StageError;
+pub use predict::{Prediction, Predictor};
 pub use report::PipelineReport;
 pub use runner::{obtain_checkpoint, recipe_device, recipe_devices, GoldenReference, RunOptions};
 pub use stage::{kinds, Stage, StageContext, StageKind, StageOutput, StagePlan};

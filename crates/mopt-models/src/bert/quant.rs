@@ -15,6 +15,11 @@ impl Quantizable for BertForSequenceClassification {
         c.mopt_quant.as_ref()
     }
 
+    /// The pooler and the classifier: tiny, and right before the logits.
+    fn default_float_paths() -> Vec<String> {
+        vec!["bert.pooler.dense".into(), "classifier".into()]
+    }
+
     fn with_quantization(c: &BertConfig, q: Option<QuantConfig>) -> BertConfig {
         BertConfig {
             mopt_quant: q,

@@ -7,6 +7,7 @@ use mopt_export::{export_checkpoint, ort_latency, ExportOptions, ModelCard};
 use mopt_models::bert::{onnx, BertConfig, BertForSequenceClassification as Model};
 
 use mopt_core::prune::Prunable;
+use mopt_core::Quantizable;
 use mopt_models::bert::setup::model_config;
 use mopt_recipe::{ModelSpec, Scope, StageEntry, TokenizerSpec};
 
@@ -14,6 +15,7 @@ use super::{checkpoint_accuracy, Family};
 use crate::error::StageError;
 use crate::kinds::prune::PruneStage;
 use crate::kinds::quantize::QuantStage;
+use crate::predict::TextClassifier;
 use crate::shape::Shape;
 use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
 
@@ -77,6 +79,10 @@ impl Family for Bert {
         true
     }
 
+    fn quant_default_exclude(&self) -> Vec<String> {
+        Model::default_float_paths()
+    }
+
     fn plan_quantize(
         &self,
         stage: &QuantStage,
@@ -94,6 +100,15 @@ impl Family for Bert {
         cx: &StageContext,
     ) -> Result<StageOutput, StageError> {
         stage.run::<Model>(input, cx)
+    }
+
+    fn classifier(
+        &self,
+        ckpt: &Path,
+        device: &burn::prelude::Device,
+    ) -> Result<Box<dyn TextClassifier>, StageError> {
+        let (model, _) = <Model as mopt_core::Checkpoint>::load(ckpt, device)?;
+        Ok(Box::new(burn::module::Module::valid(&model)))
     }
 
     fn accuracy(&self, ckpt: &Path, examples: &TextExamples) -> Result<f64, StageError> {

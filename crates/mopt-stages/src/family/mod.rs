@@ -80,6 +80,12 @@ pub trait Family: Sync {
         false
     }
 
+    /// The layers `ptq` / `qat` keep float unless a recipe sets `exclude`
+    /// ([`mopt_core::Quantizable::default_float_paths`]).
+    fn quant_default_exclude(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Plan a `ptq` / `qat` stage ([`QuantStage::plan`]).
     fn plan_quantize(
         &self,
@@ -116,6 +122,13 @@ pub trait Family: Sync {
             self.arch()
         ))
     }
+
+    /// The checkpoint at `ckpt` loaded for inference on `device` ([`crate::Predictor`]).
+    fn classifier(
+        &self,
+        ckpt: &Path,
+        device: &Device,
+    ) -> Result<Box<dyn crate::predict::TextClassifier>, StageError>;
 
     /// Test accuracy of the checkpoint at `ckpt` on `examples` (inference device).
     fn accuracy(&self, ckpt: &Path, examples: &TextExamples) -> Result<f64, StageError>;
@@ -212,6 +225,13 @@ mod tests {
             unreachable!()
         }
         fn accuracy(&self, _: &Path, _: &TextExamples) -> Result<f64, StageError> {
+            unreachable!()
+        }
+        fn classifier(
+            &self,
+            _: &Path,
+            _: &Device,
+        ) -> Result<Box<dyn crate::predict::TextClassifier>, StageError> {
             unreachable!()
         }
         fn export(

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use mopt_data::TextExamples;
-use mopt_export::export::{ExportOptions, FLOAT_TOLERANCE};
+use mopt_export::export::{ExportOptions, ModelCard, FLOAT_TOLERANCE};
 use mopt_recipe::{RecipeError, StageEntry};
 
 use serde::Deserialize;
@@ -144,13 +144,65 @@ impl Stage for ExportStage {
         let out = cx.dir.join("onnx");
         eprintln!("export: {} -> {}", input.display(), out.display());
         let card = cx.family.export(input, &out, &samples, &opts)?;
+        let mut notes = vec![self.card_note(&card, &out.join("model.onnx"))];
+        let mut models = vec![Exported {
+            name: "model".into(),
+            checkpoint: input.to_path_buf(),
+            onnx: out.join("model.onnx"),
+        }];
+        models.extend(self.export_references(input, cx, &samples, &opts)?);
+        notes.push(format!(
+            "ONNX files on disk: {}.",
+            models
+                .iter()
+                .map(|m| format!(
+                    "{} {:.1} MiB",
+                    m.name,
+                    std::fs::metadata(&m.onnx).map_or(0, |f| f.len()) as f64 / (1 << 20) as f64
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
         let runs = self.latency_runs.unwrap_or(cx.evaluation.latency_runs);
-        let e = cx.evaluation;
-        let mut latency = Vec::new();
-        let mut notes = vec![match &card.quantization {
+        let latency = if runs > 0 {
+            latency(&models, cx, runs, &mut notes)?
+        } else {
+            Vec::new()
+        };
+        Ok(StageOutput {
+            checkpoint: input.to_path_buf(),
+            steps: 0,
+            facts: json!({
+                "onnx": out.join("model.onnx").display().to_string(),
+                "model_card": card,
+                "ort_latency": latency,
+            }),
+            notes,
+            references: Vec::new(),
+            logit_error_vs_input: Some(card.parity.max_abs_err),
+            artifacts: models.into_iter().map(|m| m.onnx).collect(),
+        })
+    }
+
+    fn reuse_key(&self) -> Option<String> {
+        Some(format!("{self:?}"))
+    }
+}
+
+/// A model the stage exported: its name in the report, its checkpoint and its graph.
+struct Exported {
+    name: String,
+    checkpoint: std::path::PathBuf,
+    onnx: std::path::PathBuf,
+}
+
+impl ExportStage {
+    /// The report line on the exported graph: parity (float) or agreement (QDQ).
+    fn card_note(&self, card: &ModelCard, onnx: &Path) -> String {
+        match &card.quantization {
             None => format!(
                 "ONNX `{}`: parity max |ONNX Runtime - mopt| {:.2e} on {} golden validation sentences (tolerance {:e}); fused op types {:?}.",
-                out.join("model.onnx").display(),
+                onnx.display(),
                 card.parity.max_abs_err,
                 card.parity.samples,
                 self.tolerance,
@@ -158,7 +210,7 @@ impl Stage for ExportStage {
             ),
             Some(q) => format!(
                 "ONNX `{}` (QDQ): ONNX Runtime and mopt's fake-quantized forward agree on {:.2}% of {} golden validation sentences (at least {:.1}% required), max logit difference {:.2e}; ONNX Runtime's optimised graph runs {} `MatMulIntegerToFloat` (integer kernels) among {:?}.",
-                out.join("model.onnx").display(),
+                onnx.display(),
                 card.parity.agreement * 100.0,
                 card.parity.samples,
                 mopt_export::export::QDQ_MIN_AGREEMENT * 100.0,
@@ -166,8 +218,19 @@ impl Stage for ExportStage {
                 q["onnxruntime_optimized_ops"]["MatMulIntegerToFloat"].as_u64().unwrap_or(0),
                 card.fused_ops
             ),
-        }];
-        let mut models = vec![("model".to_string(), out.join("model.onnx"))];
+        }
+    }
+
+    /// The reference models (`baseline`, earlier stages) exported beside the input, for the
+    /// side-by-side latency.
+    fn export_references(
+        &self,
+        input: &Path,
+        cx: &StageContext,
+        samples: &TextExamples,
+        opts: &ExportOptions,
+    ) -> Result<Vec<Exported>, StageError> {
+        let mut out = Vec::new();
         let references = self
             .reference
             .iter()
@@ -180,84 +243,68 @@ impl Stage for ExportStage {
                 dir.display(),
                 b.display()
             );
-            cx.family.export(dir, &b, &samples, &opts)?;
-            models.push((name.clone(), b.join("model.onnx")));
+            cx.family.export(dir, &b, samples, opts)?;
+            out.push(Exported {
+                name: name.clone(),
+                checkpoint: dir.clone(),
+                onnx: b.join("model.onnx"),
+            });
         }
-        notes.push(format!(
-            "ONNX files on disk: {}.",
-            models
-                .iter()
-                .map(|(name, p)| format!(
-                    "{name} {:.1} MiB",
-                    std::fs::metadata(p).map_or(0, |m| m.len()) as f64 / (1 << 20) as f64
-                ))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-        if runs > 0 {
-            for (name, path) in &models {
-                eprintln!("export: ONNX Runtime latency of the {name}");
-                let ckpt = if name == "model" {
-                    input
-                } else {
-                    cx.earlier
-                        .iter()
-                        .find(|(n, _)| n == name)
-                        .map_or(input, |(_, d)| d.as_path())
-                };
-                let Some(l) = cx.family.ort_latency(
-                    ckpt,
-                    path,
-                    e.latency_seq_len,
-                    (e.latency_warmup, runs),
-                )?
-                else {
-                    notes.push(format!("No ONNX Runtime latency for the {name}: its family declares no benchmark input."));
-                    continue;
-                };
-                for row in l.as_array().into_iter().flatten() {
-                    notes.push(format!(
-                        "ONNX Runtime CPU latency, {name}, batch {} x {}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms.",
-                        row["batch"],
-                        row["seq_len"],
-                        row["p50_ms"].as_f64().unwrap_or(f64::NAN),
-                        row["p90_ms"].as_f64().unwrap_or(f64::NAN),
-                        row["p99_ms"].as_f64().unwrap_or(f64::NAN)
-                    ));
-                }
-                latency.push(json!({ "model": name, "latency": l }));
-            }
-            let p50 = |i: usize, batch: u64| {
-                latency[i]["latency"]
-                    .as_array()
-                    .and_then(|a| a.iter().find(|r| r["batch"].as_u64() == Some(batch)))
-                    .and_then(|r| r["p50_ms"].as_f64())
-            };
-            for (i, (name, _)) in models.iter().enumerate().skip(1) {
-                let ratio = |b| Some(p50(i, b)? / p50(0, b)?);
-                if let (Some(r1), Some(r32)) = (ratio(1), ratio(32)) {
-                    notes.push(format!(
-                        "ONNX Runtime p50 speed-up of this model over the {name}, same run: {r32:.2}x at batch 32, {r1:.2}x at batch 1."
-                    ));
-                }
-            }
-        }
-        Ok(StageOutput {
-            checkpoint: input.to_path_buf(),
-            steps: 0,
-            facts: json!({
-                "onnx": out.join("model.onnx").display().to_string(),
-                "model_card": card,
-                "ort_latency": latency,
-            }),
-            notes,
-            references: Vec::new(),
-            logit_error_vs_input: Some(card.parity.max_abs_err),
-            artifacts: models.into_iter().map(|(_, p)| p).collect(),
-        })
+        Ok(out)
     }
+}
 
-    fn reuse_key(&self) -> Option<String> {
-        Some(format!("{self:?}"))
+/// ONNX Runtime latency of every exported model (`runs` timed runs), a note per row and the
+/// speed-up of the first model over each other one in `notes`.
+fn latency(
+    models: &[Exported],
+    cx: &StageContext,
+    runs: usize,
+    notes: &mut Vec<String>,
+) -> Result<Vec<serde_json::Value>, StageError> {
+    let e = cx.evaluation;
+    let mut rows = Vec::new();
+    for m in models {
+        eprintln!("export: ONNX Runtime latency of the {}", m.name);
+        let warmup_runs = (e.latency_warmup, runs);
+        let Some(l) =
+            cx.family
+                .ort_latency(&m.checkpoint, &m.onnx, e.latency_seq_len, warmup_runs)?
+        else {
+            notes.push(format!(
+                "No ONNX Runtime latency for the {}: its family declares no benchmark input.",
+                m.name
+            ));
+            continue;
+        };
+        for row in l.as_array().into_iter().flatten() {
+            notes.push(format!(
+                "ONNX Runtime CPU latency, {}, batch {} x {}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms.",
+                m.name,
+                row["batch"],
+                row["seq_len"],
+                row["p50_ms"].as_f64().unwrap_or(f64::NAN),
+                row["p90_ms"].as_f64().unwrap_or(f64::NAN),
+                row["p99_ms"].as_f64().unwrap_or(f64::NAN)
+            ));
+        }
+        rows.push(json!({ "model": m.name, "latency": l }));
     }
+    let p50 = |name: &str, batch: u64| {
+        rows.iter().find(|r| r["model"] == name)?["latency"]
+            .as_array()?
+            .iter()
+            .find(|r| r["batch"].as_u64() == Some(batch))?["p50_ms"]
+            .as_f64()
+    };
+    for m in models.iter().skip(1) {
+        let ratio = |b| Some(p50(&m.name, b)? / p50(&models[0].name, b)?);
+        if let (Some(r1), Some(r32)) = (ratio(1), ratio(32)) {
+            notes.push(format!(
+                "ONNX Runtime p50 speed-up of this model over the {}, same run: {r32:.2}x at batch 32, {r1:.2}x at batch 1.",
+                m.name
+            ));
+        }
+    }
+    Ok(rows)
 }

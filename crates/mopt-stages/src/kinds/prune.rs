@@ -170,6 +170,70 @@ fn one_of<T: Copy>(
         })
 }
 
+/// `targets`, validated against the family's group kinds, in the family's order.
+fn parse_targets(
+    cx: &mopt_recipe::Scope,
+    targets: Option<Vec<String>>,
+    family: &dyn Family,
+) -> Result<Vec<&'static str>, RecipeError> {
+    let known = family.prune_targets();
+    if known.is_empty() {
+        return Err(cx.err(
+                "kind",
+                format!("kind `prune` needs a prunable model: `{}` declares no dependency groups", family.arch()),
+                "implement `mopt_core::prune::Prunable` for the model and return its group kinds from the family's `prune_targets`",
+            ));
+    }
+    let listed = known
+        .iter()
+        .map(|k| format!("\"{k}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let default: Vec<String> = known.iter().take(2).map(|k| k.to_string()).collect();
+    let mut wanted = Vec::new();
+    for t in targets.unwrap_or(default) {
+        match known.iter().find(|k| **k == t) {
+            Some(k) => wanted.push(*k),
+            None => {
+                return Err(cx.err(
+                    "targets",
+                    format!("unknown pruning target `{t}`"),
+                    format!("use any of {listed}"),
+                ))
+            }
+        }
+    }
+    if wanted.is_empty() {
+        return Err(cx.err(
+            "targets",
+            "nothing to prune",
+            format!("list any of {listed}"),
+        ));
+    }
+    let targets: Vec<&'static str> = known.into_iter().filter(|k| wanted.contains(k)).collect();
+    Ok(targets)
+}
+
+/// `[stage.ratios]`: each pattern's final fraction, in [0, 1).
+fn parse_ratios(
+    cx: &mopt_recipe::Scope,
+    ratios: std::collections::BTreeMap<String, f64>,
+) -> Result<Vec<(String, f64)>, RecipeError> {
+    let mut scopes = Vec::new();
+    for (pattern, t) in ratios {
+        if !(0.0..1.0).contains(&t) {
+            return Err(cx.err(
+                    "ratios",
+                    format!("`{pattern}` = {t} is outside [0, 1)"),
+                    "the fraction removed from the matching groups in the end, e.g. \"encoder.layer.0.*\" = 0.3",
+                ));
+        }
+        // Which groups a pattern matches depends on the input's shape: checked by `plan`.
+        scopes.push((pattern, t));
+    }
+    Ok(scopes)
+}
+
 impl StageKind for Prune {
     fn name(&self) -> &'static str {
         "prune"
@@ -190,59 +254,14 @@ impl StageKind for Prune {
     ) -> Result<Box<dyn Stage>, RecipeError> {
         let cx = &entry.scope;
         let r: RawPrune = cx.deserialize(entry.settings.clone())?;
-        let known = family.prune_targets();
-        if known.is_empty() {
-            return Err(cx.err(
-                "kind",
-                format!("kind `prune` needs a prunable model: `{}` declares no dependency groups", family.arch()),
-                "implement `mopt_core::prune::Prunable` for the model and return its group kinds from the family's `prune_targets`",
-            ));
-        }
-        let listed = known
-            .iter()
-            .map(|k| format!("\"{k}\""))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let default: Vec<String> = known.iter().take(2).map(|k| k.to_string()).collect();
-        let mut wanted = Vec::new();
-        for t in r.targets.unwrap_or(default) {
-            match known.iter().find(|k| **k == t) {
-                Some(k) => wanted.push(*k),
-                None => {
-                    return Err(cx.err(
-                        "targets",
-                        format!("unknown pruning target `{t}`"),
-                        format!("use any of {listed}"),
-                    ))
-                }
-            }
-        }
-        if wanted.is_empty() {
-            return Err(cx.err(
-                "targets",
-                "nothing to prune",
-                format!("list any of {listed}"),
-            ));
-        }
-        let targets: Vec<&'static str> = known.into_iter().filter(|k| wanted.contains(k)).collect();
+        let targets = parse_targets(cx, r.targets.clone(), family)?;
         let criteria = [
             ("l1", Criterion::L1),
             ("l2", Criterion::L2),
             ("taylor", Criterion::Taylor),
             ("random", Criterion::Random),
         ];
-        let mut scopes = Vec::new();
-        for (pattern, t) in r.ratios.clone().unwrap_or_default() {
-            if !(0.0..1.0).contains(&t) {
-                return Err(cx.err(
-                    "ratios",
-                    format!("`{pattern}` = {t} is outside [0, 1)"),
-                    "the fraction removed from the matching groups in the end, e.g. \"encoder.layer.0.*\" = 0.3",
-                ));
-            }
-            // Which groups a pattern matches depends on the input's shape: checked by `plan`.
-            scopes.push((pattern, t));
-        }
+        let scopes = parse_ratios(cx, r.ratios.clone().unwrap_or_default())?;
         let mut compare = Vec::new();
         for c in r.compare.clone().unwrap_or_default() {
             compare.push(one_of(cx, "compare", Some(&c), "", &criteria)?);
@@ -480,42 +499,9 @@ impl PruneStage {
             let (m, c) = M::load(&report.checkpoint, &device)?;
             let err = max_abs_diff(&golden(&m, &c), cx.input_logits);
             let d = cx.judge(&report.best_valid, err);
-            let e = cx.evaluation;
-            let latency = (e.latency_runs > 0)
-                .then(|| {
-                    mopt_distill::latency::measure(
-                        &m,
-                        &c,
-                        (32, e.latency_seq_len),
-                        (e.latency_warmup, e.latency_runs),
-                        &device,
-                    )
-                    .map(|l| l.p50_ms)
-                })
-                .flatten();
-            rounds.push(RoundRecord {
-                round: r,
-                removed: self.fraction(r),
-                shape: c.facts(),
-                latency_b32_ms: latency,
-                params: c.num_params(),
-                flops_per_example: c.flops(cx.evaluation.latency_seq_len) as u64,
-                valid_accuracy: report.best_valid.accuracy,
-                max_logit_error_vs_input: err,
-                passed: d.passed,
-                reason: d.reason.clone(),
-                steps: report.steps,
-            });
-            notes.push(format!(
-                "Round {r} ({:.0}% removed): {}, {:.2}M params, {:.3} GFLOPs/example{}; validation accuracy {:.4} after fine-tuning; {}.",
-                self.fraction(r) * 100.0,
-                c.describe(),
-                c.num_params() as f64 / 1e6,
-                rounds[r - 1].flops_per_example as f64 / 1e9,
-                latency.map_or(String::new(), |ms| format!(", mopt b32 latency p50 {ms:.1} ms")),
-                report.best_valid.accuracy,
-                d.reason
-            ));
+            let (record, note) = self.record(r, (&m, &c), &report, err, &d, cx);
+            rounds.push(record);
+            notes.push(note);
             model = m;
             config = c;
             current = report.checkpoint.clone();
@@ -539,6 +525,53 @@ impl PruneStage {
 }
 
 impl PruneStage {
+    /// Round `r`'s record and report line: the fine-tuned model `(m, c)` (inference device),
+    /// its training report, its golden logit error against the input and the gate's decision.
+    fn record<M: Prunable<Batch = TextBatch>>(
+        &self,
+        r: usize,
+        (m, c): (&M, &M::Config),
+        report: &mopt_train::trainer::TrainReport,
+        err: f64,
+        d: &crate::gate::Decision,
+        cx: &StageContext,
+    ) -> (RoundRecord, String) {
+        let e = cx.evaluation;
+        let latency = (e.latency_runs > 0)
+            .then(|| {
+                let shape = (32, e.latency_seq_len);
+                let runs = (e.latency_warmup, e.latency_runs);
+                mopt_distill::latency::measure(m, c, shape, runs, &cx.device.device())
+                    .map(|l| l.p50_ms)
+            })
+            .flatten();
+        let flops = c.flops(e.latency_seq_len) as u64;
+        let note = format!(
+            "Round {r} ({:.0}% removed): {}, {:.2}M params, {:.3} GFLOPs/example{}; validation accuracy {:.4} after fine-tuning; {}.",
+            self.fraction(r) * 100.0,
+            c.describe(),
+            c.num_params() as f64 / 1e6,
+            flops as f64 / 1e9,
+            latency.map_or(String::new(), |ms| format!(", mopt b32 latency p50 {ms:.1} ms")),
+            report.best_valid.accuracy,
+            d.reason
+        );
+        let record = RoundRecord {
+            round: r,
+            removed: self.fraction(r),
+            shape: c.facts(),
+            latency_b32_ms: latency,
+            params: c.num_params(),
+            flops_per_example: flops,
+            valid_accuracy: report.best_valid.accuracy,
+            max_logit_error_vs_input: err,
+            passed: d.passed,
+            reason: d.reason.clone(),
+            steps: report.steps,
+        };
+        (record, note)
+    }
+
     /// The plan of a prune stage on an `M` (what a family's
     /// [`Family::plan_prune`](crate::family::Family::plan_prune) calls).
     pub fn plan<M: Prunable>(

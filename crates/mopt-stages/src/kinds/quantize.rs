@@ -20,7 +20,7 @@ use mopt_quant::node::{Phase, QuantConfig};
 use mopt_quant::{Granularity, IntFormat, ObserverKind, QuantScheme};
 use mopt_recipe::{RecipeError, Scope, StageEntry};
 use mopt_train::metrics::EvalMetrics;
-use mopt_train::trainer::{evaluate, fit, save_checkpoint_dir};
+use mopt_train::trainer::{evaluate, fit, save_checkpoint_dir, TrainReport};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -77,24 +77,8 @@ pub struct QuantStage {
     pub temperature: f64,
 }
 
-fn parse(
-    entry: &StageEntry,
-    train: bool,
-    family: &dyn Family,
-) -> Result<Box<dyn Stage>, RecipeError> {
-    if !family.quantizable() {
-        return Err(entry.scope.err(
-            "kind",
-            format!(
-                "kind `{}` needs a quantizable model: `{}` declares no quantizable layers",
-                entry.kind,
-                family.arch()
-            ),
-            "implement `mopt_core::Quantizable` for the model and say so in the family's `quantizable`",
-        ));
-    }
-    let cx: &Scope = &entry.scope;
-    let r: RawQuant = cx.deserialize(entry.settings.clone())?;
+/// Keys that belong to the other quantization kind are refused.
+fn check_kind_keys(cx: &Scope, r: &RawQuant, train: bool) -> Result<(), RecipeError> {
     if !train {
         for (key, set) in [
             ("learned-scales", r.learned_scales.is_some()),
@@ -117,34 +101,11 @@ fn parse(
             "run a `ptq` stage with sensitivity = true to choose the layers, then list the float ones in this stage's `exclude`",
         ));
     }
-    let weight_bits = r.weight_bits.unwrap_or(7);
-    if ![4, 7, 8].contains(&weight_bits) {
-        return Err(cx.err(
-            "weight-bits",
-            format!("{weight_bits} bits are not supported"),
-            "use 8, 7 (the 8-bit type's reduced range, which ONNX Runtime's u8·s8 kernels need on CPUs without VNNI) or 4",
-        ));
-    }
-    let granularity = match r.weight_granularity.as_deref().unwrap_or("per-channel") {
-        "per-channel" => Granularity::PerChannel(1),
-        "per-tensor" => Granularity::PerTensor,
-        other => {
-            return Err(cx.err(
-                "weight-granularity",
-                format!("unknown granularity `{other}`"),
-                "use \"per-channel\" (one scale per output channel) or \"per-tensor\"",
-            ))
-        }
-    };
-    let activation_bits = r.activation_bits.unwrap_or(8);
-    if activation_bits != 8 {
-        return Err(cx.err(
-            "activation-bits",
-            format!("{activation_bits}-bit activations are not supported"),
-            "use 8",
-        ));
-    }
-    let symmetric_act = r.activation_symmetric.unwrap_or(false);
+    Ok(())
+}
+
+/// `observer` and its own keys (`momentum`, `percentile`).
+fn parse_observer(cx: &Scope, r: &RawQuant) -> Result<ObserverKind, RecipeError> {
     let observer = match r.observer.as_deref().unwrap_or("percentile") {
         "min-max" => ObserverKind::MinMax,
         "moving-average" => {
@@ -185,6 +146,57 @@ fn parse(
             "remove it or set observer = \"percentile\"",
         ));
     }
+    Ok(observer)
+}
+
+fn parse(
+    entry: &StageEntry,
+    train: bool,
+    family: &dyn Family,
+) -> Result<Box<dyn Stage>, RecipeError> {
+    if !family.quantizable() {
+        return Err(entry.scope.err(
+            "kind",
+            format!(
+                "kind `{}` needs a quantizable model: `{}` declares no quantizable layers",
+                entry.kind,
+                family.arch()
+            ),
+            "implement `mopt_core::Quantizable` for the model and say so in the family's `quantizable`",
+        ));
+    }
+    let cx: &Scope = &entry.scope;
+    let r: RawQuant = cx.deserialize(entry.settings.clone())?;
+    check_kind_keys(cx, &r, train)?;
+    let weight_bits = r.weight_bits.unwrap_or(7);
+    if ![4, 7, 8].contains(&weight_bits) {
+        return Err(cx.err(
+            "weight-bits",
+            format!("{weight_bits} bits are not supported"),
+            "use 8, 7 (the 8-bit type's reduced range, which ONNX Runtime's u8·s8 kernels need on CPUs without VNNI) or 4",
+        ));
+    }
+    let granularity = match r.weight_granularity.as_deref().unwrap_or("per-channel") {
+        "per-channel" => Granularity::PerChannel(1),
+        "per-tensor" => Granularity::PerTensor,
+        other => {
+            return Err(cx.err(
+                "weight-granularity",
+                format!("unknown granularity `{other}`"),
+                "use \"per-channel\" (one scale per output channel) or \"per-tensor\"",
+            ))
+        }
+    };
+    let activation_bits = r.activation_bits.unwrap_or(8);
+    if activation_bits != 8 {
+        return Err(cx.err(
+            "activation-bits",
+            format!("{activation_bits}-bit activations are not supported"),
+            "use 8",
+        ));
+    }
+    let symmetric_act = r.activation_symmetric.unwrap_or(false);
+    let observer = parse_observer(cx, &r)?;
     // Which layers a pattern matches depends on the input's shape: checked by `plan`.
     let (alpha, temperature) = crate::kinds::kd::kd_settings(cx, r.alpha, r.temperature)?;
     Ok(Box::new(QuantStage {
@@ -212,10 +224,9 @@ fn parse(
             layers: Vec::new(),
         },
         include: r.include.unwrap_or_else(|| vec!["*".into()]),
-        // The pooler and classifier are tiny and sit right before the logits: float by default.
-        exclude: r
-            .exclude
-            .unwrap_or_else(|| vec!["bert.pooler.dense".into(), "classifier".into()]),
+        // The family's default float layers (BERT: the pooler and classifier, tiny and right
+        // before the logits).
+        exclude: r.exclude.unwrap_or_else(|| family.quant_default_exclude()),
         calibration_samples: cx.positive("calibration-samples", r.calibration_samples, 512)?,
         // on-fail = "retry" is the float fallback, which needs the ranking.
         sensitivity: r.sensitivity.unwrap_or(
@@ -546,61 +557,9 @@ impl QuantStage {
         });
         let mut artifacts = Vec::new();
         if self.sensitivity {
-            let rows = self.sensitivity(&m, &qc, cx, float_logits);
-            let mut fallback = Vec::new();
-            let mut d = cx.judge(&valid, ptq_err);
-            for r in &rows {
-                if d.passed || fallback.len() >= self.max_fallback {
-                    break;
-                }
-                for s in m.quant_slots() {
-                    if s.path == r.layer {
-                        *s.quant = None;
-                    }
-                }
-                fallback.push(r.layer.clone());
-                if let Some(mut q) = M::quantization(&qc).cloned() {
-                    q.layers.retain(|l| l != &r.layer);
-                    qc = M::with_quantization(&qc, Some(q));
-                }
-                let (v, g) = Self::measure::<M>(&m, &qc, cx);
-                let current = (v, max_abs_diff(&g, float_logits));
-                d = cx.judge(&current.0, current.1);
-                notes.push(format!(
-                    "Fallback {}: {} back to float: validation {:.4}, max logit error {:.3}; {}.",
-                    fallback.len(),
-                    r.layer,
-                    current.0.accuracy,
-                    current.1,
-                    d.reason
-                ));
-            }
-            for (i, r) in rows.iter().enumerate() {
-                notes.push(format!(
-                    "Sensitivity #{}: `{}` alone quantized: validation {:.4} (drop {:+.2} points), max logit error {:.3}{}.",
-                    i + 1,
-                    r.layer,
-                    r.valid_accuracy,
-                    r.drop_points,
-                    r.max_logit_error,
-                    if fallback.contains(&r.layer) { "; fell back to float" } else { "" }
-                ));
-            }
-            let svg = cx.dir.join("sensitivity.svg");
-            std::fs::write(&svg, sensitivity_svg(&rows, &fallback))
-                .map_err(|e| StageError::io(&svg, e))?;
-            let folder = cx
-                .dir
-                .file_name()
-                .map(|f| f.to_string_lossy().to_string())
-                .unwrap_or_default();
-            notes.push(format!(
-                "![per-layer sensitivity]({folder}/sensitivity.svg)"
-            ));
-            artifacts.push(svg);
-            facts["sensitivity"] = json!(rows);
-            facts["fallback"] = json!(fallback);
-            facts["quantization"] = json!(M::quantization(&qc));
+            let calibrated = (valid.clone(), ptq_err);
+            self.fall_back(&mut m, &mut qc, calibrated, cx, &mut notes, &mut facts)?;
+            artifacts.push(cx.dir.join("sensitivity.svg"));
         }
         let out = cx.dir.join("model");
         save_checkpoint_dir(&m, &qc, cx.extras, &out)?;
@@ -616,24 +575,7 @@ impl QuantStage {
             });
         }
         // QAT: train the calibrated model (fake-quant in the forward pass, STE in the backward).
-        let ad = cx.device.train_device(&cx.entry.train);
-        let kd = (self.distill && input != cx.baseline).then_some((self.alpha, self.temperature));
-        let mut task = kd_objective::<M>(kd, cx, &ad)?;
-        let (student, _) = M::load(&out, &ad)?;
-        eprintln!(
-            "qat: training with fake-quant{}{}",
-            if self.base.learned_scales {
-                " and learned scales"
-            } else {
-                ""
-            },
-            if kd.is_some() {
-                ", KD from the baseline"
-            } else {
-                ""
-            }
-        );
-        let report = fit(&cx.run_context(&qc), &mut task, student)?;
+        let report = self.qat::<M>(input, &out, &qc, cx)?;
         notes.push(format!(
             "QAT: {} steps; best validation accuracy {:.4} (calibrated {:.4}).",
             report.steps, report.best_valid.accuracy, valid.accuracy
@@ -648,6 +590,105 @@ impl QuantStage {
             logit_error_vs_input: None,
             artifacts,
         })
+    }
+
+    /// Train the calibrated `M` saved at `calibrated` with fake-quant (STE), KD from the
+    /// baseline unless switched off.
+    fn qat<M: Quantizable<Batch = TextBatch>>(
+        &self,
+        input: &Path,
+        calibrated: &Path,
+        qc: &M::Config,
+        cx: &StageContext,
+    ) -> Result<TrainReport, StageError> {
+        let ad = cx.device.train_device(&cx.entry.train);
+        let kd = (self.distill && input != cx.baseline).then_some((self.alpha, self.temperature));
+        let mut task = kd_objective::<M>(kd, cx, &ad)?;
+        let (student, _) = M::load(calibrated, &ad)?;
+        eprintln!(
+            "qat: training with fake-quant{}{}",
+            if self.base.learned_scales {
+                " and learned scales"
+            } else {
+                ""
+            },
+            if kd.is_some() {
+                ", KD from the baseline"
+            } else {
+                ""
+            }
+        );
+        Ok(fit(&cx.run_context(qc), &mut task, student)?)
+    }
+
+    /// Sensitivity ranking, then the worst layers back to float (at most `max-fallback`) until
+    /// the gate holds; `calibrated`: the fully quantized model's validation metrics and logit
+    /// error. Writes `sensitivity.svg` and the facts `sensitivity`, `fallback`, `quantization`.
+    fn fall_back<M: Quantizable<Batch = TextBatch>>(
+        &self,
+        m: &mut M,
+        qc: &mut M::Config,
+        calibrated: (EvalMetrics, f64),
+        cx: &StageContext,
+        notes: &mut Vec<String>,
+        facts: &mut serde_json::Value,
+    ) -> Result<(), StageError> {
+        let float_logits = cx.input_logits;
+        let rows = self.sensitivity(&*m, qc, cx, float_logits);
+        let mut fallback = Vec::new();
+        let mut d = cx.judge(&calibrated.0, calibrated.1);
+        for r in &rows {
+            if d.passed || fallback.len() >= self.max_fallback {
+                break;
+            }
+            for s in m.quant_slots() {
+                if s.path == r.layer {
+                    *s.quant = None;
+                }
+            }
+            fallback.push(r.layer.clone());
+            if let Some(mut q) = M::quantization(qc).cloned() {
+                q.layers.retain(|l| l != &r.layer);
+                *qc = M::with_quantization(qc, Some(q));
+            }
+            let (v, g) = Self::measure::<M>(m, qc, cx);
+            let current = (v, max_abs_diff(&g, float_logits));
+            d = cx.judge(&current.0, current.1);
+            notes.push(format!(
+                "Fallback {}: {} back to float: validation {:.4}, max logit error {:.3}; {}.",
+                fallback.len(),
+                r.layer,
+                current.0.accuracy,
+                current.1,
+                d.reason
+            ));
+        }
+        for (i, r) in rows.iter().enumerate() {
+            notes.push(format!(
+                "Sensitivity #{}: `{}` alone quantized: validation {:.4} (drop {:+.2} points), max logit error {:.3}{}.",
+                i + 1,
+                r.layer,
+                r.valid_accuracy,
+                r.drop_points,
+                r.max_logit_error,
+                if fallback.contains(&r.layer) { "; fell back to float" } else { "" }
+            ));
+        }
+        let svg = cx.dir.join("sensitivity.svg");
+        std::fs::write(&svg, sensitivity_svg(&rows, &fallback))
+            .map_err(|e| StageError::io(&svg, e))?;
+        let folder = cx
+            .dir
+            .file_name()
+            .map(|f| f.to_string_lossy().to_string())
+            .unwrap_or_default();
+        notes.push(format!(
+            "![per-layer sensitivity]({folder}/sensitivity.svg)"
+        ));
+        facts["sensitivity"] = json!(rows);
+        facts["fallback"] = json!(fallback);
+        facts["quantization"] = json!(M::quantization(qc));
+        Ok(())
     }
 
     /// Every `include` / `exclude` pattern must match a quantizable layer of the input: a typo
