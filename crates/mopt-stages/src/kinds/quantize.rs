@@ -557,7 +557,7 @@ impl QuantStage {
         });
         let mut artifacts = Vec::new();
         if self.sensitivity {
-            let calibrated = (valid.clone(), ptq_err);
+            let calibrated = (valid, ptq_err);
             self.fall_back(&mut m, &mut qc, calibrated, cx, &mut notes, &mut facts)?;
             artifacts.push(cx.dir.join("sensitivity.svg"));
         }
