@@ -394,14 +394,14 @@ fn prepare(bench: &Bench, work: &Path) -> Prepared {
         .collect();
     let distill_recipe = recipe(&bench.root, "distill_bert.toml");
     let stage = DistillStage::from_entry(&distill_recipe.stages[0]).expect("distill stage");
-    let (_, plan) = stage
-        .student_config(
-            &config,
-            &data.labels,
-            &distill_recipe.tokenizer,
-            prepared.tokenizer.vocab_size(),
-        )
-        .expect("distill_bert.toml's student fits the teacher");
+    let (_, plan) = mopt_stages::family::bert::distill::student_config(
+        &stage,
+        &config,
+        &data.labels,
+        &distill_recipe.tokenizer,
+        prepared.tokenizer.vocab_size(),
+    )
+    .expect("distill_bert.toml's student fits the teacher");
     let _ = ckpt;
     let layers = stage
         .student

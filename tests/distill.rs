@@ -168,14 +168,14 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
     let (teacher, teacher_config) = weights::load_checkpoint(&t.checkpoint, &device).unwrap();
     let labels = LabelMap::load(&t.checkpoint.join("labels.json")).unwrap();
     let prepared = prepare_data(&recipe.tokenizer, &recipe.data, Some(labels)).unwrap();
-    let (config, plan) = stage
-        .student_config(
-            &teacher_config,
-            &prepared.data.labels,
-            &recipe.tokenizer,
-            prepared.tokenizer.vocab_size(),
-        )
-        .unwrap();
+    let (config, plan) = mopt_stages::family::bert::distill::student_config(
+        &stage,
+        &teacher_config,
+        &prepared.data.labels,
+        &recipe.tokenizer,
+        prepared.tokenizer.vocab_size(),
+    )
+    .unwrap();
     assert_eq!(plan.projections, vec![(16, 32), (16, 32), (16, 32)]);
     let model = DistillModel::new(
         init_student(&stage.student, 7, &config, &t.checkpoint, &ad).unwrap(),

@@ -6,7 +6,7 @@
 //! Transitional: the runner's data is still tokenised text (`TextExamples`), so every family
 //! registered today reads text batches.
 
-mod bert;
+pub mod bert;
 
 use std::path::Path;
 
@@ -18,6 +18,7 @@ use mopt_recipe::{Arch, ModelSpec, Recipe, Scope, StageEntry, TokenizerSpec};
 use mopt_train::trainer::evaluate;
 
 use crate::error::StageError;
+use crate::kinds::distill::DistillStage;
 use crate::kinds::prune::PruneStage;
 use crate::kinds::quantize::QuantStage;
 use crate::shape::Shape;
@@ -113,6 +114,27 @@ pub trait Family: Sync {
             "a quantizable model",
             "declares no quantizable layers",
         ))
+    }
+
+    /// Plan a `distill` stage (BERT's: `family::bert::distill::plan`).
+    fn plan_distill(
+        &self,
+        _stage: &DistillStage,
+        _entry: &StageEntry,
+        _input: &Shape,
+        _cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        Err(self.lacks("distill", "distillation support", "declares none"))
+    }
+
+    /// Run a `distill` stage.
+    fn distill(
+        &self,
+        _stage: &DistillStage,
+        _input: &Path,
+        _cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        Err(self.lacks("distill", "distillation support", "declares none"))
     }
 
     /// The error of a stage kind that needs a capability this family lacks.

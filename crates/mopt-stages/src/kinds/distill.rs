@@ -1,32 +1,20 @@
 //! `kind = "distill"`: distil the input model (the teacher) into the student declared in
 //! `[stage.student]`, with KD on logits plus any `[[stage.match]]` intermediate matches; the
 //! hard-label twin (same init, same budget, no teacher) is trained too when `baseline = true`.
+//! This file owns the recipe keys; the family runs the stage (`Family::distill`; BERT's in
+//! `family/bert/distill.rs`).
 
 use std::path::Path;
 
-use burn::prelude::*;
-use mopt_data::LabelMap;
-use mopt_distill::matching::MatchPlan;
-use mopt_distill::pipeline::{
-    check_compat, init_student, teacher_source, with_word_table, TeacherOutputs,
-};
 use mopt_distill::spec::*;
-use mopt_distill::{DistillModel, DistillTask, TeacherSource};
-use mopt_models::bert::setup::model_config;
-use mopt_models::bert::{weights, BertConfig};
 use mopt_recipe::raw::RawModel;
 use mopt_recipe::{model_spec, ModelSpec, RecipeError, Scope, StageEntry, TrainSpec};
-use mopt_train::trainer::{fit, RunContext};
 use serde::Deserialize;
-use serde_json::json;
 
 use crate::error::StageError;
 use crate::family::Family;
-use crate::plan::train_settings;
 use crate::shape::Shape;
-use crate::stage::{
-    PlanContext, ReferenceModel, Stage, StageContext, StageKind, StageOutput, StagePlan,
-};
+use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
 
 /// The kind.
 pub struct Distill;
@@ -379,32 +367,6 @@ impl DistillStage {
         self.extra = Some(term);
         self
     }
-
-    /// The student's config for this teacher and label map, and the resolved matches.
-    pub fn student_config(
-        &self,
-        teacher: &BertConfig,
-        labels: &LabelMap,
-        tokenizer: &mopt_recipe::TokenizerSpec,
-        vocab: usize,
-    ) -> Result<(BertConfig, MatchPlan), StageError> {
-        let config = model_config(
-            &self.student,
-            tokenizer,
-            &self.scope.nested("student"),
-            &labels.labels,
-            vocab,
-        )?;
-        let plan = check_compat(
-            &self.scope,
-            &self.spec,
-            &self.student,
-            &config,
-            teacher,
-            vocab,
-        )?;
-        Ok((config, plan))
-    }
 }
 
 impl StageKind for Distill {
@@ -425,7 +387,7 @@ impl StageKind for Distill {
     }
 }
 
-fn match_line(m: &MatchSpec) -> String {
+pub(crate) fn match_line(m: &MatchSpec) -> String {
     let feature = match m.feature {
         Feature::Hidden => "hidden",
         Feature::AttentionProbs => "attention",
@@ -468,24 +430,6 @@ fn match_line(m: &MatchSpec) -> String {
     s
 }
 
-/// Bytes of the teacher cache per training example of `t` tokens on average (`t2`: mean of
-/// the squared token count, for attention maps).
-fn cache_bytes_per_example(
-    plan: &MatchPlan,
-    teacher: &BertConfig,
-    labels: usize,
-    t: f64,
-    t2: f64,
-) -> u64 {
-    let mut b = 4.0 * labels as f64;
-    b += plan.needs.hidden.len() as f64 * t * teacher.hidden_size as f64 * 4.0;
-    for l in plan.needs.attentions.iter().chain(&plan.needs.scores) {
-        let heads = teacher.heads(l.saturating_sub(1)) as f64;
-        b += heads * t2 * 4.0;
-    }
-    b as u64
-}
-
 impl Stage for DistillStage {
     fn kind(&self) -> &str {
         "distill"
@@ -497,185 +441,11 @@ impl Stage for DistillStage {
         shape: &Shape,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
-        let input: &BertConfig = shape.get()?;
-        let labels = LabelMap::new(
-            (0..input.num_labels)
-                .map(|i| format!("<class {i}>"))
-                .collect(),
-        );
-        let (config, plan) = self.student_config(input, &labels, cx.tokenizer, cx.vocab)?;
-        let s = &self.spec;
-        let init = match (
-            &self.student.init_from_teacher_layers,
-            &self.student.weights,
-        ) {
-            (Some(l), _) => format!("init-from-teacher-layers = {l:?}"),
-            (None, Some(w)) => format!("weights = \"{}\"", w.display()),
-            (None, None) => "random init".into(),
-        };
-        let mut settings = vec![
-            format!(
-                "student: {} layers x {} ({:.2}M params), {init}",
-                config.num_hidden_layers,
-                config.hidden_size,
-                config.num_params() as f64 / 1e6
-            ),
-            format!(
-                "enabled = {}, alpha = {}, temperature = {}, soft-loss = \"{}\", teacher-cache = {}, baseline = {}",
-                s.enabled,
-                s.alpha.to_toml(),
-                s.temperature.to_toml(),
-                s.soft_loss.name(),
-                s.teacher_cache,
-                s.baseline
-            ),
-        ];
-        for (m, resolved) in s.matches.iter().zip(&plan.matches) {
-            let pairs: Vec<String> = resolved
-                .pairs
-                .iter()
-                .map(|p| format!("{}->{}", p.student, p.teacher))
-                .collect();
-            settings.push(format!(
-                "{} (student->teacher {})",
-                match_line(m),
-                pairs.join(", ")
-            ));
-        }
-        settings.extend(train_settings(&entry.train, entry.train_overridden));
-        let mut extra = vec![(
-            "teacher weights (inference)".to_string(),
-            4 * input.num_params() as u64,
-        )];
-        if s.enabled && s.teacher_cache {
-            let n = cx.train_examples as u64;
-            let per = cache_bytes_per_example(
-                &plan,
-                input,
-                input.num_labels,
-                cx.mean_tokens,
-                cx.mean_tokens_sq,
-            );
-            extra.push((
-                format!(
-                    "teacher cache ({n} examples x {:.1} tokens on average, held in memory)",
-                    cx.mean_tokens
-                ),
-                n * per,
-            ));
-        }
-        Ok(StagePlan {
-            memory: Some(mopt_core::ModelConfig::training_memory(
-                &config,
-                entry.train.batch_size,
-                cx.tokenizer.max_len,
-            )),
-            output: Shape::new(config),
-            settings,
-            extra_memory: extra,
-        })
+        cx.family.plan_distill(self, entry, shape, cx)
     }
 
     fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
-        let entry = cx.entry;
-        let device = cx.device.device();
-        let ad = cx.device.train_device(&entry.train);
-        let (teacher, teacher_config) = weights::load_checkpoint(input, &device)?;
-        let teacher = teacher.valid();
-        let (config, plan) =
-            self.student_config(&teacher_config, &cx.data.labels, cx.tokenizer, cx.vocab)?;
-        let (source, cache) = teacher_source(
-            &TeacherOutputs {
-                teacher_dir: input,
-                teacher: &teacher,
-                data: cx.data_spec,
-                train: &cx.data.train,
-                pad_id: cx.pad_id,
-                batch_size: entry.train.eval_batch_size,
-            },
-            &self.spec,
-            &plan,
-            &device,
-        )?;
-        let run = cx.run_context(&config);
-        let student = init_student(&self.student, cx.seed, &config, input, &ad)?;
-        let model = DistillModel::new(student, &plan.projections, &ad);
-        eprintln!(
-            "distilling: student {} layers x {} ({:.1}M params), {} matches, {} projections, alpha {}, T {}",
-            config.num_hidden_layers,
-            config.hidden_size,
-            config.num_params() as f64 / 1e6,
-            plan.matches.len(),
-            plan.projections.len(),
-            self.spec.alpha.to_toml(),
-            self.spec.temperature.to_toml()
-        );
-        let task = with_word_table(
-            DistillTask::new(self.spec.clone(), plan.clone(), source, &ad),
-            &plan,
-            &teacher,
-            &ad,
-        )
-        .with_extra(self.extra.clone());
-        let training = fit(&run, task, model)?;
-        let mut references = Vec::new();
-        let mut notes = vec![format!(
-            "Teacher cache: {}{}; teacher pass over the training split {:.1}s (paid once with the cache, every epoch without it); student epoch times {:?} s.",
-            if cache.enabled { "on" } else { "off" },
-            if cache.hit { ", reused from disk" } else { "" },
-            cache.teacher_pass_s,
-            training.epochs.iter().map(|e| (e.epoch_time_s * 10.0).round() / 10.0).collect::<Vec<_>>()
-        )];
-        if self.spec.enabled && self.spec.baseline {
-            eprintln!("twin: the same student trained on hard labels only");
-            let dir = cx.dir.join("twin");
-            std::fs::create_dir_all(&dir).map_err(|e| StageError::io(&dir, e))?;
-            let mut twin_spec = self.spec.clone();
-            twin_spec.enabled = false;
-            let twin = DistillModel::new(
-                init_student(&self.student, cx.seed, &config, input, &ad)?,
-                &[],
-                &ad,
-            );
-            let empty = MatchPlan {
-                matches: Vec::new(),
-                projections: Vec::new(),
-                needs: Default::default(),
-            };
-            let twin_report = fit(
-                &RunContext {
-                    run_dir: &dir,
-                    ..run
-                },
-                DistillTask::new(twin_spec, empty, TeacherSource::None, &ad),
-                twin,
-            )?;
-            references.push(ReferenceModel {
-                name: format!("{} (hard-label twin)", entry.name),
-                about: "the same student, init and budget, trained on hard labels only".into(),
-                checkpoint: twin_report.checkpoint.clone(),
-            });
-            notes.push(format!(
-                "Hard-label twin (same init and budget, no teacher): test accuracy {:.4} vs the distilled student's {:.4} ({:+.2} points for distillation).",
-                twin_report.test.accuracy,
-                training.test.accuracy,
-                (training.test.accuracy - twin_report.test.accuracy) * 100.0
-            ));
-        }
-        Ok(StageOutput {
-            checkpoint: training.checkpoint.clone(),
-            steps: training.steps,
-            facts: json!({
-                "teacher_cache": cache,
-                "best_epoch": training.best_epoch,
-                "epoch_time_s": training.epochs.iter().map(|e| e.epoch_time_s).collect::<Vec<_>>(),
-                "train_samples_per_s": training.train_samples_per_s,
-            }),
-            notes,
-            references,
-            logit_error_vs_input: None,
-            artifacts: Vec::new(),
-        })
+        cx.family.distill(self, input, cx)
     }
 
     fn reuse_key(&self) -> Option<String> {

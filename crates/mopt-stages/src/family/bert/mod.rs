@@ -11,8 +11,11 @@ use mopt_core::Quantizable;
 use mopt_models::bert::setup::model_config;
 use mopt_recipe::{ModelSpec, Scope, StageEntry, TokenizerSpec};
 
+pub mod distill;
+
 use super::{checkpoint_accuracy, Family};
 use crate::error::StageError;
+use crate::kinds::distill::DistillStage;
 use crate::kinds::prune::PruneStage;
 use crate::kinds::quantize::QuantStage;
 use crate::predict::TextClassifier;
@@ -109,6 +112,25 @@ impl Family for Bert {
     ) -> Result<Box<dyn TextClassifier>, StageError> {
         let (model, _) = <Model as mopt_core::Checkpoint>::load(ckpt, device)?;
         Ok(Box::new(burn::module::Module::valid(&model)))
+    }
+
+    fn plan_distill(
+        &self,
+        stage: &DistillStage,
+        entry: &StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        distill::plan(stage, entry, input, cx)
+    }
+
+    fn distill(
+        &self,
+        stage: &DistillStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        distill::run(stage, input, cx)
     }
 
     fn accuracy(&self, ckpt: &Path, examples: &TextExamples) -> Result<f64, StageError> {
