@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use burn::tensor::activation::{log_softmax, softmax};
 use mopt_distill::spec::*;
-use mopt_distill::student::from_teacher_layers;
+use mopt_models::bert::student::from_teacher_layers;
 use mopt_models::bert::{weights, BertConfig};
 use mopt_recipe::{GateReference, GateSpec, StageEntry};
 use mopt_stages::kinds::distill::{DistillStage, ExtraTerm};

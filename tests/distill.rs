@@ -8,12 +8,17 @@ use burn::prelude::*;
 use common::{mopt, read_json, stderr, write_tiny_recipe};
 use mopt_data::LabelMap;
 use mopt_data::{Batcher, Encoded};
-use mopt_distill::pipeline::{init_student, teacher_source, with_word_table, TeacherOutputs};
+use mopt_distill::matching::{MatchPlan, TeacherNeeds};
+use mopt_distill::pipeline::{teacher_source, with_word_table, TeacherOutputs};
+use mopt_distill::spec::DistillSpec;
+use mopt_distill::task::ExtraTerm;
 use mopt_distill::{DistillModel, DistillTask, TeacherSource};
-use mopt_models::bert::weights;
+use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
+use mopt_stages::family::bert::distill::init_student;
 use mopt_stages::kinds::distill::DistillStage;
 use mopt_train::setup::prepare_data;
 use mopt_train::trainer::Task;
+use std::sync::Arc;
 
 /// A tiny teacher recipe (2 layers) plus a distillation recipe (teacher -> distill stage) whose
 /// student takes teacher layer 1. `distill_extra` goes at the end of the stage (matches),
@@ -525,4 +530,59 @@ fn max_steps_applies_to_a_teacher_trained_on_the_way_and_keeps_it_inside_the_run
     assert_eq!(r["stages"][1]["steps"], 2);
     // Paths in messages read as written, without `dir/../`.
     assert!(!stderr(&out).contains("/../"), "{}", stderr(&out));
+}
+
+#[test]
+fn an_extra_term_reads_the_computed_outputs_and_adds_to_the_loss() {
+    let dev = Device::flex();
+    let c = BertConfig {
+        hidden_dropout_prob: 0.0,
+        attention_probs_dropout_prob: 0.0,
+        ..BertConfig::tiny(50, 3)
+    };
+    dev.seed(1);
+    let model = DistillModel::new(BertForSequenceClassification::new(&c, &dev), &[], &dev);
+    let items = [
+        Encoded {
+            ids: vec![1, 5, 7, 2],
+            label: 0,
+        },
+        Encoded {
+            ids: vec![1, 9, 2],
+            label: 2,
+        },
+    ];
+    let b = Batcher::new(0).batch(&items.iter().collect::<Vec<_>>(), &dev);
+    let spec = DistillSpec {
+        enabled: false,
+        ..DistillSpec::default()
+    };
+    let plan = MatchPlan {
+        matches: Vec::new(),
+        projections: Vec::new(),
+        needs: TeacherNeeds::default(),
+    };
+    let plain = DistillTask::<BertForSequenceClassification>::new(
+        spec.clone(),
+        plan.clone(),
+        TeacherSource::None,
+        &dev,
+    );
+    let (base, _) = plain.objective(&model, &b, &[0, 1], 0.0);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let term: ExtraTerm = Arc::new(move |out, _b| {
+        log.lock().unwrap().push(out.logits.dims());
+        let mean: Tensor<1> = out.logits.clone().mean();
+        (mean.mul_scalar(0.0).add_scalar(2.5), vec![("extra", 2.5)])
+    });
+    let with =
+        DistillTask::<BertForSequenceClassification>::new(spec, plan, TeacherSource::None, &dev)
+            .with_extra(Some(term));
+    let (loss, parts) = with.objective(&model, &b, &[0, 1], 0.0);
+    let (a, z): (f32, f32) = (base.into_scalar(), loss.into_scalar());
+    assert!((z - a - 2.5).abs() < 1e-5, "{a} + 2.5 != {z}");
+    assert!(parts.contains(&("extra", 2.5)));
+    // The term read the logits of this forward pass: no second student forward.
+    assert_eq!(*seen.lock().unwrap(), vec![[2, 3]]);
 }

@@ -7,8 +7,8 @@
 //!
 //! In the order a family implements them:
 //! 1. [`ModelConfig`]: parameters and classes (the trainer reads them), a training-memory
-//!    estimate (`--check`), and FLOPs, an ordered summary and the arch name, which the
-//!    family-generic runner's plan and model card are to print (nothing reads them yet).
+//!    estimate and a one-line description (`--check`), FLOPs and facts (pruning rounds'
+//!    records), the arch name.
 //! 2. [`Examples`]: a data split that batches itself; its batch carries labels ([`Labeled`]).
 //! 3. [`Classifier`]: a Burn module with a forward pass from a batch to logits. This is all
 //!    fine-tuning and evaluation need.
@@ -18,6 +18,8 @@
 //!    table ([`ParamTable`]): unlocks structured pruning.
 //! 6. [`Quantizable`]: its quantizable layers ([`quant::QuantSlot`]): unlocks post-training
 //!    quantization and quantization-aware training.
+//! 7. [`Tapped`]: its intermediate outputs ([`Taps`]: hidden states, attention maps) and their
+//!    shapes ([`TapLayout`]): unlocks distillation with intermediate matches.
 //!
 //! Each capability beyond these unlocks more stage kinds; a stage that needs one the model
 //! lacks says so in `--check`.
@@ -29,6 +31,7 @@ mod model;
 pub mod prune;
 pub mod quant;
 mod table;
+pub mod taps;
 
 pub use data::{Examples, Labeled};
 pub use error::ModelFault;
@@ -37,3 +40,4 @@ pub use model::{Checkpoint, Classifier, ModelConfig};
 pub use prune::Prunable;
 pub use quant::Quantizable;
 pub use table::{Array, ParamTable};
+pub use taps::{TapLayout, TapRequest, Tapped, Taps};

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burn::prelude::*;
-use mopt_data::{Batcher, Encoded};
-use mopt_models::bert::{BertForSequenceClassification, ForwardOptions};
+use mopt_core::Tapped;
+use mopt_data::{Batcher, Encoded, TextBatch};
 use sha2::{Digest, Sha256};
 
 use crate::matching::{TeacherBatch, TeacherNeeds};
@@ -77,8 +77,8 @@ fn rows(data: Vec<f32>, b: usize, per: usize) -> Vec<Vec<f32>> {
 }
 
 /// Run the teacher (inference device, no gradients) over `examples` in length-sorted batches.
-pub fn compute(
-    teacher: &BertForSequenceClassification,
+pub fn compute<M: Tapped<Batch = TextBatch>>(
+    teacher: &M,
     examples: &[Encoded],
     needs: &TeacherNeeds,
     batcher: &Batcher,
@@ -88,11 +88,7 @@ pub fn compute(
     let start = Instant::now();
     let mut order: Vec<usize> = (0..examples.len()).collect();
     order.sort_by_key(|&i| examples[i].ids.len());
-    let opts = ForwardOptions {
-        hidden_states: !needs.hidden.is_empty(),
-        attentions: !needs.attentions.is_empty(),
-        attention_scores: !needs.scores.is_empty(),
-    };
+    let opts = needs.request();
     let mut out: Vec<Option<ExampleOutputs>> = vec![None; examples.len()];
     let mut num_labels = 0;
     let mut hidden_size = 0;
@@ -106,7 +102,7 @@ pub fn compute(
         let items: Vec<&Encoded> = chunk.iter().map(|&i| &examples[i]).collect();
         let b = batcher.batch(&items, device);
         let [bsz, seq] = b.input_ids.dims();
-        let o = teacher.forward_with(b.input_ids, b.attention_mask, b.token_type_ids, opts);
+        let o = teacher.forward_taps(&b, opts);
         num_labels = o.logits.dims()[1];
         let logits = rows(
             o.logits.into_data().try_to_vec().expect("f32"),
@@ -381,24 +377,15 @@ impl TeacherCache {
 }
 
 /// Teacher features of a batch straight from the teacher (no cache).
-pub fn live_batch(
-    teacher: &BertForSequenceClassification,
+pub fn live_batch<M: Tapped<Batch = TextBatch>>(
+    teacher: &M,
     items: &[&Encoded],
     needs: &TeacherNeeds,
     batcher: &Batcher,
     device: &Device,
 ) -> TeacherBatch {
     let b = batcher.batch(items, device);
-    let o = teacher.forward_with(
-        b.input_ids,
-        b.attention_mask,
-        b.token_type_ids,
-        ForwardOptions {
-            hidden_states: !needs.hidden.is_empty(),
-            attentions: !needs.attentions.is_empty(),
-            attention_scores: !needs.scores.is_empty(),
-        },
-    );
+    let o = teacher.forward_taps(&b, needs.request());
     TeacherBatch {
         logits: o.logits,
         hidden: needs

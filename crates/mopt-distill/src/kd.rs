@@ -1,7 +1,7 @@
 //! Distillation on logits for any classifier ([`mopt_core::Classifier`]): the teacher's logits
 //! for every training example, computed once in eval mode ([`LogitCache`]), and the objective
 //! `L = α·CE(student, labels) + (1−α)·soft(student, teacher; T)` ([`KdTask`]) for mopt's
-//! trainer. Intermediate matches need the model's taps; BERT's are in [`crate::task`].
+//! trainer. Intermediate matches need the model's taps ([`crate::task`]).
 
 use std::marker::PhantomData;
 use std::sync::Arc;

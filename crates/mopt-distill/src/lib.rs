@@ -1,12 +1,14 @@
 //! # mopt-distill
 //!
-//! Knowledge distillation for mopt. For any classifier ([`kd`]): a teacher's logits cached
-//! once and the KD objective on them. For BERT additionally: the KD objective (hard CE + T²-scaled KL or MSE on logits,
-//! with α and T schedules), intermediate matches declared as data (hidden states, attention
-//! probabilities or scores, embeddings; explicit or uniform layer maps; learned projections where
-//! widths differ), student initialisation from teacher layers, a disk cache of teacher outputs,
-//! and the pieces a distillation stage is assembled from. Everything is usable from Rust without
-//! the CLI; the `distill` stage kind of `mopt_stages` runs it from a recipe.
+//! Knowledge distillation for mopt, generic over the model contracts of `mopt-core`. For any
+//! classifier ([`kd`]): a teacher's logits cached once and the KD objective on them. For any
+//! [`mopt_core::Tapped`] model on text batches additionally ([`task`]): the KD objective (hard
+//! CE + T²-scaled KL or MSE on logits, with α and T schedules), intermediate matches declared as
+//! data over the model's taps (hidden states, attention probabilities or scores, embeddings;
+//! explicit or uniform layer maps; learned projections where widths differ), a disk cache of
+//! the teacher's taps, and the pieces a distillation stage is assembled from. Students made from
+//! a teacher's layers are the family's business (BERT's: `mopt_models::bert::student`).
+//! Everything is usable from Rust without the CLI; the `distill` stage runs it from a recipe.
 
 pub mod cache;
 pub mod kd;

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use burn::nn::Linear;
 use burn::prelude::*;
-use mopt_models::bert::{BertConfig, BertOutputs};
+use mopt_core::{TapLayout, Taps};
 use mopt_recipe::{RecipeError, Scope};
 
 use crate::spec::{Feature, HeadPolicy, LayerMap, MatchLoss, MatchSpec, Tokens};
@@ -47,6 +47,15 @@ pub struct TeacherNeeds {
 }
 
 impl TeacherNeeds {
+    /// The teacher forward pass that computes these features.
+    pub fn request(&self) -> mopt_core::TapRequest {
+        mopt_core::TapRequest {
+            hidden_states: !self.hidden.is_empty(),
+            attentions: !self.attentions.is_empty(),
+            attention_scores: !self.scores.is_empty(),
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.hidden.is_empty() && self.attentions.is_empty() && self.scores.is_empty()
     }
@@ -70,11 +79,11 @@ fn leak(s: String) -> &'static str {
 pub fn resolve(
     cx: &Scope,
     specs: &[MatchSpec],
-    student: &BertConfig,
-    teacher: &BertConfig,
+    student: &TapLayout,
+    teacher: &TapLayout,
 ) -> Result<MatchPlan, RecipeError> {
     let err = |key: &str, message: String, hint: &str| cx.err(key, message, hint);
-    let (ls, lt) = (student.num_hidden_layers, teacher.num_hidden_layers);
+    let (ls, lt) = (student.layers, teacher.layers);
     let mut plan = MatchPlan {
         matches: Vec::new(),
         projections: Vec::new(),
@@ -121,7 +130,7 @@ pub fn resolve(
                 mean_heads: false,
             };
             if is_attention {
-                let (hs, ht) = (student.heads(s - 1), teacher.heads(t - 1));
+                let (hs, ht) = (student.heads[s - 1], teacher.heads[t - 1]);
                 if hs != ht {
                     match m.heads {
                         HeadPolicy::Mean => pair.mean_heads = true,
@@ -139,7 +148,7 @@ pub fn resolve(
                 }
                 plan.needs_insert(m.feature, t);
             } else {
-                let (ws, wt) = (student.hidden_size, teacher.hidden_size);
+                let (ws, wt) = (student.width, teacher.width);
                 if m.projection {
                     pair.projection = Some(plan.projections.len());
                     plan.projections.push((ws, wt));
@@ -317,7 +326,7 @@ fn heads_mean(x: Tensor<4>) -> Tensor<4> {
 /// Loss of one resolved match (mean over its pairs, times its weight).
 pub fn match_loss(
     m: &ResolvedMatch,
-    student: &BertOutputs,
+    student: &Taps,
     teacher: &TeacherBatch,
     projections: &[Linear],
     mask: &Tensor<2>,
@@ -418,10 +427,8 @@ mod tests {
         // Token 0 differs by (1, 2); token 1 differs wildly and must not count.
         let s = Tensor::<3>::from_floats([[[1.0, 2.0], [50.0, -50.0]]], &d);
         let t = Tensor::<3>::from_floats([[[0.0, 0.0], [0.0, 0.0]]], &d);
-        let outputs = BertOutputs {
+        let outputs = Taps {
             logits: Tensor::zeros([1, 2], &d),
-            last_hidden_state: s.clone(),
-            pooled: Tensor::zeros([1, 2], &d),
             hidden_states: vec![s.clone(), s],
             attentions: vec![],
             attention_scores: vec![],
@@ -536,10 +543,8 @@ mod tests {
             [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]],
             &ad,
         ));
-        let outputs = BertOutputs {
+        let outputs = Taps {
             logits: Tensor::zeros([1, 2], &ad),
-            last_hidden_state: Tensor::zeros([1, 1, 3], &ad),
-            pooled: Tensor::zeros([1, 3], &ad),
             hidden_states: vec![],
             attentions: vec![],
             attention_scores: vec![],

@@ -1,23 +1,20 @@
-//! The pieces a distillation is assembled from: the student's shape checked against the teacher,
-//! its initialisation, and the teacher's outputs (disk cache, computed now, or live). The
-//! `distill` stage kind (`mopt_stages`) and Rust programs put them together.
+//! The pieces a distillation is assembled from: the teacher's outputs (disk cache, computed
+//! now, or live) and its word-embedding table. The `distill` stage (its family's implementation
+//! in `mopt_stages`) and Rust programs put them together with the family's student.
 
 use std::path::Path;
 
 use burn::prelude::*;
-use mopt_core::ModelFault;
-use mopt_data::{Batcher, Encoded};
-use mopt_models::bert::setup::build_model;
-use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
-use mopt_recipe::{DataSpec, ModelSpec, Scope};
+use mopt_core::Tapped;
+use mopt_data::{Batcher, Encoded, TextBatch};
+use mopt_recipe::DataSpec;
 use mopt_train::setup::cache_dir;
 use mopt_train::TrainError;
 use serde::Serialize;
 
 use crate::cache::{cache_key, compute, TeacherCache};
-use crate::matching::{resolve, MatchPlan};
+use crate::matching::MatchPlan;
 use crate::spec::{DistillSpec, Feature};
-use crate::student::{check_layer_init, from_teacher_layers};
 use crate::task::{DistillTask, TeacherSource};
 
 /// Teacher-cache facts of a run.
@@ -32,76 +29,13 @@ pub struct CacheSummary {
     pub file: Option<String>,
 }
 
-/// Check the student against the teacher (vocabulary, layer maps, widths, heads, layer init) and
-/// resolve the matches. Errors name keys of the distill stage `cx` and its student table.
-pub fn check_compat(
-    cx: &Scope,
-    spec: &DistillSpec,
-    student_spec: &ModelSpec,
-    student: &BertConfig,
-    teacher: &BertConfig,
-    tokenizer_vocab: usize,
-) -> Result<MatchPlan, TrainError> {
-    let scx = cx.nested("student");
-    if student.vocab_size != teacher.vocab_size {
-        return Err(TrainError::Recipe(scx.err(
-            "config",
-            format!(
-                "the student's vocabulary ({} tokens) differs from the teacher's ({}); logits and inputs would not line up",
-                student.vocab_size, teacher.vocab_size
-            ),
-            "give the student the teacher's vocabulary (its config.json's vocab_size and its tokenizer)",
-        )));
-    }
-    if tokenizer_vocab > teacher.vocab_size {
-        return Err(TrainError::Recipe(scx.err(
-            "config",
-            "the [tokenizer] is larger than the teacher's vocabulary",
-            "use the teacher's tokenizer",
-        )));
-    }
-    let matches: &[crate::spec::MatchSpec] = if spec.enabled { &spec.matches } else { &[] };
-    let plan = resolve(cx, matches, student, teacher)?;
-    if let Some(layers) = &student_spec.init_from_teacher_layers {
-        check_layer_init(student, teacher, layers).map_err(|m| {
-            TrainError::Recipe(scx.err(
-                "init-from-teacher-layers",
-                m,
-                "list one distinct teacher layer (0-based) per student layer, with equal shapes",
-            ))
-        })?;
-    }
-    Ok(plan)
-}
-
-/// A fresh student on the autodiff device `ad`: teacher layers (of the checkpoint at
-/// `teacher_dir`), the student table's weights, or random.
-pub fn init_student(
-    student_spec: &ModelSpec,
-    seed: u64,
-    config: &BertConfig,
-    teacher_dir: &Path,
-    ad: &Device,
-) -> Result<BertForSequenceClassification, TrainError> {
-    match &student_spec.init_from_teacher_layers {
-        Some(layers) => {
-            let (teacher_ad, _) =
-                weights::load_checkpoint(teacher_dir, ad).map_err(ModelFault::from)?;
-            Ok(from_teacher_layers(&teacher_ad, layers))
-        }
-        None => Ok(build_model(student_spec, seed, config, ad)
-            .map_err(ModelFault::from)?
-            .0),
-    }
-}
-
 /// Hand the teacher's word-embedding table to the task when a match compares tables.
-pub fn with_word_table(
-    task: DistillTask,
+pub fn with_word_table<M: Tapped<Batch = TextBatch>>(
+    task: DistillTask<M>,
     plan: &MatchPlan,
-    teacher: &BertForSequenceClassification,
+    teacher: &M,
     ad: &Device,
-) -> DistillTask {
+) -> DistillTask<M> {
     if !plan
         .matches
         .iter()
@@ -109,15 +43,17 @@ pub fn with_word_table(
     {
         return task;
     }
-    let table = teacher.bert.embeddings.word_embeddings.weight.val();
+    let table = teacher
+        .word_embeddings()
+        .expect("a word-embedding match was resolved, so the teacher has a table");
     task.with_teacher_word_embeddings(Tensor::from_data(table.into_data(), ad))
 }
 
 /// Where the teacher's outputs for the training split come from.
-pub struct TeacherOutputs<'a> {
+pub struct TeacherOutputs<'a, M> {
     /// The teacher checkpoint (its bytes key the cache).
     pub teacher_dir: &'a Path,
-    pub teacher: &'a BertForSequenceClassification,
+    pub teacher: &'a M,
     /// The data section (the cache lives in `.mopt-cache/` beside it).
     pub data: &'a DataSpec,
     pub train: &'a [Encoded],
@@ -126,12 +62,12 @@ pub struct TeacherOutputs<'a> {
 }
 
 /// Teacher outputs for the training split: from the disk cache, computed now, or live.
-pub fn teacher_source(
-    t: &TeacherOutputs,
+pub fn teacher_source<M: Tapped<Batch = TextBatch>>(
+    t: &TeacherOutputs<M>,
     spec: &DistillSpec,
     plan: &MatchPlan,
     device: &Device,
-) -> Result<(TeacherSource, CacheSummary), TrainError> {
+) -> Result<(TeacherSource<M>, CacheSummary), TrainError> {
     if !spec.enabled {
         return Ok((TeacherSource::None, CacheSummary::default()));
     }

@@ -1,23 +1,18 @@
-//! The trainable distillation module (student + projections) and student initialisation.
+//! The trainable distillation module: the student and the projections of its matches.
 
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
-use mopt_models::bert::{BertConfig, BertForSequenceClassification};
 
-/// What the optimizer updates during distillation: the student and the learned projections of
-/// width-changing matches. Only `student` is checkpointed or exported.
+/// What the optimizer updates during distillation: the student `M` and the learned projections
+/// of width-changing matches. Only `student` is checkpointed or exported.
 #[derive(Module, Debug)]
-pub struct DistillModel {
-    pub student: BertForSequenceClassification,
+pub struct DistillModel<M> {
+    pub student: M,
     pub projections: Vec<Linear>,
 }
 
-impl DistillModel {
-    pub fn new(
-        student: BertForSequenceClassification,
-        projections: &[(usize, usize)],
-        device: &Device,
-    ) -> Self {
+impl<M> DistillModel<M> {
+    pub fn new(student: M, projections: &[(usize, usize)], device: &Device) -> Self {
         Self {
             student,
             projections: projections
@@ -25,112 +20,5 @@ impl DistillModel {
                 .map(|&(i, o)| LinearConfig::new(i, o).init(device))
                 .collect(),
         }
-    }
-}
-
-/// Why a student cannot be initialised from the chosen teacher layers.
-pub fn check_layer_init(
-    student: &BertConfig,
-    teacher: &BertConfig,
-    layers: &[usize],
-) -> Result<(), String> {
-    if layers.len() != student.num_hidden_layers {
-        return Err(format!(
-            "{} teacher layers listed for a student of {} layers",
-            layers.len(),
-            student.num_hidden_layers
-        ));
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    for (j, &i) in layers.iter().enumerate() {
-        if i >= teacher.num_hidden_layers {
-            return Err(format!(
-                "teacher layer {i} does not exist (the teacher has {} layers, 0-based)",
-                teacher.num_hidden_layers
-            ));
-        }
-        if !seen.insert(i) {
-            return Err(format!("teacher layer {i} is listed twice"));
-        }
-        if student.heads(j) != teacher.heads(i) || student.ffn(j) != teacher.ffn(i) {
-            return Err(format!(
-                "student layer {j} ({} heads, FFN {}) cannot take teacher layer {i} ({} heads, FFN {})",
-                student.heads(j),
-                student.ffn(j),
-                teacher.heads(i),
-                teacher.ffn(i)
-            ));
-        }
-    }
-    if student.hidden_size != teacher.hidden_size || student.head_size() != teacher.head_size() {
-        return Err(format!(
-            "student hidden size {} differs from the teacher's {}",
-            student.hidden_size, teacher.hidden_size
-        ));
-    }
-    if student.num_labels != teacher.num_labels {
-        return Err("student and teacher have different label counts".into());
-    }
-    Ok(())
-}
-
-/// A student made of the teacher's embeddings, the listed encoder layers (0-based), pooler and
-/// classifier (DistilBERT-style initialisation). Call [`check_layer_init`] first.
-pub fn from_teacher_layers(
-    teacher: &BertForSequenceClassification,
-    layers: &[usize],
-) -> BertForSequenceClassification {
-    let mut student = teacher.clone();
-    student.bert.encoder.layer = layers
-        .iter()
-        .map(|&i| teacher.bert.encoder.layer[i].clone())
-        .collect();
-    student
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn layer_init_copies_chosen_layers_and_checks_shapes() {
-        let mut t = BertConfig::tiny(50, 2);
-        t.num_hidden_layers = 3;
-        let d = Device::flex();
-        let teacher = BertForSequenceClassification::new(&t, &d);
-        let mut s = t.clone();
-        s.num_hidden_layers = 2;
-        check_layer_init(&s, &t, &[0, 2]).unwrap();
-        let student = from_teacher_layers(&teacher, &[0, 2]);
-        assert_eq!(student.bert.encoder.layer.len(), 2);
-        let a: Vec<f32> = student.bert.encoder.layer[1]
-            .intermediate
-            .dense
-            .weight
-            .val()
-            .into_data()
-            .try_to_vec()
-            .unwrap();
-        let b: Vec<f32> = teacher.bert.encoder.layer[2]
-            .intermediate
-            .dense
-            .weight
-            .val()
-            .into_data()
-            .try_to_vec()
-            .unwrap();
-        assert_eq!(a, b);
-        assert!(check_layer_init(&s, &t, &[0, 3])
-            .unwrap_err()
-            .contains("does not exist"));
-        assert!(check_layer_init(&s, &t, &[1, 1])
-            .unwrap_err()
-            .contains("twice"));
-        assert!(check_layer_init(&s, &t, &[0])
-            .unwrap_err()
-            .contains("1 teacher layers"));
-        s.hidden_size = 16;
-        s.num_attention_heads = 2;
-        assert!(check_layer_init(&s, &t, &[0, 1]).is_err());
     }
 }

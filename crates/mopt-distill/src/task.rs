@@ -7,8 +7,8 @@
 use crate::spec::{DistillSpec, Feature};
 use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::prelude::*;
+use mopt_core::{TapRequest, Tapped, Taps};
 use mopt_data::{Batcher, Encoded, TextBatch};
-use mopt_models::bert::{BertForSequenceClassification, BertOutputs, ForwardOptions};
 use mopt_train::trainer::{Parts, Replica, Task};
 use std::sync::Arc;
 
@@ -17,13 +17,13 @@ use crate::kd::kd_loss;
 use crate::matching::{match_loss, MatchPlan, TeacherBatch, TeacherNeeds, WordRows};
 use crate::student::DistillModel;
 
-/// Where teacher outputs come from.
-pub enum TeacherSource {
+/// Where the outputs of a teacher `M` come from.
+pub enum TeacherSource<M> {
     /// Precomputed for every training example.
     Cache(TeacherCache),
     /// The teacher runs on each batch (inference device, no gradients).
     Live {
-        teacher: Box<BertForSequenceClassification>,
+        teacher: Box<M>,
         examples: Vec<Encoded>,
         batcher: Batcher,
         device: Device,
@@ -35,14 +35,16 @@ pub enum TeacherSource {
 /// A loss term added to the distillation objective (Rust API): it receives the student's
 /// outputs the objective already computed (logits, and whatever the matches asked for) and the
 /// batch, and returns the term to add and named parts to log.
-pub type ExtraTerm = Arc<dyn Fn(&BertOutputs, &TextBatch) -> (Tensor<1>, Parts) + Send + Sync>;
+pub type ExtraTerm = Arc<dyn Fn(&Taps, &TextBatch) -> (Tensor<1>, Parts) + Send + Sync>;
 
-pub struct DistillTask {
+/// Distillation of a student `M` (any [`Tapped`] model on text batches) from a teacher of the
+/// same family.
+pub struct DistillTask<M> {
     pub spec: DistillSpec,
     pub plan: MatchPlan,
-    pub source: TeacherSource,
+    pub source: TeacherSource<M>,
     ce: CrossEntropyLoss,
-    opts: ForwardOptions,
+    opts: TapRequest,
     /// Current epoch (1-based); matches with `until_epoch < epoch` are off.
     epoch: usize,
     /// The teacher's word-embedding table `[vocab, hidden_t]` (word-embedding matches).
@@ -51,14 +53,19 @@ pub struct DistillTask {
     extra: Option<ExtraTerm>,
 }
 
-impl DistillTask {
-    pub fn new(spec: DistillSpec, plan: MatchPlan, source: TeacherSource, device: &Device) -> Self {
+impl<M: Tapped<Batch = TextBatch>> DistillTask<M> {
+    pub fn new(
+        spec: DistillSpec,
+        plan: MatchPlan,
+        source: TeacherSource<M>,
+        device: &Device,
+    ) -> Self {
         let mut task = Self {
             spec,
             plan,
             source,
             ce: CrossEntropyLossConfig::new().init(device),
-            opts: ForwardOptions::default(),
+            opts: TapRequest::default(),
             epoch: 1,
             teacher_words: None,
             extra: None,
@@ -100,10 +107,10 @@ impl DistillTask {
     }
 
     /// The student forward outputs the active matches read.
-    fn forward_options(&self) -> ForwardOptions {
+    fn forward_options(&self) -> TapRequest {
         let active: Vec<Feature> = self.active_matches().map(|m| m.feature).collect();
         let any = |f: &[Feature]| active.iter().any(|a| f.contains(a));
-        ForwardOptions {
+        TapRequest {
             hidden_states: any(&[Feature::Hidden, Feature::Embeddings]),
             attentions: any(&[Feature::AttentionProbs]),
             attention_scores: any(&[Feature::AttentionScores]),
@@ -137,7 +144,7 @@ impl DistillTask {
                 let items: Vec<&Encoded> = indices.iter().map(|&i| &examples[i]).collect();
                 let none = TeacherNeeds::default();
                 Some(live_batch(
-                    teacher,
+                    &**teacher,
                     &items,
                     if features { &self.plan.needs } else { &none },
                     batcher,
@@ -152,17 +159,12 @@ impl DistillTask {
     /// the caller's extra term included.
     pub fn objective(
         &self,
-        model: &DistillModel,
+        model: &DistillModel<M>,
         b: &TextBatch,
         indices: &[usize],
         progress: f64,
     ) -> (Tensor<1>, Parts) {
-        let out = model.student.forward_with(
-            b.input_ids.clone(),
-            b.attention_mask.clone(),
-            b.token_type_ids.clone(),
-            self.opts,
-        );
+        let out = model.student.forward_taps(b, self.opts);
         let (loss, mut parts) = self.terms(model, &out, b, indices, progress);
         match &self.extra {
             None => (loss, parts),
@@ -177,8 +179,8 @@ impl DistillTask {
     /// mopt's own terms on the student's outputs `out`.
     fn terms(
         &self,
-        model: &DistillModel,
-        out: &BertOutputs,
+        model: &DistillModel<M>,
+        out: &Taps,
         b: &TextBatch,
         indices: &[usize],
         progress: f64,
@@ -205,16 +207,10 @@ impl DistillTask {
             &self.spec.kd(),
             progress,
         );
-        let words = model.student.bert.embeddings.word_embeddings.weight.val();
+        let words = model.student.word_embeddings();
+        let mask = M::token_mask(b);
         for m in self.active_matches() {
-            let l = match_loss(
-                m,
-                out,
-                &teacher,
-                &model.projections,
-                &b.attention_mask,
-                Some(&words),
-            );
+            let l = match_loss(m, out, &teacher, &model.projections, &mask, words.as_ref());
             let v: f32 = l.clone().into_scalar();
             parts.push((m.name, v as f64));
             loss = loss + l;
@@ -223,13 +219,13 @@ impl DistillTask {
     }
 }
 
-impl Task for DistillTask {
-    type Model = DistillModel;
-    type Classifier = BertForSequenceClassification;
+impl<M: Tapped<Batch = TextBatch>> Task for DistillTask<M> {
+    type Model = DistillModel<M>;
+    type Classifier = M;
 
     fn loss(
         &mut self,
-        model: &DistillModel,
+        model: &DistillModel<M>,
         batch: &TextBatch,
         indices: &[usize],
         progress: f64,
@@ -237,7 +233,7 @@ impl Task for DistillTask {
         self.objective(model, batch, indices, progress)
     }
 
-    fn classifier<'a>(&self, model: &'a DistillModel) -> &'a BertForSequenceClassification {
+    fn classifier<'a>(&self, model: &'a DistillModel<M>) -> &'a M {
         &model.student
     }
 
@@ -247,15 +243,12 @@ impl Task for DistillTask {
         self.opts = self.forward_options();
     }
 
-    fn replicate(
-        &self,
-        device: &Device,
-    ) -> Option<Replica<DistillModel, BertForSequenceClassification>> {
+    fn replicate(&self, device: &Device) -> Option<Replica<DistillModel<M>, M>> {
         Some(Box::new(self.replica(device)))
     }
 }
 
-impl DistillTask {
+impl<M: Tapped<Batch = TextBatch>> DistillTask<M> {
     /// This objective for a data-parallel replica on `device`: a live teacher is forked there,
     /// cached teacher outputs are shared.
     pub fn replica(&self, device: &Device) -> Self {
@@ -284,59 +277,5 @@ impl DistillTask {
             teacher_words: self.teacher_words.clone().map(|t| t.to_device(device)),
             extra: self.extra.clone(),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use mopt_models::bert::BertConfig;
-
-    #[test]
-    fn an_extra_term_reads_the_computed_outputs_and_adds_to_the_loss() {
-        let dev = Device::flex();
-        let c = BertConfig {
-            hidden_dropout_prob: 0.0,
-            attention_probs_dropout_prob: 0.0,
-            ..BertConfig::tiny(50, 3)
-        };
-        dev.seed(1);
-        let model = DistillModel::new(BertForSequenceClassification::new(&c, &dev), &[], &dev);
-        let items = [
-            Encoded {
-                ids: vec![1, 5, 7, 2],
-                label: 0,
-            },
-            Encoded {
-                ids: vec![1, 9, 2],
-                label: 2,
-            },
-        ];
-        let b = Batcher::new(0).batch(&items.iter().collect::<Vec<_>>(), &dev);
-        let spec = DistillSpec {
-            enabled: false,
-            ..DistillSpec::default()
-        };
-        let plan = MatchPlan {
-            matches: Vec::new(),
-            projections: Vec::new(),
-            needs: TeacherNeeds::default(),
-        };
-        let plain = DistillTask::new(spec.clone(), plan.clone(), TeacherSource::None, &dev);
-        let (base, _) = plain.objective(&model, &b, &[0, 1], 0.0);
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let log = seen.clone();
-        let term: ExtraTerm = Arc::new(move |out, _b| {
-            log.lock().unwrap().push(out.logits.dims());
-            let mean: Tensor<1> = out.logits.clone().mean();
-            (mean.mul_scalar(0.0).add_scalar(2.5), vec![("extra", 2.5)])
-        });
-        let with = DistillTask::new(spec, plan, TeacherSource::None, &dev).with_extra(Some(term));
-        let (loss, parts) = with.objective(&model, &b, &[0, 1], 0.0);
-        let (a, z): (f32, f32) = (base.into_scalar(), loss.into_scalar());
-        assert!((z - a - 2.5).abs() < 1e-5, "{a} + 2.5 != {z}");
-        assert!(parts.contains(&("extra", 2.5)));
-        // The term read the logits of this forward pass: no second student forward.
-        assert_eq!(*seen.lock().unwrap(), vec![[2, 3]]);
     }
 }

@@ -3,7 +3,10 @@
 use std::path::Path;
 
 use burn::prelude::*;
-use mopt_core::{Checkpoint, Classifier, MemoryEstimate, ModelConfig, ModelFault};
+use mopt_core::{
+    Checkpoint, Classifier, MemoryEstimate, ModelConfig, ModelFault, TapLayout, TapRequest, Tapped,
+    Taps,
+};
 use mopt_data::TextBatch;
 
 use super::config::BertConfig;
@@ -104,6 +107,44 @@ impl Classifier for BertForSequenceClassification {
             b.attention_mask.clone(),
             b.token_type_ids.clone(),
         )
+    }
+}
+
+impl Tapped for BertForSequenceClassification {
+    fn tap_layout(c: &BertConfig) -> TapLayout {
+        TapLayout {
+            layers: c.num_hidden_layers,
+            width: c.hidden_size,
+            heads: c.layer_heads(),
+        }
+    }
+
+    fn forward_taps(&self, b: &TextBatch, request: TapRequest) -> Taps {
+        let options = super::ForwardOptions {
+            hidden_states: request.hidden_states,
+            attentions: request.attentions,
+            attention_scores: request.attention_scores,
+        };
+        let o = self.forward_with(
+            b.input_ids.clone(),
+            b.attention_mask.clone(),
+            b.token_type_ids.clone(),
+            options,
+        );
+        Taps {
+            logits: o.logits,
+            hidden_states: o.hidden_states,
+            attentions: o.attentions,
+            attention_scores: o.attention_scores,
+        }
+    }
+
+    fn token_mask(b: &TextBatch) -> Tensor<2> {
+        b.attention_mask.clone()
+    }
+
+    fn word_embeddings(&self) -> Option<Tensor<2>> {
+        Some(self.bert.embeddings.word_embeddings.weight.val())
     }
 }
 

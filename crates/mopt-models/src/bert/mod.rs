@@ -7,6 +7,7 @@ pub mod onnx;
 pub mod prune;
 pub mod quant;
 pub mod setup;
+pub mod student;
 pub mod weights;
 
 pub use config::BertConfig;

@@ -6,16 +6,19 @@
 use std::path::Path;
 
 use burn::prelude::*;
+use mopt_core::{ModelFault, Tapped};
 use mopt_data::LabelMap;
+use mopt_distill::matching::resolve;
 use mopt_distill::matching::MatchPlan;
-use mopt_distill::pipeline::{
-    check_compat, init_student, teacher_source, with_word_table, TeacherOutputs,
-};
+use mopt_distill::pipeline::{teacher_source, with_word_table, TeacherOutputs};
+use mopt_distill::spec::DistillSpec;
 use mopt_distill::{DistillModel, DistillTask, TeacherSource};
-use mopt_models::bert::setup::model_config;
-use mopt_models::bert::{weights, BertConfig};
-use mopt_recipe::StageEntry;
+use mopt_models::bert::setup::{build_model, model_config};
+use mopt_models::bert::student::{check_layer_init, from_teacher_layers};
+use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification as Model};
+use mopt_recipe::{ModelSpec, Scope, StageEntry};
 use mopt_train::trainer::{fit, RunContext};
+use mopt_train::TrainError;
 use serde_json::json;
 
 use crate::error::StageError;
@@ -23,6 +26,74 @@ use crate::kinds::distill::{match_line, DistillStage};
 use crate::plan::train_settings;
 use crate::shape::Shape;
 use crate::stage::{PlanContext, ReferenceModel, StageContext, StageOutput, StagePlan};
+
+/// Check the student against the teacher (vocabulary, layer maps, widths, heads, layer init) and
+/// resolve the matches. Errors name keys of the distill stage `cx` and its student table.
+pub fn check_compat(
+    cx: &Scope,
+    spec: &DistillSpec,
+    student_spec: &ModelSpec,
+    student: &BertConfig,
+    teacher: &BertConfig,
+    tokenizer_vocab: usize,
+) -> Result<MatchPlan, TrainError> {
+    let scx = cx.nested("student");
+    if student.vocab_size != teacher.vocab_size {
+        return Err(TrainError::Recipe(scx.err(
+            "config",
+            format!(
+                "the student's vocabulary ({} tokens) differs from the teacher's ({}); logits and inputs would not line up",
+                student.vocab_size, teacher.vocab_size
+            ),
+            "give the student the teacher's vocabulary (its config.json's vocab_size and its tokenizer)",
+        )));
+    }
+    if tokenizer_vocab > teacher.vocab_size {
+        return Err(TrainError::Recipe(scx.err(
+            "config",
+            "the [tokenizer] is larger than the teacher's vocabulary",
+            "use the teacher's tokenizer",
+        )));
+    }
+    let matches: &[mopt_distill::spec::MatchSpec] = if spec.enabled { &spec.matches } else { &[] };
+    let plan = resolve(
+        cx,
+        matches,
+        &Model::tap_layout(student),
+        &Model::tap_layout(teacher),
+    )?;
+    if let Some(layers) = &student_spec.init_from_teacher_layers {
+        check_layer_init(student, teacher, layers).map_err(|m| {
+            TrainError::Recipe(scx.err(
+                "init-from-teacher-layers",
+                m,
+                "list one distinct teacher layer (0-based) per student layer, with equal shapes",
+            ))
+        })?;
+    }
+    Ok(plan)
+}
+
+/// A fresh student on the autodiff device `ad`: teacher layers (of the checkpoint at
+/// `teacher_dir`), the student table's weights, or random.
+pub fn init_student(
+    student_spec: &ModelSpec,
+    seed: u64,
+    config: &BertConfig,
+    teacher_dir: &Path,
+    ad: &Device,
+) -> Result<Model, TrainError> {
+    match &student_spec.init_from_teacher_layers {
+        Some(layers) => {
+            let (teacher_ad, _) =
+                weights::load_checkpoint(teacher_dir, ad).map_err(ModelFault::from)?;
+            Ok(from_teacher_layers(&teacher_ad, layers))
+        }
+        None => Ok(build_model(student_spec, seed, config, ad)
+            .map_err(ModelFault::from)?
+            .0),
+    }
+}
 
 /// The student's config for this teacher and label map, and the resolved matches.
 pub fn student_config(
@@ -235,7 +306,7 @@ pub fn run(
                 run_dir: &dir,
                 ..run
             },
-            DistillTask::new(twin_spec, empty, TeacherSource::None, &ad),
+            DistillTask::new(twin_spec, empty, TeacherSource::<Model>::None, &ad),
             twin,
         )?;
         references.push(ReferenceModel {
