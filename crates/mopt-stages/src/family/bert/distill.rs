@@ -286,39 +286,17 @@ pub fn run(
         training.epochs.iter().map(|e| (e.epoch_time_s * 10.0).round() / 10.0).collect::<Vec<_>>()
     )];
     if stage.spec.enabled && stage.spec.baseline {
-        eprintln!("twin: the same student trained on hard labels only");
-        let dir = cx.dir.join("twin");
-        std::fs::create_dir_all(&dir).map_err(|e| StageError::io(&dir, e))?;
-        let mut twin_spec = stage.spec.clone();
-        twin_spec.enabled = false;
-        let twin = DistillModel::new(
-            init_student(&stage.student, cx.seed, &config, input, &ad)?,
-            &[],
-            &ad,
-        );
-        let empty = MatchPlan {
-            matches: Vec::new(),
-            projections: Vec::new(),
-            needs: Default::default(),
-        };
-        let twin_report = fit(
-            &RunContext {
-                run_dir: &dir,
-                ..run
-            },
-            DistillTask::new(twin_spec, empty, TeacherSource::<Model>::None, &ad),
-            twin,
-        )?;
+        let twin = twin(stage, input, &config, &run, cx)?;
         references.push(ReferenceModel {
             name: format!("{} (hard-label twin)", entry.name),
             about: "the same student, init and budget, trained on hard labels only".into(),
-            checkpoint: twin_report.checkpoint.clone(),
+            checkpoint: twin.checkpoint.clone(),
         });
         notes.push(format!(
             "Hard-label twin (same init and budget, no teacher): test accuracy {:.4} vs the distilled student's {:.4} ({:+.2} points for distillation).",
-            twin_report.test.accuracy,
+            twin.test.accuracy,
             training.test.accuracy,
-            (training.test.accuracy - twin_report.test.accuracy) * 100.0
+            (training.test.accuracy - twin.test.accuracy) * 100.0
         ));
     }
     Ok(StageOutput {
@@ -335,4 +313,40 @@ pub fn run(
         logit_error_vs_input: None,
         artifacts: Vec::new(),
     })
+}
+
+/// The hard-label twin: the same student (same init), trained with the same budget on the
+/// labels alone, in `<stage>/twin`.
+fn twin(
+    stage: &DistillStage,
+    input: &Path,
+    config: &BertConfig,
+    run: &RunContext<'_, mopt_data::TextExamples<'_>, BertConfig>,
+    cx: &StageContext,
+) -> Result<mopt_train::trainer::TrainReport, StageError> {
+    eprintln!("twin: the same student trained on hard labels only");
+    let ad = cx.device.train_device(&cx.entry.train);
+    let dir = cx.dir.join("twin");
+    std::fs::create_dir_all(&dir).map_err(|e| StageError::io(&dir, e))?;
+    let mut twin_spec = stage.spec.clone();
+    twin_spec.enabled = false;
+    let twin = DistillModel::new(
+        init_student(&stage.student, cx.seed, config, input, &ad)?,
+        &[],
+        &ad,
+    );
+    let empty = MatchPlan {
+        matches: Vec::new(),
+        projections: Vec::new(),
+        needs: Default::default(),
+    };
+    let task = DistillTask::new(twin_spec, empty, TeacherSource::<Model>::None, &ad);
+    Ok(fit(
+        &RunContext {
+            run_dir: &dir,
+            ..*run
+        },
+        task,
+        twin,
+    )?)
 }
