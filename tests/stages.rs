@@ -726,3 +726,31 @@ fn a_trained_checkpoint_classifies_new_text_through_the_predict_api() {
     }
     assert!(model.predict(&[]).unwrap().is_empty());
 }
+
+#[test]
+fn model_arch_names_a_registered_family() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = write_tiny_recipe(tmp.path(), "arch", "");
+    let text = std::fs::read_to_string(&p).unwrap();
+    // The alias of the BERT family is accepted.
+    std::fs::write(
+        &p,
+        text.replace("[model]\n", "[model]\narch = \"bert-classifier\"\n"),
+    )
+    .unwrap();
+    let out = mopt(&[p.to_str().unwrap(), "--check"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // An unknown one is refused before anything runs, naming the key and the families.
+    std::fs::write(
+        &p,
+        text.replace("[model]\n", "[model]\narch = \"resnet\"\n"),
+    )
+    .unwrap();
+    let out = mopt(&[p.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    for needle in ["`model.arch`", "unknown architecture `resnet`", "`bert`"] {
+        assert!(err.contains(needle), "{needle} in: {err}");
+    }
+    assert!(!tmp.path().join("runs").exists(), "no run folder");
+}

@@ -6,17 +6,15 @@ use crate::error::RecipeError;
 use crate::raw::RawModel;
 use crate::scope::Scope;
 
-/// Model architectures mopt can build.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    /// BERT encoder + pooler + linear classifier (HF `BertForSequenceClassification`).
-    BertClassifier,
-}
+/// The architecture a recipe asks for when `[model] arch` is absent.
+pub const DEFAULT_ARCH: &str = "bert";
 
 /// `[model]`: what to build and which weights to load.
 #[derive(Debug, Clone)]
 pub struct ModelSpec {
-    pub arch: Arch,
+    /// `arch` as the recipe writes it (default [`DEFAULT_ARCH`]); the stage runner resolves it
+    /// against its registered model families (an unknown name is an error there).
+    pub arch: String,
     /// HF `config.json` (or a mopt checkpoint's `config.json`).
     pub config: PathBuf,
     /// HF safetensors or a mopt checkpoint (`.bpk`); `None` = random init.
@@ -43,16 +41,7 @@ pub struct ModelOverrides {
 
 /// Validate a model table; `cx` is the scope of the table itself (`model.` or `stage[2].student.`).
 pub fn model_spec(cx: &Scope, raw: RawModel) -> Result<ModelSpec, RecipeError> {
-    let arch = match raw.arch.as_deref().unwrap_or("bert-classifier") {
-        "bert-classifier" | "bert" => Arch::BertClassifier,
-        other => {
-            return Err(cx.err(
-                "arch",
-                format!("unknown architecture `{other}`"),
-                "use `bert-classifier` (CNN/MLP arrive with the image path)",
-            ))
-        }
-    };
+    let arch = raw.arch.clone().unwrap_or_else(|| DEFAULT_ARCH.to_string());
     let config = cx.input_file("config", &raw.config)?;
     let weights = match &raw.weights {
         Some(w) => Some(cx.input_file("weights", w)?),

@@ -56,7 +56,7 @@ fn export_one(
     let labels = LabelMap::load(&ckpt.join("labels.json")).map_err(mopt_train::TrainError::from)?;
     let prepared = prepare_data(&recipe.tokenizer, &recipe.data, Some(labels))?;
     let test = TextExamples::new(&prepared.data.test, prepared.tokenizer.pad_id);
-    let fam = recipe_family(recipe);
+    let fam = recipe_family(recipe)?;
     let accuracy = fam.accuracy(ckpt, &test)?;
     let n = opts.samples.min(prepared.data.test.len());
     let samples = TextExamples::new(&prepared.data.test[..n], prepared.tokenizer.pad_id);
@@ -113,7 +113,7 @@ pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSumma
     };
     let mut latency = Vec::new();
     if opts.latency_runs > 0 {
-        let fam = recipe_family(recipe);
+        let fam = recipe_family(recipe)?;
         let mut models = vec![("student".to_string(), ckpt.clone(), out.join("model.onnx"))];
         if let Some(t) = &recipe.teacher {
             models.push((

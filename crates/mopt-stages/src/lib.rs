@@ -64,7 +64,7 @@ impl Pipeline {
 
     /// Validate the stages of a loaded recipe with their kinds.
     pub fn from_recipe(recipe: Recipe) -> Result<Self, StageError> {
-        let parsed = stage::parse_stages(&recipe.stages, family::recipe_family(&recipe))?;
+        let parsed = stage::parse_stages(&recipe.stages, family::recipe_family(&recipe)?)?;
         let stages = recipe.stages.iter().cloned().zip(parsed).collect();
         Ok(Self { recipe, stages })
     }

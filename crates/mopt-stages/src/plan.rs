@@ -73,7 +73,7 @@ impl Pipeline {
             let cfg = t.checkpoint.join("config.json");
             if cfg.is_file() {
                 return Ok((
-                    recipe_family(r).read_shape(&t.checkpoint)?,
+                    recipe_family(r)?.read_shape(&t.checkpoint)?,
                     format!("teacher {} (exists)", shown(&t.checkpoint)),
                 ));
             }
@@ -94,7 +94,7 @@ impl Pipeline {
             ));
         }
         let m = r.model.as_ref().expect("validated");
-        let c = recipe_family(r).model_shape(
+        let c = recipe_family(r)?.model_shape(
             m,
             &r.tokenizer,
             &r.scope.nested("model"),
@@ -146,7 +146,7 @@ impl Pipeline {
         let mut earlier = vec!["baseline".to_string()];
         for (entry, stage) in &self.stages {
             let cx = PlanContext {
-                family: recipe_family(r),
+                family: recipe_family(r)?,
                 tokenizer: &r.tokenizer,
                 data: &r.data,
                 vocab: tok.vocab_size(),

@@ -62,7 +62,7 @@ impl Predictor {
         let t = &recipe.tokenizer;
         let tokenizer =
             TextTokenizer::from_file(&t.path, t.max_len, t.lowercase).map_err(TrainError::from)?;
-        let model = recipe_family(recipe).classifier(checkpoint, &device)?;
+        let model = recipe_family(recipe)?.classifier(checkpoint, &device)?;
         Ok(Self {
             model,
             tokenizer,

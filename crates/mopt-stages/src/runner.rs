@@ -519,7 +519,7 @@ impl RunShared<'_> {
         let t0 = Instant::now();
         let cx = StageContext {
             entry,
-            family: crate::family::recipe_family(recipe),
+            family: crate::family::recipe_family(recipe)?,
             device: &opts.device,
             data: &prepared.data,
             data_spec: &recipe.data,

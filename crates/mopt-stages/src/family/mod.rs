@@ -14,7 +14,7 @@ use burn::prelude::*;
 use mopt_core::{Checkpoint, Examples, Labeled, ModelConfig};
 use mopt_data::TextExamples;
 use mopt_export::{ExportOptions, ModelCard};
-use mopt_recipe::{Arch, ModelSpec, Recipe, Scope, StageEntry, TokenizerSpec};
+use mopt_recipe::{ModelSpec, Recipe, Scope, StageEntry, TokenizerSpec, DEFAULT_ARCH};
 use mopt_train::trainer::evaluate;
 
 use crate::error::StageError;
@@ -28,6 +28,11 @@ use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
 pub trait Family: Sync {
     /// The `[model] arch` name (`bert`).
     fn arch(&self) -> &'static str;
+
+    /// Other names recipes may use for it.
+    fn aliases(&self) -> &'static [&'static str] {
+        &[]
+    }
 
     /// How a deployment feeds the exported graph (padding, truncation at `max_len` tokens),
     /// for the model card.
@@ -180,27 +185,35 @@ pub fn families() -> &'static [&'static dyn Family] {
     &[&bert::Bert]
 }
 
-/// The family of a recipe: its `[model] arch`. A recipe without `[model]` continues from
-/// checkpoints, which today are all BERT's (the only family with recipe-level data).
-pub fn recipe_family(recipe: &Recipe) -> &'static dyn Family {
-    family(
-        recipe
-            .model
-            .as_ref()
-            .map_or(Arch::BertClassifier, |m| m.arch),
-    )
+/// The family of a recipe: its `[model] arch`; an unknown name is an error naming the key and
+/// the registered families. A recipe without `[model]` continues from checkpoints, which today
+/// are all BERT's (the only family with recipe-level data).
+pub fn recipe_family(recipe: &Recipe) -> Result<&'static dyn Family, mopt_recipe::RecipeError> {
+    let Some(m) = &recipe.model else {
+        return Ok(family(DEFAULT_ARCH).expect("the default family is registered"));
+    };
+    family(&m.arch).ok_or_else(|| {
+        let known: Vec<String> = families()
+            .iter()
+            .map(|f| format!("`{}`", f.arch()))
+            .collect();
+        recipe.scope.nested("model").err(
+            "arch",
+            format!("unknown architecture `{}`", m.arch),
+            format!(
+                "use one of {} (a model family of your own is registered in mopt-stages/src/family/)",
+                known.join(", ")
+            ),
+        )
+    })
 }
 
-/// The family of an `[model] arch`.
-pub fn family(arch: Arch) -> &'static dyn Family {
-    let name = match arch {
-        Arch::BertClassifier => "bert",
-    };
+/// The family named `arch` (its name or an alias).
+pub fn family(arch: &str) -> Option<&'static dyn Family> {
     families()
         .iter()
         .copied()
-        .find(|f| f.arch() == name)
-        .expect("every Arch has a registered family")
+        .find(|f| f.arch() == arch || f.aliases().contains(&arch))
 }
 
 /// Test accuracy of an `M` checkpoint on `examples`, on the inference device (batches of 64).
@@ -316,7 +329,7 @@ mod tests {
             );
         }
         // The same stages parse for BERT, whose family declares its group kinds and layers.
-        let bert = family(Arch::BertClassifier);
+        let bert = family("bert-classifier").expect("BERT is registered under its alias");
         assert_eq!(bert.prune_targets(), ["heads", "ffn", "hidden", "layers"]);
         for kind in ["prune", "ptq", "qat"] {
             assert!(

@@ -103,6 +103,17 @@ pub fn student_config(
     tokenizer: &mopt_recipe::TokenizerSpec,
     vocab: usize,
 ) -> Result<(BertConfig, MatchPlan), StageError> {
+    if crate::family::family(&stage.student.arch).map(|f| f.arch()) != Some("bert") {
+        let err = stage.scope.nested("student").err(
+            "arch",
+            format!(
+                "the student is a `{}`, the teacher a BERT",
+                stage.student.arch
+            ),
+            "distil a BERT teacher into a BERT student (leave `arch` out, or write \"bert\")",
+        );
+        return Err(err.into());
+    }
     let config = model_config(
         &stage.student,
         tokenizer,

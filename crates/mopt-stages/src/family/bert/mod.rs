@@ -30,6 +30,10 @@ impl Family for Bert {
         "bert"
     }
 
+    fn aliases(&self) -> &'static [&'static str] {
+        &["bert-classifier"]
+    }
+
     fn input_notes(&self, max_len: usize) -> String {
         onnx::input_notes(max_len)
     }
