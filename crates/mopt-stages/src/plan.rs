@@ -237,6 +237,18 @@ impl Pipeline {
             chain.baseline_source,
             chain.baseline.describe()
         );
+        let peak = self.write_stages(&mut s, &chain, &run_dir);
+        let _ = writeln!(
+            s,
+            "memory     peak ~{} (the largest stage above)",
+            human_bytes(peak)
+        );
+        Ok(s)
+    }
+    /// Each stage's lines of the plan (`stage`, `in`, `out`, `set`, `gate`, `memory`) into `s`;
+    /// the peak memory over the stages.
+    fn write_stages(&self, s: &mut String, chain: &ChainPlan, run_dir: &std::path::Path) -> u64 {
+        let r = &self.recipe;
         let mut input = chain.baseline.clone();
         let mut peak = 4 * chain.baseline.num_params() as u64;
         for ((entry, _), p) in self.stages.iter().zip(&chain.stages) {
@@ -281,11 +293,6 @@ impl Pipeline {
             }
             input = p.output.clone();
         }
-        let _ = writeln!(
-            s,
-            "memory     peak ~{} (the largest stage above)",
-            human_bytes(peak)
-        );
-        Ok(s)
+        peak
     }
 }
