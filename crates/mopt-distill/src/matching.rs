@@ -82,105 +82,17 @@ pub fn resolve(
     student: &TapLayout,
     teacher: &TapLayout,
 ) -> Result<MatchPlan, RecipeError> {
-    let err = |key: &str, message: String, hint: &str| cx.err(key, message, hint);
-    let (ls, lt) = (student.layers, teacher.layers);
     let mut plan = MatchPlan {
         matches: Vec::new(),
         projections: Vec::new(),
         needs: TeacherNeeds::default(),
     };
     for m in specs {
-        let i = m.index;
-        let is_attention = matches!(
-            m.feature,
-            Feature::AttentionProbs | Feature::AttentionScores
-        );
-        let pairs: Vec<(usize, usize)> = match (&m.feature, &m.layers) {
-            (Feature::Embeddings | Feature::WordEmbeddings, _) => vec![(0, 0)],
-            (_, LayerMap::Uniform) => (1..=ls)
-                .map(|s| (s, ((s * lt) as f64 / ls as f64).round() as usize))
-                .collect(),
-            (_, LayerMap::Pairs(p)) => p.clone(),
-        };
-        let lo = usize::from(is_attention);
-        for &(s, t) in &pairs {
-            if s < lo || s > ls || t < lo || t > lt {
-                return Err(err(
-                    "match.layers",
-                    format!(
-                        "match {i}: pair [{s}, {t}] is out of range: the student has {} {}, the teacher {}",
-                        ls,
-                        if is_attention { "layers (1-based)" } else { "hidden states (0 = embeddings … layers)" },
-                        lt
-                    ),
-                    if is_attention {
-                        "attention pairs are 1-based layers: [student, teacher] with 1 ≤ student ≤ student layers"
-                    } else {
-                        "hidden pairs index hidden states: 0 is the embedding output, i is layer i's output"
-                    },
-                ));
-            }
-        }
+        let pairs = layer_pairs(cx, m, student.layers, teacher.layers)?;
         let mut resolved = Vec::new();
         for (s, t) in pairs {
-            let mut pair = Pair {
-                student: s,
-                teacher: t,
-                projection: None,
-                mean_heads: false,
-            };
-            if is_attention {
-                let (hs, ht) = (student.heads[s - 1], teacher.heads[t - 1]);
-                if hs != ht {
-                    match m.heads {
-                        HeadPolicy::Mean => pair.mean_heads = true,
-                        HeadPolicy::Error => {
-                            return Err(err(
-                                "match.heads",
-                                format!("match {i}: student layer {s} has {hs} heads, teacher layer {t} has {ht}"),
-                                "set `heads = \"mean\"` to compare head-averaged attention, or match layers with equal head counts",
-                            ))
-                        }
-                    }
-                }
-                if matches!(m.heads, HeadPolicy::Mean) {
-                    pair.mean_heads = true;
-                }
-                plan.needs_insert(m.feature, t);
-            } else {
-                let (ws, wt) = (student.width, teacher.width);
-                if m.projection {
-                    pair.projection = Some(plan.projections.len());
-                    plan.projections.push((ws, wt));
-                } else if ws != wt {
-                    return Err(err(
-                        "match.projection",
-                        format!("match {i}: student width {ws} differs from teacher width {wt}"),
-                        "set `projection = true` to learn a linear map from the student's width to the teacher's",
-                    ));
-                }
-                if m.feature != Feature::WordEmbeddings {
-                    plan.needs.hidden.insert(t);
-                }
-            }
-            resolved.push(pair);
+            resolved.push(plan.pair(cx, m, (s, t), student, teacher)?);
         }
-        let feature = match m.feature {
-            Feature::Hidden => "hidden",
-            Feature::Embeddings => "embeddings",
-            Feature::WordEmbeddings => "word_embeddings",
-            Feature::AttentionProbs => "attention",
-            Feature::AttentionScores => "attention_scores",
-        };
-        let feature = match m.tokens {
-            Tokens::Cls => "hidden_cls",
-            Tokens::All => feature,
-        };
-        let loss = match m.loss {
-            MatchLoss::Mse => "mse",
-            MatchLoss::Cosine => "cosine",
-            MatchLoss::Kl => "kl",
-        };
         plan.matches.push(ResolvedMatch {
             feature: m.feature,
             loss: m.loss,
@@ -189,13 +101,126 @@ pub fn resolve(
             until_epoch: m.until_epoch,
             rows: m.rows,
             pairs: resolved,
-            name: leak(format!("{feature}_{loss}_{i}")),
+            name: match_name(m),
         });
     }
     Ok(plan)
 }
 
+fn is_attention(m: &MatchSpec) -> bool {
+    matches!(
+        m.feature,
+        Feature::AttentionProbs | Feature::AttentionScores
+    )
+}
+
+/// The (student, teacher) indices of match `m` for `ls` student and `lt` teacher layers,
+/// checked against them.
+fn layer_pairs(
+    cx: &Scope,
+    m: &MatchSpec,
+    ls: usize,
+    lt: usize,
+) -> Result<Vec<(usize, usize)>, RecipeError> {
+    let (i, attention) = (m.index, is_attention(m));
+    let pairs: Vec<(usize, usize)> = match (&m.feature, &m.layers) {
+        (Feature::Embeddings | Feature::WordEmbeddings, _) => vec![(0, 0)],
+        (_, LayerMap::Uniform) => (1..=ls)
+            .map(|s| (s, ((s * lt) as f64 / ls as f64).round() as usize))
+            .collect(),
+        (_, LayerMap::Pairs(p)) => p.clone(),
+    };
+    let lo = usize::from(attention);
+    for &(s, t) in &pairs {
+        if s < lo || s > ls || t < lo || t > lt {
+            return Err(cx.err(
+                "match.layers",
+                format!(
+                    "match {i}: pair [{s}, {t}] is out of range: the student has {} {}, the teacher {}",
+                    ls,
+                    if attention { "layers (1-based)" } else { "hidden states (0 = embeddings … layers)" },
+                    lt
+                ),
+                if attention {
+                    "attention pairs are 1-based layers: [student, teacher] with 1 ≤ student ≤ student layers"
+                } else {
+                    "hidden pairs index hidden states: 0 is the embedding output, i is layer i's output"
+                },
+            ));
+        }
+    }
+    Ok(pairs)
+}
+
+/// The log name of a match, e.g. `hidden_mse_0` (`hidden_cls_mse_3` for `[CLS]`-only matches).
+fn match_name(m: &MatchSpec) -> &'static str {
+    let feature = match m.feature {
+        Feature::Hidden => "hidden",
+        Feature::Embeddings => "embeddings",
+        Feature::WordEmbeddings => "word_embeddings",
+        Feature::AttentionProbs => "attention",
+        Feature::AttentionScores => "attention_scores",
+    };
+    let feature = match m.tokens {
+        Tokens::Cls => "hidden_cls",
+        Tokens::All => feature,
+    };
+    let loss = match m.loss {
+        MatchLoss::Mse => "mse",
+        MatchLoss::Cosine => "cosine",
+        MatchLoss::Kl => "kl",
+    };
+    leak(format!("{feature}_{loss}_{}", m.index))
+}
+
 impl MatchPlan {
+    /// One (student `s`, teacher `t`) pair of match `m`: head counts (attention) or widths
+    /// (hidden, with a new projection when asked) checked, the teacher feature noted.
+    fn pair(
+        &mut self,
+        cx: &Scope,
+        m: &MatchSpec,
+        (s, t): (usize, usize),
+        student: &TapLayout,
+        teacher: &TapLayout,
+    ) -> Result<Pair, RecipeError> {
+        let i = m.index;
+        let mut pair = Pair {
+            student: s,
+            teacher: t,
+            projection: None,
+            mean_heads: false,
+        };
+        if is_attention(m) {
+            let (hs, ht) = (student.heads[s - 1], teacher.heads[t - 1]);
+            if hs != ht && m.heads == HeadPolicy::Error {
+                return Err(cx.err(
+                    "match.heads",
+                    format!("match {i}: student layer {s} has {hs} heads, teacher layer {t} has {ht}"),
+                    "set `heads = \"mean\"` to compare head-averaged attention, or match layers with equal head counts",
+                ));
+            }
+            pair.mean_heads = m.heads == HeadPolicy::Mean;
+            self.needs_insert(m.feature, t);
+        } else {
+            let (ws, wt) = (student.width, teacher.width);
+            if m.projection {
+                pair.projection = Some(self.projections.len());
+                self.projections.push((ws, wt));
+            } else if ws != wt {
+                return Err(cx.err(
+                    "match.projection",
+                    format!("match {i}: student width {ws} differs from teacher width {wt}"),
+                    "set `projection = true` to learn a linear map from the student's width to the teacher's",
+                ));
+            }
+            if m.feature != Feature::WordEmbeddings {
+                self.needs.hidden.insert(t);
+            }
+        }
+        Ok(pair)
+    }
+
     fn needs_insert(&mut self, feature: Feature, t: usize) {
         match feature {
             Feature::AttentionProbs => self.needs.attentions.insert(t),
