@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burn::prelude::*;
-use mopt_core::Tapped;
+use mopt_core::{Tapped, Taps};
 use mopt_data::{Batcher, Encoded, TextBatch};
 use sha2::{Digest, Sha256};
 
@@ -88,11 +88,8 @@ pub fn compute<M: Tapped<Batch = TextBatch>>(
     let start = Instant::now();
     let mut order: Vec<usize> = (0..examples.len()).collect();
     order.sort_by_key(|&i| examples[i].ids.len());
-    let opts = needs.request();
     let mut out: Vec<Option<ExampleOutputs>> = vec![None; examples.len()];
-    let mut num_labels = 0;
-    let mut hidden_size = 0;
-    let mut heads = BTreeMap::new();
+    let mut shapes = Shapes::default();
     let n_batches = examples.len().div_ceil(batch_size.max(1));
     let mut progress = mopt_train::logging::Progress::new("teacher pass", n_batches);
     let mut done = 0;
@@ -101,44 +98,84 @@ pub fn compute<M: Tapped<Batch = TextBatch>>(
         progress.update(bi + 1, &format!("{done} examples"));
         let items: Vec<&Encoded> = chunk.iter().map(|&i| &examples[i]).collect();
         let b = batcher.batch(&items, device);
-        let [bsz, seq] = b.input_ids.dims();
-        let o = teacher.forward_taps(&b, opts);
-        num_labels = o.logits.dims()[1];
-        let logits = rows(
-            o.logits.into_data().try_to_vec().expect("f32"),
-            bsz,
-            num_labels,
-        );
-        let hidden: Vec<Vec<Vec<f32>>> = needs
-            .hidden
-            .iter()
-            .map(|&k| {
-                let t = o.hidden_states[k].clone();
-                hidden_size = t.dims()[2];
-                rows(
-                    t.into_data().try_to_vec().expect("f32"),
-                    bsz,
-                    seq * hidden_size,
-                )
+        let seq = b.input_ids.dims()[1];
+        let o = teacher.forward_taps(&b, needs.request());
+        let lens: Vec<usize> = items.iter().map(|e| e.ids.len()).collect();
+        for (r, e) in split_batch(o, needs, &lens, seq, &mut shapes)
+            .into_iter()
+            .enumerate()
+        {
+            out[chunk[r]] = Some(e);
+        }
+    }
+    progress.finish("teacher outputs computed");
+    TeacherCache {
+        needs: needs.clone(),
+        num_labels: shapes.num_labels,
+        hidden_size: shapes.hidden_size,
+        heads: shapes.heads,
+        examples: Arc::new(
+            out.into_iter()
+                .map(|e| e.expect("every example computed"))
+                .collect(),
+        ),
+        hit: false,
+        build_s: start.elapsed().as_secs_f64(),
+        teacher_forwards: examples.len(),
+        file: None,
+    }
+}
+
+/// Shapes met while computing: classes, hidden width, heads per (1-based) layer.
+#[derive(Default)]
+struct Shapes {
+    num_labels: usize,
+    hidden_size: usize,
+    heads: BTreeMap<usize, usize>,
+}
+
+/// One batch's teacher outputs `o` (padded to `seq`), per example, cropped to its `lens[r]`
+/// tokens.
+fn split_batch(
+    o: Taps,
+    needs: &TeacherNeeds,
+    lens: &[usize],
+    seq: usize,
+    shapes: &mut Shapes,
+) -> Vec<ExampleOutputs> {
+    let bsz = lens.len();
+    shapes.num_labels = o.logits.dims()[1];
+    let logits = rows(
+        o.logits.into_data().try_to_vec().expect("f32"),
+        bsz,
+        shapes.num_labels,
+    );
+    let hidden: Vec<Vec<Vec<f32>>> = needs
+        .hidden
+        .iter()
+        .map(|&k| {
+            let t = o.hidden_states[k].clone();
+            shapes.hidden_size = t.dims()[2];
+            let per = seq * shapes.hidden_size;
+            rows(t.into_data().try_to_vec().expect("f32"), bsz, per)
+        })
+        .collect();
+    let mut attn = |set: &std::collections::BTreeSet<usize>, src: &[Tensor<4>]| {
+        set.iter()
+            .map(|&l| {
+                let t = src[l - 1].clone();
+                let h = t.dims()[1];
+                shapes.heads.insert(l, h);
+                rows(t.into_data().try_to_vec().expect("f32"), bsz, h * seq * seq)
             })
-            .collect();
-        let attn = |set: &std::collections::BTreeSet<usize>,
-                    src: &[Tensor<4>],
-                    heads: &mut BTreeMap<usize, usize>|
-         -> Vec<Vec<Vec<f32>>> {
-            set.iter()
-                .map(|&l| {
-                    let t = src[l - 1].clone();
-                    let h = t.dims()[1];
-                    heads.insert(l, h);
-                    rows(t.into_data().try_to_vec().expect("f32"), bsz, h * seq * seq)
-                })
-                .collect()
-        };
-        let attentions = attn(&needs.attentions, &o.attentions, &mut heads);
-        let scores = attn(&needs.scores, &o.attention_scores, &mut heads);
-        for (r, &i) in chunk.iter().enumerate() {
-            let len = examples[i].ids.len();
+            .collect::<Vec<Vec<Vec<f32>>>>()
+    };
+    let attentions = attn(&needs.attentions, &o.attentions);
+    let scores = attn(&needs.scores, &o.attention_scores);
+    let hidden_size = shapes.hidden_size;
+    (0..bsz)
+        .map(|r| {
+            let len = lens[r];
             let crop_h = |v: &Vec<f32>| v[..len * hidden_size].to_vec();
             let crop_a = |v: &Vec<f32>| {
                 let h = v.len() / (seq * seq);
@@ -151,31 +188,15 @@ pub fn compute<M: Tapped<Batch = TextBatch>>(
                 }
                 c
             };
-            out[i] = Some(ExampleOutputs {
+            ExampleOutputs {
                 len,
                 logits: logits[r].clone(),
                 hidden: hidden.iter().map(|h| crop_h(&h[r])).collect(),
                 attentions: attentions.iter().map(|a| crop_a(&a[r])).collect(),
                 scores: scores.iter().map(|a| crop_a(&a[r])).collect(),
-            });
-        }
-    }
-    progress.finish("teacher outputs computed");
-    TeacherCache {
-        needs: needs.clone(),
-        num_labels,
-        hidden_size,
-        heads,
-        examples: Arc::new(
-            out.into_iter()
-                .map(|e| e.expect("every example computed"))
-                .collect(),
-        ),
-        hit: false,
-        build_s: start.elapsed().as_secs_f64(),
-        teacher_forwards: examples.len(),
-        file: None,
-    }
+            }
+        })
+        .collect()
 }
 
 fn put_f32s(w: &mut impl Write, v: &[f32]) -> std::io::Result<()> {
