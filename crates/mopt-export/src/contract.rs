@@ -68,13 +68,11 @@ pub trait Exportable: Checkpoint {
     }
 
     /// A synthetic input of `batch` examples of size `size` (tokens, pixels…) for the ONNX
-    /// Runtime latency benchmark; `None`: the model is not benchmarked.
-    fn bench_feed(
-        _config: &Self::Config,
-        _batch: usize,
-        _size: usize,
-    ) -> Option<Map<String, Value>> {
-        None
+    /// Runtime latency benchmark: by default the model's own
+    /// [`Checkpoint::bench_batch`], fed as [`feed`](Exportable::feed) says; `None`: the model is
+    /// not benchmarked.
+    fn bench_feed(config: &Self::Config, batch: usize, size: usize) -> Option<Map<String, Value>> {
+        Self::bench_batch(config, batch, size, &Device::flex()).map(|b| Self::feed(&b))
     }
 }
 

@@ -96,7 +96,7 @@ impl Predictor {
         Ok(probs
             .chunks(n)
             .map(|row| {
-                let best = (0..n).fold(0, |b, j| if row[j] > row[b] { j } else { b });
+                let best = mopt_train::trainer::argmax(row);
                 Prediction {
                     label: self.labels.labels[best].clone(),
                     probability: row[best],

@@ -474,26 +474,4 @@ impl Exportable for BertForSequenceClassification {
             hidden: c.hidden_size,
         })
     }
-
-    /// `[CLS]` (101) then ids spread over the vocabulary above 1000, no padding.
-    fn bench_feed(c: &BertConfig, batch: usize, seq: usize) -> Option<Map<String, Value>> {
-        let span = c.vocab_size.checked_sub(1000).filter(|&s| s > 0)?;
-        let ids: Vec<Vec<i64>> = (0..batch)
-            .map(|r| {
-                (0..seq)
-                    .map(|j| match j {
-                        0 => 101,
-                        _ => (1000 + ((r * seq + j) * 7919) % span) as i64,
-                    })
-                    .collect()
-            })
-            .collect();
-        let ones: Vec<Vec<i64>> = vec![vec![1; seq]; batch];
-        let zeros: Vec<Vec<i64>> = vec![vec![0; seq]; batch];
-        let mut m = Map::new();
-        m.insert(INPUTS[0].into(), serde_json::json!(ids));
-        m.insert(INPUTS[1].into(), serde_json::json!(ones));
-        m.insert(INPUTS[2].into(), serde_json::json!(zeros));
-        Some(m)
-    }
 }

@@ -298,12 +298,14 @@ impl QuantStage {
         }
     }
 
-    /// The quantization config for a model of shape `c`: the included, not excluded layers.
-    fn config_for<M: Quantizable>(&self, c: &M::Config) -> QuantConfig {
-        let layers = M::linear_paths(c)
-            .into_iter()
+    /// The quantization config for a model whose quantizable layers are `paths`: the
+    /// included, not excluded ones.
+    fn config_for(&self, paths: &[String]) -> QuantConfig {
+        let layers = paths
+            .iter()
             .filter(|p| self.include.iter().any(|g| mopt_prune::glob(g, p)))
             .filter(|p| !self.exclude.iter().any(|g| mopt_prune::glob(g, p)))
+            .cloned()
             .collect();
         QuantConfig {
             layers,
@@ -336,7 +338,7 @@ impl QuantStage {
     ) -> Result<(M, M::Config, Vec<String>), StageError> {
         let device = cx.device.device();
         let (model, config) = M::load(input, &device)?;
-        let q = self.config_for::<M>(&config);
+        let q = self.config_for(&M::linear_paths(&config));
         let train = TextExamples::new(&cx.data.train, cx.pad_id);
         let order = epoch_order(train.len(), cx.seed ^ 0x9a7, 0);
         let n = self.calibration_samples.min(order.len());
@@ -467,7 +469,9 @@ impl QuantStage {
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
         let input: &M::Config = shape.get()?;
-        self.check_patterns::<M>(entry, input)?;
+        // Listing the layers builds a model: once per plan.
+        let paths = M::linear_paths(input);
+        self.check_patterns(entry, &paths)?;
         if M::quantization(input).is_some() {
             return Err(entry
                 .scope
@@ -478,7 +482,7 @@ impl QuantStage {
                 )
                 .into());
         }
-        let q = self.config_for::<M>(input);
+        let q = self.config_for(&paths);
         if q.layers.is_empty() {
             return Err(entry
                 .scope
@@ -494,7 +498,7 @@ impl QuantStage {
             format!(
                 "{} of {} linear layers quantized (exclude = {:?}); LayerNorm, softmax, GELU and embeddings float; calibration on {} training sentences",
                 q.layers.len(),
-                M::linear_paths(input).len(),
+                paths.len(),
                 self.exclude,
                 self.calibration_samples.min(cx.train_examples)
             ),
@@ -693,12 +697,7 @@ impl QuantStage {
 
     /// Every `include` / `exclude` pattern must match a quantizable layer of the input: a typo
     /// would otherwise quantize (or keep float) nothing it names.
-    fn check_patterns<M: Quantizable>(
-        &self,
-        entry: &StageEntry,
-        c: &M::Config,
-    ) -> Result<(), StageError> {
-        let paths = M::linear_paths(c);
+    fn check_patterns(&self, entry: &StageEntry, paths: &[String]) -> Result<(), StageError> {
         for (key, patterns) in [("include", &self.include), ("exclude", &self.exclude)] {
             for p in patterns {
                 if !paths.iter().any(|l| mopt_prune::glob(p, l)) {
