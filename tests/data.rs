@@ -18,6 +18,7 @@ fn spec(format: DataFormat, source: DataSource) -> DataSpec {
         max_train: None,
         max_eval: None,
         labels: None,
+        pixel_max: 255.0,
     }
 }
 

@@ -172,12 +172,17 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
     let t = recipe.teacher.as_ref().unwrap();
     let (teacher, teacher_config) = weights::load_checkpoint(&t.checkpoint, &device).unwrap();
     let labels = LabelMap::load(&t.checkpoint.join("labels.json")).unwrap();
-    let prepared = prepare_data(&recipe.tokenizer, &recipe.data, Some(labels)).unwrap();
+    let prepared = prepare_data(
+        recipe.tokenizer.as_ref().unwrap(),
+        &recipe.data,
+        Some(labels),
+    )
+    .unwrap();
     let (config, plan) = mopt_stages::family::bert::distill::student_config(
         &stage,
         &teacher_config,
         &prepared.data.labels,
-        &recipe.tokenizer,
+        recipe.tokenizer.as_ref().unwrap(),
         prepared.tokenizer.vocab_size(),
     )
     .unwrap();

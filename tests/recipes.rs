@@ -28,7 +28,7 @@ fn good_recipe_validates_into_typed_values() {
     assert_eq!(r.train.best_metric, BestMetric::Accuracy);
     assert_eq!(r.train.grad_clip_norm, Some(1.0));
     assert_eq!(r.train.eval_batch_size, 32);
-    assert_eq!(r.tokenizer.max_len, 32);
+    assert_eq!(r.tokenizer.as_ref().unwrap().max_len, 32);
 }
 
 #[test]

@@ -40,3 +40,28 @@ pub trait Examples: Sync {
     /// Example `i` as the golden reference records it (a text's token ids).
     fn record(&self, i: usize) -> serde_json::Value;
 }
+
+/// A borrowed split is a split (a run hands the algorithms `&dyn Examples<Batch = …>`).
+impl<E: Examples + ?Sized> Examples for &E {
+    type Batch = E::Batch;
+
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+
+    fn label(&self, i: usize) -> usize {
+        (**self).label(i)
+    }
+
+    fn size(&self, i: usize) -> usize {
+        (**self).size(i)
+    }
+
+    fn batch(&self, indices: &[usize], device: &Device) -> Self::Batch {
+        (**self).batch(indices, device)
+    }
+
+    fn record(&self, i: usize) -> serde_json::Value {
+        (**self).record(i)
+    }
+}

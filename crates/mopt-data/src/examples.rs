@@ -51,6 +51,44 @@ impl Examples for TextExamples<'_> {
     }
 }
 
+/// A split of tokenized examples, owned (what a run holds); batches like [`TextExamples`].
+#[derive(Debug, Clone)]
+pub struct TextSplit {
+    pub examples: Vec<Encoded>,
+    pub pad_id: u32,
+}
+
+impl TextSplit {
+    /// The borrowed view.
+    pub fn view(&self) -> TextExamples<'_> {
+        TextExamples::new(&self.examples, self.pad_id)
+    }
+}
+
+impl Examples for TextSplit {
+    type Batch = TextBatch;
+
+    fn len(&self) -> usize {
+        self.examples.len()
+    }
+
+    fn label(&self, i: usize) -> usize {
+        self.examples[i].label
+    }
+
+    fn size(&self, i: usize) -> usize {
+        self.examples[i].ids.len()
+    }
+
+    fn batch(&self, indices: &[usize], device: &Device) -> TextBatch {
+        self.view().batch(indices, device)
+    }
+
+    fn record(&self, i: usize) -> serde_json::Value {
+        self.view().record(i)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,12 +1,14 @@
 //! # mopt-data
 //!
-//! Real text-classification data for mopt: loaders (Rotten Tomatoes, Orange `.tab`, CSV/TSV/JSONL),
-//! a fixed seeded split, label maps, tokenization with the `tokenizers` crate (parallel, cached
-//! beside the data) and dynamically padded batches.
+//! Real data for mopt. Text: loaders (Rotten Tomatoes, Orange `.tab`, CSV/TSV/JSONL), a fixed
+//! seeded split, label maps, tokenization with the `tokenizers` crate (parallel, cached beside the
+//! data) and dynamically padded batches. Images: IDX and CSV-of-pixels loaders, the same seeded
+//! split, normalisation by the training split's statistics.
 
 mod batch;
 mod error;
 mod examples;
+mod image;
 mod labels;
 mod rng;
 mod text;
@@ -14,7 +16,10 @@ mod tokenize;
 
 pub use batch::{epoch_order, Batcher, TextBatch};
 pub use error::DataError;
-pub use examples::TextExamples;
+pub use examples::{TextExamples, TextSplit};
+pub use image::{
+    idx_labels_path, load_image_splits, ImageBatch, ImageShape, ImageSplit, ImageSplits, Normalize,
+};
 pub use labels::LabelMap;
 pub use rng::SplitMix64;
 pub use text::{load_splits, Example, Splits};

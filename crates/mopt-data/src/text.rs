@@ -223,6 +223,16 @@ fn read(spec: &DataSpec, path: &Path) -> Result<Vec<Example>, DataError> {
             read_delimited(path, *delimiter, &spec.text_column, &spec.label_column)?
         }
         DataFormat::Jsonl => read_jsonl(path, &spec.text_column, &spec.label_column)?,
+        DataFormat::Idx | DataFormat::PixelsCsv => {
+            return Err(DataError::format(
+                path,
+                format!(
+                    "`format = \"{}\"` holds images, not text",
+                    spec.format.name()
+                ),
+                "read it with mopt_data::load_image_splits (a model family of images)",
+            ))
+        }
     };
     if examples.is_empty() {
         return Err(DataError::format(

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use mopt_core::ModelFault;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error("{}: {source}", path.display())]
@@ -23,4 +25,18 @@ pub enum ModelError {
     /// A key of the recipe's model table that does not fit the model.
     #[error(transparent)]
     Recipe(#[from] mopt_recipe::RecipeError),
+}
+
+/// Config and load errors are the user's input (exit code 2); the rest happen while running.
+impl From<ModelError> for ModelFault {
+    fn from(e: ModelError) -> Self {
+        let input = matches!(
+            e,
+            ModelError::Config { .. } | ModelError::Load { .. } | ModelError::Recipe(_)
+        );
+        ModelFault {
+            input,
+            source: Box::new(e),
+        }
+    }
 }

@@ -6,5 +6,6 @@
 
 pub mod bert;
 mod error;
+pub mod resnet;
 
 pub use error::ModelError;

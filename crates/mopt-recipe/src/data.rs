@@ -28,6 +28,41 @@ pub enum DataFormat {
     Delimited { delimiter: u8 },
     /// One JSON object a line with the named fields.
     Jsonl,
+    /// IDX image files (MNIST, Fashion-MNIST; gzip or plain): `train`/`test` name the image
+    /// files, whose labels lie beside them (`…-images-idx3-ubyte` → `…-labels-idx1-ubyte`).
+    Idx,
+    /// CSV of pixels, one image a row, no header: `side × side` grey values, then the label
+    /// (MNIST-5k, scikit-learn's 8×8 digits; gzip or plain).
+    PixelsCsv,
+}
+
+impl DataFormat {
+    /// The `format = "…"` value.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DataFormat::RottenTomatoes => "rotten-tomatoes",
+            DataFormat::OrangeTab => "orange-tab",
+            DataFormat::Delimited { delimiter: b'\t' } => "tsv",
+            DataFormat::Delimited { .. } => "csv",
+            DataFormat::Jsonl => "jsonl",
+            DataFormat::Idx => "idx",
+            DataFormat::PixelsCsv => "pixels-csv",
+        }
+    }
+
+    /// Whether the examples are images (no tokenizer, fixed shape).
+    pub fn is_image(&self) -> bool {
+        matches!(self, DataFormat::Idx | DataFormat::PixelsCsv)
+    }
+
+    /// What the examples are: `"text"` or `"images"`.
+    pub fn modality(&self) -> &'static str {
+        if self.is_image() {
+            "images"
+        } else {
+            "text"
+        }
+    }
 }
 
 /// Where the three splits come from.
@@ -62,6 +97,9 @@ pub struct DataSpec {
     pub max_eval: Option<usize>,
     /// Fixed label order; default: sorted distinct labels of the training split.
     pub labels: Option<Vec<String>>,
+    /// Images: the largest grey value (255 for 8-bit pixels, 16 for scikit-learn's digits);
+    /// pixels are scaled by it before the training split's mean and deviation normalise them.
+    pub pixel_max: f64,
 }
 
 impl DataSpec {
@@ -110,14 +148,47 @@ pub fn data_spec(cx: &Scope, d: RawData) -> Result<DataSpec, RecipeError> {
         "csv" => DataFormat::Delimited { delimiter: b',' },
         "tsv" => DataFormat::Delimited { delimiter: b'\t' },
         "jsonl" => DataFormat::Jsonl,
+        "idx" => DataFormat::Idx,
+        "pixels-csv" => DataFormat::PixelsCsv,
         other => {
             return Err(cx.err(
                 "data.format",
                 format!("unknown data format `{other}`"),
-                "use one of `rotten-tomatoes`, `orange-tab`, `csv`, `tsv`, `jsonl`",
+                "use one of `rotten-tomatoes`, `orange-tab`, `csv`, `tsv`, `jsonl` (text), `idx`, `pixels-csv` (images)",
             ))
         }
     };
+    let pixel_max = match (d.pixel_max, format.is_image()) {
+        (Some(_), false) => {
+            return Err(cx.err(
+                "data.pixel-max",
+                "only images have pixels",
+                "remove it (or use `format = \"idx\"` / `\"pixels-csv\"`)",
+            ))
+        }
+        (Some(m), true) if !(m.is_finite() && m > 0.0) => {
+            return Err(cx.err(
+                "data.pixel-max",
+                format!("{m} is not a positive grey value"),
+                "255 for 8-bit images, 16 for scikit-learn's digits",
+            ))
+        }
+        (m, _) => m.unwrap_or(255.0),
+    };
+    if format == DataFormat::Idx && d.path.is_some() {
+        return Err(cx.err(
+            "data.path",
+            "IDX data comes as separate training and test files",
+            "write `train = \"…/train-images-idx3-ubyte.gz\"` and `test = \"…/t10k-images-idx3-ubyte.gz\"`",
+        ));
+    }
+    if format.is_image() && (d.text_column.is_some() || d.label_column.is_some()) {
+        return Err(cx.err(
+            "data.text-column",
+            "images have no columns to name",
+            "remove `text-column` / `label-column` (the label is the last value of a row, or the IDX labels file)",
+        ));
+    }
     let split_hint = "a fraction such as 0.1";
     let valid_fraction = cx.fraction("data.valid-fraction", d.valid_fraction, 0.1, split_hint)?;
     let data_source = match (&d.path, &d.train, &d.test) {
@@ -207,5 +278,6 @@ pub fn data_spec(cx: &Scope, d: RawData) -> Result<DataSpec, RecipeError> {
         max_train: d.max_train,
         max_eval: d.max_eval,
         labels: d.labels,
+        pixel_max,
     })
 }

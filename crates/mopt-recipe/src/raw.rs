@@ -8,7 +8,7 @@ use serde::Deserialize;
 pub struct RawRecipe {
     pub run: RawRun,
     pub model: Option<RawModel>,
-    pub tokenizer: RawTokenizer,
+    pub tokenizer: Option<RawTokenizer>,
     pub data: RawData,
     /// Kept as a table: each stage's `[stage.train]` overrides are merged over it.
     #[serde(default)]
@@ -91,6 +91,7 @@ pub struct RawData {
     pub max_train: Option<usize>,
     pub max_eval: Option<usize>,
     pub labels: Option<Vec<String>>,
+    pub pixel_max: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]

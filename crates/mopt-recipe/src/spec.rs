@@ -21,7 +21,8 @@ pub struct Recipe {
     pub run: RunSpec,
     /// `[model]`: the baseline when there is no `[teacher]`.
     pub model: Option<ModelSpec>,
-    pub tokenizer: TokenizerSpec,
+    /// `[tokenizer]`: text data only (image data has none).
+    pub tokenizer: Option<TokenizerSpec>,
     pub data: DataSpec,
     /// `[train]`: the defaults every stage starts from.
     pub train: TrainSpec,
@@ -149,7 +150,11 @@ fn evaluation_spec(
         },
         latency_warmup: e.latency_warmup.unwrap_or(10),
         latency_runs: e.latency_runs.unwrap_or(30),
-        latency_seq_len: cx.positive("evaluation.latency-seq-len", e.latency_seq_len, max_len)?,
+        latency_seq_len: match max_len {
+            // Fixed-shape inputs (images): the size is ignored.
+            0 => e.latency_seq_len.unwrap_or(0),
+            _ => cx.positive("evaluation.latency-seq-len", e.latency_seq_len, max_len)?,
+        },
         analysis: e.analysis.unwrap_or(true),
     })
 }
@@ -191,8 +196,31 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
         Some(m) => Some(model_spec(&cx.nested("model"), m)?),
         None => None,
     };
-    let tokenizer = tokenizer_spec(&cx, raw.tokenizer)?;
     let data = data_spec(&cx, raw.data)?;
+    let tokenizer = match (raw.tokenizer, data.format.is_image()) {
+        (Some(t), false) => Some(tokenizer_spec(&cx, t)?),
+        (None, true) => None,
+        (None, false) => {
+            return Err(cx.err(
+                "tokenizer",
+                format!(
+                    "text data (`format = \"{}\"`) needs a [tokenizer]",
+                    data.format.name()
+                ),
+                "add [tokenizer] path = \"…/tokenizer.json\" (and max-len)",
+            ))
+        }
+        (Some(_), true) => {
+            return Err(cx.err(
+                "tokenizer",
+                format!(
+                    "image data (`format = \"{}\"`) has no tokenizer",
+                    data.format.name()
+                ),
+                "remove the [tokenizer] section",
+            ))
+        }
+    };
     let train_cx = cx.nested("train");
     let train = train_spec(&train_cx, train_cx.deserialize(raw.train.clone())?)?;
     let lr_find = lr_find_spec(&cx, raw.lr_find)?;
@@ -217,7 +245,11 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
         }
         _ => {}
     }
-    let evaluation = evaluation_spec(&cx, raw.evaluation, tokenizer.max_len)?;
+    let evaluation = evaluation_spec(
+        &cx,
+        raw.evaluation,
+        tokenizer.as_ref().map_or(0, |t| t.max_len),
+    )?;
     let raw_stages = if raw.stage.is_empty() {
         let mut t = toml::Table::new();
         t.insert("kind".into(), toml::Value::String("finetune".into()));
@@ -243,6 +275,23 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
 }
 
 impl Recipe {
+    /// `[tokenizer]`, which every recipe of text data has (validated).
+    pub fn text_tokenizer(&self) -> Result<&TokenizerSpec, RecipeError> {
+        self.tokenizer.as_ref().ok_or_else(|| {
+            self.invalid(
+                "tokenizer",
+                "this needs text data and a [tokenizer]",
+                "use a recipe of text data",
+            )
+        })
+    }
+
+    /// The size of one example the plan and the latency benchmark assume: the tokenizer's
+    /// `max-len` for text, 0 for fixed-shape inputs (images).
+    pub fn example_size(&self) -> usize {
+        self.tokenizer.as_ref().map_or(0, |t| t.max_len)
+    }
+
     /// An error about `key` of this recipe's shared sections, found after validation (e.g.
     /// against a model's shape): it names the file, the key and its line, like every recipe error.
     pub fn invalid(

@@ -20,7 +20,7 @@ use crate::record::{checkpoint_sha256, read_json, sha256_file, short_sha, shown,
 /// What a run shares with every stage and what shapes a stage's output besides its own settings.
 pub struct Shared<'a> {
     pub data: &'a DataSpec,
-    pub tokenizer: &'a TokenizerSpec,
+    pub tokenizer: Option<&'a TokenizerSpec>,
     pub seed: u64,
 }
 
@@ -37,8 +37,12 @@ pub fn reuse_key(stage_key: Option<String>, entry: &StageEntry, shared: &Shared)
         .filter(|g| g.on_fail == OnFail::Retry)
         .map_or(String::new(), |g| format!("{g:?}"));
     let text = format!(
-        "kind {}\nstage {stage_key}\ntrain {:?}\ndata {:?}\ntokenizer {:?}\nseed {}\ngate {gate}",
-        entry.kind, entry.train, shared.data, shared.tokenizer, shared.seed
+        "kind {}\nstage {stage_key}\ntrain {:?}\ndata {:?}\ntokenizer {}\nseed {}\ngate {gate}",
+        entry.kind,
+        entry.train,
+        shared.data,
+        shared.tokenizer.map_or("none".into(), |t| format!("{t:?}")),
+        shared.seed
     );
     Some(format!("{:x}", Sha256::digest(text.as_bytes())))
 }
@@ -159,7 +163,7 @@ mod tests {
         let (r, e) = entry(dir, source);
         let shared = Shared {
             data: &r.data,
-            tokenizer: &r.tokenizer,
+            tokenizer: r.tokenizer.as_ref(),
             seed: r.run.seed,
         };
         reuse_key(Some(stage_key.into()), &e, &shared)
@@ -196,7 +200,7 @@ mod tests {
         let (r, e) = entry(dir, BASE);
         let shared = Shared {
             data: &r.data,
-            tokenizer: &r.tokenizer,
+            tokenizer: r.tokenizer.as_ref(),
             seed: 1,
         };
         assert!(reuse_key(None, &e, &shared).is_none());

@@ -3,13 +3,13 @@
 
 use std::path::{Path, PathBuf};
 
-use mopt_data::{LabelMap, TextExamples};
+use mopt_data::LabelMap;
 use mopt_export::export::{ExportOptions, ModelCard, FLOAT_TOLERANCE};
 use mopt_export::ExportError;
 use mopt_recipe::Recipe;
-use mopt_train::setup::prepare_data;
 use serde::Serialize;
 
+use crate::data::Split;
 use crate::error::StageError;
 use crate::family::recipe_family;
 
@@ -54,20 +54,18 @@ fn export_one(
         .into());
     }
     let labels = LabelMap::load(&ckpt.join("labels.json")).map_err(mopt_train::TrainError::from)?;
-    let prepared = prepare_data(&recipe.tokenizer, &recipe.data, Some(labels))?;
-    let test = TextExamples::new(&prepared.data.test, prepared.tokenizer.pad_id);
     let fam = recipe_family(recipe)?;
-    let accuracy = fam.accuracy(ckpt, &test)?;
-    let n = opts.samples.min(prepared.data.test.len());
-    let samples = TextExamples::new(&prepared.data.test[..n], prepared.tokenizer.pad_id);
+    let data = fam.load_data(recipe, Some(labels), 0)?;
+    let accuracy = fam.accuracy(ckpt, &data, Split::Test)?;
+    let n = opts.samples.min(data.len(Split::Test));
     let eo = ExportOptions {
         tolerance: FLOAT_TOLERANCE,
-        input_notes: fam.input_notes(recipe.tokenizer.max_len),
-        labels: prepared.data.labels.labels.clone(),
+        input_notes: fam.input_notes(recipe.example_size()),
+        labels: data.labels().labels.clone(),
         accuracy: Some(accuracy),
         force: opts.force,
     };
-    fam.export(ckpt, out, &samples, &eo)
+    fam.export(ckpt, out, &data, (Split::Test, n), &eo)
 }
 
 /// Export the recipe's best checkpoint (default `<run>/best` → `<run>/export`), plus the teacher of

@@ -24,6 +24,7 @@
 
 pub mod analysis;
 pub mod chart;
+pub mod data;
 pub mod donor;
 pub mod env;
 mod error;

@@ -27,11 +27,12 @@ pub fn lr_find(
         ))
         .into());
     };
-    let prepared = prepare_data(&recipe.tokenizer, &recipe.data, None)?;
+    let tokenizer = recipe.text_tokenizer()?;
+    let prepared = prepare_data(tokenizer, &recipe.data, None)?;
     let data = &prepared.data;
     let config = model_config(
         m,
-        &recipe.tokenizer,
+        tokenizer,
         &recipe.scope.nested("model"),
         &data.labels.labels,
         prepared.tokenizer.vocab_size(),

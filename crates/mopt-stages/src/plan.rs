@@ -56,7 +56,8 @@ pub struct ChainPlan {
     pub baseline: Shape,
     pub baseline_source: String,
     pub stages: Vec<StagePlan>,
-    pub vocab: usize,
+    /// The plan's line on the model inputs (the tokenizer; the images' shape).
+    pub inputs: String,
     pub train_examples: usize,
 }
 
@@ -96,7 +97,7 @@ impl Pipeline {
         let m = r.model.as_ref().expect("validated");
         let c = recipe_family(r)?.model_shape(
             m,
-            &r.tokenizer,
+            r.tokenizer.as_ref(),
             &r.scope.nested("model"),
             &labels.labels,
             vocab,
@@ -111,45 +112,21 @@ impl Pipeline {
     /// Validate every stage against its input's shape, without running anything.
     pub fn plan_chain(&self) -> Result<ChainPlan, StageError> {
         let r = &self.recipe;
-        let tok = TextTokenizer::from_file(
-            &r.tokenizer.path,
-            r.tokenizer.max_len,
-            r.tokenizer.lowercase,
-        )
-        .map_err(TrainError::from)?;
-        let splits = load_splits(&r.data).map_err(TrainError::from)?;
-        let labels = r.data.labels.clone().map(LabelMap::new).unwrap_or_else(|| {
-            LabelMap::from_examples(splits.train.iter().map(|e| e.label.as_str()))
-        });
-        let train_examples = r
-            .data
-            .max_train
-            .map_or(splits.train.len(), |m| m.min(splits.train.len()));
-        let sample: Vec<&str> = splits
-            .train
-            .iter()
-            .take(1000)
-            .map(|e| e.text.as_str())
-            .collect();
-        let lens: Vec<f64> = tok
-            .encode_all(&sample)
-            .map_err(TrainError::from)?
-            .iter()
-            .map(|ids| ids.len() as f64)
-            .collect();
-        let n = lens.len().max(1) as f64;
-        let mean_tokens = lens.iter().sum::<f64>() / n;
-        let mean_tokens_sq = lens.iter().map(|l| l * l).sum::<f64>() / n;
-        let (baseline, baseline_source) = self.baseline_config(&labels, tok.vocab_size())?;
+        let d = plan_data(r)?;
+        let (train_examples, mean_tokens, mean_tokens_sq) =
+            (d.train_examples, d.mean_tokens, d.mean_tokens_sq);
+        let (labels, vocab) = (&d.labels, d.vocab);
+        let (baseline, baseline_source) = self.baseline_config(labels, vocab)?;
         let mut input = baseline.clone();
         let mut stages = Vec::new();
         let mut earlier = vec!["baseline".to_string()];
         for (entry, stage) in &self.stages {
             let cx = PlanContext {
                 family: recipe_family(r)?,
-                tokenizer: &r.tokenizer,
+                tokenizer: r.tokenizer.as_ref(),
                 data: &r.data,
-                vocab: tok.vocab_size(),
+                size: r.example_size(),
+                vocab,
                 train_examples,
                 mean_tokens,
                 mean_tokens_sq,
@@ -164,7 +141,7 @@ impl Pipeline {
             baseline,
             baseline_source,
             stages,
-            vocab: tok.vocab_size(),
+            inputs: d.inputs,
             train_examples,
         })
     }
@@ -207,13 +184,7 @@ impl Pipeline {
                 }
             );
         }
-        let _ = writeln!(
-            s,
-            "tokenizer  {} (vocab {}, max-len {})",
-            shown(&r.tokenizer.path),
-            chain.vocab,
-            r.tokenizer.max_len
-        );
+        let _ = writeln!(s, "{}", chain.inputs);
         let _ = writeln!(
             s,
             "data       {:?} from {} ({} training examples)",
@@ -280,14 +251,14 @@ impl Pipeline {
                 peak = peak.max(total);
                 let _ = writeln!(
                     s,
-                    "  memory   ~{} (student weights {}, grads {}, AdamW moments {}, activations {} at batch {} x {} tokens{})",
+                    "  memory   ~{} (student weights {}, grads {}, AdamW moments {}, activations {} at batch {}{}{})",
                     human_bytes(total),
                     human_bytes(m.weights),
                     human_bytes(m.grads),
                     human_bytes(m.adam_moments),
                     human_bytes(m.activations),
                     entry.train.batch_size,
-                    r.tokenizer.max_len,
+                    r.tokenizer.as_ref().map_or(String::new(), |t| format!(" x {} tokens", t.max_len)),
                     p.extra_memory.iter().map(|(what, b)| format!(", {what} {}", human_bytes(*b))).collect::<String>()
                 );
             }
@@ -295,4 +266,70 @@ impl Pipeline {
         }
         peak
     }
+}
+
+/// What planning reads from the data: the label map, the training-set size, and for text the
+/// vocabulary and the token counts of a sample of 1000 training examples.
+struct PlanData {
+    labels: LabelMap,
+    train_examples: usize,
+    vocab: usize,
+    mean_tokens: f64,
+    mean_tokens_sq: f64,
+    inputs: String,
+}
+
+fn plan_data(r: &mopt_recipe::Recipe) -> Result<PlanData, StageError> {
+    let Some(t) = &r.tokenizer else {
+        let s = mopt_data::load_image_splits(&r.data, None).map_err(TrainError::from)?;
+        let shape = s.train.shape;
+        return Ok(PlanData {
+            labels: s.labels,
+            train_examples: s.train.labels.len(),
+            vocab: 0,
+            mean_tokens: 0.0,
+            mean_tokens_sq: 0.0,
+            inputs: format!(
+                "images     {}x{}x{} (channels x side x side), normalised by the training split (mean {:.4}, std {:.4} of pixel / {})",
+                shape.channels, shape.side, shape.side, s.normalize.mean, s.normalize.std, s.normalize.pixel_max
+            ),
+        });
+    };
+    let tok =
+        TextTokenizer::from_file(&t.path, t.max_len, t.lowercase).map_err(TrainError::from)?;
+    let splits = load_splits(&r.data).map_err(TrainError::from)?;
+    let labels =
+        r.data.labels.clone().map(LabelMap::new).unwrap_or_else(|| {
+            LabelMap::from_examples(splits.train.iter().map(|e| e.label.as_str()))
+        });
+    let train_examples = r
+        .data
+        .max_train
+        .map_or(splits.train.len(), |m| m.min(splits.train.len()));
+    let sample: Vec<&str> = splits
+        .train
+        .iter()
+        .take(1000)
+        .map(|e| e.text.as_str())
+        .collect();
+    let lens: Vec<f64> = tok
+        .encode_all(&sample)
+        .map_err(TrainError::from)?
+        .iter()
+        .map(|ids| ids.len() as f64)
+        .collect();
+    let n = lens.len().max(1) as f64;
+    Ok(PlanData {
+        labels,
+        train_examples,
+        vocab: tok.vocab_size(),
+        mean_tokens: lens.iter().sum::<f64>() / n,
+        mean_tokens_sq: lens.iter().map(|l| l * l).sum::<f64>() / n,
+        inputs: format!(
+            "tokenizer  {} (vocab {}, max-len {})",
+            shown(&t.path),
+            tok.vocab_size(),
+            t.max_len
+        ),
+    })
 }

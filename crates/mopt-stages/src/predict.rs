@@ -59,7 +59,7 @@ impl Predictor {
     pub fn load(recipe: &Recipe, checkpoint: &Path) -> Result<Self, StageError> {
         let device = Device::flex();
         let labels = LabelMap::load(&checkpoint.join("labels.json")).map_err(TrainError::from)?;
-        let t = &recipe.tokenizer;
+        let t = recipe.text_tokenizer()?;
         let tokenizer =
             TextTokenizer::from_file(&t.path, t.max_len, t.lowercase).map_err(TrainError::from)?;
         let model = recipe_family(recipe)?.classifier(checkpoint, &device)?;

@@ -4,16 +4,15 @@
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
-use mopt_core::Quantizable;
-use mopt_data::{Encoded, EncodedSplits, TextExamples};
+use mopt_core::{Checkpoint, Labeled, ModelConfig};
 use mopt_distill::latency::{measure as measure_latency, LatencyStats};
-use mopt_models::bert::weights;
 use mopt_recipe::{normalize, EvaluationSpec};
 use mopt_train::metrics::EvalMetrics;
 use mopt_train::trainer::evaluate;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::data::{RunData, Split};
 use crate::error::StageError;
 use crate::gate::Decision;
 
@@ -62,10 +61,13 @@ pub struct ModelFacts {
     /// Forward FLOPs for one example of `[evaluation] latency-seq-len` tokens.
     pub flops_per_example: u64,
     pub checkpoint_bytes: u64,
-    pub layers: usize,
-    pub hidden: usize,
-    pub heads: Vec<usize>,
-    pub ffn: Vec<usize>,
+    /// The shape in words ([`ModelConfig::describe`]).
+    #[serde(default)]
+    pub describe: String,
+    /// The shape as the family records it ([`ModelConfig::facts`]: BERT's `layers`, `hidden`,
+    /// `heads`, `ffn`).
+    #[serde(flatten)]
+    pub shape: serde_json::Map<String, serde_json::Value>,
     /// mopt CPU latency at batch 1 and 32 (empty when `latency-runs = 0`).
     pub latency: Vec<LatencyStats>,
 }
@@ -77,73 +79,70 @@ impl ModelFacts {
     }
 }
 
-/// What the runner needs to evaluate models.
-pub struct Evaluator<'a> {
-    pub data: &'a EncodedSplits,
-    /// The golden reference: the first validation examples.
-    pub golden: &'a [Encoded],
-    pub pad_id: u32,
+/// How the runner evaluates models.
+pub struct EvalSettings<'a> {
     pub eval_batch_size: usize,
     pub evaluation: &'a EvaluationSpec,
     pub device: Device,
 }
 
-impl Evaluator<'_> {
-    /// Measure the checkpoint at `dir`; returns its facts and its logits on the golden set.
-    pub fn measure(&self, dir: &Path) -> Result<(ModelFacts, Vec<Vec<f32>>), StageError> {
-        let (model, config) = weights::load_checkpoint(dir, &self.device)?;
-        // Quantized models: weights fake-quantized once, not in every forward pass.
-        let model = model.valid().with_baked_weights();
-        let n = config.num_labels;
-        let split = |e| TextExamples::new(e, self.pad_id);
-        let bs = self.eval_batch_size;
-        let valid = evaluate(&model, &split(&self.data.valid), bs, n, &self.device);
-        let test = evaluate(&model, &split(&self.data.test), bs, n, &self.device).metrics;
-        let golden = valid.logits[..self.golden.len()].to_vec();
-        let e = self.evaluation;
-        let latency = if e.latency_runs == 0 {
-            Vec::new()
-        } else {
-            [1usize, 32]
-                .iter()
-                .filter_map(|&b| {
-                    let runs = if b == 1 {
-                        e.latency_runs * 4
-                    } else {
-                        e.latency_runs
-                    };
-                    measure_latency(
-                        &model,
-                        &config,
-                        (b, e.latency_seq_len),
-                        (e.latency_warmup, runs),
-                        &self.device,
-                    )
-                })
-                .collect()
-        };
-        let facts = ModelFacts {
-            checkpoint: shown(dir),
-            sha256: checkpoint_sha256(dir)?,
-            valid: valid.metrics,
-            test,
-            params: config.num_params(),
-            flops_per_example: config.forward_flops(e.latency_seq_len),
-            checkpoint_bytes: std::fs::metadata(dir.join("model.bpk"))
-                .map(|m| m.len())
-                .unwrap_or(0),
-            layers: config.num_hidden_layers,
-            hidden: config.hidden_size,
-            heads: (0..config.num_hidden_layers)
-                .map(|i| config.heads(i))
-                .collect(),
-            ffn: (0..config.num_hidden_layers)
-                .map(|i| config.ffn(i))
-                .collect(),
-            latency,
-        };
-        Ok((facts, golden))
-    }
+/// Measure the `M` checkpoint at `dir` on `data` (after `prepare`: a quantized model's weights
+/// fake-quantized once, say); returns its facts and its logits on the golden set.
+pub fn measure_checkpoint<M>(
+    dir: &Path,
+    data: &RunData,
+    ev: &EvalSettings,
+    prepare: impl FnOnce(M) -> M,
+) -> Result<(ModelFacts, Vec<Vec<f32>>), StageError>
+where
+    M: Checkpoint<Batch: Labeled>,
+{
+    let (model, config) = M::load(dir, &ev.device)?;
+    let model = prepare(model.valid());
+    let n = config.num_labels();
+    let bs = ev.eval_batch_size;
+    let valid = data.split::<M::Batch>(Split::Valid)?;
+    let test = data.split::<M::Batch>(Split::Test)?;
+    let valid = evaluate(&model, &valid, bs, n, &ev.device);
+    let test = evaluate(&model, &test, bs, n, &ev.device).metrics;
+    let golden = valid.logits[..data.len(Split::Golden)].to_vec();
+    let e = ev.evaluation;
+    let latency = if e.latency_runs == 0 {
+        Vec::new()
+    } else {
+        [1usize, 32]
+            .iter()
+            .filter_map(|&b| {
+                let runs = if b == 1 {
+                    e.latency_runs * 4
+                } else {
+                    e.latency_runs
+                };
+                measure_latency(
+                    &model,
+                    &config,
+                    (b, e.latency_seq_len),
+                    (e.latency_warmup, runs),
+                    &ev.device,
+                )
+            })
+            .collect()
+    };
+    let facts = ModelFacts {
+        checkpoint: shown(dir),
+        sha256: checkpoint_sha256(dir)?,
+        valid: valid.metrics,
+        test,
+        params: config.num_params(),
+        flops_per_example: config.flops(e.latency_seq_len) as u64,
+        checkpoint_bytes: std::fs::metadata(dir.join("model.bpk"))
+            .map(|m| m.len())
+            .unwrap_or(0),
+        describe: config.describe(),
+        shape: config.facts(),
+        latency,
+    };
+    Ok((facts, golden))
 }
 
 /// Max |a − b| over two sets of logits (∞ when their shapes differ).

@@ -6,12 +6,12 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::analysis::{analyse, Analysis};
+use crate::analysis::Analysis;
 use crate::chart;
 use crate::env::Environment;
 use crate::error::StageError;
 use crate::gate::Action;
-use crate::record::{short_sha, shown, write_json_atomic, Evaluator, ModelFacts, StageRecord};
+use crate::record::{short_sha, shown, write_json_atomic, ModelFacts, StageRecord};
 use crate::Pipeline;
 
 /// `report.json`.
@@ -85,7 +85,8 @@ pub fn markdown(r: &PipelineReport) -> String {
     s += "## Stages\n\n";
     let _ = writeln!(
         s,
-        "Decisions use the validation split only; test accuracy is reported, never used to decide. Latency: mopt on this CPU, p50 / p90 ms at batch 1 and 32 x {seq} tokens. FLOPs: forward, per example.\n"
+        "Decisions use the validation split only; test accuracy is reported, never used to decide. Latency: mopt on this CPU, p50 / p90 ms at batch 1 and 32{}. FLOPs: forward, per example.\n",
+        if seq > 0 { format!(" x {seq} tokens") } else { String::new() }
     );
     s += "| # | stage | kind | decision | valid acc | test acc | params | GFLOPs/ex | ckpt MiB | b1 ms | b32 ms | Δ valid vs baseline | Δ test vs baseline | max logit err vs input / baseline | wall s | peak RSS MiB |\n";
     s += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
@@ -143,13 +144,10 @@ pub fn markdown(r: &PipelineReport) -> String {
         }
         let _ = writeln!(
             s,
-            "- output `{}` (sha256 {}…): {} layers x {}, heads {:?}, FFN {:?}",
+            "- output `{}` (sha256 {}…): {}",
             st.model.checkpoint,
             short_sha(&st.model.sha256),
-            st.model.layers,
-            st.model.hidden,
-            st.model.heads,
-            st.model.ffn
+            st.model.describe
         );
         for line in &st.settings {
             let _ = writeln!(s, "- {line}");
@@ -212,19 +210,19 @@ pub(crate) fn write_report(
     run_dir: &Path,
     records: &[StageRecord],
     final_model: &ModelFacts,
-    ev: &Evaluator,
+    (golden_examples, device): (usize, &burn::prelude::Device),
     wall_time_s: f64,
     baseline_ckpt: &Path,
 ) -> Result<PipelineReport, StageError> {
     let recipe = &p.recipe;
     let analysis = if recipe.evaluation.analysis {
         eprintln!("analysis: where the baseline's time goes");
-        Some(analyse(
+        crate::family::recipe_family(recipe)?.analyse(
             baseline_ckpt,
             recipe.evaluation.latency_seq_len,
             recipe.evaluation.latency_runs.max(3) / 3,
-            &ev.device,
-        )?)
+            device,
+        )?
     } else {
         None
     };
@@ -260,7 +258,7 @@ pub(crate) fn write_report(
         final_stage,
         golden: GoldenSummary {
             file: shown(&run_dir.join("golden.json")),
-            examples: ev.golden.len(),
+            examples: golden_examples,
             split: "validation",
             baseline_sha256: records[0].model.sha256.clone(),
         },

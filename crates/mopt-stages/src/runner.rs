@@ -5,15 +5,15 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use mopt_data::LabelMap;
-use mopt_models::bert::setup::{build_model, model_config};
 use mopt_recipe::Recipe;
 use mopt_train::memory::peak_rss_bytes;
-use mopt_train::setup::{prepare_data, PreparedData};
-use mopt_train::trainer::{describe_data, save_checkpoint_dir, TextExtras, TrainOptions};
+use mopt_train::trainer::TrainOptions;
 use mopt_train::{DeviceSpec, TrainError};
 use serde::{Deserialize, Serialize};
 
+use crate::data::{RunData, Split};
 use crate::error::StageError;
+use crate::family::Family;
 use crate::gate::{decide, Action, Decision};
 use crate::record::*;
 use crate::report::{write_report, PipelineReport};
@@ -103,7 +103,8 @@ pub struct GoldenReference {
     pub baseline_sha256: String,
     /// Validation examples, in split order.
     pub examples: usize,
-    pub input_ids: Vec<Vec<u32>>,
+    /// Each example as its split records it (a text's token ids, an image's values).
+    pub inputs: Vec<serde_json::Value>,
     pub logits: Vec<Vec<f32>>,
 }
 
@@ -141,16 +142,17 @@ fn copy_checkpoint(from: &Path, to: &Path) -> Result<(), StageError> {
 fn write_golden(
     run_dir: &Path,
     baseline: &StageRecord,
-    golden: &[mopt_data::Encoded],
+    data: &RunData,
     logits: &[Vec<f32>],
 ) -> Result<(), StageError> {
+    let n = data.len(Split::Golden);
     write_json_atomic(
         &run_dir.join("golden.json"),
         &GoldenReference {
             baseline: baseline.model.checkpoint.clone(),
             baseline_sha256: baseline.model.sha256.clone(),
-            examples: golden.len(),
-            input_ids: golden.iter().map(|e| e.ids.clone()).collect(),
+            examples: n,
+            inputs: (0..n).map(|i| data.record(Split::Golden, i)).collect(),
             logits: logits.to_vec(),
         },
     )
@@ -205,34 +207,29 @@ impl Pipeline {
 
         // The baseline: the teacher (trained first when missing) or the recipe's [model].
         let base_dir = run_dir.join("00-baseline");
-        let (prepared, baseline_ckpt, baseline_note) = self.data_and_baseline(&base_dir, opts)?;
-        let golden_n = recipe
-            .evaluation
-            .golden_samples
-            .unwrap_or(usize::MAX)
-            .min(prepared.data.valid.len());
-        let golden = &prepared.data.valid[..golden_n];
+        let family = crate::family::recipe_family(recipe)?;
+        let (data, baseline_ckpt, baseline_note) =
+            self.data_and_baseline(family, &base_dir, opts)?;
         let ev = Evaluator {
-            data: &prepared.data,
-            golden,
-            pad_id: prepared.tokenizer.pad_id,
-            eval_batch_size: recipe.train.eval_batch_size,
-            evaluation: &recipe.evaluation,
-            device: device.clone(),
+            family,
+            data: &data,
+            settings: EvalSettings {
+                eval_batch_size: recipe.train.eval_batch_size,
+                evaluation: &recipe.evaluation,
+                device: device.clone(),
+            },
         };
         let (baseline, baseline_logits) =
             self.baseline_record(&base_dir, &baseline_ckpt, &baseline_note, &ev, opts)?;
-        write_golden(&run_dir, &baseline, golden, &baseline_logits)?;
+        write_golden(&run_dir, &baseline, &data, &baseline_logits)?;
 
-        let extras = prepared.extras();
         let shared = RunShared {
             pipeline: self,
+            family,
             opts,
             train_opts: &train_opts,
             run_dir: &run_dir,
-            prepared: &prepared,
-            golden,
-            extras: &extras,
+            data: &data,
             ev: &ev,
             baseline_ckpt: &baseline_ckpt,
             baseline: &baseline,
@@ -248,7 +245,7 @@ impl Pipeline {
             &run_dir,
             &records,
             &current.facts,
-            &ev,
+            (data.len(Split::Golden), &device),
             wall.elapsed().as_secs_f64(),
             &baseline_ckpt,
         )?;
@@ -263,14 +260,15 @@ impl Pipeline {
         Ok(report)
     }
 
-    /// The data, prepared with the baseline's label map when it has one, and the baseline
-    /// checkpoint (a teacher, trained first when missing, or the recipe's `[model]` built and
-    /// saved into `base_dir`) with a note for the report.
+    /// The data, loaded by the family with the baseline's label map when it has one, and the
+    /// baseline checkpoint (a teacher, trained first when missing, or the recipe's `[model]`
+    /// built and saved into `base_dir`) with a note for the report.
     fn data_and_baseline(
         &self,
+        family: &dyn Family,
         base_dir: &Path,
         opts: &RunOptions,
-    ) -> Result<(PreparedData, PathBuf, String), StageError> {
+    ) -> Result<(RunData, PathBuf, String), StageError> {
         let recipe = &self.recipe;
         std::fs::create_dir_all(base_dir).map_err(io(base_dir))?;
         let (baseline_ckpt, baseline_note) = self.baseline_checkpoint(base_dir, opts)?;
@@ -279,13 +277,25 @@ impl Pipeline {
             None => None,
         };
         eprintln!("preparing data ({})", recipe.data.source_label());
-        let prepared = prepare_data(&recipe.tokenizer, &recipe.data, labels)?;
-        describe_data(&shown(&recipe.path), &prepared.data)?;
+        let golden = recipe.evaluation.golden_samples.unwrap_or(usize::MAX);
+        let data = family.load_data(recipe, labels, golden)?;
+        let sizes = [Split::Train, Split::Valid, Split::Test].map(|s| data.len(s));
+        if sizes.contains(&0) {
+            return Err(TrainError::Input(format!(
+                "{}: a split is empty (train {}, valid {}, test {}); use more data or other [data] fractions",
+                shown(&recipe.path),
+                sizes[0],
+                sizes[1],
+                sizes[2]
+            ))
+            .into());
+        }
+        eprintln!("data: {}", data.describe());
         let baseline_ckpt = match baseline_ckpt {
             Some(c) => c,
-            None => self.build_baseline(base_dir, &prepared, opts)?,
+            None => self.build_baseline(family, base_dir, &data, opts)?,
         };
-        Ok((prepared, baseline_ckpt, baseline_note))
+        Ok((data, baseline_ckpt, baseline_note))
     }
 
     /// The teacher checkpoint, trained first when missing (`None`: the baseline is built from
@@ -327,38 +337,16 @@ impl Pipeline {
     /// baseline checkpoint.
     fn build_baseline(
         &self,
+        family: &dyn Family,
         base_dir: &Path,
-        prepared: &PreparedData,
+        data: &RunData,
         opts: &RunOptions,
     ) -> Result<PathBuf, StageError> {
-        let recipe = &self.recipe;
-        let m = recipe
-            .model
-            .as_ref()
-            .expect("validated: [model] or [teacher]");
         let ckpt = base_dir.join("model");
         if opts.resume && ckpt.join("model.bpk").is_file() {
             return Ok(ckpt);
         }
-        let config = model_config(
-            m,
-            &recipe.tokenizer,
-            &recipe.scope.nested("model"),
-            &prepared.data.labels.labels,
-            prepared.tokenizer.vocab_size(),
-        )?;
-        let device = opts.device.device();
-        let (model, load) = build_model(m, recipe.run.seed, &config, &device)?;
-        if let Some(l) = &load {
-            eprintln!(
-                "weights: {} tensors loaded, {} fresh ({}), {} skipped",
-                l.applied,
-                l.fresh.len(),
-                l.fresh.join(", "),
-                l.skipped.len()
-            );
-        }
-        save_checkpoint_dir(&model, &config, &prepared.extras(), &ckpt)?;
+        family.build(&self.recipe, data, &opts.device.device(), &ckpt)?;
         Ok(ckpt)
     }
 
@@ -430,6 +418,20 @@ impl Pipeline {
     }
 }
 
+/// What the runner measures every model with: the family on the run's data.
+struct Evaluator<'a> {
+    family: &'a dyn Family,
+    data: &'a RunData,
+    settings: EvalSettings<'a>,
+}
+
+impl Evaluator<'_> {
+    /// The checkpoint's facts and its logits on the golden set.
+    fn measure(&self, dir: &Path) -> Result<(ModelFacts, Vec<Vec<f32>>), StageError> {
+        self.family.measure(dir, self.data, &self.settings)
+    }
+}
+
 /// The stage that aborted a run: its index, name and the gate's reason.
 type Aborted = (usize, String, String);
 
@@ -439,9 +441,8 @@ struct RunShared<'a> {
     opts: &'a RunOptions,
     train_opts: &'a TrainOptions,
     run_dir: &'a Path,
-    prepared: &'a PreparedData,
-    golden: &'a [mopt_data::Encoded],
-    extras: &'a TextExtras<'a>,
+    family: &'a dyn Family,
+    data: &'a RunData,
     ev: &'a Evaluator<'a>,
     baseline_ckpt: &'a Path,
     baseline: &'a StageRecord,
@@ -509,7 +510,7 @@ impl RunShared<'_> {
         current: &Current,
         earlier: &[(String, PathBuf)],
     ) -> Result<Finished, StageError> {
-        let (recipe, opts, prepared) = (&self.pipeline.recipe, self.opts, self.prepared);
+        let (recipe, opts) = (&self.pipeline.recipe, self.opts);
         let dir = self.run_dir.join(entry.dir_name());
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
@@ -519,24 +520,20 @@ impl RunShared<'_> {
         let t0 = Instant::now();
         let cx = StageContext {
             entry,
-            family: crate::family::recipe_family(recipe)?,
+            family: self.family,
             device: &opts.device,
-            data: &prepared.data,
+            data: self.data,
             data_spec: &recipe.data,
-            tokenizer: &recipe.tokenizer,
-            pad_id: prepared.tokenizer.pad_id,
-            vocab: prepared.tokenizer.vocab_size(),
+            size: recipe.example_size(),
             evaluation: &recipe.evaluation,
             seed: recipe.run.seed,
             opts: self.train_opts,
             baseline: self.baseline_ckpt,
-            golden: self.golden,
             baseline_valid: &self.baseline.model.valid,
             input_valid: &current.facts.valid,
             input_logits: &current.logits,
             earlier,
             dir: &dir,
-            extras: self.extras,
         };
         let (reuse_key, donor) = self.donor(entry, stage, current);
         let out = match donor {
@@ -585,7 +582,7 @@ impl RunShared<'_> {
         let recipe = &self.pipeline.recipe;
         let shared = crate::donor::Shared {
             data: &recipe.data,
-            tokenizer: &recipe.tokenizer,
+            tokenizer: recipe.tokenizer.as_ref(),
             seed: recipe.run.seed,
         };
         let key = crate::donor::reuse_key(stage.reuse_key(), entry, &shared);

@@ -4,14 +4,14 @@
 
 use std::path::{Path, PathBuf};
 
-use mopt_core::MemoryEstimate;
-use mopt_data::{EncodedSplits, TextExamples};
+use mopt_core::{Examples, MemoryEstimate};
 use mopt_recipe::{DataSpec, EvaluationSpec, RecipeError, StageEntry, TokenizerSpec};
 use mopt_train::metrics::EvalMetrics;
-use mopt_train::trainer::{CheckpointExtras, RunContext, Splits, TrainOptions};
+use mopt_train::trainer::{RunContext, Splits, TrainOptions};
 use mopt_train::DeviceSpec;
 use serde::{Deserialize, Serialize};
 
+use crate::data::{RunData, Split};
 use crate::error::StageError;
 use crate::family::Family;
 use crate::shape::Shape;
@@ -67,9 +67,12 @@ pub struct StagePlan {
 pub struct PlanContext<'a> {
     /// The model family of the run (`[model] arch`).
     pub family: &'a dyn crate::family::Family,
-    pub tokenizer: &'a TokenizerSpec,
+    /// `[tokenizer]` (text data only).
+    pub tokenizer: Option<&'a TokenizerSpec>,
     pub data: &'a DataSpec,
-    /// Tokenizer vocabulary size.
+    /// The size of one example that estimates assume: `max-len` tokens; 0 for images.
+    pub size: usize,
+    /// Tokenizer vocabulary size (0 for images).
     pub vocab: usize,
     /// Training examples (after `max-train`).
     pub train_examples: usize,
@@ -86,19 +89,16 @@ pub struct StageContext<'a> {
     /// The model family of the run (`[model] arch`): the stage's capabilities.
     pub family: &'a dyn crate::family::Family,
     pub device: &'a DeviceSpec,
-    pub data: &'a EncodedSplits,
+    /// The run's splits (and the golden set), as the family's loader read them.
+    pub data: &'a RunData,
     pub data_spec: &'a DataSpec,
-    pub tokenizer: &'a TokenizerSpec,
-    pub pad_id: u32,
-    /// Tokenizer vocabulary size.
-    pub vocab: usize,
+    /// The size of one example that estimates assume: `max-len` tokens; 0 for images.
+    pub size: usize,
     pub evaluation: &'a EvaluationSpec,
     pub seed: u64,
     pub opts: &'a TrainOptions,
     /// The run's golden baseline checkpoint.
     pub baseline: &'a Path,
-    /// The validation examples of the golden reference (gates and logit errors use them).
-    pub golden: &'a [mopt_data::Encoded],
     /// Validation metrics of the baseline and of this stage's input (what gates compare with).
     pub baseline_valid: &'a EvalMetrics,
     pub input_valid: &'a EvalMetrics,
@@ -109,8 +109,6 @@ pub struct StageContext<'a> {
     pub earlier: &'a [(String, PathBuf)],
     /// This stage's own folder (empty when the stage starts).
     pub dir: &'a Path,
-    /// Files every checkpoint of the run carries besides the model (label map, tokenizer).
-    pub extras: &'a dyn CheckpointExtras,
 }
 
 impl<'a> StageContext<'a> {
@@ -128,31 +126,40 @@ impl<'a> StageContext<'a> {
         )
     }
 
-    /// The trainer's context for this stage's training of a model shaped `config`, in its folder.
-    pub fn run_context<K>(&self, config: &'a K) -> RunContext<'a, TextExamples<'a>, K> {
-        RunContext {
+    /// The trainer's context for this stage's training of a model shaped `config` that reads
+    /// `B` batches, in its folder.
+    pub fn run_context<B: 'static, K>(
+        &self,
+        config: &'a K,
+    ) -> Result<RunContext<'a, &'a dyn Examples<Batch = B>, K>, StageError> {
+        Ok(RunContext {
             name: &self.entry.name,
             train: &self.entry.train,
             seed: self.seed,
             device_spec: self.device,
             run_dir: self.dir,
             opts: self.opts,
-            data: self.splits(),
-            labels: &self.data.labels.labels,
-            cache_hit: self.data.from_cache,
-            extras: self.extras,
+            data: self.splits()?,
+            labels: &self.data.labels().labels,
+            cache_hit: self.data.cache_hit(),
+            extras: self.data,
             config,
-        }
+        })
     }
 
     /// The run's training, validation and test splits as the algorithms read them.
-    pub fn splits(&self) -> Splits<TextExamples<'a>> {
-        let text = |e: &'a [mopt_data::Encoded]| TextExamples::new(e, self.pad_id);
-        Splits {
-            train: text(&self.data.train),
-            valid: text(&self.data.valid),
-            test: text(&self.data.test),
-        }
+    pub fn splits<B: 'static>(&self) -> Result<Splits<&'a dyn Examples<Batch = B>>, StageError> {
+        self.data.splits()
+    }
+
+    /// The validation examples of the golden reference (gates and logit errors use them).
+    pub fn golden<B: 'static>(&self) -> Result<&'a dyn Examples<Batch = B>, StageError> {
+        self.data.split(Split::Golden)
+    }
+
+    /// Number of golden examples.
+    pub fn golden_len(&self) -> usize {
+        self.data.len(Split::Golden)
     }
 }
 

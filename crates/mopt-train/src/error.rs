@@ -31,7 +31,7 @@ impl TrainError {
         ) || matches!(self, TrainError::Model(f) if f.input)
     }
 
-    pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
+    pub fn io(path: &std::path::Path, source: std::io::Error) -> Self {
         TrainError::Io {
             path: path.display().to_string(),
             source,

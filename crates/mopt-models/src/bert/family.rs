@@ -12,20 +12,6 @@ use mopt_data::TextBatch;
 use super::config::BertConfig;
 use super::model::BertForSequenceClassification;
 use super::weights;
-use crate::error::ModelError;
-
-impl From<ModelError> for ModelFault {
-    fn from(e: ModelError) -> Self {
-        let input = matches!(
-            e,
-            ModelError::Config { .. } | ModelError::Load { .. } | ModelError::Recipe(_)
-        );
-        ModelFault {
-            input,
-            source: Box::new(e),
-        }
-    }
-}
 
 impl ModelConfig for BertConfig {
     fn arch(&self) -> &'static str {

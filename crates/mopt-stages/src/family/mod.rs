@@ -3,24 +3,28 @@
 //! names a model. A family implements the `mopt-core` / `mopt-export` contracts in its own crate
 //! and is registered here with one line in [`families`].
 //!
-//! Transitional: the runner's data is still tokenised text (`TextExamples`), so every family
-//! registered today reads text batches.
+//! A family also loads the run's data ([`crate::data`]: the loader of the modality its models
+//! read) and measures its checkpoints on it ([`Family::measure`]).
 
 pub mod bert;
+pub mod resnet;
 
 use std::path::Path;
 
 use burn::prelude::*;
 use mopt_core::{Checkpoint, Examples, Labeled, ModelConfig};
-use mopt_data::TextExamples;
+use mopt_data::LabelMap;
 use mopt_export::{ExportOptions, ModelCard};
 use mopt_recipe::{ModelSpec, Recipe, Scope, StageEntry, TokenizerSpec, DEFAULT_ARCH};
 use mopt_train::trainer::evaluate;
 
+use crate::analysis::Analysis;
+use crate::data::{RunData, Split};
 use crate::error::StageError;
 use crate::kinds::distill::DistillStage;
 use crate::kinds::prune::PruneStage;
 use crate::kinds::quantize::QuantStage;
+use crate::record::{EvalSettings, ModelFacts};
 use crate::shape::Shape;
 use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
 
@@ -29,14 +33,57 @@ pub trait Family: Sync {
     /// The `[model] arch` name (`bert`).
     fn arch(&self) -> &'static str;
 
+    /// What its models read: `"text"` or `"images"` (a recipe's `[data] format` must give it).
+    fn modality(&self) -> &'static str;
+
     /// Other names recipes may use for it.
     fn aliases(&self) -> &'static [&'static str] {
         &[]
     }
 
-    /// How a deployment feeds the exported graph (padding, truncation at `max_len` tokens),
-    /// for the model card.
-    fn input_notes(&self, max_len: usize) -> String;
+    /// How a deployment feeds the exported graph (padding, truncation at `size` tokens; an
+    /// image's normalisation), for the model card.
+    fn input_notes(&self, size: usize) -> String;
+
+    /// Load the recipe's data as this family's models read it (`labels`: a teacher's label map;
+    /// the golden set is the first `golden` validation examples).
+    fn load_data(
+        &self,
+        recipe: &Recipe,
+        labels: Option<LabelMap>,
+        golden: usize,
+    ) -> Result<RunData, StageError>;
+
+    /// Build the recipe's `[model]` for `data` (its weights; a fresh head where allowed) on
+    /// `device` and save it as the checkpoint folder `ckpt` (the run's baseline).
+    fn build(
+        &self,
+        recipe: &Recipe,
+        data: &RunData,
+        device: &Device,
+        ckpt: &Path,
+    ) -> Result<(), StageError>;
+
+    /// Measure the checkpoint at `ckpt` on `data`: its facts (accuracy, size, FLOPs, latency)
+    /// and its logits on the golden set ([`crate::record::measure_checkpoint`]).
+    fn measure(
+        &self,
+        ckpt: &Path,
+        data: &RunData,
+        ev: &EvalSettings,
+    ) -> Result<(ModelFacts, Vec<Vec<f32>>), StageError>;
+
+    /// Where the checkpoint's parameters, FLOPs and forward time go, module by module, at
+    /// `size` (the report's baseline analysis); `None` (the default): not analysed.
+    fn analyse(
+        &self,
+        _ckpt: &Path,
+        _size: usize,
+        _runs: usize,
+        _device: &Device,
+    ) -> Result<Option<Analysis>, StageError> {
+        Ok(None)
+    }
 
     /// The shape of the checkpoint in the folder `dir` (its config file).
     fn read_shape(&self, dir: &Path) -> Result<Shape, StageError>;
@@ -45,7 +92,7 @@ pub trait Family: Sync {
     fn model_shape(
         &self,
         model: &ModelSpec,
-        tokenizer: &TokenizerSpec,
+        tokenizer: Option<&TokenizerSpec>,
         scope: &Scope,
         labels: &[String],
         vocab: usize,
@@ -150,47 +197,93 @@ pub trait Family: Sync {
         ))
     }
 
-    /// The checkpoint at `ckpt` loaded for inference on `device` ([`crate::Predictor`]).
+    /// The checkpoint at `ckpt` loaded as a text classifier on `device` ([`crate::Predictor`]);
+    /// by default an error (the family does not read text).
     fn classifier(
         &self,
-        ckpt: &Path,
-        device: &Device,
-    ) -> Result<Box<dyn crate::predict::TextClassifier>, StageError>;
+        _ckpt: &Path,
+        _device: &Device,
+    ) -> Result<Box<dyn crate::predict::TextClassifier>, StageError> {
+        Err(self.lacks("predict", "a text classifier", "reads no text"))
+    }
 
-    /// Test accuracy of the checkpoint at `ckpt` on `examples` (inference device).
-    fn accuracy(&self, ckpt: &Path, examples: &TextExamples) -> Result<f64, StageError>;
+    /// Accuracy of the checkpoint at `ckpt` on the split `which` of `data` (inference device).
+    fn accuracy(&self, ckpt: &Path, data: &RunData, which: Split) -> Result<f64, StageError>;
 
-    /// Export the checkpoint at `ckpt` to the folder `out`, parity checked on `examples`.
+    /// Export the checkpoint at `ckpt` to the folder `out`, parity checked on the first
+    /// `samples` examples of the split `which` of `data`; by default an error (no exporter).
     fn export(
         &self,
-        ckpt: &Path,
-        out: &Path,
-        examples: &TextExamples,
-        opts: &ExportOptions,
-    ) -> Result<ModelCard, StageError>;
+        _ckpt: &Path,
+        _out: &Path,
+        _data: &RunData,
+        _samples: (Split, usize),
+        _opts: &ExportOptions,
+    ) -> Result<ModelCard, StageError> {
+        Err(self.lacks("export", "an ONNX exporter", "declares none"))
+    }
 
     /// ONNX Runtime latency of the graph at `onnx` exported from `ckpt`, on synthetic inputs
-    /// of `size` tokens; `None` when the family declares no benchmark input.
+    /// of `size` tokens; `None` (the default) when the family declares no benchmark input.
     fn ort_latency(
         &self,
-        ckpt: &Path,
-        onnx: &Path,
-        size: usize,
-        warmup_runs: (usize, usize),
-    ) -> Result<Option<serde_json::Value>, StageError>;
+        _ckpt: &Path,
+        _onnx: &Path,
+        _size: usize,
+        _warmup_runs: (usize, usize),
+    ) -> Result<Option<serde_json::Value>, StageError> {
+        Ok(None)
+    }
 }
 
 /// The registered families.
 pub fn families() -> &'static [&'static dyn Family] {
-    &[&bert::Bert]
+    &[&bert::Bert, &resnet::ResNet]
 }
 
-/// The family of a recipe: its `[model] arch`; an unknown name is an error naming the key and
-/// the registered families. A recipe without `[model]` continues from checkpoints, which today
-/// are all BERT's (the only family with recipe-level data).
+/// The family of a recipe: its `[model] arch`, or for a recipe that continues from a
+/// `[teacher]` checkpoint, the family that checkpoint's `config.json` names (`model_type`; BERT
+/// when it names none). An unknown name is an error naming the key and the registered families;
+/// so is data of another modality than the family reads.
 pub fn recipe_family(recipe: &Recipe) -> Result<&'static dyn Family, mopt_recipe::RecipeError> {
+    let f = named_family(recipe)?;
+    let format = &recipe.data.format;
+    if f.modality() != format.modality() {
+        return Err(recipe.scope.nested("data").err(
+            "format",
+            format!(
+                "`{}` holds {}, and `{}` models read {}",
+                format.name(),
+                format.modality(),
+                f.arch(),
+                f.modality()
+            ),
+            "pair the model with data of its kind (a ResNet with `idx` / `pixels-csv`, BERT with text)",
+        ));
+    }
+    Ok(f)
+}
+
+/// The family a checkpoint folder's `config.json` names in `model_type`.
+fn checkpoint_arch(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    Some(v.get("model_type")?.as_str()?.to_string())
+}
+
+fn named_family(recipe: &Recipe) -> Result<&'static dyn Family, mopt_recipe::RecipeError> {
     let Some(m) = &recipe.model else {
-        return Ok(family(DEFAULT_ARCH).expect("the default family is registered"));
+        // The teacher's family: its checkpoint's, or the family of the recipe that trains it.
+        let Some(t) = &recipe.teacher else {
+            return Ok(family(DEFAULT_ARCH).expect("the default family is registered"));
+        };
+        if let Some(f) = checkpoint_arch(&t.checkpoint).and_then(|a| family(&a)) {
+            return Ok(f);
+        }
+        return match &t.recipe {
+            Some(p) => named_family(&mopt_recipe::load(p)?),
+            None => Ok(family(DEFAULT_ARCH).expect("the default family is registered")),
+        };
     };
     family(&m.arch).ok_or_else(|| {
         let known: Vec<String> = families()
@@ -216,16 +309,47 @@ pub fn family(arch: &str) -> Option<&'static dyn Family> {
         .find(|f| f.arch() == arch || f.aliases().contains(&arch))
 }
 
-/// Test accuracy of an `M` checkpoint on `examples`, on the inference device (batches of 64).
-pub fn checkpoint_accuracy<M, E>(ckpt: &Path, examples: &E) -> Result<f64, StageError>
+/// Accuracy of an `M` checkpoint on the split `which` of `data`, on the inference device
+/// (batches of 64).
+pub fn checkpoint_accuracy<M>(ckpt: &Path, data: &RunData, which: Split) -> Result<f64, StageError>
 where
     M: Checkpoint<Batch: Labeled>,
-    E: Examples<Batch = M::Batch>,
 {
+    let examples = data.split::<M::Batch>(which)?;
     let device = Device::flex();
     let (model, config) = M::load(ckpt, &device)?;
-    let eval = evaluate(&model.valid(), examples, 64, config.num_labels(), &device);
+    let eval = evaluate(&model.valid(), &examples, 64, config.num_labels(), &device);
     Ok(eval.metrics.accuracy)
+}
+
+/// The first `n` examples of a split.
+pub struct Head<E> {
+    pub examples: E,
+    pub n: usize,
+}
+
+impl<E: Examples> Examples for Head<E> {
+    type Batch = E::Batch;
+
+    fn len(&self) -> usize {
+        self.n.min(self.examples.len())
+    }
+
+    fn label(&self, i: usize) -> usize {
+        self.examples.label(i)
+    }
+
+    fn size(&self, i: usize) -> usize {
+        self.examples.size(i)
+    }
+
+    fn batch(&self, indices: &[usize], device: &Device) -> Self::Batch {
+        self.examples.batch(indices, device)
+    }
+
+    fn record(&self, i: usize) -> serde_json::Value {
+        self.examples.record(i)
+    }
 }
 
 #[cfg(test)]
@@ -240,16 +364,38 @@ mod tests {
         fn arch(&self) -> &'static str {
             "bare"
         }
+        fn modality(&self) -> &'static str {
+            "text"
+        }
         fn input_notes(&self, _: usize) -> String {
             unreachable!()
         }
         fn read_shape(&self, _: &Path) -> Result<Shape, StageError> {
             unreachable!()
         }
+        fn load_data(
+            &self,
+            _: &Recipe,
+            _: Option<LabelMap>,
+            _: usize,
+        ) -> Result<RunData, StageError> {
+            unreachable!()
+        }
+        fn build(&self, _: &Recipe, _: &RunData, _: &Device, _: &Path) -> Result<(), StageError> {
+            unreachable!()
+        }
+        fn measure(
+            &self,
+            _: &Path,
+            _: &RunData,
+            _: &EvalSettings,
+        ) -> Result<(ModelFacts, Vec<Vec<f32>>), StageError> {
+            unreachable!()
+        }
         fn model_shape(
             &self,
             _: &ModelSpec,
-            _: &TokenizerSpec,
+            _: Option<&TokenizerSpec>,
             _: &Scope,
             _: &[String],
             _: usize,
@@ -259,32 +405,7 @@ mod tests {
         fn finetune(&self, _: &Path, _: &StageContext) -> Result<StageOutput, StageError> {
             unreachable!()
         }
-        fn accuracy(&self, _: &Path, _: &TextExamples) -> Result<f64, StageError> {
-            unreachable!()
-        }
-        fn classifier(
-            &self,
-            _: &Path,
-            _: &Device,
-        ) -> Result<Box<dyn crate::predict::TextClassifier>, StageError> {
-            unreachable!()
-        }
-        fn export(
-            &self,
-            _: &Path,
-            _: &Path,
-            _: &TextExamples,
-            _: &ExportOptions,
-        ) -> Result<ModelCard, StageError> {
-            unreachable!()
-        }
-        fn ort_latency(
-            &self,
-            _: &Path,
-            _: &Path,
-            _: usize,
-            _: (usize, usize),
-        ) -> Result<Option<serde_json::Value>, StageError> {
+        fn accuracy(&self, _: &Path, _: &RunData, _: Split) -> Result<f64, StageError> {
             unreachable!()
         }
     }

@@ -4,13 +4,13 @@
 
 use std::path::Path;
 
-use mopt_data::TextExamples;
 use mopt_export::export::{ExportOptions, ModelCard, FLOAT_TOLERANCE};
 use mopt_recipe::{RecipeError, StageEntry};
 
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::data::Split;
 use crate::error::StageError;
 use crate::family::Family;
 use crate::shape::Shape;
@@ -132,25 +132,24 @@ impl Stage for ExportStage {
     }
 
     fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
-        let golden = &cx.golden[..self.samples.min(cx.golden.len())];
-        let samples = TextExamples::new(golden, cx.pad_id);
+        let samples = (Split::Golden, self.samples.min(cx.golden_len()));
         let opts = ExportOptions {
             tolerance: self.tolerance,
-            input_notes: cx.family.input_notes(cx.tokenizer.max_len),
-            labels: cx.data.labels.labels.clone(),
+            input_notes: cx.family.input_notes(cx.size),
+            labels: cx.data.labels().labels.clone(),
             accuracy: None,
             force: true,
         };
         let out = cx.dir.join("onnx");
         eprintln!("export: {} -> {}", input.display(), out.display());
-        let card = cx.family.export(input, &out, &samples, &opts)?;
+        let card = cx.family.export(input, &out, cx.data, samples, &opts)?;
         let mut notes = vec![self.card_note(&card, &out.join("model.onnx"))];
         let mut models = vec![Exported {
             name: "model".into(),
             checkpoint: input.to_path_buf(),
             onnx: out.join("model.onnx"),
         }];
-        models.extend(self.export_references(input, cx, &samples, &opts)?);
+        models.extend(self.export_references(input, cx, samples, &opts)?);
         notes.push(format!(
             "ONNX files on disk: {}.",
             models
@@ -227,7 +226,7 @@ impl ExportStage {
         &self,
         input: &Path,
         cx: &StageContext,
-        samples: &TextExamples,
+        samples: (Split, usize),
         opts: &ExportOptions,
     ) -> Result<Vec<Exported>, StageError> {
         let mut out = Vec::new();
@@ -243,7 +242,7 @@ impl ExportStage {
                 dir.display(),
                 b.display()
             );
-            cx.family.export(dir, &b, samples, opts)?;
+            cx.family.export(dir, &b, cx.data, samples, opts)?;
             out.push(Exported {
                 name: name.clone(),
                 checkpoint: dir.clone(),

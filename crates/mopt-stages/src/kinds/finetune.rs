@@ -4,7 +4,6 @@
 use std::path::Path;
 
 use mopt_core::Checkpoint;
-use mopt_data::TextBatch;
 use mopt_recipe::{RecipeError, StageEntry};
 use mopt_train::trainer::{fit, FinetuneTask};
 use serde::Deserialize;
@@ -60,7 +59,7 @@ impl Stage for FinetuneStage {
         Ok(StagePlan {
             output: input.clone(),
             settings: train_settings(&entry.train, entry.train_overridden),
-            memory: Some(input.training_memory(entry.train.batch_size, cx.tokenizer.max_len)),
+            memory: Some(input.training_memory(entry.train.batch_size, cx.size)),
             extra_memory: Vec::new(),
         })
     }
@@ -79,12 +78,12 @@ impl Stage for FinetuneStage {
 /// [`Family::finetune`](crate::family::Family::finetune) calls with its model type).
 pub fn run<M>(input: &Path, cx: &StageContext) -> Result<StageOutput, StageError>
 where
-    M: Checkpoint<Batch = TextBatch>,
+    M: Checkpoint<Batch: mopt_core::Labeled>,
 {
     let entry = cx.entry;
     let ad = cx.device.train_device(&entry.train);
     let (model, config) = M::load(input, &ad)?;
-    let run = cx.run_context(&config);
+    let run = cx.run_context::<M::Batch, _>(&config)?;
     let report = fit(&run, FinetuneTask::new(&ad), model)?;
     Ok(StageOutput {
         checkpoint: report.checkpoint.clone(),

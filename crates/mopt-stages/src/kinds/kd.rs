@@ -2,8 +2,7 @@
 //! any model family: KD against the baseline teacher's cached logits, or hard labels.
 
 use burn::prelude::*;
-use mopt_core::{Checkpoint, Examples};
-use mopt_data::TextBatch;
+use mopt_core::Checkpoint;
 use mopt_distill::kd::{KdSettings, KdTask, LogitCache};
 use mopt_distill::spec::{Schedule, SoftLoss};
 
@@ -46,14 +45,14 @@ pub fn kd_objective<M>(
     ad: &Device,
 ) -> Result<KdTask<M>, StageError>
 where
-    M: Checkpoint<Batch = TextBatch>,
+    M: Checkpoint<Batch: mopt_core::Labeled>,
 {
     let Some((alpha, temperature)) = kd else {
         return Ok(KdTask::hard_labels(ad));
     };
     let device = cx.device.device();
     let (teacher, _) = M::load(cx.baseline, &device)?;
-    let train = cx.splits().train;
+    let train = cx.splits::<M::Batch>()?.train;
     eprintln!(
         "teacher pass: the baseline's logits on {} training examples",
         train.len()

@@ -10,8 +10,8 @@
 use std::path::Path;
 
 use burn::prelude::*;
-use mopt_core::{Examples, ModelConfig};
-use mopt_data::{epoch_order, TextBatch, TextExamples};
+use mopt_core::{Labeled, ModelConfig};
+use mopt_data::epoch_order;
 use mopt_distill::kd::KdTask;
 use mopt_prune::{
     glob, origin_after, prune, select, units, Criterion, GroupKind, GroupScores, Keep, ParamTable,
@@ -393,7 +393,7 @@ impl PruneStage {
 
     /// The objective of Taylor scoring and fine-tuning: KD against the baseline teacher's cached
     /// logits, or hard labels.
-    fn task<M: Prunable<Batch = TextBatch>>(
+    fn task<M: Prunable<Batch: Labeled>>(
         &self,
         input: &Path,
         cx: &StageContext,
@@ -405,7 +405,7 @@ impl PruneStage {
 
     /// First-order Taylor gradients of every parameter, summed over `taylor_batches` training
     /// batches.
-    fn taylor_gradients<M: Prunable<Batch = TextBatch>>(
+    fn taylor_gradients<M: Prunable<Batch: Labeled>>(
         &self,
         dir: &Path,
         task: &mut KdTask<M>,
@@ -413,7 +413,7 @@ impl PruneStage {
         ad: &Device,
     ) -> Result<ParamTable, StageError> {
         let (model, _) = M::load(dir, ad)?;
-        let train = cx.splits().train;
+        let train = cx.splits::<M::Batch>()?.train;
         let order = epoch_order(train.len(), self.seed ^ cx.seed, 0);
         let mut acc = ParamTable::default();
         for chunk in order
@@ -433,7 +433,7 @@ impl PruneStage {
     /// One schedule of rounds with `criterion`, its rounds in `dir/round-N`. With `stop_at_knee`
     /// (the stage's `on-fail = "retry"`) it stops at the first round that fails the gate and
     /// hands on the last passing round's model; otherwise every round runs.
-    fn schedule<M: Prunable<Batch = TextBatch>>(
+    fn schedule<M: Prunable<Batch: Labeled>>(
         &self,
         criterion: Criterion,
         stop_at_knee: bool,
@@ -447,7 +447,7 @@ impl PruneStage {
         let (mut model, mut config) = M::load(input, &device)?;
         let orig = self.units::<M>(&config);
         let mut origin: Vec<usize> = (0..M::layers(&config)).collect();
-        let golden_split = TextExamples::new(cx.golden, cx.pad_id);
+        let golden_split = cx.golden::<M::Batch>()?;
         let golden = |m: &M, c: &M::Config| {
             let bs = cx.entry.train.eval_batch_size;
             evaluate(&m.valid(), &golden_split, bs, c.num_labels(), &device).logits
@@ -483,7 +483,7 @@ impl PruneStage {
             let (pruned, pcfg) = prune(&model.valid(), &config, &keep, &device);
             origin = origin_after(&origin, &keep);
             let pdir = rdir.join("pruned");
-            save_checkpoint_dir(&pruned, &pcfg, cx.extras, &pdir)?;
+            save_checkpoint_dir(&pruned, &pcfg, cx.data, &pdir)?;
             eprintln!(
                 "prune round {r}: {} ({:.2}M params); fine-tuning",
                 pcfg.describe(),
@@ -492,7 +492,7 @@ impl PruneStage {
             let (student, _) = M::load(&pdir, &ad)?;
             let run = mopt_train::trainer::RunContext {
                 run_dir: &rdir,
-                ..cx.run_context(&pcfg)
+                ..cx.run_context::<M::Batch, _>(&pcfg)?
             };
             let report = fit(&run, &mut *task, student)?;
             steps += report.steps;
@@ -527,7 +527,7 @@ impl PruneStage {
 impl PruneStage {
     /// Round `r`'s record and report line: the fine-tuned model `(m, c)` (inference device),
     /// its training report, its golden logit error against the input and the gate's decision.
-    fn record<M: Prunable<Batch = TextBatch>>(
+    fn record<M: Prunable<Batch: Labeled>>(
         &self,
         r: usize,
         (m, c): (&M, &M::Config),
@@ -630,12 +630,12 @@ impl PruneStage {
                 self.fraction(r) * 100.0,
                 c.describe(),
                 c.num_params() as f64 / 1e6,
-                c.flops(cx.tokenizer.max_len) / 1e9
+                c.flops(cx.size) / 1e9
             ));
         }
         settings.extend(train_settings(&entry.train, entry.train_overridden));
         Ok(StagePlan {
-            memory: Some(input.training_memory(entry.train.batch_size, cx.tokenizer.max_len)),
+            memory: Some(input.training_memory(entry.train.batch_size, cx.size)),
             output: Shape::new(c),
             settings,
             extra_memory: Vec::new(),
@@ -644,7 +644,7 @@ impl PruneStage {
 
     /// Run a prune stage on the `M` checkpoint at `input` (what a family's
     /// [`Family::prune`](crate::family::Family::prune) calls).
-    pub fn run<M: Prunable<Batch = TextBatch>>(
+    pub fn run<M: Prunable<Batch: Labeled>>(
         &self,
         input: &Path,
         cx: &StageContext,

@@ -14,8 +14,8 @@
 use std::path::Path;
 
 use mopt_core::quant::calibrate;
-use mopt_core::{Examples, ModelConfig, Quantizable};
-use mopt_data::{epoch_order, TextBatch, TextExamples};
+use mopt_core::{Labeled, ModelConfig, Quantizable};
+use mopt_data::epoch_order;
 use mopt_quant::node::{Phase, QuantConfig};
 use mopt_quant::{Granularity, IntFormat, ObserverKind, QuantScheme};
 use mopt_recipe::{RecipeError, Scope, StageEntry};
@@ -331,7 +331,7 @@ impl QuantStage {
     }
 
     /// The input with calibrated quantizers, and the layers whose input saw no data.
-    fn calibrated<M: Quantizable<Batch = TextBatch>>(
+    fn calibrated<M: Quantizable<Batch: Labeled>>(
         &self,
         input: &Path,
         cx: &StageContext,
@@ -339,7 +339,7 @@ impl QuantStage {
         let device = cx.device.device();
         let (model, config) = M::load(input, &device)?;
         let q = self.config_for(&M::linear_paths(&config));
-        let train = TextExamples::new(&cx.data.train, cx.pad_id);
+        let train = cx.splits::<M::Batch>()?.train;
         let order = epoch_order(train.len(), cx.seed ^ 0x9a7, 0);
         let n = self.calibration_samples.min(order.len());
         eprintln!(
@@ -360,26 +360,32 @@ impl QuantStage {
 
     /// Validation metrics and golden logits of `m` (the golden set is the validation split's
     /// first examples: one pass gives both).
-    fn measure<M: Quantizable<Batch = TextBatch>>(
+    fn measure<M: Quantizable<Batch: Labeled>>(
         m: &M,
         c: &M::Config,
         cx: &StageContext,
-    ) -> (EvalMetrics, Vec<Vec<f32>>) {
+    ) -> Result<(EvalMetrics, Vec<Vec<f32>>), StageError> {
         let device = cx.device.device();
         let bs = cx.entry.train.eval_batch_size;
-        let out = evaluate(m, &cx.splits().valid, bs, c.num_labels(), &device);
-        let golden = out.logits[..cx.golden.len().min(out.logits.len())].to_vec();
-        (out.metrics, golden)
+        let out = evaluate(
+            m,
+            &cx.splits::<M::Batch>()?.valid,
+            bs,
+            c.num_labels(),
+            &device,
+        );
+        let golden = out.logits[..cx.golden_len().min(out.logits.len())].to_vec();
+        Ok((out.metrics, golden))
     }
 
     /// Each quantized layer alone (the others float), ranked worst first.
-    fn sensitivity<M: Quantizable<Batch = TextBatch>>(
+    fn sensitivity<M: Quantizable<Batch: Labeled>>(
         &self,
         m: &M,
         c: &M::Config,
         cx: &StageContext,
         float_logits: &[Vec<f32>],
-    ) -> Vec<Sensitivity> {
+    ) -> Result<Vec<Sensitivity>, StageError> {
         let layers: Vec<String> = m
             .quant_slots_ref()
             .into_iter()
@@ -400,7 +406,7 @@ impl QuantStage {
                     q.weight.set_phase(phase);
                 }
             }
-            let (valid, golden) = Self::measure::<M>(m, c, cx);
+            let (valid, golden) = Self::measure::<M>(m, c, cx)?;
             rows.push(Sensitivity {
                 layer: layer.clone(),
                 valid_accuracy: valid.accuracy,
@@ -414,7 +420,7 @@ impl QuantStage {
                 .total_cmp(&a.drop_points)
                 .then(b.max_logit_error.total_cmp(&a.max_logit_error))
         });
-        rows
+        Ok(rows)
     }
 }
 
@@ -523,14 +529,14 @@ impl QuantStage {
             settings,
             memory: self
                 .train
-                .then(|| input.training_memory(entry.train.batch_size, cx.tokenizer.max_len)),
+                .then(|| input.training_memory(entry.train.batch_size, cx.size)),
             extra_memory: Vec::new(),
         })
     }
 
     /// Run a `ptq` / `qat` stage on the `M` checkpoint at `input` (what a family's
     /// [`Family::quantize`](crate::family::Family::quantize) calls).
-    pub fn run<M: Quantizable<Batch = TextBatch>>(
+    pub fn run<M: Quantizable<Batch: Labeled>>(
         &self,
         input: &Path,
         cx: &StageContext,
@@ -547,7 +553,7 @@ impl QuantStage {
                 format!("no data reached {unseen:?}")
             }
         )];
-        let (valid, golden) = Self::measure::<M>(&m, &qc, cx);
+        let (valid, golden) = Self::measure::<M>(&m, &qc, cx)?;
         let ptq_err = max_abs_diff(&golden, float_logits);
         notes.push(format!(
             "After calibration: validation accuracy {:.4} (input {:.4}), max logit error vs the float input {:.3}.",
@@ -555,7 +561,7 @@ impl QuantStage {
         ));
         let mut facts = json!({
             "quantization": M::quantization(&qc),
-            "calibration_samples": self.calibration_samples.min(cx.data.train.len()),
+            "calibration_samples": self.calibration_samples.min(cx.data.len(crate::data::Split::Train)),
             "calibrated_valid_accuracy": valid.accuracy,
             "calibrated_max_logit_error": ptq_err,
         });
@@ -566,7 +572,7 @@ impl QuantStage {
             artifacts.push(cx.dir.join("sensitivity.svg"));
         }
         let out = cx.dir.join("model");
-        save_checkpoint_dir(&m, &qc, cx.extras, &out)?;
+        save_checkpoint_dir(&m, &qc, cx.data, &out)?;
         if !self.train {
             return Ok(StageOutput {
                 checkpoint: out,
@@ -598,7 +604,7 @@ impl QuantStage {
 
     /// Train the calibrated `M` saved at `calibrated` with fake-quant (STE), KD from the
     /// baseline unless switched off.
-    fn qat<M: Quantizable<Batch = TextBatch>>(
+    fn qat<M: Quantizable<Batch: Labeled>>(
         &self,
         input: &Path,
         calibrated: &Path,
@@ -622,13 +628,17 @@ impl QuantStage {
                 ""
             }
         );
-        Ok(fit(&cx.run_context(qc), &mut task, student)?)
+        Ok(fit(
+            &cx.run_context::<M::Batch, _>(qc)?,
+            &mut task,
+            student,
+        )?)
     }
 
     /// Sensitivity ranking, then the worst layers back to float (at most `max-fallback`) until
     /// the gate holds; `calibrated`: the fully quantized model's validation metrics and logit
     /// error. Writes `sensitivity.svg` and the facts `sensitivity`, `fallback`, `quantization`.
-    fn fall_back<M: Quantizable<Batch = TextBatch>>(
+    fn fall_back<M: Quantizable<Batch: Labeled>>(
         &self,
         m: &mut M,
         qc: &mut M::Config,
@@ -638,7 +648,7 @@ impl QuantStage {
         facts: &mut serde_json::Value,
     ) -> Result<(), StageError> {
         let float_logits = cx.input_logits;
-        let rows = self.sensitivity(&*m, qc, cx, float_logits);
+        let rows = self.sensitivity(&*m, qc, cx, float_logits)?;
         let mut fallback = Vec::new();
         let mut d = cx.judge(&calibrated.0, calibrated.1);
         for r in &rows {
@@ -655,7 +665,7 @@ impl QuantStage {
                 q.layers.retain(|l| l != &r.layer);
                 *qc = M::with_quantization(qc, Some(q));
             }
-            let (v, g) = Self::measure::<M>(m, qc, cx);
+            let (v, g) = Self::measure::<M>(m, qc, cx)?;
             let current = (v, max_abs_diff(&g, float_logits));
             d = cx.judge(&current.0, current.1);
             notes.push(format!(

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use burn::prelude::*;
 use mopt_core::{ModelFault, Tapped};
-use mopt_data::LabelMap;
+use mopt_data::{LabelMap, TextBatch};
 use mopt_distill::matching::resolve;
 use mopt_distill::matching::MatchPlan;
 use mopt_distill::pipeline::{teacher_source, with_word_table, TeacherOutputs};
@@ -21,6 +21,7 @@ use mopt_train::trainer::{fit, RunContext};
 use mopt_train::TrainError;
 use serde_json::json;
 
+use crate::data::text::TextData;
 use crate::error::StageError;
 use crate::kinds::distill::{match_line, DistillStage};
 use crate::plan::train_settings;
@@ -163,7 +164,10 @@ pub fn plan(
             .map(|i| format!("<class {i}>"))
             .collect(),
     );
-    let (config, plan) = student_config(stage, input, &labels, cx.tokenizer, cx.vocab)?;
+    let tokenizer = cx
+        .tokenizer
+        .ok_or_else(|| StageError::Unsupported("a BERT student needs a [tokenizer]".into()))?;
+    let (config, plan) = student_config(stage, input, &labels, tokenizer, cx.vocab)?;
     let s = &stage.spec;
     let init = match (
         &stage.student.init_from_teacher_layers,
@@ -228,7 +232,7 @@ pub fn plan(
         memory: Some(mopt_core::ModelConfig::training_memory(
             &config,
             entry.train.batch_size,
-            cx.tokenizer.max_len,
+            cx.size,
         )),
         output: Shape::new(config),
         settings,
@@ -247,27 +251,28 @@ pub fn run(
     let ad = cx.device.train_device(&entry.train);
     let (teacher, teacher_config) = weights::load_checkpoint(input, &device)?;
     let teacher = teacher.valid();
+    let text = cx.data.get::<TextData>()?;
     let (config, plan) = student_config(
         stage,
         &teacher_config,
-        &cx.data.labels,
-        cx.tokenizer,
-        cx.vocab,
+        &text.labels,
+        &text.spec,
+        text.vocab(),
     )?;
     let (source, cache) = teacher_source(
         &TeacherOutputs {
             teacher_dir: input,
             teacher: &teacher,
             data: cx.data_spec,
-            train: &cx.data.train,
-            pad_id: cx.pad_id,
+            train: &text.train.examples,
+            pad_id: text.pad_id(),
             batch_size: entry.train.eval_batch_size,
         },
         &stage.spec,
         &plan,
         &device,
     )?;
-    let run = cx.run_context(&config);
+    let run = cx.run_context::<TextBatch, _>(&config)?;
     let student = init_student(&stage.student, cx.seed, &config, input, &ad)?;
     let model = DistillModel::new(student, &plan.projections, &ad);
     eprintln!(
@@ -332,7 +337,7 @@ fn twin(
     stage: &DistillStage,
     input: &Path,
     config: &BertConfig,
-    run: &RunContext<'_, mopt_data::TextExamples<'_>, BertConfig>,
+    run: &RunContext<'_, &dyn mopt_core::Examples<Batch = TextBatch>, BertConfig>,
     cx: &StageContext,
 ) -> Result<mopt_train::trainer::TrainReport, StageError> {
     eprintln!("twin: the same student trained on hard labels only");

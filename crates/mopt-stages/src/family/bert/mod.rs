@@ -2,23 +2,28 @@
 
 use std::path::Path;
 
-use mopt_data::TextExamples;
+use mopt_data::{LabelMap, TextBatch};
 use mopt_export::{export_checkpoint, ort_latency, ExportOptions, ModelCard};
 use mopt_models::bert::{onnx, BertConfig, BertForSequenceClassification as Model};
 
 use mopt_core::prune::Prunable;
 use mopt_core::Quantizable;
-use mopt_models::bert::setup::model_config;
-use mopt_recipe::{ModelSpec, Scope, StageEntry, TokenizerSpec};
+use mopt_models::bert::setup::{build_model, model_config};
+use mopt_recipe::{ModelSpec, Recipe, Scope, StageEntry, TokenizerSpec};
+use mopt_train::trainer::save_checkpoint_dir;
 
+pub mod analysis;
 pub mod distill;
 
-use super::{checkpoint_accuracy, Family};
+use super::{checkpoint_accuracy, Family, Head};
+use crate::data::text::TextData;
+use crate::data::{RunData, Split};
 use crate::error::StageError;
 use crate::kinds::distill::DistillStage;
 use crate::kinds::prune::PruneStage;
 use crate::kinds::quantize::QuantStage;
 use crate::predict::TextClassifier;
+use crate::record::{measure_checkpoint, EvalSettings, ModelFacts};
 use crate::shape::Shape;
 use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
 
@@ -30,12 +35,78 @@ impl Family for Bert {
         "bert"
     }
 
+    fn modality(&self) -> &'static str {
+        "text"
+    }
+
     fn aliases(&self) -> &'static [&'static str] {
         &["bert-classifier"]
     }
 
     fn input_notes(&self, max_len: usize) -> String {
         onnx::input_notes(max_len)
+    }
+
+    fn load_data(
+        &self,
+        recipe: &Recipe,
+        labels: Option<LabelMap>,
+        golden: usize,
+    ) -> Result<RunData, StageError> {
+        Ok(RunData::new(TextData::load(recipe, labels, golden)?))
+    }
+
+    fn build(
+        &self,
+        recipe: &Recipe,
+        data: &RunData,
+        device: &burn::prelude::Device,
+        ckpt: &Path,
+    ) -> Result<(), StageError> {
+        let m = recipe
+            .model
+            .as_ref()
+            .expect("validated: [model] or [teacher]");
+        let text = data.get::<TextData>()?;
+        let config = model_config(
+            m,
+            &text.spec,
+            &recipe.scope.nested("model"),
+            &text.labels.labels,
+            text.vocab(),
+        )?;
+        let (model, load) = build_model(m, recipe.run.seed, &config, device)?;
+        if let Some(l) = &load {
+            eprintln!(
+                "weights: {} tensors loaded, {} fresh ({}), {} skipped",
+                l.applied,
+                l.fresh.len(),
+                l.fresh.join(", "),
+                l.skipped.len()
+            );
+        }
+        save_checkpoint_dir(&model, &config, data, ckpt)?;
+        Ok(())
+    }
+
+    /// Quantized checkpoints are measured with their weights fake-quantized once.
+    fn measure(
+        &self,
+        ckpt: &Path,
+        data: &RunData,
+        ev: &EvalSettings,
+    ) -> Result<(ModelFacts, Vec<Vec<f32>>), StageError> {
+        measure_checkpoint::<Model>(ckpt, data, ev, |m| m.with_baked_weights())
+    }
+
+    fn analyse(
+        &self,
+        ckpt: &Path,
+        size: usize,
+        runs: usize,
+        device: &burn::prelude::Device,
+    ) -> Result<Option<crate::analysis::Analysis>, StageError> {
+        Ok(Some(analysis::analyse(ckpt, size, runs, device)?))
     }
 
     fn read_shape(&self, dir: &Path) -> Result<Shape, StageError> {
@@ -45,11 +116,18 @@ impl Family for Bert {
     fn model_shape(
         &self,
         model: &ModelSpec,
-        tokenizer: &TokenizerSpec,
+        tokenizer: Option<&TokenizerSpec>,
         scope: &Scope,
         labels: &[String],
         vocab: usize,
     ) -> Result<Shape, StageError> {
+        let tokenizer = tokenizer.ok_or_else(|| {
+            self.lacks(
+                "the recipe's [model]",
+                "text data and a [tokenizer]",
+                "reads text",
+            )
+        })?;
         Ok(Shape::new(model_config(
             model, tokenizer, scope, labels, vocab,
         )?))
@@ -137,18 +215,23 @@ impl Family for Bert {
         distill::run(stage, input, cx)
     }
 
-    fn accuracy(&self, ckpt: &Path, examples: &TextExamples) -> Result<f64, StageError> {
-        checkpoint_accuracy::<Model, _>(ckpt, examples)
+    fn accuracy(&self, ckpt: &Path, data: &RunData, which: Split) -> Result<f64, StageError> {
+        checkpoint_accuracy::<Model>(ckpt, data, which)
     }
 
     fn export(
         &self,
         ckpt: &Path,
         out: &Path,
-        examples: &TextExamples,
+        data: &RunData,
+        (which, n): (Split, usize),
         opts: &ExportOptions,
     ) -> Result<ModelCard, StageError> {
-        Ok(export_checkpoint::<Model, _>(ckpt, out, examples, opts)?)
+        let examples = Head {
+            examples: data.split::<TextBatch>(which)?,
+            n,
+        };
+        Ok(export_checkpoint::<Model, _>(ckpt, out, &examples, opts)?)
     }
 
     fn ort_latency(

@@ -1,0 +1,167 @@
+//! The ResNet as a model family: the contracts of `mopt-core` for [`ResNet`].
+
+use std::path::Path;
+
+use burn::prelude::*;
+use burn::store::{BurnpackStore, ModuleSnapshot};
+use mopt_core::{Checkpoint, Classifier, MemoryEstimate, ModelConfig, ModelFault};
+use mopt_data::ImageBatch;
+
+use super::config::ResNetConfig;
+use super::model::ResNet;
+use crate::error::ModelError;
+
+impl ModelConfig for ResNetConfig {
+    fn arch(&self) -> &'static str {
+        "resnet"
+    }
+
+    fn num_params(&self) -> usize {
+        self.parameters()
+    }
+
+    fn num_labels(&self) -> usize {
+        self.num_labels
+    }
+
+    /// Images have one size: `size` is ignored.
+    fn flops(&self, _size: usize) -> f64 {
+        self.forward_flops()
+    }
+
+    fn summary(&self) -> Vec<(String, String)> {
+        vec![
+            (
+                "widths".into(),
+                format!(
+                    "{:?}",
+                    self.stages.iter().map(|s| s.width).collect::<Vec<_>>()
+                ),
+            ),
+            (
+                "blocks".into(),
+                format!(
+                    "{:?}",
+                    self.stages
+                        .iter()
+                        .map(|s| s.blocks.clone())
+                        .collect::<Vec<_>>()
+                ),
+            ),
+            (
+                "input".into(),
+                format!("{}x{}x{}", self.channels, self.image_size, self.image_size),
+            ),
+        ]
+    }
+
+    /// `ResNet, stage widths [32, 64], block widths [[32, 32], [64, 64]], input 1x28x28`.
+    fn describe(&self) -> String {
+        let s = self.summary();
+        format!(
+            "ResNet, stage widths {}, block widths {}, input {}",
+            s[0].1, s[1].1, s[2].1
+        )
+    }
+
+    /// `widths` (residual channels a stage) and `blocks` (inner channels a block).
+    fn facts(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        m.insert(
+            "widths".into(),
+            self.stages
+                .iter()
+                .map(|s| s.width)
+                .collect::<Vec<_>>()
+                .into(),
+        );
+        m.insert(
+            "blocks".into(),
+            serde_json::json!(self.stages.iter().map(|s| &s.blocks).collect::<Vec<_>>()),
+        );
+        m
+    }
+
+    fn training_memory(&self, batch: usize, _size: usize) -> MemoryEstimate {
+        MemoryEstimate::adamw_f32(self.parameters(), batch as u64 * self.activation_floats())
+    }
+}
+
+impl Classifier for ResNet {
+    type Batch = ImageBatch;
+
+    fn logits(&self, batch: &ImageBatch) -> Tensor<2> {
+        self.forward(batch.images.clone())
+    }
+}
+
+impl Checkpoint for ResNet {
+    type Config = ResNetConfig;
+
+    fn init(config: &ResNetConfig, device: &Device) -> Self {
+        ResNet::new(config, device)
+    }
+
+    /// `model.bpk` (Burn's format, BatchNorm running statistics included) and `config.json`.
+    fn save(&self, config: &ResNetConfig, dir: &Path) -> Result<(), ModelFault> {
+        let weights = dir.join("model.bpk");
+        let mut store = BurnpackStore::from_file(&weights)
+            .auto_extension(false)
+            .overwrite(true);
+        self.save_into(&mut store).map_err(|e| ModelError::Save {
+            path: weights.clone(),
+            message: e.to_string(),
+        })?;
+        let path = dir.join("config.json");
+        let mut value = serde_json::to_value(config).expect("config serialises");
+        value["model_type"] = "resnet".into();
+        std::fs::write(&path, serde_json::to_string_pretty(&value).expect("json"))
+            .map_err(|source| ModelError::Io { path, source })?;
+        Ok(())
+    }
+
+    fn load(dir: &Path, device: &Device) -> Result<(Self, ResNetConfig), ModelFault> {
+        let config = ResNetConfig::from_file(&dir.join("config.json"))?;
+        let mut model = ResNet::new(&config, device);
+        let weights = dir.join("model.bpk");
+        let mut store = BurnpackStore::from_file(&weights).auto_extension(false);
+        let result = model.load_from(&mut store).map_err(|e| ModelError::Load {
+            path: weights.clone(),
+            message: e.to_string(),
+            hint: "the checkpoint's config.json must match its weights; was the file truncated?"
+                .into(),
+        })?;
+        if !result.is_success() || !result.missing.is_empty() {
+            return Err(ModelError::Load {
+                path: weights,
+                message: format!(
+                    "{} missing, {} unused, {} mismatched tensors",
+                    result.missing.len(),
+                    result.unused.len(),
+                    result.errors.len()
+                ),
+                hint: "use the config.json saved with these weights".into(),
+            }
+            .into());
+        }
+        Ok((model, config))
+    }
+
+    /// Images of a smooth pattern, the config's size.
+    fn bench_batch(
+        c: &ResNetConfig,
+        batch: usize,
+        _size: usize,
+        device: &Device,
+    ) -> Option<ImageBatch> {
+        let n = batch * c.channels * c.image_size * c.image_size;
+        let values: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 / 48.0) - 1.0).collect();
+        Some(ImageBatch {
+            images: Tensor::from_data(
+                TensorData::new(values, [batch, c.channels, c.image_size, c.image_size]),
+                device,
+            ),
+            labels: Tensor::zeros([batch], device),
+        })
+    }
+}

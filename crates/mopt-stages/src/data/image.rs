@@ -1,0 +1,94 @@
+//! Images: the image formats of `[data]` (IDX, CSV of pixels), no tokenizer.
+
+use std::path::Path;
+
+use mopt_core::Examples;
+use mopt_data::{load_image_splits, ImageBatch, ImageShape, ImageSplit, LabelMap, Normalize};
+use mopt_recipe::Recipe;
+use mopt_train::TrainError;
+
+use super::{RunSplits, Split};
+use crate::error::StageError;
+
+/// The splits of an image recipe, normalised by the training split's statistics.
+pub struct ImageData {
+    pub train: ImageSplit,
+    pub valid: ImageSplit,
+    pub test: ImageSplit,
+    pub golden: ImageSplit,
+    pub labels: LabelMap,
+    /// What a deployment does to raw grey values (saved beside every checkpoint).
+    pub normalize: Normalize,
+}
+
+impl ImageData {
+    /// Read the recipe's images; the label map is `labels` (a teacher's) when given. The
+    /// golden set is the first `golden` validation images.
+    pub fn load(
+        recipe: &Recipe,
+        labels: Option<LabelMap>,
+        golden: usize,
+    ) -> Result<Self, StageError> {
+        let s = load_image_splits(&recipe.data, labels).map_err(TrainError::from)?;
+        Ok(Self {
+            golden: s.valid.head(golden),
+            train: s.train,
+            valid: s.valid,
+            test: s.test,
+            labels: s.labels,
+            normalize: s.normalize,
+        })
+    }
+
+    /// The images' geometry.
+    pub fn shape(&self) -> ImageShape {
+        self.train.shape
+    }
+}
+
+impl RunSplits for ImageData {
+    type Batch = ImageBatch;
+
+    fn split(&self, which: Split) -> &dyn Examples<Batch = ImageBatch> {
+        match which {
+            Split::Train => &self.train,
+            Split::Valid => &self.valid,
+            Split::Test => &self.test,
+            Split::Golden => &self.golden,
+        }
+    }
+
+    fn labels(&self) -> &LabelMap {
+        &self.labels
+    }
+
+    /// `labels.json` and `preprocess.json` (the normalisation a deployment applies).
+    fn write_extras(&self, dir: &Path) -> Result<(), TrainError> {
+        self.labels.save(&dir.join("labels.json"))?;
+        let p = dir.join("preprocess.json");
+        let json = serde_json::json!({
+            "input": "grey image, [batch, channels, side, side]",
+            "channels": self.shape().channels,
+            "side": self.shape().side,
+            "normalize": self.normalize,
+            "formula": "(pixel / pixel_max - mean) / std",
+        });
+        std::fs::write(&p, serde_json::to_vec_pretty(&json).expect("json"))
+            .map_err(|e| TrainError::io(&p, e))
+    }
+
+    fn describe(&self) -> String {
+        let s = self.shape();
+        format!(
+            "{} train / {} valid / {} test images of {}×{}×{}, {} labels {:?}",
+            self.train.len(),
+            self.valid.len(),
+            self.test.len(),
+            s.channels,
+            s.side,
+            s.side,
+            self.labels.len(),
+            self.labels.labels
+        )
+    }
+}

@@ -1,0 +1,107 @@
+//! Tokenized text: `[tokenizer]` and the text formats of `[data]` (the BERT family's data).
+
+use std::path::Path;
+
+use mopt_core::Examples;
+use mopt_data::{LabelMap, TextBatch, TextSplit, TextTokenizer};
+use mopt_recipe::{Recipe, TokenizerSpec};
+use mopt_train::setup::prepare_data;
+use mopt_train::trainer::{CheckpointExtras, TextExtras};
+use mopt_train::TrainError;
+
+use super::{RunSplits, Split};
+use crate::error::StageError;
+
+/// The splits of a text recipe, tokenized, with their tokenizer.
+pub struct TextData {
+    pub train: TextSplit,
+    pub valid: TextSplit,
+    pub test: TextSplit,
+    pub golden: TextSplit,
+    pub labels: LabelMap,
+    pub tokenizer: TextTokenizer,
+    /// The recipe's `[tokenizer]`.
+    pub spec: TokenizerSpec,
+    from_cache: bool,
+}
+
+impl TextData {
+    /// Tokenize the recipe's data (token ids cached beside it); the label map is `labels` (a
+    /// teacher's) when given. The golden set is the first `golden` validation examples.
+    pub fn load(
+        recipe: &Recipe,
+        labels: Option<LabelMap>,
+        golden: usize,
+    ) -> Result<Self, StageError> {
+        let spec = recipe.text_tokenizer()?.clone();
+        let prepared = prepare_data(&spec, &recipe.data, labels)?;
+        let pad_id = prepared.tokenizer.pad_id;
+        let d = prepared.data;
+        let split = |examples| TextSplit { examples, pad_id };
+        let golden = split(d.valid[..golden.min(d.valid.len())].to_vec());
+        Ok(Self {
+            train: split(d.train),
+            valid: split(d.valid),
+            test: split(d.test),
+            golden,
+            labels: d.labels,
+            tokenizer: prepared.tokenizer,
+            spec,
+            from_cache: d.from_cache,
+        })
+    }
+
+    pub fn pad_id(&self) -> u32 {
+        self.tokenizer.pad_id
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.tokenizer.vocab_size()
+    }
+}
+
+impl RunSplits for TextData {
+    type Batch = TextBatch;
+
+    fn split(&self, which: Split) -> &dyn Examples<Batch = TextBatch> {
+        match which {
+            Split::Train => &self.train,
+            Split::Valid => &self.valid,
+            Split::Test => &self.test,
+            Split::Golden => &self.golden,
+        }
+    }
+
+    fn labels(&self) -> &LabelMap {
+        &self.labels
+    }
+
+    fn cache_hit(&self) -> bool {
+        self.from_cache
+    }
+
+    /// `labels.json` and a copy of the tokenizer file.
+    fn write_extras(&self, dir: &Path) -> Result<(), TrainError> {
+        TextExtras {
+            labels: &self.labels,
+            tokenizer_file: &self.tokenizer.path,
+        }
+        .write(dir)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} train / {} valid / {} test, {} labels {:?}, tokens {}",
+            self.train.len(),
+            self.valid.len(),
+            self.test.len(),
+            self.labels.len(),
+            self.labels.labels,
+            if self.from_cache {
+                "from cache"
+            } else {
+                "encoded"
+            }
+        )
+    }
+}

@@ -1,0 +1,131 @@
+//! ResNets on grey images (`mopt_models::resnet`) as a family: image data, fine-tuning,
+//! evaluation and latency through the generic kinds.
+
+use std::path::Path;
+
+use burn::prelude::*;
+use mopt_data::LabelMap;
+use mopt_models::resnet::{ResNet as Model, ResNetConfig};
+use mopt_recipe::{ModelSpec, Recipe, RecipeError, Scope, TokenizerSpec};
+use mopt_train::trainer::save_checkpoint_dir;
+use mopt_train::TrainError;
+
+use super::{checkpoint_accuracy, Family};
+use crate::data::image::ImageData;
+use crate::data::{RunData, Split};
+use crate::error::StageError;
+use crate::record::{measure_checkpoint, EvalSettings, ModelFacts};
+use crate::shape::Shape;
+use crate::stage::{StageContext, StageOutput};
+
+/// The ResNet family.
+pub struct ResNet;
+
+/// The recipe's `[model]` as a ResNet shape for classes `labels`: its `config` file, random
+/// init (keys that only BERT reads are refused, naming the key).
+fn model_config(
+    m: &ModelSpec,
+    scope: &Scope,
+    labels: &[String],
+) -> Result<ResNetConfig, StageError> {
+    let refuse = |key: &str, set: bool| -> Result<(), RecipeError> {
+        if set {
+            return Err(scope.err(
+                key,
+                "a ResNet `[model]` has no such setting",
+                "remove it: a ResNet starts from random init (seeded by [run] seed); continue from a checkpoint with [teacher]",
+            ));
+        }
+        Ok(())
+    };
+    refuse("weights", m.weights.is_some())?;
+    refuse("dropout", m.dropout.is_some())?;
+    refuse(
+        "init-from-teacher-layers",
+        m.init_from_teacher_layers.is_some(),
+    )?;
+    ResNetConfig::for_labels(&m.config, labels).map_err(|e| {
+        scope
+            .err(
+                "config",
+                e.to_string(),
+                "see recipes/resnet_digits.json for the keys",
+            )
+            .into()
+    })
+}
+
+impl Family for ResNet {
+    fn arch(&self) -> &'static str {
+        "resnet"
+    }
+
+    fn modality(&self) -> &'static str {
+        "images"
+    }
+
+    fn input_notes(&self, _size: usize) -> String {
+        "float32 images [batch, channels, side, side]; normalise grey values as the checkpoint's preprocess.json says: (pixel / pixel_max - mean) / std".into()
+    }
+
+    fn load_data(
+        &self,
+        recipe: &Recipe,
+        labels: Option<LabelMap>,
+        golden: usize,
+    ) -> Result<RunData, StageError> {
+        Ok(RunData::new(ImageData::load(recipe, labels, golden)?))
+    }
+
+    fn build(
+        &self,
+        recipe: &Recipe,
+        data: &RunData,
+        device: &Device,
+        ckpt: &Path,
+    ) -> Result<(), StageError> {
+        let m = recipe
+            .model
+            .as_ref()
+            .expect("validated: [model] or [teacher]");
+        let config = model_config(m, &recipe.scope.nested("model"), &data.labels().labels)?;
+        device.seed(recipe.run.seed);
+        let model = Model::new(&config, device);
+        save_checkpoint_dir(&model, &config, data, ckpt)?;
+        Ok(())
+    }
+
+    fn measure(
+        &self,
+        ckpt: &Path,
+        data: &RunData,
+        ev: &EvalSettings,
+    ) -> Result<(ModelFacts, Vec<Vec<f32>>), StageError> {
+        measure_checkpoint::<Model>(ckpt, data, ev, |m| m)
+    }
+
+    fn read_shape(&self, dir: &Path) -> Result<Shape, StageError> {
+        let config = ResNetConfig::from_file(&dir.join("config.json"))
+            .map_err(|e| TrainError::from(mopt_core::ModelFault::from(e)))?;
+        Ok(Shape::new(config))
+    }
+
+    fn model_shape(
+        &self,
+        model: &ModelSpec,
+        _tokenizer: Option<&TokenizerSpec>,
+        scope: &Scope,
+        labels: &[String],
+        _vocab: usize,
+    ) -> Result<Shape, StageError> {
+        Ok(Shape::new(model_config(model, scope, labels)?))
+    }
+
+    fn finetune(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+        crate::kinds::finetune::run::<Model>(input, cx)
+    }
+
+    fn accuracy(&self, ckpt: &Path, data: &RunData, which: Split) -> Result<f64, StageError> {
+        checkpoint_accuracy::<Model>(ckpt, data, which)
+    }
+}

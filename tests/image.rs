@@ -1,0 +1,138 @@
+//! The image path through the real binary: a tiny ResNet on scikit-learn's 8×8 digits (1,797 real
+//! images, `datasets/fetch.sh --small`), built, fine-tuned, measured and reported by the same
+//! runner and stage kinds as text.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{mopt, read_json, stderr};
+
+fn digits() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/data/digits/digits.csv.gz");
+    assert!(
+        p.is_file(),
+        "test data missing ({}): run `datasets/fetch.sh --small` first",
+        p.display()
+    );
+    p
+}
+
+/// A ResNet of two stages (8 and 16 channels, one block each) for 8×8 images.
+fn write_resnet(dir: &Path) -> PathBuf {
+    let p = dir.join("resnet.json");
+    std::fs::write(
+        &p,
+        r#"{"channels": 1, "image_size": 8, "stages": [{"width": 8, "blocks": [8]}, {"width": 16, "blocks": [16]}]}"#,
+    )
+    .unwrap();
+    p
+}
+
+fn write_recipe(dir: &Path, extra: &str) -> PathBuf {
+    let text = format!(
+        r#"[run]
+name = "digits"
+output-dir = "{out}"
+seed = 7
+
+[model]
+arch = "resnet"
+config = "{cfg}"
+
+[data]
+format = "pixels-csv"
+path = "{data}"
+pixel-max = 16
+valid-fraction = 0.1
+test-fraction = 0.2
+{extra}
+[train]
+epochs = 3
+batch-size = 32
+lr = 3e-3
+weight-decay = 0.0005
+warmup-fraction = 0.05
+
+[evaluation]
+golden-samples = 64
+latency-runs = 3
+"#,
+        out = dir.join("runs").display(),
+        cfg = write_resnet(dir).display(),
+        data = digits().display(),
+    );
+    let p = dir.join("digits.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn a_tiny_resnet_fine_tunes_on_the_digits_through_the_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write_recipe(dir.path(), "");
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = dir.path().join("runs/digits");
+    let report = read_json(&run.join("report.json"));
+    let stages = report["stages"].as_array().unwrap();
+    let acc = |i: usize, split: &str| stages[i]["model"][split]["accuracy"].as_f64().unwrap();
+    // 1,797 digits split 70/10/20: 1,258 / 180 / 359.
+    assert_eq!(stages[1]["model"]["test"]["examples"].as_u64(), Some(359));
+    // Random init is near chance (10 classes); three epochs learn the digits.
+    assert!(acc(0, "test") < 0.3, "baseline {}", acc(0, "test"));
+    assert!(acc(1, "test") > 0.85, "fine-tuned {}", acc(1, "test"));
+    assert_eq!(stages[1]["model"]["widths"], serde_json::json!([8, 16]));
+    assert_eq!(stages[1]["model"]["blocks"], serde_json::json!([[8], [16]]));
+    // 64 golden images of 64 normalised values, with the baseline's 10 logits each.
+    let golden = read_json(&run.join("golden.json"));
+    assert_eq!(golden["examples"].as_u64(), Some(64));
+    assert_eq!(golden["inputs"][0].as_array().unwrap().len(), 64);
+    assert_eq!(golden["logits"][63].as_array().unwrap().len(), 10);
+    // The deployment files: labels and the normalisation a caller applies.
+    let pre = read_json(&run.join("best/preprocess.json"));
+    assert_eq!(pre["normalize"]["pixel_max"].as_f64(), Some(16.0));
+    assert_eq!(pre["side"].as_u64(), Some(8));
+    let labels = read_json(&run.join("best/labels.json"));
+    assert_eq!(
+        labels["labels"].as_array().map(|l| l.len()),
+        Some(10),
+        "{labels}"
+    );
+}
+
+#[test]
+fn image_recipes_that_cannot_work_fail_before_a_run_folder_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let vocab = common::minilm_dir().join("vocab.txt");
+    let cases = [
+        (
+            format!("[tokenizer]\npath = \"{}\"\n", vocab.display()),
+            "image data (`format = \"pixels-csv\"`) has no tokenizer",
+        ),
+        (
+            "text-column = \"pixels\"\n".to_string(),
+            "images have no columns to name",
+        ),
+    ];
+    for (extra, want) in cases {
+        let recipe = write_recipe(dir.path(), &extra);
+        let out = mopt(&["--check", recipe.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{}", stderr(&out));
+    }
+    // A BERT on images: the family and the data disagree, at `data.format`.
+    let recipe = write_recipe(dir.path(), "");
+    let text = std::fs::read_to_string(&recipe)
+        .unwrap()
+        .replace("arch = \"resnet\"", "arch = \"bert\"");
+    std::fs::write(&recipe, text).unwrap();
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("`pixels-csv` holds images, and `bert` models read text"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!dir.path().join("runs/digits").exists());
+}
