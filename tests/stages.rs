@@ -741,15 +741,16 @@ fn model_arch_names_a_registered_family() {
     let out = mopt(&[p.to_str().unwrap(), "--check"]);
     assert!(out.status.success(), "{}", stderr(&out));
     // An unknown one is refused before anything runs, naming the key and the families.
-    std::fs::write(
-        &p,
-        text.replace("[model]\n", "[model]\narch = \"vit\"\n"),
-    )
-    .unwrap();
+    std::fs::write(&p, text.replace("[model]\n", "[model]\narch = \"vit\"\n")).unwrap();
     let out = mopt(&[p.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let err = stderr(&out);
-    for needle in ["`model.arch`", "unknown architecture `vit`", "`bert`", "`resnet`"] {
+    for needle in [
+        "`model.arch`",
+        "unknown architecture `vit`",
+        "`bert`",
+        "`resnet`",
+    ] {
         assert!(err.contains(needle), "{needle} in: {err}");
     }
     assert!(!tmp.path().join("runs").exists(), "no run folder");

@@ -278,3 +278,50 @@ pub fn attention<C: CheckpointStrategy>(
         }
     }
 }
+
+#[derive(Debug)]
+struct Conv2dBackward {
+    stride: usize,
+    pad: usize,
+}
+
+impl Backward<Flex, 2> for Conv2dBackward {
+    /// (input, weight)
+    type State = (FlexTensor, FlexTensor);
+
+    fn backward(
+        self,
+        ops: Ops<(FlexTensor, FlexTensor), 2>,
+        grads: &mut Gradients,
+        _: &mut Checkpointer,
+    ) {
+        let (x, w) = ops.state;
+        let g = grads.consume::<Flex>(&ops.node);
+        let [px, pw] = ops.parents;
+        let want = (px.is_some(), pw.is_some());
+        let (dx, dw) = flex::conv2d_backward(&x, &w, g, (self.stride, self.pad), want);
+        for (parent, grad) in [(px, dx), (pw, dw)] {
+            if let (Some(n), Some(g)) = (parent, grad) {
+                grads.register::<Flex>(n.id, g);
+            }
+        }
+    }
+}
+
+pub fn conv2d<C: CheckpointStrategy>(x: Ad<C>, w: Ad<C>, stride: usize, pad: usize) -> Ad<C> {
+    let op = Conv2dBackward { stride, pad };
+    match op
+        .prepare::<C>([x.node(), w.node()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let (xp, wp) = (x.primitive().clone(), w.primitive().clone());
+            let y = flex::conv2d(xp.clone(), &wp, stride, pad);
+            prep.finish((xp, wp), y)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(flex::conv2d(x.into_primitive(), w.primitive(), stride, pad))
+        }
+    }
+}

@@ -223,3 +223,52 @@ pub fn attention_backward(
         make(dv, shape),
     )
 }
+
+/// A convolution's geometry from `x: [batch, C, H, W]` and `w: [O, C, k, k]`.
+pub fn conv_shape(
+    x: &FlexTensor,
+    w: &FlexTensor,
+    stride: usize,
+    pad: usize,
+) -> crate::conv::ConvShape {
+    let [batch, channels, height, width] = x.shape().dims();
+    let [out_channels, _, kernel, _] = w.shape().dims();
+    crate::conv::ConvShape {
+        batch,
+        channels,
+        height,
+        width,
+        out_channels,
+        kernel,
+        stride,
+        pad,
+    }
+}
+
+/// `conv(x, w)` (no bias), NCHW.
+pub fn conv2d(x: FlexTensor, w: &FlexTensor, stride: usize, pad: usize) -> FlexTensor {
+    let (x, w) = (contiguous(x), contiguous(w.clone()));
+    let s = conv_shape(&x, &w, stride, pad);
+    let (oh, ow) = s.out_hw();
+    make(
+        crate::conv::conv2d(f32s(&x), f32s(&w), &s),
+        Shape::from(vec![s.batch, s.out_channels, oh, ow]),
+    )
+}
+
+/// (dx, dw), each when its flag is set.
+pub fn conv2d_backward(
+    x: &FlexTensor,
+    w: &FlexTensor,
+    g: FlexTensor,
+    (stride, pad): (usize, usize),
+    want: (bool, bool),
+) -> (Option<FlexTensor>, Option<FlexTensor>) {
+    let (x, w, g) = (contiguous(x.clone()), contiguous(w.clone()), contiguous(g));
+    let s = conv_shape(&x, &w, stride, pad);
+    let (dx, dw) = crate::conv::conv2d_backward(f32s(&x), f32s(&w), f32s(&g), &s, want);
+    (
+        dx.map(|v| make(v, x.shape())),
+        dw.map(|v| make(v, w.shape())),
+    )
+}

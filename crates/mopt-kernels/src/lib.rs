@@ -27,6 +27,7 @@ use burn::tensor::DType;
 pub mod adamw;
 pub mod autocast;
 mod autodiff;
+pub mod conv;
 pub mod cpu;
 mod flex;
 pub mod gemm;
@@ -234,6 +235,38 @@ pub fn linear(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> {
             _ => fallback(Tensor::from_primitive::<AdCk>(p), w, b),
         },
         Route::Other(x) => fallback(x, w, b),
+    }
+}
+
+/// A 2-D convolution without bias (square kernel, symmetric padding `pad`, groups 1) on the
+/// GEMM of [`gemm`]: im2col of the whole batch, one product forward and one for each gradient
+/// ([`conv`]). Burn's `conv2d` elsewhere.
+///
+/// # Shapes
+/// - x: `[batch, C, H, W]`; w: `[O, C, k, k]` (Burn's `Conv2d.weight`) → `[batch, O, OH, OW]`
+pub fn conv2d(x: Tensor<4>, w: Tensor<4>, stride: usize, pad: usize) -> Tensor<4> {
+    let fallback = |x: Tensor<4>, w: Tensor<4>| reference::conv2d(x, w, stride, pad);
+    if w.dtype() != DType::F32 || autocast::compute_dtype().is_some() {
+        return fallback(x, w);
+    }
+    match route(x) {
+        Route::Flex(p) => match w.clone().try_into_primitive::<Flex>() {
+            Ok(wp) => Tensor::from_primitive::<Flex>(flex::conv2d(p, &wp, stride, pad)),
+            _ => fallback(Tensor::from_primitive::<Flex>(p), w),
+        },
+        Route::Autodiff(p) => match w.clone().try_into_primitive::<Ad>() {
+            Ok(wp) => Tensor::from_primitive::<Ad>(autodiff::conv2d::<NoCheckpointing>(
+                p, wp, stride, pad,
+            )),
+            _ => fallback(Tensor::from_primitive::<Ad>(p), w),
+        },
+        Route::Checkpointed(p) => match w.clone().try_into_primitive::<AdCk>() {
+            Ok(wp) => Tensor::from_primitive::<AdCk>(autodiff::conv2d::<BalancedCheckpointing>(
+                p, wp, stride, pad,
+            )),
+            _ => fallback(Tensor::from_primitive::<AdCk>(p), w),
+        },
+        Route::Other(x) => fallback(x, w),
     }
 }
 

@@ -28,6 +28,16 @@ pub fn linear(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> {
     x.matmul(w) + b.unsqueeze()
 }
 
+/// Burn's convolution (no bias, symmetric padding, groups 1).
+pub fn conv2d(x: Tensor<4>, w: Tensor<4>, stride: usize, pad: usize) -> Tensor<4> {
+    burn::tensor::module::conv2d(
+        x,
+        w,
+        None,
+        burn::tensor::ops::ConvOptions::new([stride, stride], [pad, pad], [1, 1], 1),
+    )
+}
+
 pub fn dropout<const D: usize>(x: Tensor<D>, prob: f64) -> Tensor<D> {
     burn::nn::DropoutConfig::new(prob).init().forward(x)
 }

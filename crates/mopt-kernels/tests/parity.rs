@@ -222,6 +222,65 @@ fn fused_adamw_follows_burns_adamw_step_for_step() {
 }
 
 #[test]
+fn conv2d_matches_burn_for_input_and_weight() {
+    // A 3×3 "same" convolution, a strided one and a strided 1×1 projection (a ResNet's three).
+    for (c, o, k, stride, pad) in [(5, 7, 3, 1, 1), (4, 6, 3, 2, 1), (6, 8, 1, 2, 0)] {
+        let x = random([3, c, 9, 10], 1.0);
+        let w = random([o, c, k, k], 0.3);
+        let run = |fused: bool| {
+            let d = ad();
+            let xa = Tensor::<4>::from_data(x.to_data(), &d).require_grad();
+            let wa = Tensor::<4>::from_data(w.to_data(), &d).require_grad();
+            let y = if fused {
+                mopt_kernels::conv2d(xa.clone(), wa.clone(), stride, pad)
+            } else {
+                reference::conv2d(xa.clone(), wa.clone(), stride, pad)
+            };
+            let up = random::<4>(y.dims(), 1.0);
+            let g = (y.clone() * Tensor::from_data(up.to_data(), &d))
+                .sum()
+                .backward();
+            (
+                values(y.inner()),
+                values(xa.grad(&g).unwrap()),
+                values(wa.grad(&g).unwrap()),
+                up,
+            )
+        };
+        let a = run(true);
+        // The same upstream gradient for the reference.
+        let d = ad();
+        let xa = Tensor::<4>::from_data(x.to_data(), &d).require_grad();
+        let wa = Tensor::<4>::from_data(w.to_data(), &d).require_grad();
+        let y = reference::conv2d(xa.clone(), wa.clone(), stride, pad);
+        let g = (y.clone() * Tensor::from_data(a.3.to_data(), &d))
+            .sum()
+            .backward();
+        let what = format!("conv {c}->{o} k{k} s{stride}");
+        assert_close(&what, a.0, values(y.inner()), 1e-5);
+        assert_close(
+            &format!("{what} dx"),
+            a.1,
+            values(xa.grad(&g).unwrap()),
+            1e-5,
+        );
+        assert_close(
+            &format!("{what} dw"),
+            a.2,
+            values(wa.grad(&g).unwrap()),
+            1e-5,
+        );
+        // Plain device.
+        assert_close(
+            &format!("{what} (plain)"),
+            values(mopt_kernels::conv2d(x.clone(), w.clone(), stride, pad)),
+            values(reference::conv2d(x.clone(), w.clone(), stride, pad)),
+            1e-5,
+        );
+    }
+}
+
+#[test]
 fn linear_matches_burn_for_input_weight_and_bias() {
     let (m, k, n) = (70, 45, 37);
     let x = random([m, k], 1.0);

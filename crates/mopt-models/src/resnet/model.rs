@@ -33,7 +33,10 @@ impl ConvBn {
     /// - input: `[batch, input, side, side]`
     /// - output: `[batch, output, side / stride, side / stride]`
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        self.bn.forward(self.conv.forward(x))
+        // mopt's convolution on the GEMM (Burn's elsewhere); same weights, same layout.
+        let pad = self.conv.kernel_size[0] / 2;
+        let y = mopt_kernels::conv2d(x, self.conv.weight.val(), self.conv.stride[0], pad);
+        self.bn.forward(y)
     }
 }
 
