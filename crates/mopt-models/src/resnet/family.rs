@@ -165,3 +165,70 @@ impl Checkpoint for ResNet {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::module::Module;
+
+    fn values(t: Tensor<2>) -> Vec<f32> {
+        t.into_data().convert::<f32>().try_to_vec().unwrap()
+    }
+
+    /// Training-mode forwards move BatchNorm's running statistics; a saved and reloaded model
+    /// has the same statistics and gives the same eval-mode logits, which differ from the
+    /// train-mode (batch-statistics) logits.
+    #[test]
+    fn batchnorm_statistics_are_trained_saved_and_reloaded() {
+        let ad = Device::flex().autodiff();
+        let c = ResNetConfig::new(&[4, 8], 1, 1, 6);
+        let model = ResNet::new(&c, &ad);
+        let x = Tensor::<4>::random(
+            [5, 1, 6, 6],
+            burn::tensor::Distribution::Normal(0.5, 2.0),
+            &ad,
+        );
+        let train_logits = values(model.forward(x.clone()).inner());
+        // `valid()` syncs the running statistics (what the trainer saves).
+        let inference = model.valid();
+        let mean = inference.stem.bn.running_mean.value().into_data();
+        let moved: Vec<f32> = mean.convert::<f32>().try_to_vec().unwrap();
+        assert!(
+            moved.iter().any(|v| v.abs() > 1e-3),
+            "running mean moved: {moved:?}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        inference.save(&c, dir.path()).unwrap();
+        let (back, c2) = ResNet::load(dir.path(), &Device::flex()).unwrap();
+        assert_eq!(c2, c);
+        let xi = x.inner();
+        let (a, b) = (
+            values(inference.forward(xi.clone())),
+            values(back.forward(xi)),
+        );
+        assert_eq!(a, b, "reloaded eval logits are identical");
+        let diff = a
+            .iter()
+            .zip(&train_logits)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0.0, f32::max);
+        assert!(
+            diff > 1e-3,
+            "eval mode uses running statistics, not the batch's ({diff})"
+        );
+    }
+
+    #[test]
+    fn pruned_widths_build_and_count() {
+        let mut c = ResNetConfig::new(&[8, 16], 2, 1, 8);
+        c.stages[0].blocks = vec![3, 5];
+        c.stages[1].width = 12;
+        c.stages[1].blocks = vec![7, 2];
+        let m = ResNet::new(&c, &Device::flex());
+        let logits = m.forward(Tensor::zeros([2, 1, 8, 8], &Device::flex()));
+        assert_eq!(logits.dims(), [2, 10]);
+        // Burn counts BatchNorm's running mean and variance too (two values a channel).
+        let bn_channels = 8 + (3 + 8) + (5 + 8) + (7 + 12 + 12) + (2 + 12);
+        assert_eq!(m.num_params(), c.parameters() + 2 * bn_channels);
+    }
+}
