@@ -136,3 +136,89 @@ fn image_recipes_that_cannot_work_fail_before_a_run_folder_exists() {
     );
     assert!(!dir.path().join("runs/digits").exists());
 }
+
+#[test]
+fn a_resnet_teacher_trained_first_is_distilled_into_a_smaller_resnet_beside_its_twin() {
+    let dir = tempfile::tempdir().unwrap();
+    let teacher = write_recipe(dir.path(), "");
+    let student = dir.path().join("student.json");
+    std::fs::write(
+        &student,
+        r#"{"channels": 1, "image_size": 8, "stages": [{"width": 4, "blocks": [4]}, {"width": 8, "blocks": [4]}]}"#,
+    )
+    .unwrap();
+    let text = format!(
+        r#"[run]
+name = "digits-kd"
+output-dir = "{out}"
+seed = 7
+
+[teacher]
+checkpoint = "{out}/digits/best"
+recipe = "{teacher}"
+
+[data]
+format = "pixels-csv"
+path = "{data}"
+pixel-max = 16
+valid-fraction = 0.1
+test-fraction = 0.2
+
+[train]
+epochs = 3
+batch-size = 32
+lr = 3e-3
+
+[evaluation]
+golden-samples = 64
+latency-runs = 0
+
+[[stage]]
+kind = "distill"
+name = "student"
+alpha = 0.5
+temperature = 4.0
+baseline = true
+
+[stage.student]
+arch = "resnet"
+config = "{student}"
+"#,
+        out = dir.path().join("runs").display(),
+        teacher = teacher.display(),
+        data = digits().display(),
+        student = student.display(),
+    );
+    let recipe = dir.path().join("kd.toml");
+    std::fs::write(&recipe, text).unwrap();
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The teacher recipe ran first and left its checkpoint where [teacher] points.
+    assert!(dir.path().join("runs/digits/best/model.bpk").is_file());
+    let report = read_json(&dir.path().join("runs/digits-kd/report.json"));
+    let stages = report["stages"].as_array().unwrap();
+    let teacher_acc = stages[0]["model"]["test"]["accuracy"].as_f64().unwrap();
+    let student = &stages[1];
+    assert!(teacher_acc > 0.85, "teacher {teacher_acc}");
+    assert_eq!(student["model"]["widths"], serde_json::json!([4, 8]));
+    assert!(
+        student["model"]["params"].as_u64() < stages[0]["model"]["params"].as_u64(),
+        "the student is smaller"
+    );
+    let acc = student["model"]["test"]["accuracy"].as_f64().unwrap();
+    assert!(acc > 0.5, "distilled student {acc}");
+    let twin = &student["references"][0];
+    assert!(
+        twin["name"].as_str().unwrap().contains("hard-label twin"),
+        "{twin}"
+    );
+    assert!(
+        twin["model"]["test"]["accuracy"].as_f64().unwrap() > 0.3,
+        "{twin}"
+    );
+    let notes = student["notes"].to_string();
+    assert!(
+        notes.contains("teacher's logits") && notes.contains("Hard-label twin"),
+        "{notes}"
+    );
+}

@@ -14,12 +14,43 @@ use super::{checkpoint_accuracy, Family};
 use crate::data::image::ImageData;
 use crate::data::{RunData, Split};
 use crate::error::StageError;
+use crate::kinds::distill::DistillStage;
+use crate::kinds::kd_student;
 use crate::record::{measure_checkpoint, EvalSettings, ModelFacts};
 use crate::shape::Shape;
-use crate::stage::{StageContext, StageOutput};
+use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
 
 /// The ResNet family.
 pub struct ResNet;
+
+/// The student of a distill stage: `[stage.student] config` for classes `labels`, random
+/// init, logits only (feature-map matches are refused, naming the key).
+fn student_config(stage: &DistillStage, labels: &[String]) -> Result<ResNetConfig, StageError> {
+    if let Some(m) = stage.spec.matches.first() {
+        return Err(TrainError::from(stage.scope.err(
+            "match",
+            format!(
+                "a `{:?}` match: ResNet students distil on logits only so far",
+                m.feature
+            ),
+            "remove the [[stage.match]] blocks (feature-map matching for ResNets is not built yet)",
+        ))
+        .into());
+    }
+    let scope = stage.scope.nested("student");
+    if stage.student.arch != "resnet" {
+        return Err(TrainError::from(scope.err(
+            "arch",
+            format!(
+                "the student is a `{}`, the teacher a ResNet",
+                stage.student.arch
+            ),
+            "set [stage.student] arch = \"resnet\" and a ResNet shape file as `config`",
+        ))
+        .into());
+    }
+    model_config(&stage.student, &scope, labels)
+}
 
 /// The recipe's `[model]` as a ResNet shape for classes `labels`: its `config` file, random
 /// init (keys that only BERT reads are refused, naming the key).
@@ -123,6 +154,32 @@ impl Family for ResNet {
 
     fn finetune(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
         crate::kinds::finetune::run::<Model>(input, cx)
+    }
+
+    fn plan_distill(
+        &self,
+        stage: &DistillStage,
+        entry: &mopt_recipe::StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        let teacher: &ResNetConfig = input.get()?;
+        let labels: Vec<String> = match &teacher.labels {
+            Some(l) => l.clone(),
+            None => (0..teacher.num_labels).map(|i| i.to_string()).collect(),
+        };
+        let student = student_config(stage, &labels)?;
+        kd_student::plan(stage, entry, (input, student), cx.size)
+    }
+
+    fn distill(
+        &self,
+        stage: &DistillStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        let student = student_config(stage, &cx.data.labels().labels)?;
+        kd_student::run::<Model>(stage, input, cx, &student)
     }
 
     fn accuracy(&self, ckpt: &Path, data: &RunData, which: Split) -> Result<f64, StageError> {

@@ -5,5 +5,6 @@ pub mod distill;
 pub mod export;
 pub mod finetune;
 pub mod kd;
+pub mod kd_student;
 pub mod prune;
 pub mod quantize;

@@ -1,0 +1,159 @@
+//! A `distill` stage for any classifier: a fresh student of a given shape trained on the
+//! teacher's logits (KD, `L = α·CE + (1−α)·soft(T)`), the teacher's logits on the training
+//! split computed once, and with `baseline = true` its hard-label twin (same init, same budget)
+//! reported beside it. What a family without intermediate matches calls from its
+//! [`Family::distill`](crate::family::Family::distill); BERT's stage adds matches.
+
+use std::path::Path;
+
+use mopt_core::{Checkpoint, Labeled, ModelConfig};
+use mopt_distill::kd::{KdSettings, KdTask, LogitCache};
+use mopt_train::trainer::{fit, RunContext, TrainReport};
+use serde_json::json;
+
+use crate::error::StageError;
+use crate::kinds::distill::DistillStage;
+use crate::plan::train_settings;
+use crate::shape::Shape;
+use crate::stage::{ReferenceModel, StageContext, StageOutput, StagePlan};
+
+/// The plan of a logits-only distill stage whose student is `student` (teacher `teacher`).
+pub fn plan<C: ModelConfig>(
+    stage: &DistillStage,
+    entry: &mopt_recipe::StageEntry,
+    (teacher, student): (&Shape, C),
+    size: usize,
+) -> Result<StagePlan, StageError> {
+    let s = &stage.spec;
+    let settings = vec![
+        format!(
+            "student: {}, {:.2}M params, random init",
+            student.describe(),
+            student.num_params() as f64 / 1e6
+        ),
+        format!(
+            "enabled = {}, alpha = {}, temperature = {}, soft-loss = \"{}\", baseline = {} (KD on logits)",
+            s.enabled,
+            s.alpha.to_toml(),
+            s.temperature.to_toml(),
+            s.soft_loss.name(),
+            s.baseline
+        ),
+    ];
+    Ok(StagePlan {
+        memory: Some(student.training_memory(entry.train.batch_size, size)),
+        output: Shape::new(student),
+        settings: settings
+            .into_iter()
+            .chain(train_settings(&entry.train, entry.train_overridden))
+            .collect(),
+        extra_memory: vec![(
+            "teacher weights (inference)".to_string(),
+            4 * teacher.num_params() as u64,
+        )],
+    })
+}
+
+/// Train a fresh `M` shaped `config` on the logits of the teacher at `input` (and its
+/// hard-label twin when the stage asks for it).
+pub fn run<M>(
+    stage: &DistillStage,
+    input: &Path,
+    cx: &StageContext,
+    config: &M::Config,
+) -> Result<StageOutput, StageError>
+where
+    M: Checkpoint<Batch: Labeled>,
+{
+    let (entry, spec) = (cx.entry, &stage.spec);
+    let ad = cx.device.train_device(&entry.train);
+    let device = cx.device.device();
+    let run = cx.run_context::<M::Batch, _>(config)?;
+    let task = if spec.enabled {
+        let (teacher, _) = M::load(input, &device)?;
+        eprintln!(
+            "teacher pass: its logits on {} training examples",
+            run.data.train.len()
+        );
+        let t0 = std::time::Instant::now();
+        let cache = LogitCache::compute(
+            &teacher,
+            &run.data.train,
+            entry.train.eval_batch_size,
+            &device,
+        );
+        eprintln!("teacher pass: {:.1}s", t0.elapsed().as_secs_f64());
+        let settings = KdSettings {
+            alpha: spec.alpha,
+            temperature: spec.temperature,
+            soft_loss: spec.soft_loss,
+        };
+        KdTask::<M>::new(settings, cache, &ad)
+    } else {
+        KdTask::hard_labels(&ad)
+    };
+    let student = || {
+        ad.seed(cx.seed);
+        M::init(config, &ad)
+    };
+    let training = fit(&run, task, student())?;
+    let mut notes = vec![format!(
+        "Student trained on the teacher's logits (alpha {}, T {}): {} optimizer steps, best epoch {}, {:.1} train samples/s.",
+        spec.alpha.to_toml(),
+        spec.temperature.to_toml(),
+        training.steps,
+        training.best_epoch,
+        training.train_samples_per_s
+    )];
+    let mut references = Vec::new();
+    if spec.enabled && spec.baseline {
+        let twin = twin::<M>(&run, cx, student())?;
+        references.push(ReferenceModel {
+            name: format!("{} (hard-label twin)", entry.name),
+            about: "the same student, init and budget, trained on hard labels only".into(),
+            checkpoint: twin.checkpoint.clone(),
+        });
+        notes.push(format!(
+            "Hard-label twin (same init and budget, no teacher): test accuracy {:.4} vs the distilled student's {:.4} ({:+.2} points for distillation).",
+            twin.test.accuracy,
+            training.test.accuracy,
+            (training.test.accuracy - twin.test.accuracy) * 100.0
+        ));
+    }
+    Ok(StageOutput {
+        checkpoint: training.checkpoint.clone(),
+        steps: training.steps,
+        facts: json!({
+            "best_epoch": training.best_epoch,
+            "epoch_time_s": training.epochs.iter().map(|e| e.epoch_time_s).collect::<Vec<_>>(),
+            "train_samples_per_s": training.train_samples_per_s,
+        }),
+        notes,
+        references,
+        logit_error_vs_input: None,
+        artifacts: Vec::new(),
+    })
+}
+
+/// The hard-label twin, in `<stage>/twin`.
+fn twin<M>(
+    run: &RunContext<'_, &dyn mopt_core::Examples<Batch = M::Batch>, M::Config>,
+    cx: &StageContext,
+    student: M,
+) -> Result<TrainReport, StageError>
+where
+    M: Checkpoint<Batch: Labeled>,
+{
+    eprintln!("twin: the same student trained on hard labels only");
+    let dir = cx.dir.join("twin");
+    std::fs::create_dir_all(&dir).map_err(|e| StageError::io(&dir, e))?;
+    let ad = cx.device.train_device(&cx.entry.train);
+    Ok(fit(
+        &RunContext {
+            run_dir: &dir,
+            ..*run
+        },
+        KdTask::<M>::hard_labels(&ad),
+        student,
+    )?)
+}
