@@ -222,3 +222,73 @@ config = "{student}"
         "{notes}"
     );
 }
+
+#[test]
+fn residual_and_inner_channels_of_a_resnet_are_pruned_in_rounds_through_the_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let teacher = write_recipe(dir.path(), "");
+    let text = format!(
+        r#"[run]
+name = "digits-prune"
+output-dir = "{out}"
+seed = 7
+
+[teacher]
+checkpoint = "{out}/digits/best"
+recipe = "{teacher}"
+
+[data]
+format = "pixels-csv"
+path = "{data}"
+pixel-max = 16
+valid-fraction = 0.1
+test-fraction = 0.2
+
+[train]
+epochs = 2
+batch-size = 32
+lr = 2e-3
+
+[evaluation]
+golden-samples = 64
+latency-runs = 0
+
+[[stage]]
+kind = "prune"
+targets = ["channels", "residual"]
+criterion = "taylor"
+target = 0.5
+step = 0.25
+taylor-batches = 4
+hidden-multiple = 2
+distill = true
+"#,
+        out = dir.path().join("runs").display(),
+        teacher = teacher.display(),
+        data = digits().display(),
+    );
+    let recipe = dir.path().join("prune.toml");
+    std::fs::write(&recipe, text).unwrap();
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = read_json(&dir.path().join("runs/digits-prune/report.json"));
+    let stages = report["stages"].as_array().unwrap();
+    let pruned = &stages[1]["model"];
+    // Half of every stage's residual channels and every block's inner channels, in 2 rounds.
+    assert_eq!(pruned["widths"], serde_json::json!([4, 8]), "{pruned}");
+    assert_eq!(pruned["blocks"], serde_json::json!([[4], [8]]), "{pruned}");
+    let (p0, p1) = (
+        stages[0]["model"]["params"].as_u64().unwrap(),
+        pruned["params"].as_u64().unwrap(),
+    );
+    assert!(
+        p1 * 3 < p0,
+        "about a quarter of the parameters stay: {p1} of {p0}"
+    );
+    let acc = pruned["test"]["accuracy"].as_f64().unwrap();
+    assert!(acc > 0.5, "pruned and fine-tuned {acc}");
+    assert_eq!(
+        stages[1]["facts"]["rounds"].as_array().map(|r| r.len()),
+        Some(2)
+    );
+}

@@ -15,6 +15,8 @@
 mod config;
 mod family;
 mod model;
+mod prune;
 
 pub use config::{ResNetConfig, StageConfig};
 pub use model::{BasicBlock, ConvBn, ResNet};
+pub use prune::{Channels, Residual};

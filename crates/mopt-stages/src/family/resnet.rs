@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use burn::prelude::*;
+use mopt_core::prune::Prunable;
 use mopt_data::LabelMap;
 use mopt_models::resnet::{ResNet as Model, ResNetConfig};
 use mopt_recipe::{ModelSpec, Recipe, RecipeError, Scope, TokenizerSpec};
@@ -16,6 +17,7 @@ use crate::data::{RunData, Split};
 use crate::error::StageError;
 use crate::kinds::distill::DistillStage;
 use crate::kinds::kd_student;
+use crate::kinds::prune::PruneStage;
 use crate::record::{measure_checkpoint, EvalSettings, ModelFacts};
 use crate::shape::Shape;
 use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
@@ -154,6 +156,32 @@ impl Family for ResNet {
 
     fn finetune(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
         crate::kinds::finetune::run::<Model>(input, cx)
+    }
+
+    fn prune_targets(&self) -> Vec<&'static str> {
+        <Model as Prunable>::group_kinds()
+            .iter()
+            .map(|k| k.name())
+            .collect()
+    }
+
+    fn plan_prune(
+        &self,
+        stage: &PruneStage,
+        entry: &mopt_recipe::StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        stage.plan::<Model>(entry, input, cx)
+    }
+
+    fn prune(
+        &self,
+        stage: &PruneStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        stage.run::<Model>(input, cx)
     }
 
     fn plan_distill(
