@@ -3,7 +3,8 @@
 #
 #   datasets/fetch.sh            fetch everything (idempotent: a second run downloads nothing)
 #   datasets/fetch.sh --text     only the teacher and the text data sets (what the BERT recipes need)
-#   datasets/fetch.sh --small    --text plus MNIST-5k and the 8x8 digits (what the tests and examples need; no apt)
+#   datasets/fetch.sh --small    --text plus MNIST-5k, the 8x8 digits and Fashion-MNIST (what the tests and
+#                                examples need; Fashion-MNIST is a Debian package: apt-get download)
 #
 # Files land in datasets/data/ (git-ignored). Nothing is taken from a model hub. A checksum mismatch is fatal.
 set -euo pipefail
@@ -111,47 +112,51 @@ digits() {
   extract "$w" sklearn/datasets/data/digits.csv.gz "$data/digits/digits.csv.gz" 09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22
 }
 
-if [ "$small" = 1 ]; then mnist; digits; say "text data, MNIST-5k and the 8x8 digits ready in $data"; exit 0; fi
+# --- Fashion-MNIST (Debian dataset-fashion-mnist) ------------------------------------------------------------
+fashion() {
+  fm="$data/fashion-mnist"
+  declare -A FM=(
+    [train-images-idx3-ubyte.gz]=b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7
+    [train-labels-idx1-ubyte.gz]=0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056
+    [t10k-images-idx3-ubyte.gz]=cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa
+    [t10k-labels-idx1-ubyte.gz]=8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05
+  )
+  need=0
+  for f in "${!FM[@]}"; do
+    if [ ! -f "$fm/$f" ] || [ "$(sha_of "$fm/$f")" != "${FM[$f]}" ]; then need=1; fi
+  done
+  if [ "$need" = 1 ]; then
+    deb="$(ls "$cache"/dataset-fashion-mnist_*.deb 2>/dev/null | head -n1 || true)"
+    if [ -z "$deb" ]; then
+      say "downloading dataset-fashion-mnist from Debian"
+      SUDO=""; [ "$(id -u)" != 0 ] && command -v sudo >/dev/null && SUDO=sudo
+      ( cd "$cache" && apt-get download dataset-fashion-mnist >/dev/null 2>&1 ) || {
+        say "apt-get download failed; running apt-get update once and retrying"
+        $SUDO apt-get update -qq >/dev/null || die "apt-get update failed (needs root or sudo)"
+        ( cd "$cache" && apt-get download dataset-fashion-mnist ) || die "apt-get download dataset-fashion-mnist failed"
+      }
+      deb="$(ls "$cache"/dataset-fashion-mnist_*.deb | head -n1)"
+    fi
+    tmp="$(mktemp -d)"
+    dpkg-deb -x "$deb" "$tmp"
+    mkdir -p "$fm"
+    for f in "${!FM[@]}"; do
+      src="$(find "$tmp" -name "$f" | head -n1)"
+      [ -n "$src" ] || die "$f not found in $deb"
+      cp "$src" "$fm/$f.part" && mv "$fm/$f.part" "$fm/$f"
+      check "$fm/$f" "${FM[$f]}"
+      say "ok   $fm/$f"
+    done
+    rm -rf "$tmp"
+  fi
+}
+
+if [ "$small" = 1 ]; then mnist; digits; fashion; say "text data, MNIST-5k, the 8x8 digits and Fashion-MNIST ready in $data"; exit 0; fi
 if [ "$only_text" = 1 ]; then say "text data ready in $data"; exit 0; fi
 
 mnist
 digits
+fashion
 
-# --- Fashion-MNIST (Debian dataset-fashion-mnist) ------------------------------------------------------------
-fm="$data/fashion-mnist"
-declare -A FM=(
-  [train-images-idx3-ubyte.gz]=b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7
-  [train-labels-idx1-ubyte.gz]=0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056
-  [t10k-images-idx3-ubyte.gz]=cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa
-  [t10k-labels-idx1-ubyte.gz]=8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05
-)
-need=0
-for f in "${!FM[@]}"; do
-  if [ ! -f "$fm/$f" ] || [ "$(sha_of "$fm/$f")" != "${FM[$f]}" ]; then need=1; fi
-done
-if [ "$need" = 1 ]; then
-  deb="$(ls "$cache"/dataset-fashion-mnist_*.deb 2>/dev/null | head -n1 || true)"
-  if [ -z "$deb" ]; then
-    say "downloading dataset-fashion-mnist from Debian"
-    SUDO=""; [ "$(id -u)" != 0 ] && command -v sudo >/dev/null && SUDO=sudo
-    ( cd "$cache" && apt-get download dataset-fashion-mnist >/dev/null 2>&1 ) || {
-      say "apt-get download failed; running apt-get update once and retrying"
-      $SUDO apt-get update -qq >/dev/null || die "apt-get update failed (needs root or sudo)"
-      ( cd "$cache" && apt-get download dataset-fashion-mnist ) || die "apt-get download dataset-fashion-mnist failed"
-    }
-    deb="$(ls "$cache"/dataset-fashion-mnist_*.deb | head -n1)"
-  fi
-  tmp="$(mktemp -d)"
-  dpkg-deb -x "$deb" "$tmp"
-  mkdir -p "$fm"
-  for f in "${!FM[@]}"; do
-    src="$(find "$tmp" -name "$f" | head -n1)"
-    [ -n "$src" ] || die "$f not found in $deb"
-    cp "$src" "$fm/$f.part" && mv "$fm/$f.part" "$fm/$f"
-    check "$fm/$f" "${FM[$f]}"
-    say "ok   $fm/$f"
-  done
-  rm -rf "$tmp"
-fi
 
 say "all data ready in $data"

@@ -262,6 +262,12 @@ step = 0.25
 taylor-batches = 4
 hidden-multiple = 2
 distill = true
+
+[[stage]]
+kind = "export"
+samples = 64
+latency-runs = 3
+reference = ["baseline"]
 "#,
         out = dir.path().join("runs").display(),
         teacher = teacher.display(),

@@ -15,6 +15,7 @@
 mod config;
 mod family;
 mod model;
+mod onnx;
 mod prune;
 
 pub use config::{ResNetConfig, StageConfig};
