@@ -27,7 +27,6 @@ use std::time::Instant;
 
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
-use mopt_core::Classifier;
 use mopt_data::{epoch_order, Batcher, Encoded, TextBatch};
 use mopt_distill::cache::compute;
 use mopt_distill::matching::MatchPlan;
@@ -42,11 +41,12 @@ use mopt_recipe::Recipe;
 use mopt_stages::kinds::distill::DistillStage;
 use mopt_train::clip::unscale_and_clip;
 use mopt_train::setup::prepare_data;
-use mopt_train::trainer::{save_checkpoint_dir, FinetuneTask, Task};
+use mopt_train::trainer::{save_checkpoint_dir, BatchOf, FinetuneTask, Task};
 use mopt_train::DeviceSpec;
 use serde_json::{json, Value};
 
 mod ops;
+mod resnet;
 
 struct Args {
     steps: usize,
@@ -178,12 +178,12 @@ fn padded_tokens(batches: &[Vec<&Encoded>]) -> Vec<usize> {
 /// autocast for bf16/fp16) → backward (fp16: loss scaled by 2^16) → unscale + global-norm clip
 /// in one pass → AdamW.
 #[allow(clippy::too_many_arguments)]
-fn train_step<T: Task<Classifier: Classifier<Batch = TextBatch>>>(
+fn train_step<T: Task>(
     precision: Precision,
     task: &mut T,
     model: T::Model,
     optim: &mut ModuleOptimizer,
-    b: &TextBatch,
+    b: &BatchOf<T>,
     indices: &[usize],
     clip: f32,
     lr: f64,
@@ -208,13 +208,13 @@ fn train_step<T: Task<Classifier: Classifier<Batch = TextBatch>>>(
 
 /// Milliseconds of each timed optimizer step of `task` on `model`, batch `i` at step `i`.
 #[allow(clippy::too_many_arguments)]
-fn time_training<T: Task<Classifier: Classifier<Batch = TextBatch>>>(
+fn time_training<T: Task>(
     (warmup, steps): (usize, usize),
     precision: Precision,
     task: &mut T,
     model: T::Model,
     mut optim: ModuleOptimizer,
-    batches: &[TextBatch],
+    batches: &[BatchOf<T>],
     indices: &[Vec<usize>],
     clip: f32,
     lr: f64,
@@ -342,7 +342,11 @@ fn main() {
         bench.recording_plain = false;
         eprintln!("mopt's fused kernels:");
     }
+    let _ = std::fs::remove_file(work.join("resnet.json"));
     run_steps(&mut bench, &work);
+    if bench.wants("resnet") {
+        resnet::run(&mut bench, &work);
+    }
     let out = bench.args.out.clone().unwrap_or(out_dir.join("speed.json"));
     finish(&bench, &work, &out);
 }

@@ -12,6 +12,7 @@ on the first batch, so both sides time the same network.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -195,6 +196,12 @@ def steps(spec, out_path):
 
             record(results, f"{name}_forward_b{b}", timed(5, runs, fwd), b,
                    forward_flops(m.config, b, 64))
+    # The ResNet rows, when mopt's side wrote their spec beside this output.
+    resnet_spec = os.path.join(os.path.dirname(out_path), "resnet.json")
+    if os.path.exists(resnet_spec):
+        import torch_resnet
+
+        torch_resnet.rows(resnet_spec, results, timed, record)
     results_out = {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
