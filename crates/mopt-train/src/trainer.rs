@@ -147,32 +147,6 @@ impl<E: Copy, K> Clone for RunContext<'_, E, K> {
 
 impl<E: Copy, K> Copy for RunContext<'_, E, K> {}
 
-/// Check that every split has examples and print their sizes.
-pub fn describe_data(source: &str, data: &mopt_data::EncodedSplits) -> Result<(), TrainError> {
-    if data.train.is_empty() || data.valid.is_empty() || data.test.is_empty() {
-        return Err(TrainError::Input(format!(
-            "{source}: a split is empty (train {}, valid {}, test {}); use more data or other [data] fractions",
-            data.train.len(),
-            data.valid.len(),
-            data.test.len()
-        )));
-    }
-    eprintln!(
-        "data: {} train / {} valid / {} test, {} labels {:?}, tokens {}",
-        data.train.len(),
-        data.valid.len(),
-        data.test.len(),
-        data.labels.len(),
-        data.labels.labels,
-        if data.from_cache {
-            "from cache"
-        } else {
-            "encoded"
-        }
-    );
-    Ok(())
-}
-
 /// Running means of the logged quantities between two log points.
 struct Window {
     loss: f64,

@@ -322,6 +322,45 @@ where
     Ok(eval.metrics.accuracy)
 }
 
+/// Export the `M` checkpoint at `ckpt` to `out`, parity checked on the first `n` examples of
+/// the split `which` of `data` (what a family's [`Family::export`] calls with its model type).
+pub fn export_split<M>(
+    ckpt: &Path,
+    out: &Path,
+    data: &RunData,
+    (which, n): (Split, usize),
+    opts: &ExportOptions,
+) -> Result<ModelCard, StageError>
+where
+    M: mopt_export::Exportable<Batch: Labeled>,
+{
+    let examples = Head {
+        examples: data.split::<M::Batch>(which)?,
+        n,
+    };
+    Ok(mopt_export::export_checkpoint::<M, _>(
+        ckpt, out, &examples, opts,
+    )?)
+}
+
+/// ONNX Runtime latency of the graph at `onnx` exported from a model shaped `config`, the
+/// work files beside the graph (what a family's [`Family::ort_latency`] calls).
+pub fn ort_latency_of<M: mopt_export::Exportable>(
+    onnx: &Path,
+    config: &M::Config,
+    size: usize,
+    warmup_runs: (usize, usize),
+) -> Result<Option<serde_json::Value>, StageError> {
+    let work = onnx.parent().unwrap_or(Path::new("."));
+    Ok(mopt_export::ort_latency::<M>(
+        onnx,
+        config,
+        size,
+        warmup_runs,
+        work,
+    )?)
+}
+
 /// The first `n` examples of a split.
 pub struct Head<E> {
     pub examples: E,

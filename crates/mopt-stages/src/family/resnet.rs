@@ -5,14 +5,14 @@ use std::path::Path;
 
 use burn::prelude::*;
 use mopt_core::prune::Prunable;
-use mopt_data::{ImageBatch, LabelMap};
-use mopt_export::{export_checkpoint, ort_latency, ExportOptions, ModelCard};
+use mopt_data::LabelMap;
+use mopt_export::{ExportOptions, ModelCard};
 use mopt_models::resnet::{ResNet as Model, ResNetConfig};
 use mopt_recipe::{ModelSpec, Recipe, RecipeError, Scope, TokenizerSpec};
 use mopt_train::trainer::save_checkpoint_dir;
 use mopt_train::TrainError;
 
-use super::{checkpoint_accuracy, Family, Head};
+use super::{checkpoint_accuracy, export_split, ort_latency_of, Family};
 use crate::data::image::ImageData;
 use crate::data::{RunData, Split};
 use crate::error::StageError;
@@ -220,14 +220,10 @@ impl Family for ResNet {
         ckpt: &Path,
         out: &Path,
         data: &RunData,
-        (which, n): (Split, usize),
+        samples: (Split, usize),
         opts: &ExportOptions,
     ) -> Result<ModelCard, StageError> {
-        let examples = Head {
-            examples: data.split::<ImageBatch>(which)?,
-            n,
-        };
-        Ok(export_checkpoint::<Model, _>(ckpt, out, &examples, opts)?)
+        export_split::<Model>(ckpt, out, data, samples, opts)
     }
 
     fn ort_latency(
@@ -239,13 +235,6 @@ impl Family for ResNet {
     ) -> Result<Option<serde_json::Value>, StageError> {
         let config = ResNetConfig::from_file(&ckpt.join("config.json"))
             .map_err(|e| TrainError::from(mopt_core::ModelFault::from(e)))?;
-        let work = onnx.parent().unwrap_or(Path::new("."));
-        Ok(ort_latency::<Model>(
-            onnx,
-            &config,
-            size,
-            warmup_runs,
-            work,
-        )?)
+        ort_latency_of::<Model>(onnx, &config, size, warmup_runs)
     }
 }

@@ -108,17 +108,9 @@ where
     let mut references = Vec::new();
     if spec.enabled && spec.baseline {
         let twin = twin::<M>(&run, cx, student())?;
-        references.push(ReferenceModel {
-            name: format!("{} (hard-label twin)", entry.name),
-            about: "the same student, init and budget, trained on hard labels only".into(),
-            checkpoint: twin.checkpoint.clone(),
-        });
-        notes.push(format!(
-            "Hard-label twin (same init and budget, no teacher): test accuracy {:.4} vs the distilled student's {:.4} ({:+.2} points for distillation).",
-            twin.test.accuracy,
-            training.test.accuracy,
-            (training.test.accuracy - twin.test.accuracy) * 100.0
-        ));
+        let (reference, note) = twin_report(&entry.name, &twin, &training);
+        references.push(reference);
+        notes.push(note);
     }
     Ok(StageOutput {
         checkpoint: training.checkpoint.clone(),
@@ -133,6 +125,28 @@ where
         logit_error_vs_input: None,
         artifacts: Vec::new(),
     })
+}
+
+/// The twin as a reference model of the stage `stage`, and the report's line comparing it with
+/// the distilled student (BERT's distill stage reports its twin the same way).
+pub fn twin_report(
+    stage: &str,
+    twin: &TrainReport,
+    student: &TrainReport,
+) -> (ReferenceModel, String) {
+    (
+        ReferenceModel {
+            name: format!("{stage} (hard-label twin)"),
+            about: "the same student, init and budget, trained on hard labels only".into(),
+            checkpoint: twin.checkpoint.clone(),
+        },
+        format!(
+            "Hard-label twin (same init and budget, no teacher): test accuracy {:.4} vs the distilled student's {:.4} ({:+.2} points for distillation).",
+            twin.test.accuracy,
+            student.test.accuracy,
+            (student.test.accuracy - twin.test.accuracy) * 100.0
+        ),
+    )
 }
 
 /// The hard-label twin, in `<stage>/twin`.

@@ -26,7 +26,7 @@ use crate::error::StageError;
 use crate::kinds::distill::{match_line, DistillStage};
 use crate::plan::train_settings;
 use crate::shape::Shape;
-use crate::stage::{PlanContext, ReferenceModel, StageContext, StageOutput, StagePlan};
+use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
 
 /// Check the student against the teacher (vocabulary, layer maps, widths, heads, layer init) and
 /// resolve the matches. Errors name keys of the distill stage `cx` and its student table.
@@ -303,17 +303,10 @@ pub fn run(
     )];
     if stage.spec.enabled && stage.spec.baseline {
         let twin = twin(stage, input, &config, &run, cx)?;
-        references.push(ReferenceModel {
-            name: format!("{} (hard-label twin)", entry.name),
-            about: "the same student, init and budget, trained on hard labels only".into(),
-            checkpoint: twin.checkpoint.clone(),
-        });
-        notes.push(format!(
-            "Hard-label twin (same init and budget, no teacher): test accuracy {:.4} vs the distilled student's {:.4} ({:+.2} points for distillation).",
-            twin.test.accuracy,
-            training.test.accuracy,
-            (training.test.accuracy - twin.test.accuracy) * 100.0
-        ));
+        let (reference, note) =
+            crate::kinds::kd_student::twin_report(&entry.name, &twin, &training);
+        references.push(reference);
+        notes.push(note);
     }
     Ok(StageOutput {
         checkpoint: training.checkpoint.clone(),

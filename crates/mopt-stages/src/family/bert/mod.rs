@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use mopt_data::{LabelMap, TextBatch};
-use mopt_export::{export_checkpoint, ort_latency, ExportOptions, ModelCard};
+use mopt_data::LabelMap;
+use mopt_export::{ExportOptions, ModelCard};
 use mopt_models::bert::{onnx, BertConfig, BertForSequenceClassification as Model};
 
 use mopt_core::prune::Prunable;
@@ -15,7 +15,7 @@ use mopt_train::trainer::save_checkpoint_dir;
 pub mod analysis;
 pub mod distill;
 
-use super::{checkpoint_accuracy, Family, Head};
+use super::{checkpoint_accuracy, export_split, ort_latency_of, Family};
 use crate::data::text::TextData;
 use crate::data::{RunData, Split};
 use crate::error::StageError;
@@ -224,14 +224,10 @@ impl Family for Bert {
         ckpt: &Path,
         out: &Path,
         data: &RunData,
-        (which, n): (Split, usize),
+        samples: (Split, usize),
         opts: &ExportOptions,
     ) -> Result<ModelCard, StageError> {
-        let examples = Head {
-            examples: data.split::<TextBatch>(which)?,
-            n,
-        };
-        Ok(export_checkpoint::<Model, _>(ckpt, out, &examples, opts)?)
+        export_split::<Model>(ckpt, out, data, samples, opts)
     }
 
     fn ort_latency(
@@ -242,13 +238,6 @@ impl Family for Bert {
         warmup_runs: (usize, usize),
     ) -> Result<Option<serde_json::Value>, StageError> {
         let config = BertConfig::from_file(&ckpt.join("config.json"))?;
-        let work = onnx.parent().unwrap_or(Path::new("."));
-        Ok(ort_latency::<Model>(
-            onnx,
-            &config,
-            size,
-            warmup_runs,
-            work,
-        )?)
+        ort_latency_of::<Model>(onnx, &config, size, warmup_runs)
     }
 }
