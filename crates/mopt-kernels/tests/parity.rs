@@ -258,17 +258,18 @@ fn conv2d_matches_burn_for_input_and_weight() {
             .backward();
         let what = format!("conv {c}->{o} k{k} s{stride}");
         assert_close(&what, a.0, values(y.inner()), 1e-5);
+        // The gradients sum batch × pixels (270) products, in another order than Burn's.
         assert_close(
             &format!("{what} dx"),
             a.1,
             values(xa.grad(&g).unwrap()),
-            1e-5,
+            1e-4,
         );
         assert_close(
             &format!("{what} dw"),
             a.2,
             values(wa.grad(&g).unwrap()),
-            1e-5,
+            1e-4,
         );
         // Plain device.
         assert_close(
