@@ -67,6 +67,51 @@ latency-runs = 3
     p
 }
 
+/// A recipe `dir/<name>.toml` whose baseline is the teacher that `teacher` (a digits recipe of
+/// [`write_recipe`]) trains into `runs/digits/best`, training `epochs` at `lr`, then `stages`.
+fn write_from_teacher(
+    dir: &Path,
+    name: &str,
+    teacher: &Path,
+    (epochs, lr): (usize, f64),
+    stages: &str,
+) -> PathBuf {
+    let text = format!(
+        r#"[run]
+name = "{name}"
+output-dir = "{out}"
+seed = 7
+
+[teacher]
+checkpoint = "{out}/digits/best"
+recipe = "{teacher}"
+
+[data]
+format = "pixels-csv"
+path = "{data}"
+pixel-max = 16
+valid-fraction = 0.1
+test-fraction = 0.2
+
+[train]
+epochs = {epochs}
+batch-size = 32
+lr = {lr:e}
+
+[evaluation]
+golden-samples = 64
+latency-runs = 0
+
+{stages}"#,
+        out = dir.join("runs").display(),
+        teacher = teacher.display(),
+        data = digits().display(),
+    );
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
 #[test]
 fn a_tiny_resnet_fine_tunes_on_the_digits_through_the_binary() {
     let dir = tempfile::tempdir().unwrap();
@@ -147,33 +192,8 @@ fn a_resnet_teacher_trained_first_is_distilled_into_a_smaller_resnet_beside_its_
         r#"{"channels": 1, "image_size": 8, "stages": [{"width": 4, "blocks": [4]}, {"width": 8, "blocks": [4]}]}"#,
     )
     .unwrap();
-    let text = format!(
-        r#"[run]
-name = "digits-kd"
-output-dir = "{out}"
-seed = 7
-
-[teacher]
-checkpoint = "{out}/digits/best"
-recipe = "{teacher}"
-
-[data]
-format = "pixels-csv"
-path = "{data}"
-pixel-max = 16
-valid-fraction = 0.1
-test-fraction = 0.2
-
-[train]
-epochs = 3
-batch-size = 32
-lr = 3e-3
-
-[evaluation]
-golden-samples = 64
-latency-runs = 0
-
-[[stage]]
+    let stages = format!(
+        r#"[[stage]]
 kind = "distill"
 name = "student"
 alpha = 0.5
@@ -182,15 +202,11 @@ baseline = true
 
 [stage.student]
 arch = "resnet"
-config = "{student}"
+config = "{}"
 "#,
-        out = dir.path().join("runs").display(),
-        teacher = teacher.display(),
-        data = digits().display(),
-        student = student.display(),
+        student.display()
     );
-    let recipe = dir.path().join("kd.toml");
-    std::fs::write(&recipe, text).unwrap();
+    let recipe = write_from_teacher(dir.path(), "digits-kd", &teacher, (3, 3e-3), &stages);
     let out = mopt(&[recipe.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     // The teacher recipe ran first and left its checkpoint where [teacher] points.
@@ -227,33 +243,7 @@ config = "{student}"
 fn residual_and_inner_channels_of_a_resnet_are_pruned_in_rounds_through_the_binary() {
     let dir = tempfile::tempdir().unwrap();
     let teacher = write_recipe(dir.path(), "");
-    let text = format!(
-        r#"[run]
-name = "digits-prune"
-output-dir = "{out}"
-seed = 7
-
-[teacher]
-checkpoint = "{out}/digits/best"
-recipe = "{teacher}"
-
-[data]
-format = "pixels-csv"
-path = "{data}"
-pixel-max = 16
-valid-fraction = 0.1
-test-fraction = 0.2
-
-[train]
-epochs = 2
-batch-size = 32
-lr = 2e-3
-
-[evaluation]
-golden-samples = 64
-latency-runs = 0
-
-[[stage]]
+    let stages = r#"[[stage]]
 kind = "prune"
 targets = ["channels", "residual"]
 criterion = "taylor"
@@ -268,13 +258,8 @@ kind = "export"
 samples = 64
 latency-runs = 3
 reference = ["baseline"]
-"#,
-        out = dir.path().join("runs").display(),
-        teacher = teacher.display(),
-        data = digits().display(),
-    );
-    let recipe = dir.path().join("prune.toml");
-    std::fs::write(&recipe, text).unwrap();
+"#;
+    let recipe = write_from_teacher(dir.path(), "digits-prune", &teacher, (2, 2e-3), stages);
     let out = mopt(&[recipe.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let report = read_json(&dir.path().join("runs/digits-prune/report.json"));

@@ -69,15 +69,15 @@ impl Examples for TextSplit {
     type Batch = TextBatch;
 
     fn len(&self) -> usize {
-        self.examples.len()
+        self.view().len()
     }
 
     fn label(&self, i: usize) -> usize {
-        self.examples[i].label
+        self.view().label(i)
     }
 
     fn size(&self, i: usize) -> usize {
-        self.examples[i].ids.len()
+        self.view().size(i)
     }
 
     fn batch(&self, indices: &[usize], device: &Device) -> TextBatch {

@@ -5,6 +5,7 @@
 //! safetensors checkpoints and savers for Burn's own format and HF-style safetensors.
 
 pub mod bert;
+pub mod burnpack;
 mod error;
 pub mod resnet;
 

@@ -125,7 +125,6 @@ impl Pipeline {
                 family: recipe_family(r)?,
                 tokenizer: r.tokenizer.as_ref(),
                 data: &r.data,
-                size: r.example_size(),
                 vocab,
                 train_examples,
                 mean_tokens,

@@ -70,8 +70,6 @@ pub struct PlanContext<'a> {
     /// `[tokenizer]` (text data only).
     pub tokenizer: Option<&'a TokenizerSpec>,
     pub data: &'a DataSpec,
-    /// The size of one example that estimates assume: `max-len` tokens; 0 for images.
-    pub size: usize,
     /// Tokenizer vocabulary size (0 for images).
     pub vocab: usize,
     /// Training examples (after `max-train`).
@@ -81,6 +79,13 @@ pub struct PlanContext<'a> {
     pub mean_tokens_sq: f64,
     /// Names of the models before this stage: `baseline` and the earlier stages.
     pub earlier: Vec<String>,
+}
+
+impl PlanContext<'_> {
+    /// The size of one example that estimates assume: `max-len` tokens; 0 for images.
+    pub fn size(&self) -> usize {
+        self.tokenizer.map_or(0, |t| t.max_len)
+    }
 }
 
 /// Everything a running stage may read.

@@ -12,8 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::store::{
-    BurnToPyTorchAdapter, BurnpackStore, KeyRemapper, ModuleSnapshot, PyTorchToBurnAdapter,
-    SafetensorsStore,
+    BurnToPyTorchAdapter, KeyRemapper, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore,
 };
 
 use super::{BertConfig, BertForSequenceClassification};
@@ -160,13 +159,7 @@ pub fn save_checkpoint(
         path: dir.to_path_buf(),
         source,
     })?;
-    let mut store = BurnpackStore::from_file(files.weights())
-        .auto_extension(false)
-        .overwrite(true);
-    model.save_into(&mut store).map_err(|e| ModelError::Save {
-        path: files.weights(),
-        message: e.to_string(),
-    })?;
+    crate::burnpack::save_burnpack(model, &files.weights())?;
     write_config(config, &files.config())
 }
 
@@ -209,31 +202,7 @@ pub fn load_checkpoint(
     Ok((model, config))
 }
 
-/// Load Burn-format weights into a model of matching shape; every tensor must be present.
-pub fn load_burnpack(
-    model: &mut BertForSequenceClassification,
-    path: &Path,
-) -> Result<(), ModelError> {
-    let mut store = BurnpackStore::from_file(path).auto_extension(false);
-    let result = model.load_from(&mut store).map_err(|e| ModelError::Load {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-        hint: "the checkpoint's config.json must match its weights; was the file truncated?".into(),
-    })?;
-    if !result.is_success() || !result.missing.is_empty() {
-        return Err(ModelError::Load {
-            path: path.to_path_buf(),
-            message: format!(
-                "{} missing, {} unused, {} mismatched tensors",
-                result.missing.len(),
-                result.unused.len(),
-                result.errors.len()
-            ),
-            hint: "use the config.json saved with these weights".into(),
-        });
-    }
-    Ok(())
-}
+pub use crate::burnpack::load_burnpack;
 
 /// Write HF-style `model.safetensors` (BertForSequenceClassification keys, PyTorch layouts) and
 /// `config.json` into `dir`.

@@ -53,41 +53,36 @@ impl ResNetConfig {
         }
     }
 
-    /// Read a `config.json` (ours, or the shape a recipe's `[model] config` gives).
+    /// Read a mopt checkpoint's `config.json` (its classes included).
     pub fn from_file(path: &Path) -> Result<Self, ModelError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let config: Self = serde_json::from_str(&text).map_err(|e| ModelError::Config {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
-        config.validate().map_err(|message| ModelError::Config {
-            path: path.to_path_buf(),
-            message,
-        })?;
-        Ok(config)
+        Self::read(path, |_| {})
     }
 
     /// The shape at `path` (a recipe's `[model] config`) for a data set of classes `labels`.
     pub fn for_labels(path: &Path, labels: &[String]) -> Result<Self, ModelError> {
+        Self::read(path, |c| {
+            c.num_labels = labels.len();
+            c.labels = Some(labels.to_vec());
+        })
+    }
+
+    /// Parse the JSON at `path`, `complete` it, then validate.
+    fn read(path: &Path, complete: impl FnOnce(&mut Self)) -> Result<Self, ModelError> {
         let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        let mut config: Self = serde_json::from_str(&text).map_err(|e| ModelError::Config {
-            path: path.to_path_buf(),
-            message: format!(
-                "{e} (a ResNet config: channels, image_size, stages [{{width, blocks}}])"
-            ),
-        })?;
-        config.num_labels = labels.len();
-        config.labels = Some(labels.to_vec());
-        config.validate().map_err(|message| ModelError::Config {
+        let bad = |message: String| ModelError::Config {
             path: path.to_path_buf(),
             message,
+        };
+        let mut config: Self = serde_json::from_str(&text).map_err(|e| {
+            bad(format!(
+                "{e} (a ResNet config: channels, image_size, stages [{{width, blocks}}])"
+            ))
         })?;
+        complete(&mut config);
+        config.validate().map_err(bad)?;
         Ok(config)
     }
 

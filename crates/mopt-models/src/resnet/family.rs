@@ -3,12 +3,12 @@
 use std::path::Path;
 
 use burn::prelude::*;
-use burn::store::{BurnpackStore, ModuleSnapshot};
 use mopt_core::{Checkpoint, Classifier, MemoryEstimate, ModelConfig, ModelFault};
 use mopt_data::ImageBatch;
 
 use super::config::ResNetConfig;
 use super::model::ResNet;
+use crate::burnpack::{load_burnpack, save_burnpack};
 use crate::error::ModelError;
 
 impl ModelConfig for ResNetConfig {
@@ -104,14 +104,7 @@ impl Checkpoint for ResNet {
 
     /// `model.bpk` (Burn's format, BatchNorm running statistics included) and `config.json`.
     fn save(&self, config: &ResNetConfig, dir: &Path) -> Result<(), ModelFault> {
-        let weights = dir.join("model.bpk");
-        let mut store = BurnpackStore::from_file(&weights)
-            .auto_extension(false)
-            .overwrite(true);
-        self.save_into(&mut store).map_err(|e| ModelError::Save {
-            path: weights.clone(),
-            message: e.to_string(),
-        })?;
+        save_burnpack(self, &dir.join("model.bpk"))?;
         let path = dir.join("config.json");
         let mut value = serde_json::to_value(config).expect("config serialises");
         value["model_type"] = "resnet".into();
@@ -123,27 +116,7 @@ impl Checkpoint for ResNet {
     fn load(dir: &Path, device: &Device) -> Result<(Self, ResNetConfig), ModelFault> {
         let config = ResNetConfig::from_file(&dir.join("config.json"))?;
         let mut model = ResNet::new(&config, device);
-        let weights = dir.join("model.bpk");
-        let mut store = BurnpackStore::from_file(&weights).auto_extension(false);
-        let result = model.load_from(&mut store).map_err(|e| ModelError::Load {
-            path: weights.clone(),
-            message: e.to_string(),
-            hint: "the checkpoint's config.json must match its weights; was the file truncated?"
-                .into(),
-        })?;
-        if !result.is_success() || !result.missing.is_empty() {
-            return Err(ModelError::Load {
-                path: weights,
-                message: format!(
-                    "{} missing, {} unused, {} mismatched tensors",
-                    result.missing.len(),
-                    result.unused.len(),
-                    result.errors.len()
-                ),
-                hint: "use the config.json saved with these weights".into(),
-            }
-            .into());
-        }
+        load_burnpack(&mut model, &dir.join("model.bpk"))?;
         Ok((model, config))
     }
 

@@ -52,6 +52,18 @@ fn conv_bn_out(path: &str, u: usize) -> Vec<Member> {
     ]
 }
 
+/// Channel counts kept as multiples of `hidden-multiple` (SIMD-friendly widths), in every
+/// scope.
+fn channel_rule(l: &UnitLimits) -> Rule {
+    let m = l.hidden_multiple.max(1);
+    Rule {
+        min_keep: m,
+        multiple: m,
+        frozen_scopes: Vec::new(),
+        frozen_units: Vec::new(),
+    }
+}
+
 fn block(s: usize, b: usize) -> String {
     format!("stages.{s}.{b}")
 }
@@ -89,14 +101,8 @@ impl GroupKind for Channels {
         }
         out
     }
-    /// Channel counts kept as multiples of `hidden-multiple` (SIMD-friendly widths).
     fn rule(&self, l: &UnitLimits) -> Rule {
-        Rule {
-            min_keep: l.hidden_multiple.max(1),
-            multiple: l.hidden_multiple.max(1),
-            frozen_scopes: Vec::new(),
-            frozen_units: Vec::new(),
-        }
+        channel_rule(l)
     }
 }
 
@@ -157,12 +163,7 @@ impl GroupKind for Residual {
         out
     }
     fn rule(&self, l: &UnitLimits) -> Rule {
-        Rule {
-            min_keep: l.hidden_multiple.max(1),
-            multiple: l.hidden_multiple.max(1),
-            frozen_scopes: Vec::new(),
-            frozen_units: Vec::new(),
-        }
+        channel_rule(l)
     }
 }
 

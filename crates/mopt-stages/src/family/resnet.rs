@@ -198,7 +198,7 @@ impl Family for ResNet {
             None => (0..teacher.num_labels).map(|i| i.to_string()).collect(),
         };
         let student = student_config(stage, &labels)?;
-        kd_student::plan(stage, entry, (input, student), cx.size)
+        kd_student::plan(stage, entry, (input, student), cx.size())
     }
 
     fn distill(

@@ -59,7 +59,7 @@ impl Stage for FinetuneStage {
         Ok(StagePlan {
             output: input.clone(),
             settings: train_settings(&entry.train, entry.train_overridden),
-            memory: Some(input.training_memory(entry.train.batch_size, cx.size)),
+            memory: Some(input.training_memory(entry.train.batch_size, cx.size())),
             extra_memory: Vec::new(),
         })
     }

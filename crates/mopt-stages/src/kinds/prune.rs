@@ -630,12 +630,12 @@ impl PruneStage {
                 self.fraction(r) * 100.0,
                 c.describe(),
                 c.num_params() as f64 / 1e6,
-                c.flops(cx.size) / 1e9
+                c.flops(cx.size()) / 1e9
             ));
         }
         settings.extend(train_settings(&entry.train, entry.train_overridden));
         Ok(StagePlan {
-            memory: Some(input.training_memory(entry.train.batch_size, cx.size)),
+            memory: Some(input.training_memory(entry.train.batch_size, cx.size())),
             output: Shape::new(c),
             settings,
             extra_memory: Vec::new(),

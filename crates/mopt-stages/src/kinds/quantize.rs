@@ -529,7 +529,7 @@ impl QuantStage {
             settings,
             memory: self
                 .train
-                .then(|| input.training_memory(entry.train.batch_size, cx.size)),
+                .then(|| input.training_memory(entry.train.batch_size, cx.size())),
             extra_memory: Vec::new(),
         })
     }

@@ -232,7 +232,7 @@ pub fn plan(
         memory: Some(mopt_core::ModelConfig::training_memory(
             &config,
             entry.train.batch_size,
-            cx.size,
+            cx.size(),
         )),
         output: Shape::new(config),
         settings,

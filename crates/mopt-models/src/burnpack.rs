@@ -1,0 +1,43 @@
+//! Burn-format weights (`model.bpk`) of any module: written whole, read back only when every
+//! tensor is there and fits (a truncated file or another shape is an error naming the file).
+
+use std::path::Path;
+
+use burn::module::Module;
+use burn::store::{BurnpackStore, ModuleSnapshot};
+
+use crate::ModelError;
+
+/// Write `model`'s tensors (BatchNorm statistics included) to `path`, replacing it.
+pub fn save_burnpack<M: Module>(model: &M, path: &Path) -> Result<(), ModelError> {
+    let mut store = BurnpackStore::from_file(path)
+        .auto_extension(false)
+        .overwrite(true);
+    model.save_into(&mut store).map_err(|e| ModelError::Save {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// Load Burn-format weights into a model of matching shape; every tensor must be present.
+pub fn load_burnpack<M: Module>(model: &mut M, path: &Path) -> Result<(), ModelError> {
+    let mut store = BurnpackStore::from_file(path).auto_extension(false);
+    let result = model.load_from(&mut store).map_err(|e| ModelError::Load {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+        hint: "the checkpoint's config.json must match its weights; was the file truncated?".into(),
+    })?;
+    if !result.is_success() || !result.missing.is_empty() {
+        return Err(ModelError::Load {
+            path: path.to_path_buf(),
+            message: format!(
+                "{} missing, {} unused, {} mismatched tensors",
+                result.missing.len(),
+                result.unused.len(),
+                result.errors.len()
+            ),
+            hint: "use the config.json saved with these weights".into(),
+        });
+    }
+    Ok(())
+}
