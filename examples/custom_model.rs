@@ -382,11 +382,7 @@ impl Quantizable for Mlp {
             .iter_mut()
             .zip(self.quant.iter_mut())
             .enumerate()
-            .map(|(i, (linear, quant))| QuantSlot {
-                path: format!("layers.{i}"),
-                linear,
-                quant,
-            })
+            .map(|(i, (linear, quant))| QuantSlot::linear(format!("layers.{i}"), linear, quant))
             .collect()
     }
 
@@ -395,11 +391,7 @@ impl Quantizable for Mlp {
             .iter()
             .zip(&self.quant)
             .enumerate()
-            .map(|(i, (linear, quant))| QuantSlotRef {
-                path: format!("layers.{i}"),
-                linear,
-                quant,
-            })
+            .map(|(i, (linear, quant))| QuantSlotRef::linear(format!("layers.{i}"), linear, quant))
             .collect()
     }
 }

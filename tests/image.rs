@@ -283,3 +283,96 @@ reference = ["baseline"]
         Some(2)
     );
 }
+
+/// PTQ (BatchNorm folded, convolutions per output channel, sensitivity with fallback) and QAT
+/// of a digits teacher, each exported as QDQ: ONNX Runtime turns the convolutions into
+/// `QLinearConv` and the residual sums into `QLinearAdd`, and predicts as mopt's fake-quantized
+/// network does.
+#[test]
+fn a_resnet_is_quantized_by_ptq_and_qat_and_runs_on_integer_kernels_in_onnx_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let teacher = write_recipe(dir.path(), "");
+    let export = r#"
+[[stage]]
+kind = "export"
+samples = 64
+latency-runs = 0
+"#;
+    let ptq = format!(
+        r#"[[stage]]
+kind = "ptq"
+calibration-samples = 256
+sensitivity = true
+
+[stage.gate]
+max-drop = 0.02
+on-fail = "retry"
+{export}"#
+    );
+    let recipe = write_from_teacher(dir.path(), "digits-ptq", &teacher, (1, 1e-3), &ptq);
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = read_json(&dir.path().join("runs/digits-ptq/report.json"));
+    let stages = report["stages"].as_array().unwrap();
+    let facts = &stages[1]["facts"];
+    let q = &facts["quantization"];
+    // Four convolutions quantized (stem and classifier float by default), minus fallbacks; the
+    // second convolutions and the projection write quantized outputs.
+    let fallback = facts["fallback"].as_array().unwrap().len();
+    assert_eq!(q["layers"].as_array().unwrap().len() + fallback, 5, "{q}");
+    assert_eq!(facts["sensitivity"].as_array().unwrap().len(), 5);
+    assert!(q["outputs"].as_array().unwrap().iter().all(|p| {
+        let p = p.as_str().unwrap();
+        p.ends_with(".conv2") || p.ends_with(".shortcut")
+    }));
+    let base = stages[0]["model"]["test"]["accuracy"].as_f64().unwrap();
+    let ptq_acc = stages[1]["model"]["test"]["accuracy"].as_f64().unwrap();
+    assert!(ptq_acc > base - 0.05, "PTQ {ptq_acc} vs float {base}");
+    let ops = |stage: &serde_json::Value| stage["facts"]["model_card"]["fused_ops"].clone();
+    let card = &stages[2]["facts"]["model_card"];
+    assert!(
+        card["parity"]["agreement"].as_f64().unwrap() >= 0.995,
+        "{card}"
+    );
+    assert!(
+        ops(&stages[2])["QLinearConv"].as_u64().unwrap_or(0) >= 1,
+        "{}",
+        ops(&stages[2])
+    );
+    if fallback == 0 {
+        assert!(
+            ops(&stages[2])["QLinearAdd"].as_u64().unwrap_or(0) >= 1,
+            "{}",
+            ops(&stages[2])
+        );
+    }
+
+    let qat = format!(
+        r#"[[stage]]
+kind = "qat"
+calibration-samples = 256
+{export}"#
+    );
+    let recipe = write_from_teacher(dir.path(), "digits-qat", &teacher, (1, 1e-3), &qat);
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = read_json(&dir.path().join("runs/digits-qat/report.json"));
+    let stages = report["stages"].as_array().unwrap();
+    assert!(stages[1]["steps"].as_u64().unwrap() > 0);
+    let qat_acc = stages[1]["model"]["test"]["accuracy"].as_f64().unwrap();
+    assert!(qat_acc > base - 0.05, "QAT {qat_acc} vs float {base}");
+    // Every quantized convolution runs on integers; the first block's sum too (the last one
+    // feeds the float pooling).
+    assert_eq!(
+        ops(&stages[2])["QLinearConv"].as_u64(),
+        Some(5),
+        "{}",
+        ops(&stages[2])
+    );
+    assert_eq!(
+        ops(&stages[2])["QLinearAdd"].as_u64(),
+        Some(1),
+        "{}",
+        ops(&stages[2])
+    );
+}

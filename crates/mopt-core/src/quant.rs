@@ -1,33 +1,126 @@
 //! The quantizable contract: the layers that take fake-quantization nodes. A family lists its
 //! quantizable layers once ([`Quantizable::quant_slots`]), each an `Option<LinearQuant>` beside
-//! its `Linear` (`query` → `query_quant`), in forward order; placement patterns, calibration,
-//! QAT, weight baking and the QDQ exporter all read that one list. (Convolutions take the same
-//! place with a 4-D per-output-channel weight once a family has them.)
+//! its `Linear` (`query` → `query_quant`) or `Conv2d`, in forward order; placement patterns,
+//! calibration, QAT, weight baking and the QDQ exporter all read that one list. A family whose
+//! normalisation folds into the layer before it (BatchNorm into a convolution) folds it first
+//! ([`Quantizable::fold_for_quantization`]), so that the quantized weights are the deployed ones.
 
 use burn::module::Param;
+use burn::nn::conv::Conv2d;
 use burn::nn::Linear;
 use burn::prelude::*;
 use mopt_quant::node::{LinearQuant, Phase, QuantConfig};
 
 use crate::model::Checkpoint;
 
-/// One quantizable linear layer: its module path, the layer and its quantizers.
+/// A quantizable layer's weight: where its output channels are.
+pub enum QuantWeight<'a> {
+    /// A linear layer's `[d_in, d_out]`: output channels on axis 1.
+    Linear(&'a mut Param<Tensor<2>>),
+    /// A convolution's `[out, in / groups, kh, kw]`: output channels on axis 0.
+    Conv(&'a mut Param<Tensor<4>>),
+}
+
+/// [`QuantWeight`], read-only.
+pub enum QuantWeightRef<'a> {
+    Linear(&'a Param<Tensor<2>>),
+    Conv(&'a Param<Tensor<4>>),
+}
+
+impl QuantWeightRef<'_> {
+    /// (output channels, their axis).
+    pub fn channels(&self) -> (usize, usize) {
+        match self {
+            Self::Linear(w) => (w.val().dims()[1], 1),
+            Self::Conv(w) => (w.val().dims()[0], 0),
+        }
+    }
+}
+
+/// One quantizable layer: its module path, its weight and its quantizers.
 pub struct QuantSlot<'a> {
     pub path: String,
-    pub linear: &'a mut Linear,
+    pub weight: QuantWeight<'a>,
     pub quant: &'a mut Option<LinearQuant>,
 }
 
-/// One quantizable linear layer, read-only.
+/// One quantizable layer, read-only.
 pub struct QuantSlotRef<'a> {
     pub path: String,
-    pub linear: &'a Linear,
+    pub weight: QuantWeightRef<'a>,
     pub quant: &'a Option<LinearQuant>,
 }
 
-/// A model whose linear layers take quantizers. Implement the two slot lists and where the
-/// config records the quantization (so that a quantized checkpoint reloads quantized); the rest
-/// is provided.
+impl<'a> QuantSlot<'a> {
+    /// A linear layer at `path` and its quantizers.
+    pub fn linear(path: String, l: &'a mut Linear, quant: &'a mut Option<LinearQuant>) -> Self {
+        Self {
+            path,
+            weight: QuantWeight::Linear(&mut l.weight),
+            quant,
+        }
+    }
+
+    /// A convolution at `path` and its quantizers.
+    pub fn conv(path: String, c: &'a mut Conv2d, quant: &'a mut Option<LinearQuant>) -> Self {
+        Self {
+            path,
+            weight: QuantWeight::Conv(&mut c.weight),
+            quant,
+        }
+    }
+
+    fn weight_ref(&self) -> QuantWeightRef<'_> {
+        match &self.weight {
+            QuantWeight::Linear(w) => QuantWeightRef::Linear(w),
+            QuantWeight::Conv(w) => QuantWeightRef::Conv(w),
+        }
+    }
+
+    /// The weight quantizer's per-channel (or per-tensor) parameters from the weight's values.
+    fn calibrate_weight(
+        &self,
+        q: mopt_quant::FakeQuant,
+        scheme: &mopt_quant::QuantScheme,
+    ) -> mopt_quant::FakeQuant {
+        match &self.weight {
+            QuantWeight::Linear(w) => q.calibrate_weight(&w.val(), scheme),
+            QuantWeight::Conv(w) => q.calibrate_weight(&w.val(), scheme),
+        }
+    }
+
+    /// The weight replaced by its fake-quantized value.
+    fn bake(&mut self, q: &mopt_quant::FakeQuant) {
+        match &mut self.weight {
+            QuantWeight::Linear(w) => **w = Param::from_tensor(q.forward(w.val())),
+            QuantWeight::Conv(w) => **w = Param::from_tensor(q.forward(w.val())),
+        }
+    }
+}
+
+impl<'a> QuantSlotRef<'a> {
+    /// A linear layer at `path` and its quantizers.
+    pub fn linear(path: String, l: &'a Linear, quant: &'a Option<LinearQuant>) -> Self {
+        Self {
+            path,
+            weight: QuantWeightRef::Linear(&l.weight),
+            quant,
+        }
+    }
+
+    /// A convolution at `path` and its quantizers.
+    pub fn conv(path: String, c: &'a Conv2d, quant: &'a Option<LinearQuant>) -> Self {
+        Self {
+            path,
+            weight: QuantWeightRef::Conv(&c.weight),
+            quant,
+        }
+    }
+}
+
+/// A model whose linear (and convolution) layers take quantizers. Implement the two slot lists
+/// and where the config records the quantization (so that a quantized checkpoint reloads
+/// quantized); the rest is provided.
 pub trait Quantizable: Checkpoint {
     /// The quantization the config records (`None`: a float model).
     fn quantization(config: &Self::Config) -> Option<&QuantConfig>;
@@ -38,6 +131,21 @@ pub trait Quantizable: Checkpoint {
     /// Layers kept float unless a recipe says otherwise (layers right before the logits, say).
     /// None by default.
     fn default_float_paths() -> Vec<String> {
+        Vec::new()
+    }
+
+    /// The model quantization starts from and its config: a family whose normalisation folds
+    /// into the layer before it (BatchNorm into a convolution) returns the folded model, so
+    /// that calibration and QAT see the weights the deployed graph runs. Unchanged by default.
+    fn fold_for_quantization(self, config: &Self::Config) -> (Self, Self::Config) {
+        (self, config.clone())
+    }
+
+    /// Of the quantized layers `layers`, those whose output is quantized too (per tensor): where
+    /// the deployed integer kernel must write integers (ONNX Runtime's `QLinearConv` needs a
+    /// `QuantizeLinear` on a convolution's output, `MatMulIntegerToFloat` does not). None by
+    /// default.
+    fn quantized_outputs(_layers: &[String]) -> Vec<String> {
         Vec::new()
     }
 
@@ -62,8 +170,8 @@ pub trait Quantizable: Checkpoint {
     /// float.
     fn attach_quantizers(&mut self, q: &QuantConfig, phase: Phase, device: &Device) {
         for s in self.quant_slots() {
-            let d_out = s.linear.weight.val().dims()[1];
-            *s.quant = q.linear(&s.path, d_out, phase, device);
+            let (channels, axis) = s.weight_ref().channels();
+            *s.quant = q.layer(&s.path, channels, axis, phase, device);
         }
     }
 
@@ -76,8 +184,7 @@ pub trait Quantizable: Checkpoint {
     fn set_quant_phase(&self, phase: Phase) {
         for s in self.quant_slots_ref() {
             if let Some(q) = s.quant {
-                q.input.set_phase(phase);
-                q.weight.set_phase(phase);
+                q.set_phase(phase);
             }
         }
     }
@@ -87,12 +194,12 @@ pub trait Quantizable: Checkpoint {
     /// weight. Outputs are identical; inputs are still fake-quantized. Not for training (the
     /// straight-through estimator needs the float weights).
     fn with_baked_weights(mut self) -> Self {
-        for s in self.quant_slots() {
+        for mut s in self.quant_slots() {
             if let Some(q) = s.quant.as_ref() {
                 if q.weight.phase() == Phase::Quantize {
-                    let w = q.weight.forward(s.linear.weight.val());
-                    s.linear.weight = Param::from_tensor(w);
-                    q.weight.set_phase(Phase::Off);
+                    let weight = q.weight.clone();
+                    s.bake(&weight);
+                    weight.set_phase(Phase::Off);
                 }
             }
         }
@@ -121,13 +228,22 @@ pub fn calibrate<M: Quantizable>(
     for s in model.quant_slots() {
         if let Some(lq) = s.quant.take() {
             let (input, seen) = lq.input.freeze(&q.activation);
+            let output = lq.output.map(|o| {
+                let (o, seen) = o.freeze(&q.activation);
+                if !seen {
+                    unseen.push(format!("{} (output)", s.path));
+                }
+                o
+            });
             if !seen {
                 unseen.push(s.path.clone());
             }
-            let weight = lq
-                .weight
-                .calibrate_weight(&s.linear.weight.val(), &q.weight);
-            *s.quant = Some(LinearQuant { input, weight });
+            let weight = s.calibrate_weight(lq.weight, &q.weight);
+            *s.quant = Some(LinearQuant {
+                input,
+                weight,
+                output,
+            });
         }
     }
     (model, unseen)

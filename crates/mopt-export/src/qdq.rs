@@ -2,10 +2,139 @@
 //! per-tensor uint8 `QuantizeLinear`/`DequantizeLinear`, and a Rust reference that quantizes with
 //! the same rounding (half to even) as ONNX.
 
+use std::collections::HashMap;
+
 use mopt_quant::fake::{fake_quant_value, quantize};
+use mopt_quant::FakeQuant;
 
 use crate::graph::{int, GraphBuilder};
 use crate::onnx::{dtype, value_info, Dim, ModelProto};
+
+/// Quantized activations already in a graph: (tensor, scale bits, zero point) → its DQ output.
+/// Layers reading the same tensor with the same parameters (Q, K and V; a convolution and the
+/// residual `Add` beside it) share one `QuantizeLinear → DequantizeLinear`.
+pub type QdqCache = HashMap<(String, u32, i32), String>;
+
+/// `QuantizeLinear → DequantizeLinear` of `x` with the per-tensor quantizer `q`'s parameters;
+/// nodes and initializers named `{prefix}_scale`, `{prefix}_zero_point`, `{prefix}_q`,
+/// `{prefix}_dq`. Returns the dequantized tensor.
+pub fn qdq_activation(
+    g: &mut GraphBuilder,
+    x: &str,
+    q: &FakeQuant,
+    prefix: &str,
+    cache: &mut QdqCache,
+) -> String {
+    let p = q.qparams();
+    let key = (x.to_string(), p.scale[0].to_bits(), p.zero_point[0]);
+    if let Some(dq) = cache.get(&key) {
+        return dq.clone();
+    }
+    let s = g.f32s(&format!("{prefix}_scale"), &[], &p.scale);
+    let z = if q.qmin < 0 {
+        g.i8s(
+            &format!("{prefix}_zero_point"),
+            &[],
+            &[p.zero_point[0] as i8],
+        )
+    } else {
+        g.u8s(
+            &format!("{prefix}_zero_point"),
+            &[],
+            &[p.zero_point[0] as u8],
+        )
+    };
+    let xq = g.op(
+        "QuantizeLinear",
+        &[x, &s, &z],
+        vec![],
+        &format!("{prefix}_q"),
+    );
+    let dq = g.op(
+        "DequantizeLinear",
+        &[&xq, &s, &z],
+        vec![],
+        &format!("{prefix}_dq"),
+    );
+    cache.insert(key, dq.clone());
+    dq
+}
+
+/// A weight of shape `dims` stored as int8 (quantized by `q`, per channel on its axis or per
+/// tensor) with its `DequantizeLinear`; initializers `{name}.weight_quantized`,
+/// `{name}.weight_scale`, `{name}.weight_zero_point`. Returns the dequantized weight.
+pub fn dq_weight(
+    g: &mut GraphBuilder,
+    name: &str,
+    dims: &[usize],
+    values: &[f32],
+    q: &FakeQuant,
+) -> String {
+    let p = q.qparams();
+    let n = p.scale.len();
+    let axis = q.axis.filter(|&a| n > 1 && dims[a] == n);
+    let inner: usize = axis.map_or(1, |a| dims[a + 1..].iter().product());
+    let w: Vec<i8> = values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let c = if axis.is_some() { (i / inner) % n } else { 0 };
+            quantize(v, p.scale[c], p.zero_point[c], q.qmin, q.qmax) as i8
+        })
+        .collect();
+    let wq = g.i8s(&format!("{name}.weight_quantized"), dims, &w);
+    let shape: &[usize] = if axis.is_some() { &[n] } else { &[] };
+    let s = g.f32s(
+        &format!("{name}.weight_scale"),
+        shape,
+        &p.scale[..shape.iter().product()],
+    );
+    let zp: Vec<i8> = p.zero_point.iter().map(|&z| z as i8).collect();
+    let z = g.i8s(
+        &format!("{name}.weight_zero_point"),
+        shape,
+        &zp[..shape.iter().product()],
+    );
+    let attrs = axis.map_or(vec![], |a| vec![int("axis", a as i64)]);
+    g.op(
+        "DequantizeLinear",
+        &[&wq, &s, &z],
+        attrs,
+        &format!("{name}.weight_dq"),
+    )
+}
+
+/// A bias stored as int32 at scale `input_scale · weight_scale[c]` (zero point 0) with its
+/// `DequantizeLinear`, the form ONNX Runtime folds into `QLinearConv`; initializers
+/// `{name}.bias_quantized`, `{name}.bias_scale`, `{name}.bias_zero_point`.
+pub fn dq_bias(
+    g: &mut GraphBuilder,
+    name: &str,
+    bias: &[f32],
+    input: &FakeQuant,
+    weight: &FakeQuant,
+) -> String {
+    let s_in = input.qparams().scale[0];
+    let ws = weight.qparams().scale;
+    let scales: Vec<f32> = (0..bias.len())
+        .map(|c| s_in * ws[if ws.len() == 1 { 0 } else { c }])
+        .collect();
+    let bq: Vec<i32> = bias
+        .iter()
+        .zip(&scales)
+        .map(|(b, s)| quantize(*b, *s, 0, i32::MIN, i32::MAX))
+        .collect();
+    let n = bias.len();
+    let b = g.i32s(&format!("{name}.bias_quantized"), &[n], &bq);
+    let s = g.f32s(&format!("{name}.bias_scale"), &[n], &scales);
+    let z = g.i32s(&format!("{name}.bias_zero_point"), &[n], &vec![0; n]);
+    g.op(
+        "DequantizeLinear",
+        &[&b, &s, &z],
+        vec![int("axis", 0)],
+        &format!("{name}.bias_dq"),
+    )
+}
 
 /// One quantized linear layer: `y = x · dq(W) + b`, `W` int8 `[in, out]` with a scale per output.
 #[derive(Debug, Clone)]

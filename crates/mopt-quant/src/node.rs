@@ -1,5 +1,6 @@
-//! [`FakeQuant`]: one quantizer as a Burn module, and [`LinearQuant`], the pair a quantized
-//! linear layer holds (its input, per tensor; its weight, per output channel).
+//! [`FakeQuant`]: one quantizer as a Burn module, and [`LinearQuant`], what a quantized linear
+//! or convolution layer holds (its input, per tensor; its weight, per output channel; its output,
+//! per tensor, where an integer kernel must write integers).
 //!
 //! The scale and zero point are parameters, so they are saved with the checkpoint and reload
 //! to identical outputs; the format, axis and whether the scale is learned (LSQ) are constants
@@ -135,10 +136,11 @@ impl FakeQuant {
         }
     }
 
-    /// Per-channel (or per-tensor) min-max parameters of a static tensor (a weight), phase
-    /// `Quantize`.
-    pub fn calibrate_weight(self, w: &Tensor<2>, scheme: &QuantScheme) -> Self {
-        let [rows, cols] = w.dims();
+    /// Per-channel (or per-tensor) min-max parameters of a static tensor (a weight: `[d_in,
+    /// d_out]` with channels on axis 1, or a convolution's `[out, in, kh, kw]` with channels on
+    /// axis 0), phase `Quantize`.
+    pub fn calibrate_weight<const D: usize>(self, w: &Tensor<D>, scheme: &QuantScheme) -> Self {
+        let dims = w.dims();
         let v = w
             .clone()
             .into_data()
@@ -146,28 +148,22 @@ impl FakeQuant {
             .try_to_vec::<f32>()
             .unwrap();
         let p = match self.axis {
-            Some(1) => {
-                let (mut lo, mut hi) = (vec![f32::INFINITY; cols], vec![f32::NEG_INFINITY; cols]);
+            Some(a) => {
+                // Channel of element i: (i / inner) % channels, inner = product of later dims.
+                let channels = dims[a];
+                let inner: usize = dims[a + 1..].iter().product();
+                let (mut lo, mut hi) = (
+                    vec![f32::INFINITY; channels],
+                    vec![f32::NEG_INFINITY; channels],
+                );
                 for (i, x) in v.iter().enumerate() {
-                    let c = i % cols;
+                    let c = (i / inner) % channels;
                     lo[c] = lo[c].min(*x);
                     hi[c] = hi[c].max(*x);
                 }
                 scheme.qparams(&lo, &hi)
             }
-            Some(0) => {
-                let lo: Vec<f32> = v
-                    .chunks(cols)
-                    .map(|r| r.iter().copied().fold(f32::INFINITY, f32::min))
-                    .collect();
-                let hi: Vec<f32> = v
-                    .chunks(cols)
-                    .map(|r| r.iter().copied().fold(f32::NEG_INFINITY, f32::max))
-                    .collect();
-                debug_assert_eq!(lo.len(), rows);
-                scheme.qparams(&lo, &hi)
-            }
-            _ => {
+            None => {
                 let lo = v.iter().copied().fold(f32::INFINITY, f32::min);
                 let hi = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 scheme.qparams(&[lo], &[hi])
@@ -215,13 +211,28 @@ impl FakeQuant {
     }
 }
 
-/// What a quantized linear layer holds.
+/// What a quantized linear or convolution layer holds.
 #[derive(Module, Debug)]
 pub struct LinearQuant {
     /// Its input, per tensor.
     pub input: FakeQuant,
-    /// Its weight `[d_in, d_out]`, per output channel (axis 1) or per tensor.
+    /// Its weight (`[d_in, d_out]`, or a convolution's `[out, in, kh, kw]`), per output
+    /// channel or per tensor.
     pub weight: FakeQuant,
+    /// Its output (after the bias), per tensor, on the layers [`QuantConfig::outputs`] lists:
+    /// where the deployed integer kernel writes integers (ONNX Runtime's `QLinearConv`).
+    pub output: Option<FakeQuant>,
+}
+
+impl LinearQuant {
+    /// Put the input, weight and output quantizers in `phase`.
+    pub fn set_phase(&self, phase: Phase) {
+        self.input.set_phase(phase);
+        self.weight.set_phase(phase);
+        if let Some(o) = &self.output {
+            o.set_phase(phase);
+        }
+    }
 }
 
 /// Where and how a model is quantized: saved in its config, so the model rebuilds its
@@ -235,6 +246,11 @@ pub struct QuantConfig {
     pub observer: ObserverKind,
     /// Module paths of the quantized linear layers (`bert.encoder.layer.0.attention.self_attn.query`).
     pub layers: Vec<String>,
+    /// The layers of `layers` whose output is quantized too (per tensor, like inputs); none by
+    /// default (a family's [`outputs`](QuantConfig::outputs) choice, recorded so that the model
+    /// rebuilds them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
 }
 
 impl QuantConfig {
@@ -259,10 +275,12 @@ impl QuantConfig {
             learned_scales: false,
             observer: ObserverKind::MinMax,
             layers,
+            outputs: Vec::new(),
         }
     }
 
-    /// The quantizers of the linear layer at `path` (`None` when it stays float), in `phase`.
+    /// The quantizers of the linear layer at `path` (`None` when it stays float), in `phase`:
+    /// weights `[d_in, d_out]`, per output channel on axis 1.
     pub fn linear(
         &self,
         path: &str,
@@ -270,23 +288,52 @@ impl QuantConfig {
         phase: Phase,
         device: &Device,
     ) -> Option<LinearQuant> {
-        self.layers.iter().any(|p| p == path).then(|| LinearQuant {
-            input: FakeQuant::new(
+        self.layer(path, d_out, 1, phase, device)
+    }
+
+    /// The quantizers of the layer at `path` (`None` when it stays float), in `phase`, its
+    /// weight's `channels` output channels on `axis` (1 for a linear layer's `[d_in, d_out]`, 0
+    /// for a convolution's `[out, in, kh, kw]`) when weights are per channel.
+    pub fn layer(
+        &self,
+        path: &str,
+        channels: usize,
+        axis: usize,
+        phase: Phase,
+        device: &Device,
+    ) -> Option<LinearQuant> {
+        let per_tensor = |observer| {
+            FakeQuant::new(
                 &self.activation,
                 1,
                 self.learned_scales,
-                self.observer,
+                observer,
                 phase,
                 device,
-            ),
+            )
+        };
+        let weight = QuantScheme {
+            granularity: match self.weight.granularity {
+                Granularity::PerChannel(_) => Granularity::PerChannel(axis),
+                g => g,
+            },
+            ..self.weight
+        };
+        self.layers.iter().any(|p| p == path).then(|| LinearQuant {
+            input: per_tensor(self.observer),
             weight: FakeQuant::new(
-                &self.weight,
-                d_out,
+                &weight,
+                channels,
                 self.learned_scales,
                 ObserverKind::MinMax,
                 phase,
                 device,
             ),
+            output: self
+                .outputs
+                .iter()
+                .any(|p| p == path)
+                .then(|| per_tensor(self.observer)),
         })
     }
 }

@@ -17,13 +17,13 @@ use super::{BertConfig, BertForSequenceClassification, MASK_BIAS};
 use burn::module::Param;
 use burn::nn::{LayerNorm, Linear};
 use burn::prelude::*;
-use mopt_quant::fake::quantize;
-use mopt_quant::node::{FakeQuant, LinearQuant};
+use mopt_quant::node::LinearQuant;
 
 use mopt_data::TextBatch;
 use mopt_export::contract::OrtFusion;
 use mopt_export::graph::{data, dims, float, int, ints, GraphBuilder};
 use mopt_export::onnx::{dtype, value_info, Dim, ModelProto};
+use mopt_export::qdq::{dq_weight, qdq_activation, QdqCache};
 use mopt_export::{tensor_json, ExportError, Exportable, InputSpec, InputType};
 use mopt_quant::node::QuantConfig;
 use serde_json::{Map, Value};
@@ -31,86 +31,6 @@ use serde_json::{Map, Value};
 /// Graph input names.
 pub const INPUTS: [&str; 3] = ["input_ids", "attention_mask", "token_type_ids"];
 use mopt_export::export::OUTPUT;
-
-/// Quantized inputs already in the graph: (tensor, scale bits, zero point) → its DQ output.
-/// Q, K and V read the same tensor with the same calibrated parameters: one
-/// `QuantizeLinear → DequantizeLinear` serves all three.
-type QdqCache = std::collections::HashMap<(String, u32, i32), String>;
-
-/// `QuantizeLinear → DequantizeLinear` of `x` with the quantizer's per-tensor parameters.
-fn qdq_input(
-    g: &mut GraphBuilder,
-    x: &str,
-    q: &FakeQuant,
-    name: &str,
-    cache: &mut QdqCache,
-) -> String {
-    let p = q.qparams();
-    let key = (x.to_string(), p.scale[0].to_bits(), p.zero_point[0]);
-    if let Some(dq) = cache.get(&key) {
-        return dq.clone();
-    }
-    let s = g.f32s(&format!("{name}.input_scale"), &[], &p.scale);
-    let z = if q.qmin < 0 {
-        g.i8s(
-            &format!("{name}.input_zero_point"),
-            &[],
-            &[p.zero_point[0] as i8],
-        )
-    } else {
-        g.u8s(
-            &format!("{name}.input_zero_point"),
-            &[],
-            &[p.zero_point[0] as u8],
-        )
-    };
-    let xq = g.op(
-        "QuantizeLinear",
-        &[x, &s, &z],
-        vec![],
-        &format!("{name}.input_q"),
-    );
-    let dq = g.op(
-        "DequantizeLinear",
-        &[&xq, &s, &z],
-        vec![],
-        &format!("{name}.input_dq"),
-    );
-    cache.insert(key, dq.clone());
-    dq
-}
-
-/// The int8 weight and its per-channel `DequantizeLinear`.
-fn dq_weight(g: &mut GraphBuilder, l: &Linear, q: &FakeQuant, name: &str) -> String {
-    let p = q.qparams();
-    let [d_in, d_out] = [dims(&l.weight)[0], dims(&l.weight)[1]];
-    let per_channel = p.scale.len() == d_out && d_out > 1;
-    let w: Vec<i8> = data(&l.weight)
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| {
-            let c = if per_channel { i % d_out } else { 0 };
-            quantize(v, p.scale[c], p.zero_point[c], q.qmin, q.qmax) as i8
-        })
-        .collect();
-    let n = p.scale.len();
-    let wq = g.i8s(&format!("{name}.weight_quantized"), &[d_in, d_out], &w);
-    let shape: &[usize] = if per_channel { &[n] } else { &[] };
-    let s = g.f32s(&format!("{name}.weight_scale"), shape, &p.scale);
-    let zp: Vec<i8> = p.zero_point.iter().map(|&z| z as i8).collect();
-    let z = g.i8s(&format!("{name}.weight_zero_point"), shape, &zp);
-    let attrs = if per_channel {
-        vec![int("axis", 1)]
-    } else {
-        vec![]
-    };
-    g.op(
-        "DequantizeLinear",
-        &[&wq, &s, &z],
-        attrs,
-        &format!("{name}.weight_dq"),
-    )
-}
 
 fn linear(
     g: &mut GraphBuilder,
@@ -122,8 +42,8 @@ fn linear(
 ) -> String {
     let (x, w) = match q {
         Some(q) => (
-            qdq_input(g, x, &q.input, name, cache),
-            dq_weight(g, l, &q.weight, name),
+            qdq_activation(g, x, &q.input, &format!("{name}.input"), cache),
+            dq_weight(g, name, &dims(&l.weight), &data(&l.weight), &q.weight),
         ),
         None => (
             x.to_string(),

@@ -60,24 +60,20 @@ pub fn slots(model: &mut BertForSequenceClassification) -> Vec<Slot<'_>> {
             ("intermediate.dense", &mut it.dense, &mut it.dense_quant),
             ("output.dense", &mut o.dense, &mut o.dense_quant),
         ] {
-            out.push(Slot {
-                path: format!("{p}.{name}"),
-                linear,
-                quant,
-            });
+            out.push(Slot::linear(format!("{p}.{name}"), linear, quant));
         }
     }
     let pooler = &mut model.bert.pooler;
-    out.push(Slot {
-        path: "bert.pooler.dense".into(),
-        linear: &mut pooler.dense,
-        quant: &mut pooler.dense_quant,
-    });
-    out.push(Slot {
-        path: "classifier".into(),
-        linear: &mut model.classifier,
-        quant: &mut model.classifier_quant,
-    });
+    out.push(Slot::linear(
+        "bert.pooler.dense".into(),
+        &mut pooler.dense,
+        &mut pooler.dense_quant,
+    ));
+    out.push(Slot::linear(
+        "classifier".into(),
+        &mut model.classifier,
+        &mut model.classifier_quant,
+    ));
     out
 }
 
@@ -107,23 +103,19 @@ pub fn slots_ref(model: &BertForSequenceClassification) -> Vec<SlotRef<'_>> {
                 &layer.output.dense_quant,
             ),
         ] {
-            out.push(SlotRef {
-                path: format!("{p}.{name}"),
-                linear,
-                quant,
-            });
+            out.push(SlotRef::linear(format!("{p}.{name}"), linear, quant));
         }
     }
-    out.push(SlotRef {
-        path: "bert.pooler.dense".into(),
-        linear: &model.bert.pooler.dense,
-        quant: &model.bert.pooler.dense_quant,
-    });
-    out.push(SlotRef {
-        path: "classifier".into(),
-        linear: &model.classifier,
-        quant: &model.classifier_quant,
-    });
+    out.push(SlotRef::linear(
+        "bert.pooler.dense".into(),
+        &model.bert.pooler.dense,
+        &model.bert.pooler.dense_quant,
+    ));
+    out.push(SlotRef::linear(
+        "classifier".into(),
+        &model.classifier,
+        &model.classifier_quant,
+    ));
     out
 }
 

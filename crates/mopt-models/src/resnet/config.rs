@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use mopt_quant::node::QuantConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::ModelError;
@@ -32,6 +33,13 @@ pub struct ResNetConfig {
     /// Class names in label order (written by mopt).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labels: Option<Vec<String>>,
+    /// BatchNorm folded into the convolutions (each convolution has a bias and no BatchNorm):
+    /// the form quantization starts from.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub folded: bool,
+    /// The quantization of a quantized network (written by mopt's `ptq` / `qat` stages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quant: Option<QuantConfig>,
 }
 
 impl ResNetConfig {
@@ -50,6 +58,8 @@ impl ResNetConfig {
                 .collect(),
             num_labels: 10,
             labels: None,
+            folded: false,
+            quant: None,
         }
     }
 
@@ -135,10 +145,12 @@ impl ResNetConfig {
         (0..s).fold(self.image_size, |side, _| side.div_ceil(2))
     }
 
-    /// Parameters: convolutions, BatchNorm scales and shifts, the classifier.
+    /// Parameters: convolutions, BatchNorm scales and shifts (a folded network: convolution
+    /// biases), the classifier.
     pub fn parameters(&self) -> usize {
         let conv = |i: usize, o: usize, k: usize| i * o * k * k;
-        let bn = |c: usize| 2 * c;
+        let per_channel = if self.folded { 1 } else { 2 };
+        let bn = |c: usize| per_channel * c;
         let mut n = conv(self.channels, self.stages[0].width, 3) + bn(self.stages[0].width);
         for (s, st) in self.stages.iter().enumerate() {
             let mut input = self.stage_input(s);
@@ -207,9 +219,17 @@ mod tests {
             }],
             num_labels: 3,
             labels: None,
+            folded: false,
+            quant: None,
         };
         // stem 1*4*9 + bn 8; block 4*2*9 + 4 + 2*4*9 + 8; head 4*3 + 3
         assert_eq!(c.parameters(), 36 + 8 + 72 + 4 + 72 + 8 + 15);
+        // Folded: a bias a channel instead of BatchNorm's scale and shift.
+        let folded = ResNetConfig {
+            folded: true,
+            ..c.clone()
+        };
+        assert_eq!(folded.parameters(), 36 + 4 + 72 + 2 + 72 + 4 + 15);
         let stem = 2.0 * 36.0 * 64.0;
         let block = 2.0 * 72.0 * 64.0 * 2.0;
         assert_eq!(c.forward_flops(), stem + block + 24.0);

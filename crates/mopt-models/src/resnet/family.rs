@@ -3,8 +3,9 @@
 use std::path::Path;
 
 use burn::prelude::*;
-use mopt_core::{Checkpoint, Classifier, MemoryEstimate, ModelConfig, ModelFault};
+use mopt_core::{Checkpoint, Classifier, MemoryEstimate, ModelConfig, ModelFault, Quantizable};
 use mopt_data::ImageBatch;
+use mopt_quant::node::Phase;
 
 use super::config::ResNetConfig;
 use super::model::ResNet;
@@ -82,6 +83,11 @@ impl ModelConfig for ResNetConfig {
         m
     }
 
+    /// Quantized or folded (BatchNorm gone): pruning's groups need the BatchNorms.
+    fn is_quantized(&self) -> bool {
+        self.quant.is_some() || self.folded
+    }
+
     fn training_memory(&self, batch: usize, _size: usize) -> MemoryEstimate {
         MemoryEstimate::adamw_f32(self.parameters(), batch as u64 * self.activation_floats())
     }
@@ -98,8 +104,13 @@ impl Classifier for ResNet {
 impl Checkpoint for ResNet {
     type Config = ResNetConfig;
 
+    /// Quantized configs get their quantizers (placeholder scales until loaded).
     fn init(config: &ResNetConfig, device: &Device) -> Self {
-        ResNet::new(config, device)
+        let mut model = ResNet::new(config, device);
+        if let Some(q) = &config.quant {
+            model.attach_quantizers(q, Phase::Quantize, device);
+        }
+        model
     }
 
     /// `model.bpk` (Burn's format, BatchNorm running statistics included) and `config.json`.
@@ -115,7 +126,7 @@ impl Checkpoint for ResNet {
 
     fn load(dir: &Path, device: &Device) -> Result<(Self, ResNetConfig), ModelFault> {
         let config = ResNetConfig::from_file(&dir.join("config.json"))?;
-        let mut model = ResNet::new(&config, device);
+        let mut model = Self::init(&config, device);
         load_burnpack(&mut model, &dir.join("model.bpk"))?;
         Ok((model, config))
     }
@@ -164,7 +175,14 @@ mod tests {
         let train_logits = values(model.forward(x.clone()).inner());
         // `valid()` syncs the running statistics (what the trainer saves).
         let inference = model.valid();
-        let mean = inference.stem.bn.running_mean.value().into_data();
+        let mean = inference
+            .stem
+            .bn
+            .as_ref()
+            .unwrap()
+            .running_mean
+            .value()
+            .into_data();
         let moved: Vec<f32> = mean.convert::<f32>().try_to_vec().unwrap();
         assert!(
             moved.iter().any(|v| v.abs() > 1e-3),

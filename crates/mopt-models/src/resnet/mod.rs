@@ -17,6 +17,7 @@ mod family;
 mod model;
 mod onnx;
 mod prune;
+mod quant;
 
 pub use config::{ResNetConfig, StageConfig};
 pub use model::{BasicBlock, ConvBn, ResNet};

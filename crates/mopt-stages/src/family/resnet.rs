@@ -1,10 +1,12 @@
 //! ResNets on grey images (`mopt_models::resnet`) as a family: image data, fine-tuning,
-//! evaluation and latency through the generic kinds.
+//! distillation, channel pruning, quantization (BatchNorm folded first), export and latency
+//! through the generic kinds.
 
 use std::path::Path;
 
 use burn::prelude::*;
 use mopt_core::prune::Prunable;
+use mopt_core::Quantizable;
 use mopt_data::LabelMap;
 use mopt_export::{ExportOptions, ModelCard};
 use mopt_models::resnet::{ResNet as Model, ResNetConfig};
@@ -19,6 +21,7 @@ use crate::error::StageError;
 use crate::kinds::distill::DistillStage;
 use crate::kinds::kd_student;
 use crate::kinds::prune::PruneStage;
+use crate::kinds::quantize::QuantStage;
 use crate::record::{measure_checkpoint, EvalSettings, ModelFacts};
 use crate::shape::Shape;
 use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
@@ -135,7 +138,7 @@ impl Family for ResNet {
         data: &RunData,
         ev: &EvalSettings,
     ) -> Result<(ModelFacts, Vec<Vec<f32>>), StageError> {
-        measure_checkpoint::<Model>(ckpt, data, ev, |m| m)
+        measure_checkpoint::<Model>(ckpt, data, ev, |m| m.with_baked_weights())
     }
 
     fn read_shape(&self, dir: &Path) -> Result<Shape, StageError> {
@@ -179,6 +182,33 @@ impl Family for ResNet {
     fn prune(
         &self,
         stage: &PruneStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        stage.run::<Model>(input, cx)
+    }
+
+    fn quantizable(&self) -> bool {
+        true
+    }
+
+    fn quant_default_exclude(&self) -> Vec<String> {
+        Model::default_float_paths()
+    }
+
+    fn plan_quantize(
+        &self,
+        stage: &QuantStage,
+        entry: &mopt_recipe::StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        stage.plan::<Model>(entry, input, cx)
+    }
+
+    fn quantize(
+        &self,
+        stage: &QuantStage,
         input: &Path,
         cx: &StageContext,
     ) -> Result<StageOutput, StageError> {

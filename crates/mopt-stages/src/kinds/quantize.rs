@@ -222,6 +222,7 @@ fn parse(
             learned_scales: r.learned_scales.unwrap_or(false),
             observer,
             layers: Vec::new(),
+            outputs: Vec::new(),
         },
         include: r.include.unwrap_or_else(|| vec!["*".into()]),
         // The family's default float layers (BERT: the pooler and classifier, tiny and right
@@ -298,16 +299,17 @@ impl QuantStage {
         }
     }
 
-    /// The quantization config for a model whose quantizable layers are `paths`: the
-    /// included, not excluded ones.
-    fn config_for(&self, paths: &[String]) -> QuantConfig {
-        let layers = paths
+    /// The quantization config for an `M` whose quantizable layers are `paths`: the
+    /// included, not excluded ones (and the outputs the family quantizes among them).
+    fn config_for<M: Quantizable>(&self, paths: &[String]) -> QuantConfig {
+        let layers: Vec<String> = paths
             .iter()
             .filter(|p| self.include.iter().any(|g| mopt_prune::glob(g, p)))
             .filter(|p| !self.exclude.iter().any(|g| mopt_prune::glob(g, p)))
             .cloned()
             .collect();
         QuantConfig {
+            outputs: M::quantized_outputs(&layers),
             layers,
             ..self.base.clone()
         }
@@ -338,7 +340,8 @@ impl QuantStage {
     ) -> Result<(M, M::Config, Vec<String>), StageError> {
         let device = cx.device.device();
         let (model, config) = M::load(input, &device)?;
-        let q = self.config_for(&M::linear_paths(&config));
+        let (model, config) = model.fold_for_quantization(&config);
+        let q = self.config_for::<M>(&M::linear_paths(&config));
         let train = cx.splits::<M::Batch>()?.train;
         let order = epoch_order(train.len(), cx.seed ^ 0x9a7, 0);
         let n = self.calibration_samples.min(order.len());
@@ -397,13 +400,11 @@ impl QuantStage {
             eprintln!("ptq: sensitivity {}/{}: {layer}", i + 1, layers.len());
             for s in m.quant_slots_ref() {
                 if let Some(q) = s.quant {
-                    let phase = if &s.path == layer {
+                    q.set_phase(if &s.path == layer {
                         Phase::Quantize
                     } else {
                         Phase::Off
-                    };
-                    q.input.set_phase(phase);
-                    q.weight.set_phase(phase);
+                    });
                 }
             }
             let (valid, golden) = Self::measure::<M>(m, c, cx)?;
@@ -488,7 +489,7 @@ impl QuantStage {
                 )
                 .into());
         }
-        let q = self.config_for(&paths);
+        let q = self.config_for::<M>(&paths);
         if q.layers.is_empty() {
             return Err(entry
                 .scope
@@ -663,6 +664,7 @@ impl QuantStage {
             fallback.push(r.layer.clone());
             if let Some(mut q) = M::quantization(qc).cloned() {
                 q.layers.retain(|l| l != &r.layer);
+                q.outputs.retain(|l| l != &r.layer);
                 *qc = M::with_quantization(qc, Some(q));
             }
             let (v, g) = Self::measure::<M>(m, qc, cx)?;
