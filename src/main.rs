@@ -50,6 +50,10 @@ struct RunArgs {
     /// Device to run on (overrides [run] device): `cpu`.
     #[arg(long)]
     device: Option<String>,
+    /// Seed to run with (overrides [run] seed; the data split keeps [data] split-seed); the run
+    /// folder becomes `<name>-seed<N>`, so that several seeds of one recipe sit side by side.
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -160,7 +164,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         None => {
             let args = cli.run;
             let path = args.recipe.expect("clap requires RECIPE");
-            let pipeline = mopt_stages::Pipeline::load(&path)?;
+            let mut recipe = mopt_recipe::load(&path)?;
+            if let Some(seed) = args.seed {
+                recipe = recipe.with_seed(seed);
+            }
+            let pipeline = mopt_stages::Pipeline::from_recipe(recipe)?;
             let (device, replicas) =
                 mopt_stages::recipe_devices(&pipeline.recipe, args.device.as_deref())?;
             if args.check {

@@ -376,3 +376,25 @@ calibration-samples = 256
         ops(&stages[2])
     );
 }
+
+/// `--seed` runs a recipe with another seed into `<name>-seed<N>`: two seeds, two folders, two
+/// different random inits (their golden logits differ), each recipe copy recording its seed.
+#[test]
+fn seed_overrides_run_side_by_side_with_their_own_init() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write_recipe(dir.path(), "");
+    let mut golden = Vec::new();
+    for seed in ["1", "2"] {
+        let out = mopt(&[recipe.to_str().unwrap(), "--seed", seed, "--max-steps", "2"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let run = dir.path().join(format!("runs/digits-seed{seed}"));
+        let copy = std::fs::read_to_string(run.join("recipe.toml")).unwrap();
+        assert!(
+            copy.ends_with(&format!("`mopt-train --seed {seed}`\n")),
+            "{copy}"
+        );
+        golden.push(read_json(&run.join("golden.json"))["logits"].clone());
+    }
+    assert_ne!(golden[0], golden[1]);
+    assert!(!dir.path().join("runs/digits").exists());
+}

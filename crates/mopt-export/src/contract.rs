@@ -67,6 +67,12 @@ pub trait Exportable: Checkpoint {
         None
     }
 
+    /// The batch sizes ONNX Runtime latency is measured at: a single request and a server
+    /// batch (1 and 32 by default).
+    fn bench_batches() -> Vec<usize> {
+        vec![1, 32]
+    }
+
     /// A synthetic input of `batch` examples of size `size` (tokens, pixels…) for the ONNX
     /// Runtime latency benchmark: by default the model's own
     /// [`Checkpoint::bench_batch`], fed as [`feed`](Exportable::feed) says; `None`: the model is

@@ -310,7 +310,7 @@ fn copy_side_files(ckpt: &Path, dir: &Path) -> Result<BTreeMap<String, String>, 
     Ok(sha256)
 }
 
-/// ONNX Runtime latency (p50/p90/p99 at batch 1 and 32) of the model at `onnx`, on
+/// ONNX Runtime latency (p50/p90/p99 at [`Exportable::bench_batches`]) of the model at `onnx`, on
 /// [`Exportable::bench_feed`] inputs of size `size`; `None` when the model declares none.
 pub fn ort_latency<M: Exportable>(
     onnx: &Path,
@@ -320,7 +320,7 @@ pub fn ort_latency<M: Exportable>(
     work: &Path,
 ) -> Result<Option<serde_json::Value>, ExportError> {
     let mut feeds = Vec::new();
-    for batch in [1, 32] {
+    for batch in M::bench_batches() {
         let Some(feed) = M::bench_feed(config, batch, size) else {
             return Ok(None);
         };

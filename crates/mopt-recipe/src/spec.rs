@@ -275,6 +275,18 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
 }
 
 impl Recipe {
+    /// This recipe run with `seed` instead of `[run] seed` (the CLI's `--seed`): the run folder
+    /// becomes `<name>-seed<seed>`, so that several seeds of one recipe sit side by side, and
+    /// the copy of the recipe in the run folder records the override (a `--resume` needs the
+    /// same `--seed`). The data split keeps `[data] split-seed`.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.run.seed = seed;
+        self.run.name = format!("{}-seed{seed}", self.run.name);
+        self.source
+            .push_str(&format!("\n# run with `mopt-train --seed {seed}`\n"));
+        self
+    }
+
     /// `[tokenizer]`, which every recipe of text data has (validated).
     pub fn text_tokenizer(&self) -> Result<&TokenizerSpec, RecipeError> {
         self.tokenizer.as_ref().ok_or_else(|| {

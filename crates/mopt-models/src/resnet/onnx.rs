@@ -176,6 +176,11 @@ impl Exportable for ResNet {
         mopt_core::ModelConfig::facts(c)
     }
 
+    /// A single image and a batch of 64 (the image path's serving batch).
+    fn bench_batches() -> Vec<usize> {
+        vec![1, 64]
+    }
+
     fn quantization(c: &ResNetConfig) -> Option<QuantConfig> {
         c.quant.clone()
     }

@@ -1,5 +1,5 @@
 //! `kind = "export"`: write the input model as ONNX (opset 17) with its tokenizer, labels and
-//! model card, check parity in ONNX Runtime on the golden validation sentences, and benchmark it
+//! model card, check parity in ONNX Runtime on the golden validation examples, and benchmark it
 //! in ONNX Runtime (with the baseline beside it). The model passed on is the input, unchanged.
 
 use std::path::Path;
@@ -38,11 +38,12 @@ enum OneOrMany {
 /// An export stage.
 #[derive(Debug, Clone)]
 pub struct ExportStage {
-    /// Golden validation sentences in the parity check.
+    /// Golden validation examples in the parity check.
     pub samples: usize,
     /// Parity tolerance (max |ONNX Runtime − mopt| logit); above it nothing is written.
     pub tolerance: f64,
-    /// ONNX Runtime timed runs at batch 32 (4x at batch 1); `None`: `[evaluation] latency-runs`.
+    /// ONNX Runtime timed runs at the family's serving batch (4x at batch 1); `None`:
+    /// `[evaluation] latency-runs`.
     pub latency_runs: Option<usize>,
     /// Also export and benchmark these models for a side-by-side ONNX Runtime latency in the
     /// same run: `baseline` and/or earlier stages' names (empty: none).
@@ -195,12 +196,23 @@ struct Exported {
     onnx: std::path::PathBuf,
 }
 
+/// Integer-kernel ops of ONNX Runtime's optimised graph (`MatMulIntegerToFloat`, `QLinear*`,
+/// `ConvInteger`…), from its op-type counts.
+fn integer_ops(ops: &serde_json::Value) -> u64 {
+    ops.as_object().map_or(0, |m| {
+        m.iter()
+            .filter(|(k, _)| k.starts_with("QLinear") || k.contains("Integer"))
+            .filter_map(|(_, v)| v.as_u64())
+            .sum()
+    })
+}
+
 impl ExportStage {
     /// The report line on the exported graph: parity (float) or agreement (QDQ).
     fn card_note(&self, card: &ModelCard, onnx: &Path) -> String {
         match &card.quantization {
             None => format!(
-                "ONNX `{}`: parity max |ONNX Runtime - mopt| {:.2e} on {} golden validation sentences (tolerance {:e}); fused op types {:?}.",
+                "ONNX `{}`: parity max |ONNX Runtime - mopt| {:.2e} on {} golden validation examples (tolerance {:e}); fused op types {:?}.",
                 onnx.display(),
                 card.parity.max_abs_err,
                 card.parity.samples,
@@ -208,13 +220,13 @@ impl ExportStage {
                 card.fused_ops
             ),
             Some(q) => format!(
-                "ONNX `{}` (QDQ): ONNX Runtime and mopt's fake-quantized forward agree on {:.2}% of {} golden validation sentences (at least {:.1}% required), max logit difference {:.2e}; ONNX Runtime's optimised graph runs {} `MatMulIntegerToFloat` (integer kernels) among {:?}.",
+                "ONNX `{}` (QDQ): ONNX Runtime and mopt's fake-quantized forward agree on {:.2}% of {} golden validation examples (at least {:.1}% required), max logit difference {:.2e}; ONNX Runtime's optimised graph runs {} integer-kernel ops among {:?}.",
                 onnx.display(),
                 card.parity.agreement * 100.0,
                 card.parity.samples,
                 mopt_export::export::QDQ_MIN_AGREEMENT * 100.0,
                 card.parity.max_abs_err,
-                q["onnxruntime_optimized_ops"]["MatMulIntegerToFloat"].as_u64().unwrap_or(0),
+                integer_ops(&q["onnxruntime_optimized_ops"]),
                 card.fused_ops
             ),
         }
@@ -277,11 +289,14 @@ fn latency(
             continue;
         };
         for row in l.as_array().into_iter().flatten() {
+            let size = match row["seq_len"].as_u64() {
+                Some(n) if n > 0 => format!(" x {n}"),
+                _ => String::new(),
+            };
             notes.push(format!(
-                "ONNX Runtime CPU latency, {}, batch {} x {}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms.",
+                "ONNX Runtime CPU latency, {}, batch {}{size}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms.",
                 m.name,
                 row["batch"],
-                row["seq_len"],
                 row["p50_ms"].as_f64().unwrap_or(f64::NAN),
                 row["p90_ms"].as_f64().unwrap_or(f64::NAN),
                 row["p99_ms"].as_f64().unwrap_or(f64::NAN)
@@ -296,12 +311,28 @@ fn latency(
             .find(|r| r["batch"].as_u64() == Some(batch))?["p50_ms"]
             .as_f64()
     };
+    // The batches measured, largest first (32 then 1 for text, 64 then 1 for images).
+    let mut batches: Vec<u64> = rows
+        .first()
+        .and_then(|r| r["latency"].as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["batch"].as_u64())
+        .collect();
+    batches.sort_unstable_by(|a, b| b.cmp(a));
     for m in models.iter().skip(1) {
-        let ratio = |b| Some(p50(&m.name, b)? / p50(&models[0].name, b)?);
-        if let (Some(r1), Some(r32)) = (ratio(1), ratio(32)) {
+        let parts: Vec<String> = batches
+            .iter()
+            .filter_map(|&b| {
+                let r = p50(&m.name, b)? / p50(&models[0].name, b)?;
+                Some(format!("{r:.2}x at batch {b}"))
+            })
+            .collect();
+        if !parts.is_empty() {
             notes.push(format!(
-                "ONNX Runtime p50 speed-up of this model over the {}, same run: {r32:.2}x at batch 32, {r1:.2}x at batch 1.",
-                m.name
+                "ONNX Runtime p50 speed-up of this model over the {}, same run: {}.",
+                m.name,
+                parts.join(", ")
             ));
         }
     }

@@ -2,7 +2,7 @@
 //! layers with fake-quant nodes computed exactly as ONNX QuantizeLinear/DequantizeLinear.
 //!
 //! Both calibrate first: activation ranges from forward passes over `calibration-samples`
-//! training sentences (never validation or test) with the chosen observer, weight scales per
+//! training examples (never validation or test) with the chosen observer, weight scales per
 //! output channel by min-max. `ptq` stops there; with `sensitivity = true` it then quantizes
 //! one layer at a time, ranks the layers by the validation drop (and logit error) that each
 //! causes alone, and falls back the worst to float until the stage's gate holds (at most
@@ -346,7 +346,7 @@ impl QuantStage {
         let order = epoch_order(train.len(), cx.seed ^ 0x9a7, 0);
         let n = self.calibration_samples.min(order.len());
         eprintln!(
-            "{}: calibrating {} layers on {n} training sentences ({})",
+            "{}: calibrating {} layers on {n} training examples ({})",
             self.name(),
             q.layers.len(),
             q.observer.name()
@@ -495,7 +495,7 @@ impl QuantStage {
                 .scope
                 .err(
                     "include",
-                    "no linear layer is left to quantize",
+                    "no layer is left to quantize",
                     "widen `include` or narrow `exclude`",
                 )
                 .into());
@@ -503,7 +503,7 @@ impl QuantStage {
         let mut settings = vec![
             self.scheme_line(),
             format!(
-                "{} of {} linear layers quantized (exclude = {:?}); LayerNorm, softmax, GELU and embeddings float; calibration on {} training sentences",
+                "{} of {} layers quantized (exclude = {:?}); every other op float; calibration on {} training examples",
                 q.layers.len(),
                 paths.len(),
                 self.exclude,
@@ -546,7 +546,7 @@ impl QuantStage {
         let float_logits = cx.input_logits;
         let (mut m, mut qc, unseen) = self.calibrated::<M>(input, cx)?;
         let mut notes = vec![format!(
-            "{} linear layers quantized: {}.",
+            "{} layers quantized: {}.",
             M::quantization(&qc).map_or(0, |q| q.layers.len()),
             if unseen.is_empty() {
                 "every input observed".to_string()
@@ -719,7 +719,7 @@ impl QuantStage {
                         .scope
                         .err(
                             key,
-                            format!("`{p}` matches no linear layer"),
+                            format!("`{p}` matches no quantizable layer"),
                             format!(
                                 "this model's quantizable layers are {}{} ({} in all); `*` matches anything",
                                 some.join(", "),
