@@ -252,6 +252,7 @@ step = 0.25
 taylor-batches = 4
 hidden-multiple = 2
 distill = true
+compare = ["bn-scale"]
 
 [[stage]]
 kind = "export"
@@ -282,6 +283,10 @@ reference = ["baseline"]
         stages[1]["facts"]["rounds"].as_array().map(|r| r.len()),
         Some(2)
     );
+    // The same schedule scored by BatchNorm scales (Network Slimming), beside Taylor.
+    let bn = &stages[1]["facts"]["compare"][0];
+    assert_eq!(bn["criterion"], "bn-scale");
+    assert_eq!(bn["rounds"].as_array().map(|r| r.len()), Some(2), "{bn}");
 }
 
 /// PTQ (BatchNorm folded, convolutions per output channel, sensitivity with fallback) and QAT

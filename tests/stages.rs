@@ -413,6 +413,19 @@ fn prune_stage_removes_hidden_channels_and_whole_layers() {
         "{}",
         stderr(&out)
     );
+    // BatchNorm-scale importance on groups without a BatchNorm (heads) is refused at --check.
+    let bad = write_pipeline(
+        &tmp.path().join("bad"),
+        "bad-bn",
+        &stage.replace("[stage.train]", "compare = [\"bn-scale\"]\n[stage.train]"),
+    );
+    let out = mopt(&[bad.to_str().unwrap(), "--check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("].compare`") && stderr(&out).contains("`hidden` groups have none"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

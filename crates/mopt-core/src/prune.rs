@@ -18,6 +18,9 @@ pub enum Role {
     /// Sliced with the unit but never scored (a BatchNorm's running statistics, which have no
     /// gradient, or a tensor whose magnitude says nothing about the unit).
     Carried,
+    /// A normalisation's per-unit scale (BatchNorm's γ): scored like a weight, and the only
+    /// member the `bn-scale` criterion reads (Network Slimming, Liu et al., 2017).
+    Scale,
 }
 
 /// One slice of a group: the entries at `index` along `axis` of parameter `param`.
@@ -37,6 +40,14 @@ impl Member {
             axis,
             index,
             role: Role::Scored,
+        }
+    }
+
+    /// A normalisation scale: scored, and what the `bn-scale` criterion reads.
+    pub fn scale(param: impl Into<String>, axis: usize, index: Vec<usize>) -> Self {
+        Self {
+            role: Role::Scale,
+            ..Self::new(param, axis, index)
         }
     }
 

@@ -1,6 +1,6 @@
 //! Scoring the units of a model's dependency groups ([`mopt_core::prune`]).
 
-use mopt_core::prune::{GroupKind, Role};
+use mopt_core::prune::GroupKind;
 use mopt_core::ParamTable;
 
 use crate::importance::{Criterion, Reduce};
@@ -26,7 +26,7 @@ pub fn score<G: GroupKind + ?Sized>(
                     let parts: Vec<f64> = kind
                         .members(config, s, u)
                         .iter()
-                        .filter(|m| m.role == Role::Scored)
+                        .filter(|m| criterion.scores(m.role))
                         .map(|m| {
                             let w = weights.get(&m.param);
                             let ws = w.slice(m.axis, &m.index);
@@ -74,6 +74,7 @@ mod tests {
         fn members(&self, _: &(), _: usize, u: usize) -> Vec<Member> {
             vec![
                 Member::new("w", 0, vec![u]),
+                Member::scale("gamma", 0, vec![u]),
                 Member::carried("running_mean", 0, vec![u]),
             ]
         }
@@ -96,6 +97,13 @@ mod tests {
                 data: mean,
             },
         );
+        t.0.insert(
+            "gamma".into(),
+            Array {
+                shape: vec![2],
+                data: vec![0.25, -4.0],
+            },
+        );
         t
     }
 
@@ -112,11 +120,23 @@ mod tests {
             Reduce::Sum,
             &mut never,
         );
-        // The running means (100, -7) would dominate L1 if they were scored.
-        assert_eq!(l1, vec![vec![6.0, 1.5]]);
-        // Taylor: only `w` has a gradient; the carried member needs none.
+        // The running means (100, -7) would dominate L1 if they were scored; γ is.
+        assert_eq!(l1, vec![vec![6.25, 5.5]]);
+        // bn-scale reads γ alone: the order flips.
+        let bn = score(
+            &Channels,
+            &(),
+            &w,
+            None,
+            Criterion::BnScale,
+            Reduce::Sum,
+            &mut never,
+        );
+        assert_eq!(bn, vec![vec![0.25, 4.0]]);
+        // Taylor: the carried member needs no gradient.
         let mut g = ParamTable::default();
         g.0.insert("w".into(), w.get("w").clone());
+        g.0.insert("gamma".into(), w.get("gamma").clone());
         let t = score(
             &Channels,
             &(),
@@ -126,12 +146,13 @@ mod tests {
             Reduce::Sum,
             &mut never,
         );
-        assert_eq!(t, vec![vec![14.0, 0.75]]);
+        assert_eq!(t, vec![vec![14.0 + 0.0625, 0.75 + 16.0]]);
         // Removal slices both.
         let mut sliced = w.clone();
         Channels.shrink(&(), &mut sliced, &[vec![1]]);
         assert_eq!(sliced.get("w").data, vec![0.5, 0.5, -0.5]);
         assert_eq!(sliced.get("running_mean").data, vec![-7.0]);
+        assert_eq!(sliced.get("gamma").data, vec![-4.0]);
         assert_eq!(
             Channels.rule(&limits()),
             Rule {

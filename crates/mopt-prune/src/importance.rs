@@ -16,6 +16,9 @@ pub enum Criterion {
     Taylor,
     /// Uniform in [0, 1), seeded: the control.
     Random,
+    /// Σ |γ| over the group's normalisation scales only (BatchNorm's γ, Network Slimming):
+    /// for groups whose units each own a normalisation entry.
+    BnScale,
 }
 
 impl Criterion {
@@ -25,6 +28,16 @@ impl Criterion {
             Criterion::L2 => "l2",
             Criterion::Taylor => "taylor",
             Criterion::Random => "random",
+            Criterion::BnScale => "bn-scale",
+        }
+    }
+
+    /// Whether a member of `role` is scored.
+    pub fn scores(self, role: mopt_core::prune::Role) -> bool {
+        use mopt_core::prune::Role;
+        match self {
+            Criterion::BnScale => role == Role::Scale,
+            _ => role != Role::Carried,
         }
     }
 
@@ -36,7 +49,7 @@ impl Criterion {
     /// Score of one member: its weights `w` and, for Taylor, their gradients `g` (same length).
     pub fn member(self, w: &[f32], g: Option<&[f32]>) -> f64 {
         match self {
-            Criterion::L1 => w.iter().map(|x| x.abs() as f64).sum(),
+            Criterion::L1 | Criterion::BnScale => w.iter().map(|x| x.abs() as f64).sum(),
             Criterion::L2 => w.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt(),
             Criterion::Taylor => {
                 let g = g.expect("Taylor importance needs gradients");

@@ -1,6 +1,7 @@
 //! The ResNet's dependency groups (Torch-Pruning's, for BasicBlocks). Burn's `Conv2d.weight` is
 //! `[out, in, k, k]`, `Linear.weight` `[in, out]`; BatchNorm's `gamma`/`beta` are scored with
-//! their channel and its running statistics carried.
+//! their channel (`gamma` as the scale the `bn-scale` criterion reads) and its running
+//! statistics carried.
 //!
 //! - [`Channels`]: a block's inner channel: output `u` of its first convolution, its
 //!   BatchNorm entry, input `u` of its second convolution. Scope: the block (`block.N`, counted
@@ -45,7 +46,7 @@ fn locate(c: &ResNetConfig, mut n: usize) -> (usize, usize) {
 fn conv_bn_out(path: &str, u: usize) -> Vec<Member> {
     vec![
         Member::new(format!("{path}.conv.weight"), 0, vec![u]),
-        Member::new(format!("{path}.bn.gamma"), 0, vec![u]),
+        Member::scale(format!("{path}.bn.gamma"), 0, vec![u]),
         Member::new(format!("{path}.bn.beta"), 0, vec![u]),
         Member::carried(format!("{path}.bn.running_mean"), 0, vec![u]),
         Member::carried(format!("{path}.bn.running_var"), 0, vec![u]),

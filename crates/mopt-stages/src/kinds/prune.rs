@@ -260,6 +260,7 @@ impl StageKind for Prune {
             ("l2", Criterion::L2),
             ("taylor", Criterion::Taylor),
             ("random", Criterion::Random),
+            ("bn-scale", Criterion::BnScale),
         ];
         let scopes = parse_ratios(cx, r.ratios.clone().unwrap_or_default())?;
         let mut compare = Vec::new();
@@ -582,6 +583,7 @@ impl PruneStage {
     ) -> Result<StagePlan, StageError> {
         let input: &M::Config = shape.get()?;
         self.check_ratios::<M>(entry, input)?;
+        self.check_criteria::<M>(entry, input)?;
         if input.is_quantized() {
             return Err(entry
                 .scope
@@ -697,6 +699,49 @@ impl PruneStage {
             logit_error_vs_input: None,
             artifacts: Vec::new(),
         })
+    }
+
+    /// `bn-scale` (as `criterion` or in `compare`) needs a normalisation scale in every targeted
+    /// group: heads or FFN neurons have none.
+    fn check_criteria<M: Prunable>(
+        &self,
+        entry: &StageEntry,
+        c: &M::Config,
+    ) -> Result<(), StageError> {
+        let wanted = std::iter::once(&self.criterion)
+            .chain(&self.compare)
+            .any(|k| *k == Criterion::BnScale);
+        if !wanted {
+            return Ok(());
+        }
+        for kind in M::group_kinds() {
+            if !self.targets.contains(&kind.name()) || kind.scopes(c) == 0 {
+                continue;
+            }
+            let members = kind.members(c, 0, 0);
+            if !members
+                .iter()
+                .any(|m| m.role == mopt_core::prune::Role::Scale)
+            {
+                let key = if self.criterion == Criterion::BnScale {
+                    "criterion"
+                } else {
+                    "compare"
+                };
+                return Err(entry
+                    .scope
+                    .err(
+                        key,
+                        format!(
+                            "`bn-scale` scores BatchNorm scales, and the `{}` groups have none",
+                            kind.name()
+                        ),
+                        "use `taylor` or `l1` for these targets (bn-scale suits convolution channels followed by BatchNorm)",
+                    )
+                    .into());
+            }
+        }
+        Ok(())
     }
 
     /// Every `[stage.ratios]` pattern must match a group of the input (any group kind, any
