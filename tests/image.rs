@@ -237,6 +237,19 @@ config = "{}"
         notes.contains("teacher's logits") && notes.contains("Hard-label twin"),
         "{notes}"
     );
+    // Run again: the teacher's logits come from the disk cache beside the data.
+    let again = mopt(&[recipe.to_str().unwrap(), "--force", "--no-reuse"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("teacher logits: reusing"),
+        "{}",
+        stderr(&again)
+    );
+    let report = read_json(&dir.path().join("runs/digits-kd/report.json"));
+    let again_acc = report["stages"][1]["model"]["test"]["accuracy"]
+        .as_f64()
+        .unwrap();
+    assert!((again_acc - acc).abs() < 0.1, "{again_acc} vs {acc}");
 }
 
 #[test]

@@ -1,15 +1,20 @@
 //! Distillation on logits for any classifier ([`mopt_core::Classifier`]): the teacher's logits
-//! for every training example, computed once in eval mode ([`LogitCache`]), and the objective
+//! for every training example, computed once in eval mode and kept on disk for the next stage
+//! or run with the same teacher and examples ([`LogitCache`]), and the objective
 //! `L = α·CE(student, labels) + (1−α)·soft(student, teacher; T)` ([`KdTask`]) for mopt's
 //! trainer. Intermediate matches need the model's taps ([`crate::task`]).
 
+use std::io::Write;
 use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::prelude::*;
 use mopt_core::{Checkpoint, Classifier, Examples, Labeled};
 use mopt_train::trainer::{Parts, Replica, Task};
+
+use sha2::{Digest, Sha256};
 
 use crate::loss::soft_loss;
 use crate::spec::{Schedule, SoftLoss};
@@ -51,6 +56,78 @@ impl LogitCache {
         }
     }
 
+    /// The logits of the teacher checkpoint at `teacher_dir` (loaded as `teacher`) on
+    /// `examples`: read from `dir` when an earlier stage or run computed them for the same
+    /// teacher bytes and the same examples, otherwise [computed](LogitCache::compute) and
+    /// saved there (`logits-<sha256>.bin`, written atomically). `dir = None` keeps them in
+    /// memory only. Returns the cache and where it was read from (`None`: computed now).
+    pub fn load_or_compute<C, E>(
+        teacher_dir: &Path,
+        teacher: &C,
+        examples: &E,
+        batch_size: usize,
+        device: &Device,
+        dir: Option<&Path>,
+    ) -> (Self, Option<PathBuf>)
+    where
+        C: Classifier,
+        E: Examples<Batch = C::Batch>,
+    {
+        let file = dir.and_then(|d| {
+            let key = logit_cache_key(teacher_dir, examples).ok()?;
+            Some(d.join(format!("logits-{key}.bin")))
+        });
+        if let Some(c) = file.as_ref().and_then(|f| Self::read(f, examples.len())) {
+            return (c, file);
+        }
+        let c = Self::compute(teacher, examples, batch_size, device);
+        if let Some(f) = &file {
+            if let Err(e) = c.write(f) {
+                eprintln!("warning: teacher logits not cached ({}): {e}", f.display());
+            }
+        }
+        (c, None)
+    }
+
+    /// The cache file at `path` if it holds `n` examples' logits.
+    fn read(path: &Path, n: usize) -> Option<Self> {
+        let bytes = std::fs::read(path).ok()?;
+        let (head, body) = bytes.split_at_checked(LOGIT_MAGIC.len() + 16)?;
+        if &head[..8] != LOGIT_MAGIC {
+            return None;
+        }
+        let word = |i: usize| u64::from_le_bytes(head[8 + 8 * i..16 + 8 * i].try_into().unwrap());
+        let (rows, num_labels) = (word(0) as usize, word(1) as usize);
+        if rows != n || body.len() != 4 * rows * num_labels {
+            return None;
+        }
+        let logits = body
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        Some(Self {
+            num_labels,
+            logits: Arc::new(logits),
+        })
+    }
+
+    /// Write to `path` through a temporary file and a rename (never half-written).
+    fn write(&self, path: &Path) -> std::io::Result<()> {
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        let tmp = path.with_extension("bin.tmp");
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        f.write_all(LOGIT_MAGIC)?;
+        f.write_all(&(self.len() as u64).to_le_bytes())?;
+        f.write_all(&(self.num_labels as u64).to_le_bytes())?;
+        for v in self.logits.iter() {
+            f.write_all(&v.to_le_bytes())?;
+        }
+        f.into_inner()?.sync_all()?;
+        std::fs::rename(&tmp, path)
+    }
+
     /// Number of examples.
     pub fn len(&self) -> usize {
         self.logits.len() / self.num_labels.max(1)
@@ -76,6 +153,23 @@ impl LogitCache {
             device,
         )
     }
+}
+
+const LOGIT_MAGIC: &[u8; 8] = b"MOPTLC1\n";
+
+/// sha256 over the teacher checkpoint's weights and config and every example's record.
+fn logit_cache_key<E: Examples>(teacher_dir: &Path, examples: &E) -> std::io::Result<String> {
+    let mut h = Sha256::new();
+    h.update(b"mopt-logit-cache-v1");
+    for f in ["model.bpk", "config.json"] {
+        h.update(std::fs::read(teacher_dir.join(f))?);
+    }
+    h.update((examples.len() as u64).to_le_bytes());
+    for i in 0..examples.len() {
+        h.update(examples.record(i).to_string().as_bytes());
+        h.update(b"\n");
+    }
+    Ok(format!("{:x}", h.finalize()))
 }
 
 /// The KD settings on logits.
@@ -197,5 +291,35 @@ impl<C: Checkpoint<Batch: Labeled>> Task for KdTask<C> {
             ce: CrossEntropyLossConfig::new().init(device),
             model: PhantomData,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cache file round-trips exactly; a file for another example count, a truncated or a
+    /// foreign file is not read.
+    #[test]
+    fn cached_logits_round_trip_and_bad_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/logits-x.bin");
+        let c = LogitCache {
+            num_labels: 3,
+            logits: Arc::new(vec![0.5, -1.25, 3.0, f32::MIN_POSITIVE, 7.0, -0.0]),
+        };
+        c.write(&path).unwrap();
+        let back = LogitCache::read(&path, 2).expect("read");
+        assert_eq!((back.num_labels, &*back.logits), (3, &*c.logits));
+        assert!(
+            LogitCache::read(&path, 3).is_none(),
+            "another example count"
+        );
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+        assert!(LogitCache::read(&path, 2).is_none(), "truncated");
+        std::fs::write(&path, b"MOPTTC1\n0000000000000000").unwrap();
+        assert!(LogitCache::read(&path, 2).is_none(), "another format");
+        assert!(!dir.path().join("sub/logits-x.bin.tmp").exists());
     }
 }

@@ -1,6 +1,8 @@
 //! The training objective of stages that fine-tune a compressed model (prune rounds, QAT), for
 //! any model family: KD against the baseline teacher's cached logits, or hard labels.
 
+use std::path::Path;
+
 use burn::prelude::*;
 use mopt_core::Checkpoint;
 use mopt_distill::kd::{KdSettings, KdTask, LogitCache};
@@ -53,15 +55,53 @@ where
     let device = cx.device.device();
     let (teacher, _) = M::load(cx.baseline, &device)?;
     let train = cx.splits::<M::Batch>()?.train;
-    eprintln!(
-        "teacher pass: the baseline's logits on {} training examples",
-        train.len()
-    );
-    let cache = LogitCache::compute(&teacher, &train, cx.entry.train.eval_batch_size, &device);
+    let cache = teacher_logits(cx.baseline, &teacher, &train, cx, true);
     let settings = KdSettings {
         alpha: Schedule::Constant(alpha),
         temperature: Schedule::Constant(temperature),
         soft_loss: SoftLoss::Kl,
     };
     Ok(KdTask::new(settings, cache, ad))
+}
+
+/// The logits of the teacher at `teacher_dir` (loaded as `teacher`) on the training split
+/// `train`: from the disk cache beside the data (`.mopt-cache/`) when `disk` and an earlier
+/// stage or run computed them for the same teacher and examples, otherwise computed now (and
+/// saved there when `disk`). Says which on stderr.
+pub fn teacher_logits<M, E>(
+    teacher_dir: &Path,
+    teacher: &M,
+    train: &E,
+    cx: &StageContext,
+    disk: bool,
+) -> LogitCache
+where
+    M: Checkpoint,
+    E: mopt_core::Examples<Batch = M::Batch>,
+{
+    let t0 = std::time::Instant::now();
+    let dir = disk
+        .then(|| mopt_train::setup::cache_dir(cx.data_spec))
+        .flatten();
+    let (cache, read) = LogitCache::load_or_compute(
+        teacher_dir,
+        teacher,
+        train,
+        cx.entry.train.eval_batch_size,
+        &cx.device.device(),
+        dir.as_deref(),
+    );
+    match read {
+        Some(f) => eprintln!(
+            "teacher logits: reusing {} ({} training examples)",
+            crate::record::shown(&f),
+            train.len()
+        ),
+        None => eprintln!(
+            "teacher pass: the teacher's logits on {} training examples in {:.1}s",
+            train.len(),
+            t0.elapsed().as_secs_f64()
+        ),
+    }
+    cache
 }

@@ -7,12 +7,13 @@
 use std::path::Path;
 
 use mopt_core::{Checkpoint, Labeled, ModelConfig};
-use mopt_distill::kd::{KdSettings, KdTask, LogitCache};
+use mopt_distill::kd::{KdSettings, KdTask};
 use mopt_train::trainer::{fit, RunContext, TrainReport};
 use serde_json::json;
 
 use crate::error::StageError;
 use crate::kinds::distill::DistillStage;
+use crate::kinds::kd::teacher_logits;
 use crate::plan::train_settings;
 use crate::shape::Shape;
 use crate::stage::{ReferenceModel, StageContext, StageOutput, StagePlan};
@@ -71,18 +72,7 @@ where
     let run = cx.run_context::<M::Batch, _>(config)?;
     let task = if spec.enabled {
         let (teacher, _) = M::load(input, &device)?;
-        eprintln!(
-            "teacher pass: its logits on {} training examples",
-            run.data.train.len()
-        );
-        let t0 = std::time::Instant::now();
-        let cache = LogitCache::compute(
-            &teacher,
-            &run.data.train,
-            entry.train.eval_batch_size,
-            &device,
-        );
-        eprintln!("teacher pass: {:.1}s", t0.elapsed().as_secs_f64());
+        let cache = teacher_logits(input, &teacher, &run.data.train, cx, spec.teacher_cache);
         let settings = KdSettings {
             alpha: spec.alpha,
             temperature: spec.temperature,
