@@ -258,7 +258,7 @@ fn residual_and_inner_channels_of_a_resnet_are_pruned_in_rounds_through_the_bina
     let teacher = write_recipe(dir.path(), "");
     let stages = r#"[[stage]]
 kind = "prune"
-targets = ["channels", "residual"]
+targets = ["channels", "residual", "blocks"]
 criterion = "taylor"
 target = 0.5
 step = 0.25

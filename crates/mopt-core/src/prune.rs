@@ -63,7 +63,8 @@ impl Member {
 /// Constraints of one group kind in a schedule.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Rule {
-    /// Units kept per scope, at least.
+    /// Units kept per scope, at least (0: a scope may lose every unit, as a stage its
+    /// removable blocks).
     pub min_keep: usize,
     /// Kept counts are a multiple of this (1: any count).
     pub multiple: usize,

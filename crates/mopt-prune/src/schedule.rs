@@ -120,7 +120,7 @@ pub fn keep_units(
         orig,
         frac,
         ranking,
-        rule.min_keep.max(1),
+        rule.min_keep,
         &rule.frozen_scopes,
     );
     guarded

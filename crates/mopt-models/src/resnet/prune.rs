@@ -12,11 +12,16 @@
 //!   reads the stream, and the classifier's input row after the last stage. Identity shortcuts
 //!   add the stream to itself, so they need no slicing. Scope: the stage (`stage.S`).
 //!
+//! - [`Blocks`]: a stage's blocks after its first (the first carries the stride and the
+//!   projection), whole: both convolutions and BatchNorms go and the identity shortcut carries
+//!   the stream past. Scope: the stage (`stage.S.blocks`); unit `u` is block `u + 1`.
+//!
 //! Removal slices exactly: a removed inner channel no longer reaches the second convolution, a
 //! removed residual channel no longer reaches any reader, so the pruned network equals the
 //! network with those reading weights zeroed (eval mode).
 
 use mopt_core::prune::{GroupKind, Member, Prunable, Rule, UnitLimits};
+use mopt_core::ParamTable;
 
 use super::{ResNet, ResNetConfig};
 
@@ -24,10 +29,13 @@ use super::{ResNet, ResNetConfig};
 pub struct Channels;
 /// A stage's residual channels.
 pub struct Residual;
+/// A stage's removable blocks (all but its first).
+pub struct Blocks;
 
 impl Prunable for ResNet {
+    /// Blocks last: their removal renumbers the blocks the other kinds slice.
     fn group_kinds() -> Vec<&'static dyn GroupKind<Config = ResNetConfig>> {
-        vec![&Channels, &Residual]
+        vec![&Channels, &Residual, &Blocks]
     }
 }
 
@@ -168,6 +176,88 @@ impl GroupKind for Residual {
     }
 }
 
+/// Every tensor of block `b` of stage `s` (two convolutions with their BatchNorms; no
+/// projection: only a stage's first block has one), whole.
+fn block_members(c: &ResNetConfig, s: usize, b: usize) -> Vec<Member> {
+    let p = block(s, b);
+    let all = |n: usize| (0..n).collect::<Vec<_>>();
+    let (inner, width) = (c.stages[s].blocks[b], c.stages[s].width);
+    let mut m = Vec::new();
+    for (conv, n) in [("conv1", inner), ("conv2", width)] {
+        m.push(Member::new(format!("{p}.{conv}.conv.weight"), 0, all(n)));
+        m.push(Member::scale(format!("{p}.{conv}.bn.gamma"), 0, all(n)));
+        m.push(Member::new(format!("{p}.{conv}.bn.beta"), 0, all(n)));
+        for stat in ["running_mean", "running_var"] {
+            m.push(Member::carried(format!("{p}.{conv}.bn.{stat}"), 0, all(n)));
+        }
+    }
+    m
+}
+
+impl GroupKind for Blocks {
+    type Config = ResNetConfig;
+    fn name(&self) -> &'static str {
+        "blocks"
+    }
+    fn scopes(&self, c: &ResNetConfig) -> usize {
+        c.stages.len()
+    }
+    fn layer_scoped(&self) -> bool {
+        false
+    }
+    fn scope_path(&self, s: usize) -> String {
+        format!("stage.{s}.blocks")
+    }
+    fn units(&self, c: &ResNetConfig, s: usize) -> usize {
+        c.stages[s].blocks.len() - 1
+    }
+    fn members(&self, c: &ResNetConfig, s: usize, u: usize) -> Vec<Member> {
+        block_members(c, s, u + 1)
+    }
+    fn resize(&self, c: &ResNetConfig, keep: &[Vec<usize>]) -> ResNetConfig {
+        let mut out = c.clone();
+        for (s, kept) in keep.iter().enumerate() {
+            let blocks = &c.stages[s].blocks;
+            out.stages[s].blocks = std::iter::once(blocks[0])
+                .chain(kept.iter().map(|&u| blocks[u + 1]))
+                .collect();
+        }
+        out
+    }
+    /// Removed blocks' tensors go; the kept ones move up (`stages.S.3` → `stages.S.1`).
+    fn shrink(&self, c: &ResNetConfig, table: &mut ParamTable, keep: &[Vec<usize>]) {
+        let mut moved = Vec::new();
+        for (s, kept) in keep.iter().enumerate() {
+            for b in 1..c.stages[s].blocks.len() {
+                let prefix = format!("{}.", block(s, b));
+                let names: Vec<String> = table
+                    .0
+                    .keys()
+                    .filter(|k| k.starts_with(&prefix))
+                    .cloned()
+                    .collect();
+                let new = kept.iter().position(|&u| u + 1 == b).map(|k| k + 1);
+                for name in names {
+                    let a = table.0.remove(&name).expect("listed");
+                    if let Some(k) = new {
+                        moved.push((format!("{}.{}", block(s, k), &name[prefix.len()..]), a));
+                    }
+                }
+            }
+        }
+        table.0.extend(moved);
+    }
+    /// A stage may lose every removable block.
+    fn rule(&self, _: &UnitLimits) -> Rule {
+        Rule {
+            min_keep: 0,
+            multiple: 1,
+            frozen_scopes: Vec::new(),
+            frozen_units: Vec::new(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,6 +363,54 @@ mod tests {
         assert_eq!(bc, pc);
         let x = Tensor::<4>::ones([2, 1, 8, 8], &device);
         assert_eq!(values(back.forward(x.clone())), values(pruned.forward(x)));
+    }
+
+    /// Removing a stage's second block equals the network whose block adds nothing to the
+    /// stream (its second BatchNorm's scale and shift zeroed: the identity shortcut carries the
+    /// stream, already non-negative, through the ReLU unchanged); kept blocks move up.
+    #[test]
+    fn removed_blocks_equal_blocks_that_add_nothing() {
+        let (model, c) = trained();
+        let mut keep = Keep::new();
+        keep.insert("blocks".into(), vec![vec![], vec![0]]);
+        let device = Device::flex();
+        let (pruned, pc) = mopt_prune::prune(&model, &c, &keep, &device);
+        assert_eq!(pc.stages[0].blocks, vec![6]);
+        assert_eq!(pc.stages[1].blocks, vec![8, 8]);
+        assert_eq!(pc.parameters() + 2 * bn(&pc), pruned.num_params());
+        let mut table = ParamTable::weights(&model);
+        for t in ["gamma", "beta"] {
+            table
+                .0
+                .get_mut(&format!("stages.0.1.conv2.bn.{t}"))
+                .unwrap()
+                .data
+                .fill(0.0);
+        }
+        let silenced = table.load_into(ResNet::init(&c, &device)).unwrap();
+        let x = Tensor::<4>::random(
+            [5, 1, 8, 8],
+            burn::tensor::Distribution::Normal(0.3, 1.5),
+            &device,
+        );
+        let want = values(silenced.forward(x.clone()));
+        let got = values(pruned.forward(x.clone()));
+        let err = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(err < 1e-5, "pruned vs silenced: {err}");
+        let full = values(model.forward(x));
+        assert!(full.iter().zip(&want).any(|(a, b)| (a - b).abs() > 1e-3));
+        // With channels pruned in the same step, the kept block carries its sliced widths.
+        keep.insert(
+            "channels".into(),
+            vec![vec![0, 1], vec![0, 1, 2], vec![0], vec![1, 2]],
+        );
+        let (_, pc) = mopt_prune::prune(&model, &c, &keep, &device);
+        assert_eq!(pc.stages[0].blocks, vec![2]);
+        assert_eq!(pc.stages[1].blocks, vec![1, 2]);
     }
 
     /// BatchNorm channels (two running statistics each, which Burn counts as parameters).

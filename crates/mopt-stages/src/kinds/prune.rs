@@ -715,10 +715,13 @@ impl PruneStage {
             return Ok(());
         }
         for kind in M::group_kinds() {
-            if !self.targets.contains(&kind.name()) || kind.scopes(c) == 0 {
+            if !self.targets.contains(&kind.name()) {
                 continue;
             }
-            let members = kind.members(c, 0, 0);
+            let Some(s) = (0..kind.scopes(c)).find(|&s| kind.units(c, s) > 0) else {
+                continue;
+            };
+            let members = kind.members(c, s, 0);
             if !members
                 .iter()
                 .any(|m| m.role == mopt_core::prune::Role::Scale)
