@@ -150,6 +150,7 @@ pub fn cpu_info() -> Value {
     json!({
         "model": field("model name"),
         "simd": simd,
+        "gemm_path": mopt_kernels::gemm::path(),
         "logical_cpus": text.lines().filter(|l| l.starts_with("processor")).count(),
     })
 }

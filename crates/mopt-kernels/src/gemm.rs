@@ -1,24 +1,92 @@
 //! Single-precision GEMM, `C = α·A·B (+ C)`, blocked as BLIS does: B is packed into
-//! `KC × NR` column panels, A into `MR × KC` row panels, and a 6 × 16 register-tile
-//! micro-kernel (12 AVX2 accumulators) runs over them. Inputs are strided views (a transpose is
-//! a stride swap, never a copy); the output is row-major. Row blocks of C are split over
-//! rayon's pool; each task packs its own A block.
+//! `KC × nr` column panels, A into `mr × KC` row panels, and a register-tile micro-kernel runs
+//! over them. Inputs are strided views (a transpose is a stride swap, never a copy); the output
+//! is row-major. Row blocks of C are split over rayon's pool; each task packs its own A block.
 //!
-//! The micro-kernel is plain Rust over fixed-size arrays, compiled under `pulp`'s runtime
-//! dispatch for AVX2+FMA (or AVX-512) where the CPU has it: LLVM keeps the tile in registers
-//! and emits one FMA per 8 lanes.
+//! The tile is chosen at run time from the CPU's features ([`path`]): AVX-512F, a 12 × 32 tile
+//! (24 zmm accumulators, B's two vectors loaded and A's entry broadcast once per k); AVX2+FMA,
+//! a 6 × 16 tile (12 ymm accumulators, plain Rust under `pulp`'s V3 dispatch, where LLVM keeps
+//! the tile in registers); otherwise the same 6 × 16 tile in portable Rust. `MOPT_GEMM=avx2`
+//! (or `portable`) forces a narrower path, for comparisons.
 
 use pulp::{Arch, Simd, WithSimd};
 use rayon::prelude::*;
 
-/// Rows of the register tile.
+/// Rows of the AVX2 / portable register tile.
 pub const MR: usize = 6;
-/// Columns of the register tile (two 8-lane vectors).
+/// Columns of the AVX2 / portable register tile (two 8-lane vectors).
 pub const NR: usize = 16;
-/// Depth of a packed panel (A panel 6×256 f32 = 6 KiB, B panel 256×16 = 16 KiB: L1).
+/// Rows of the AVX-512 register tile.
+pub const MR_512: usize = 12;
+/// Columns of the AVX-512 register tile (two 16-lane vectors).
+pub const NR_512: usize = 32;
+/// The largest tile, for the stack buffer a micro-kernel writes.
+const TILE_MAX: usize = MR_512 * NR_512;
+/// Depth of a packed panel (A panel 12×256 f32 = 12 KiB, B panel 256×32 = 32 KiB: L1/L2).
 const KC: usize = 256;
 /// Rows of A per task (an A block of 96×256 f32 = 96 KiB stays in L2).
 const MC: usize = 96;
+
+/// The micro-kernel a product runs.
+#[derive(Debug, Clone, Copy)]
+enum Kernel {
+    Portable,
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    Avx2(pulp::x86::V3),
+    #[cfg(target_arch = "x86_64")]
+    Avx512(pulp::x86::V4),
+}
+
+/// The register tile: `mr × nr` and the kernel that computes it.
+#[derive(Debug, Clone, Copy)]
+struct Tile {
+    mr: usize,
+    nr: usize,
+    kernel: Kernel,
+}
+
+/// The widest tile this CPU runs (or `MOPT_GEMM` allows), detected once.
+fn tile() -> Tile {
+    static TILE: std::sync::OnceLock<Tile> = std::sync::OnceLock::new();
+    *TILE.get_or_init(|| {
+        let cap = std::env::var("MOPT_GEMM").unwrap_or_default();
+        let portable = Tile {
+            mr: MR,
+            nr: NR,
+            kernel: Kernel::Portable,
+        };
+        if cap == "portable" {
+            return portable;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(v) = pulp::x86::V4::try_new().filter(|_| cap != "avx2") {
+            return Tile {
+                mr: MR_512,
+                nr: NR_512,
+                kernel: Kernel::Avx512(v),
+            };
+        }
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        if let Some(v) = pulp::x86::V3::try_new() {
+            return Tile {
+                kernel: Kernel::Avx2(v),
+                ..portable
+            };
+        }
+        portable
+    })
+}
+
+/// The GEMM path this process takes: `avx512` (12×32 tile), `avx2` (6×16) or `portable`.
+pub fn path() -> &'static str {
+    match tile().kernel {
+        Kernel::Portable => "portable",
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        Kernel::Avx2(_) => "avx2",
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512(_) => "avx512",
+    }
+}
 /// Columns of B packed at once (256 × 2048 f32 = 2 MiB, shared by all tasks, in L3).
 const NC: usize = 2048;
 
@@ -63,31 +131,37 @@ impl<'a> View<'a> {
     }
 }
 
-/// Pack `B[p0..p0+kc, j0..j0+nc]` into panels of `NR` columns, k-major, zero-padded.
-fn pack_b(b: &View, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut Vec<f32>) {
-    let panels = nc.div_ceil(NR);
+/// Pack `B[p0..p0+kc, j0..j0+nc]` into panels of `nr` columns, k-major, zero-padded.
+fn pack_b(
+    b: &View,
+    (p0, kc): (usize, usize),
+    (j0, nc): (usize, usize),
+    nr: usize,
+    out: &mut Vec<f32>,
+) {
+    let panels = nc.div_ceil(nr);
     out.clear();
-    out.resize(panels * kc * NR, 0.0);
-    out.par_chunks_mut(kc * NR)
+    out.resize(panels * kc * nr, 0.0);
+    out.par_chunks_mut(kc * nr)
         .enumerate()
         .for_each(|(jp, panel)| {
-            let j = j0 + jp * NR;
-            let w = NR.min(j0 + nc - j);
-            if b.cs == 1 && w == NR {
-                for (k, dst) in panel.chunks_exact_mut(NR).enumerate() {
+            let j = j0 + jp * nr;
+            let w = nr.min(j0 + nc - j);
+            if b.cs == 1 && w == nr {
+                for (k, dst) in panel.chunks_exact_mut(nr).enumerate() {
                     let s = b.offset + (p0 + k) * b.rs + j;
-                    dst.copy_from_slice(&b.data[s..s + NR]);
+                    dst.copy_from_slice(&b.data[s..s + nr]);
                 }
             } else if b.rs == 1 {
                 // A transposed operand (e.g. Wᵀ in dX = G·Wᵀ): read each column as a run.
                 for c in 0..w {
                     let s = b.offset + p0 + (j + c) * b.cs;
                     for (k, &v) in b.data[s..s + kc].iter().enumerate() {
-                        panel[k * NR + c] = v;
+                        panel[k * nr + c] = v;
                     }
                 }
             } else {
-                for (k, dst) in panel.chunks_exact_mut(NR).enumerate() {
+                for (k, dst) in panel.chunks_exact_mut(nr).enumerate() {
                     for (c, d) in dst.iter_mut().enumerate().take(w) {
                         *d = b.at(p0 + k, j + c);
                     }
@@ -96,43 +170,49 @@ fn pack_b(b: &View, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut Vec<f3
         });
 }
 
-/// Pack `A[i0..i0+mc, p0..p0+kc]` into panels of `MR` rows, k-major, zero-padded.
-fn pack_a(a: &View, i0: usize, mc: usize, p0: usize, kc: usize, out: &mut [f32]) {
+/// Pack `A[i0..i0+mc, p0..p0+kc]` into panels of `mr` rows, k-major, zero-padded.
+fn pack_a(
+    a: &View,
+    (i0, mc): (usize, usize),
+    (p0, kc): (usize, usize),
+    mr: usize,
+    out: &mut [f32],
+) {
     if a.rs == 1 && a.cs != 1 {
         // A transposed operand (e.g. Xᵀ in dW = Xᵀ·G): row k of the block is a contiguous run
         // of `mc` values; spread it over the panels.
-        let panels = out.len() / (kc * MR);
+        let panels = out.len() / (kc * mr);
         for k in 0..kc {
             let s = a.offset + i0 + (p0 + k) * a.cs;
             let run = &a.data[s..s + mc];
             for ip in 0..panels {
-                let dst = &mut out[ip * kc * MR + k * MR..ip * kc * MR + (k + 1) * MR];
-                let lo = ip * MR;
-                let h = MR.min(mc - lo);
+                let dst = &mut out[ip * kc * mr + k * mr..ip * kc * mr + (k + 1) * mr];
+                let lo = ip * mr;
+                let h = mr.min(mc - lo);
                 dst[..h].copy_from_slice(&run[lo..lo + h]);
                 dst[h..].fill(0.0);
             }
         }
         return;
     }
-    for (ip, panel) in out.chunks_exact_mut(kc * MR).enumerate() {
-        let i = i0 + ip * MR;
-        let h = MR.min(i0 + mc - i);
+    for (ip, panel) in out.chunks_exact_mut(kc * mr).enumerate() {
+        let i = i0 + ip * mr;
+        let h = mr.min(i0 + mc - i);
         if a.cs == 1 {
-            for r in 0..MR {
+            for r in 0..mr {
                 if r < h {
                     let s = a.offset + (i + r) * a.rs + p0;
                     for (k, &v) in a.data[s..s + kc].iter().enumerate() {
-                        panel[k * MR + r] = v;
+                        panel[k * mr + r] = v;
                     }
                 } else {
                     for k in 0..kc {
-                        panel[k * MR + r] = 0.0;
+                        panel[k * mr + r] = 0.0;
                     }
                 }
             }
         } else {
-            for (k, dst) in panel.chunks_exact_mut(MR).enumerate() {
+            for (k, dst) in panel.chunks_exact_mut(mr).enumerate() {
                 for (r, d) in dst.iter_mut().enumerate() {
                     *d = if r < h { a.at(i + r, p0 + k) } else { 0.0 };
                 }
@@ -175,6 +255,31 @@ fn micro_v3(v: pulp::x86::V3, a: &[f32], b: &[f32]) -> [[f32; NR]; MR] {
     pulp::bytemuck::cast(c)
 }
 
+/// The 12 × 32 tile with AVX-512 FMAs: 24 zmm accumulators; per k, B's two vectors are
+/// loaded once and each of A's 12 entries is broadcast once. Writes the tile row-major into
+/// `out` (`12 × 32`).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn micro_v4(v: pulp::x86::V4, a: &[f32], b: &[f32], out: &mut [f32]) {
+    use pulp::f32x16;
+    let z = v.splat_f32x16(0.0);
+    let mut c = [[z; 2]; MR_512];
+    for (ak, bk) in a.chunks_exact(MR_512).zip(b.chunks_exact(NR_512)) {
+        let (lo, hi) = bk.split_at(16);
+        let b0: f32x16 = pulp::bytemuck::cast(<[f32; 16]>::try_from(lo).expect("16 lanes"));
+        let b1: f32x16 = pulp::bytemuck::cast(<[f32; 16]>::try_from(hi).expect("16 lanes"));
+        for (r, acc) in c.iter_mut().enumerate() {
+            let ar = v.splat_f32x16(ak[r]);
+            acc[0] = v.mul_add_f32x16(ar, b0, acc[0]);
+            acc[1] = v.mul_add_f32x16(ar, b1, acc[1]);
+        }
+    }
+    let tile: [[f32; NR_512]; MR_512] = pulp::bytemuck::cast(c);
+    for (r, row) in tile.iter().enumerate() {
+        out[r * NR_512..(r + 1) * NR_512].copy_from_slice(row);
+    }
+}
+
 /// One task's work: every (A panel, B panel) tile of its row block.
 struct Block<'a> {
     apack: &'a [f32],
@@ -187,8 +292,7 @@ struct Block<'a> {
     nc: usize,
     alpha: f32,
     accumulate: bool,
-    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    v3: Option<pulp::x86::V3>,
+    tile: Tile,
 }
 
 impl WithSimd for Block<'_> {
@@ -209,46 +313,64 @@ impl WithSimd for Block<'_> {
             accumulate,
             ..
         } = self;
-        for (ip, ap) in apack.chunks_exact(kc * MR).enumerate() {
-            let h = MR.min(mc - ip * MR);
-            for (jp, bpanel) in bpack.chunks_exact(kc * NR).enumerate() {
-                let j = j0 + jp * NR;
-                let w = NR.min(j0 + nc - j);
-                #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-                let tile = match self.v3 {
-                    Some(v) => micro_v3(v, ap, bpanel),
-                    None => micro(ap, bpanel),
-                };
-                #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
-                let tile = micro(ap, bpanel);
-                store(rows, n, ip * MR, j, &tile, h, w, alpha, accumulate);
+        let Tile { mr, nr, kernel } = self.tile;
+        let mut buf = [0.0f32; TILE_MAX];
+        for (ip, ap) in apack.chunks_exact(kc * mr).enumerate() {
+            let h = mr.min(mc - ip * mr);
+            for (jp, bpanel) in bpack.chunks_exact(kc * nr).enumerate() {
+                let j = j0 + jp * nr;
+                let w = nr.min(j0 + nc - j);
+                match kernel {
+                    Kernel::Portable => flat(&micro(ap, bpanel), &mut buf),
+                    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+                    Kernel::Avx2(v) => flat(&micro_v3(v, ap, bpanel), &mut buf),
+                    #[cfg(target_arch = "x86_64")]
+                    Kernel::Avx512(v) => micro_v4(v, ap, bpanel, &mut buf),
+                }
+                let at = (ip * mr, j);
+                store(
+                    rows,
+                    n,
+                    at,
+                    (&buf[..mr * nr], nr),
+                    (h, w),
+                    alpha,
+                    accumulate,
+                );
             }
         }
     }
 }
 
-/// `C[i0.., j0..] (+)= α · tile` for the valid `h × w` corner.
+/// A 6 × 16 tile, row-major, into `buf`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
+fn flat(tile: &[[f32; NR]; MR], buf: &mut [f32]) {
+    for (r, row) in tile.iter().enumerate() {
+        buf[r * NR..(r + 1) * NR].copy_from_slice(row);
+    }
+}
+
+/// `C[row0.., j..] (+)= α · tile` for the valid `h × w` corner of a row-major tile of `nr`
+/// columns.
+#[inline(always)]
 fn store(
     c: &mut [f32],
     ldc: usize,
-    row0: usize,
-    j: usize,
-    tile: &[[f32; NR]; MR],
-    h: usize,
-    w: usize,
+    (row0, j): (usize, usize),
+    (tile, nr): (&[f32], usize),
+    (h, w): (usize, usize),
     alpha: f32,
     accumulate: bool,
 ) {
     for r in 0..h {
         let dst = &mut c[(row0 + r) * ldc + j..(row0 + r) * ldc + j + w];
+        let src = &tile[r * nr..r * nr + w];
         if accumulate {
-            for (d, &t) in dst.iter_mut().zip(&tile[r][..w]) {
+            for (d, &t) in dst.iter_mut().zip(src) {
                 *d += alpha * t;
             }
         } else {
-            for (d, &t) in dst.iter_mut().zip(&tile[r][..w]) {
+            for (d, &t) in dst.iter_mut().zip(src) {
                 *d = alpha * t;
             }
         }
@@ -271,22 +393,27 @@ pub fn sgemm(a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool) {
         }
         return;
     }
-    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    let v3 = pulp::x86::V3::try_new();
+    sgemm_on(tile(), a, b, c, alpha, beta_one);
+}
+
+/// [`sgemm`] with the tile `t`.
+fn sgemm_on(t: Tile, a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    let (mr, nr) = (t.mr, t.nr);
     // Row blocks: MC rows, or fewer when that would leave threads idle (batch-1 inference has
-    // 64 rows: two blocks of 36 and 28 rather than one of 64).
+    // 64 rows: two blocks rather than one).
     let threads = rayon::current_num_threads().max(1);
     let mc_rows = if m < MC * threads {
-        m.div_ceil(threads).div_ceil(MR).max(1) * MR
+        m.div_ceil(threads).div_ceil(mr).max(1) * mr
     } else {
-        MC
+        MC.div_ceil(mr) * mr
     };
     let mut bpack = Vec::new();
     for j0 in (0..n).step_by(NC) {
         let nc = NC.min(n - j0);
         for p0 in (0..k).step_by(KC) {
             let kc = KC.min(k - p0);
-            pack_b(&b, p0, kc, j0, nc, &mut bpack);
+            pack_b(&b, (p0, kc), (j0, nc), nr, &mut bpack);
             let accumulate = beta_one || p0 > 0;
             let bp = &bpack;
             // Row blocks of C in parallel; each owns its rows of C.
@@ -296,8 +423,8 @@ pub fn sgemm(a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool) {
                 .for_each(|(ib, rows)| {
                     let i0 = ib * mc_rows;
                     let mc = mc_rows.min(m - i0);
-                    let mut apack = vec![0.0f32; mc.div_ceil(MR) * MR * kc];
-                    pack_a(&a, i0, mc, p0, kc, &mut apack);
+                    let mut apack = vec![0.0f32; mc.div_ceil(mr) * mr * kc];
+                    pack_a(&a, (i0, mc), (p0, kc), mr, &mut apack);
                     let block = Block {
                         apack: &apack,
                         bpack: bp,
@@ -309,16 +436,15 @@ pub fn sgemm(a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool) {
                         nc,
                         alpha,
                         accumulate,
-                        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-                        v3,
+                        tile: t,
                     };
-                    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-                    match v3 {
-                        Some(v) => Simd::vectorize(v, block),
-                        None => Arch::new().dispatch(block),
+                    match t.kernel {
+                        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+                        Kernel::Avx2(v) => Simd::vectorize(v, block),
+                        #[cfg(target_arch = "x86_64")]
+                        Kernel::Avx512(v) => Simd::vectorize(v, block),
+                        Kernel::Portable => Arch::new().dispatch(block),
                     }
-                    #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
-                    Arch::new().dispatch(block);
                 });
         }
     }
@@ -352,6 +478,32 @@ mod tests {
             .collect()
     }
 
+    /// Every tile this CPU can run.
+    fn tiles() -> Vec<Tile> {
+        let mut t = vec![Tile {
+            mr: MR,
+            nr: NR,
+            kernel: Kernel::Portable,
+        }];
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        if let Some(v) = pulp::x86::V3::try_new() {
+            t.push(Tile {
+                mr: MR,
+                nr: NR,
+                kernel: Kernel::Avx2(v),
+            });
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(v) = pulp::x86::V4::try_new() {
+            t.push(Tile {
+                mr: MR_512,
+                nr: NR_512,
+                kernel: Kernel::Avx512(v),
+            });
+        }
+        t
+    }
+
     #[test]
     fn matches_the_naive_product_for_odd_shapes_and_transposes() {
         // Shapes that straddle MR, NR, KC, MC and NC boundaries.
@@ -359,6 +511,7 @@ mod tests {
             (1, 1, 1),
             (7, 3, 17),
             (13, 300, 33),
+            (25, 40, 65),
             (97, 257, 20),
             (6, 16, 2050),
         ] {
@@ -376,6 +529,9 @@ mod tests {
                     View::row_major(&bd, k, n)
                 };
                 let want = naive(&a, &b);
+                for t in tiles() {
+                    check(t, (a, b), &want, k);
+                }
                 let mut c = vec![f32::NAN; m * n];
                 sgemm(a, b, &mut c, 1.0, false);
                 let err = c
@@ -394,6 +550,26 @@ mod tests {
                     assert!((x - (1.0 + 2.0 * y)).abs() < 2e-4 * (k as f32).sqrt());
                 }
             }
+        }
+    }
+
+    /// The tile `t`'s product of `a · b` against `want`, overwriting and accumulating.
+    fn check(t: Tile, (a, b): (View, View), want: &[f32], k: usize) {
+        let mut c = vec![f32::NAN; want.len()];
+        sgemm_on(t, a, b, &mut c, 1.0, false);
+        let err = c
+            .iter()
+            .zip(want)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(err < 1e-4 * (k as f32).sqrt(), "{t:?}: {err}");
+        let mut c2 = vec![1.0f32; want.len()];
+        sgemm_on(t, a, b, &mut c2, 2.0, true);
+        for (x, y) in c2.iter().zip(want) {
+            assert!(
+                (x - (1.0 + 2.0 * y)).abs() < 2e-4 * (k as f32).sqrt(),
+                "{t:?}"
+            );
         }
     }
 }

@@ -12,6 +12,9 @@ pub struct Environment {
     pub logical_cpus: usize,
     /// Threads the CPU kernels use (rayon's pool).
     pub threads: usize,
+    /// The GEMM path mopt's CPU kernels take here (`avx512`, `avx2` or `portable`).
+    #[serde(default)]
+    pub gemm_path: String,
     pub os: String,
 }
 
@@ -53,6 +56,7 @@ impl Environment {
             simd,
             logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             threads: rayon::current_num_threads(),
+            gemm_path: mopt_kernels::gemm::path().into(),
             os: format!("{pretty} ({})", std::env::consts::ARCH),
         }
     }

@@ -163,7 +163,13 @@ impl Pipeline {
                 ""
             }
         );
-        let _ = writeln!(s, "device     {}, seed {}", device.name(), r.run.seed);
+        let _ = writeln!(
+            s,
+            "device     {} (CPU GEMM path {}), seed {}",
+            device.name(),
+            mopt_kernels::gemm::path(),
+            r.run.seed
+        );
         if !r.run.devices.is_empty() {
             let n = r.run.devices.len();
             let t = &r.train;

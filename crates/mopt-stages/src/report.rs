@@ -193,13 +193,14 @@ pub fn markdown(r: &PipelineReport) -> String {
     let e = &r.environment;
     let _ = writeln!(
         s,
-        "## Environment\n\nmopt {}, Burn {}; CPU {} ({} logical CPUs, {} threads), SIMD {}; {}.",
+        "## Environment\n\nmopt {}, Burn {}; CPU {} ({} logical CPUs, {} threads), SIMD {}, mopt GEMM path {}; {}.",
         e.mopt_version,
         e.burn_version,
         e.cpu_model,
         e.logical_cpus,
         e.threads,
         e.simd.join(" "),
+        e.gemm_path,
         e.os
     );
     s
