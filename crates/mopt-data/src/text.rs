@@ -1,6 +1,6 @@
 //! Text-classification loaders and the fixed, seeded split.
 //!
-//! Rotten Tomatoes split (documented in the README): read `rotten_tomatoes_corpus_full.csv.bz2`,
+//! Rotten Tomatoes split (documented in datasets/README.md): read `rotten_tomatoes_corpus_full.csv.bz2`,
 //! drop `plot` rows, drop exact duplicate texts (first occurrence kept, in file order), shuffle with
 //! SplitMix64(`split-seed`), then the first `round(n·test-fraction)` examples are the test split,
 //! the next `round(n·valid-fraction)` the validation split, the rest training.

@@ -53,10 +53,10 @@ fn parse_error(path: &Path, source: &str, e: toml::de::Error) -> RecipeError {
         .unwrap_or(1);
     let message = e.message().trim().to_string();
     let hint = if message.contains("unknown field") {
-        "remove or rename the key; the README's recipe reference lists every key of each section"
+        "remove or rename the key; the recipe reference (docs/src/recipe-reference.md) lists every key of each section"
             .to_string()
     } else if message.contains("missing field") {
-        "add the key; the README's recipe reference gives its meaning and an example".to_string()
+        "add the key; the recipe reference (docs/src/recipe-reference.md) gives its meaning and an example".to_string()
     } else if message.contains("unknown variant") {
         "use one of the values the message lists".to_string()
     } else {

@@ -179,11 +179,11 @@ impl Scope {
                 .map(str::to_string)
                 .unwrap_or_default();
             let hint = if message.contains("unknown field") {
-                "remove or rename the key; the README's recipe reference lists every key of each stage kind"
+                "remove or rename the key; each stage kind's chapter (docs/src/stages/) lists its keys"
             } else if message.contains("missing field") {
-                "add the key; the README's recipe reference gives its meaning and an example"
+                "add the key; the recipe reference (docs/src/recipe-reference.md) gives its meaning and an example"
             } else {
-                "correct the value's type (see the README's recipe reference)"
+                "correct the value's type (see docs/src/recipe-reference.md)"
             };
             self.err(&field, message, hint)
         })

@@ -16,7 +16,7 @@ use crate::error::StageError;
 use crate::family::Family;
 use crate::shape::Shape;
 
-/// The registered stage kinds, in the order the README lists them.
+/// The registered stage kinds, in the order the book (docs/src/stages/) lists them.
 pub fn kinds() -> &'static [&'static dyn StageKind] {
     &[
         &crate::kinds::finetune::Finetune,

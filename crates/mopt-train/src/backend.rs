@@ -58,7 +58,7 @@ impl DeviceSpec {
         match spec.feature() {
             Some(feature) if !Self::built(feature) => Err(TrainError::Input(format!(
                 "device `{name}` needs the `{feature}` backend, and this mopt-train was built without it; \
-                 rebuild with `cargo build --release --features {feature}` (README, \"Mixed precision, GPUs and data parallel\"){}",
+                 rebuild with `cargo build --release --features {feature}` (docs/src/gpu.md){}",
                 if feature == "tch" {
                     " with LibTorch available (LIBTORCH_USE_PYTORCH=1 and PyTorch 2.9 on PATH)"
                 } else {
