@@ -50,7 +50,7 @@ struct RunArgs {
     /// Device to run on (overrides [run] device): `cpu`.
     #[arg(long)]
     device: Option<String>,
-    /// Seed to run with (overrides [run] seed; the data split keeps [data] split-seed); the run
+    /// Seed to run with (overrides `[run] seed`; the data split keeps `[data] split-seed`); the run
     /// folder becomes `<name>-seed<N>`, so that several seeds of one recipe sit side by side.
     #[arg(long, value_name = "N")]
     seed: Option<u64>,

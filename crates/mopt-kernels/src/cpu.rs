@@ -1,7 +1,7 @@
 //! Slice kernels. Each public function splits its rows over rayon's pool and runs each chunk
 //! under `pulp`'s runtime CPU dispatch, so the plain loops below are compiled (and
 //! auto-vectorised) for AVX2+FMA or AVX-512 where the CPU has them, and for baseline x86-64
-//! otherwise. Reductions keep [`LANES`] partial sums so that they vectorise without
+//! otherwise. Reductions keep `LANES` partial sums so that they vectorise without
 //! reassociating floating-point additions behind the compiler's back.
 
 use pulp::{Arch, Simd, WithSimd};

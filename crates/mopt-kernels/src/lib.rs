@@ -13,7 +13,7 @@
 //! Each function takes and returns ordinary Burn tensors. On Flex (plain or autodiff) f32
 //! tensors it runs the fused kernel; on any other backend or dtype, or when fused kernels are
 //! off ([`set_enabled`], or `MOPT_KERNELS=plain` in the environment), it runs the plain Burn
-//! composition in [`reference`]. The tests check the two against each other (values and
+//! composition in [`mod@reference`]. The tests check the two against each other (values and
 //! gradients).
 
 use std::sync::atomic::{AtomicU8, Ordering};

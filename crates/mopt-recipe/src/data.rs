@@ -11,7 +11,7 @@ use crate::scope::Scope;
 pub struct TokenizerSpec {
     /// `tokenizer.json` or a WordPiece `vocab.txt`.
     pub path: PathBuf,
-    /// Truncation length in tokens, [CLS] and [SEP] included.
+    /// Truncation length in tokens, `[CLS]` and `[SEP]` included.
     pub max_len: usize,
     /// Lower-case text (only used with `vocab.txt`; `tokenizer.json` carries its own normalizer).
     pub lowercase: bool,

@@ -9,7 +9,7 @@
 //! `--resume` at the first unfinished stage, reusing finished ones after checking their outputs'
 //! sha256. One `report.md`/`report.json` with `chart.svg` covers the whole run.
 //!
-//! Stage kinds ([`kinds`]) own their recipe keys and their runner; Rust programs add their own
+//! Stage kinds ([`kinds()`]) own their recipe keys and their runner; Rust programs add their own
 //! stages with [`Pipeline::push`].
 //!
 //! ```no_run

@@ -2,7 +2,7 @@
 //!
 //! Each device gets a worker of Burn's [`MultiDevicesTrainStep`] (burn-train: one thread per
 //! device, the model forked to it each step, [`TrainStep::step`] run there) and a replica of the
-//! objective ([`Task::replicate`]: a live teacher forked to the device, cached teacher outputs
+//! objective ([`crate::trainer::Task::replicate`]: a live teacher forked to the device, cached teacher outputs
 //! shared). A micro-batch is split into one shard per device; each worker returns its shard's
 //! gradients, which are moved to the main device and summed, as Burn's `MultiDeviceTrainEpoch`
 //! does for its main-device optimizer strategy, before one optimizer step there.

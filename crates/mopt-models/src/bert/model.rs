@@ -110,7 +110,7 @@ pub struct BertOutputs {
     pub logits: Tensor<2>,
     /// `[batch, seq, hidden]`: the last layer's output.
     pub last_hidden_state: Tensor<3>,
-    /// `[batch, hidden]`: tanh(dense([CLS])).
+    /// `[batch, hidden]`: tanh(dense(`[CLS]`)).
     pub pooled: Tensor<2>,
     /// Embedding output, then each layer's output (`num_layers + 1` tensors), when requested.
     pub hidden_states: Vec<Tensor<3>>,

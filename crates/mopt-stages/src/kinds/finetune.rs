@@ -75,7 +75,7 @@ impl Stage for FinetuneStage {
 }
 
 /// Fine-tune the `M` checkpoint at `input` on the stage's data (what a family's
-/// [`Family::finetune`](crate::family::Family::finetune) calls with its model type).
+/// [`crate::family::Family::finetune`] calls with its model type).
 pub fn run<M>(input: &Path, cx: &StageContext) -> Result<StageOutput, StageError>
 where
     M: Checkpoint<Batch: mopt_core::Labeled>,

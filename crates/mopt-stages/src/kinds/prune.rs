@@ -574,7 +574,7 @@ impl PruneStage {
     }
 
     /// The plan of a prune stage on an `M` (what a family's
-    /// [`Family::plan_prune`](crate::family::Family::plan_prune) calls).
+    /// [`crate::family::Family::plan_prune`] calls).
     pub fn plan<M: Prunable>(
         &self,
         entry: &StageEntry,
@@ -645,7 +645,7 @@ impl PruneStage {
     }
 
     /// Run a prune stage on the `M` checkpoint at `input` (what a family's
-    /// [`Family::prune`](crate::family::Family::prune) calls).
+    /// [`crate::family::Family::prune`] calls).
     pub fn run<M: Prunable<Batch: Labeled>>(
         &self,
         input: &Path,

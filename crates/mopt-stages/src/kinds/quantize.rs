@@ -468,7 +468,7 @@ fn sensitivity_svg(rows: &[Sensitivity], fallback: &[String]) -> String {
 
 impl QuantStage {
     /// The plan of a `ptq` / `qat` stage on an `M` (what a family's
-    /// [`Family::plan_quantize`](crate::family::Family::plan_quantize) calls).
+    /// [`crate::family::Family::plan_quantize`] calls).
     pub fn plan<M: Quantizable>(
         &self,
         entry: &StageEntry,
@@ -536,7 +536,7 @@ impl QuantStage {
     }
 
     /// Run a `ptq` / `qat` stage on the `M` checkpoint at `input` (what a family's
-    /// [`Family::quantize`](crate::family::Family::quantize) calls).
+    /// [`crate::family::Family::quantize`] calls).
     pub fn run<M: Quantizable<Batch: Labeled>>(
         &self,
         input: &Path,
