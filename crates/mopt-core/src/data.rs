@@ -21,6 +21,7 @@ pub trait Examples: Sync {
     /// Number of examples.
     fn len(&self) -> usize;
 
+    /// Whether the split has no examples.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -9,6 +9,7 @@ pub struct ModelFault {
     /// `true`: bad input (a file, a key, a shape); the message names it and the fix.
     pub input: bool,
     #[source]
+    /// The underlying error.
     pub source: Box<dyn std::error::Error + Send + Sync>,
 }
 

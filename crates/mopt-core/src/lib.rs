@@ -24,6 +24,7 @@
 //! Each capability beyond these unlocks more stage kinds; a stage that needs one the model
 //! lacks says so in `--check`.
 
+#![deny(missing_docs)]
 mod data;
 mod error;
 mod memory;

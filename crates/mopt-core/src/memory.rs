@@ -5,9 +5,13 @@ use serde::Serialize;
 /// Estimated bytes of training memory in f32 with AdamW.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct MemoryEstimate {
+    /// Bytes of the parameters.
     pub weights: u64,
+    /// Bytes of their gradients.
     pub grads: u64,
+    /// Bytes of AdamW's two moments.
     pub adam_moments: u64,
+    /// Bytes of the activations the backward pass keeps.
     pub activations: u64,
 }
 
@@ -24,6 +28,7 @@ impl MemoryEstimate {
         }
     }
 
+    /// The sum of the parts, in bytes.
     pub fn total(&self) -> u64 {
         self.weights + self.grads + self.adam_moments + self.activations
     }

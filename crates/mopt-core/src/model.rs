@@ -71,6 +71,7 @@ pub trait Classifier: Module + ModuleDisplay + 'static {
 /// A model that saves itself with its config and loads back with its own shape (a pruned model
 /// reloads pruned).
 pub trait Checkpoint: Classifier + Sized {
+    /// The configuration the model is built from and saved with.
     type Config: ModelConfig;
 
     /// A freshly initialised model of the shape `config` describes, on `device`.

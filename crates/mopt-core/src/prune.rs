@@ -26,9 +26,13 @@ pub enum Role {
 /// One slice of a group: the entries at `index` along `axis` of parameter `param`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
+    /// The parameter's path in the model (`stages.0.1.conv1.conv.weight`).
     pub param: String,
+    /// The axis the unit's entries lie along.
     pub axis: usize,
+    /// The unit's entries along `axis`.
     pub index: Vec<usize>,
+    /// What the member is to importance scoring.
     pub role: Role,
 }
 
@@ -83,6 +87,7 @@ pub type GroupScores = BTreeMap<String, Vec<Vec<f64>>>;
 
 /// One kind of dependency group of an architecture with config type `Config`.
 pub trait GroupKind: Sync {
+    /// The config of the models this kind describes.
     type Config;
 
     /// Its name in recipes (`targets = ["heads"]`).

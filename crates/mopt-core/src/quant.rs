@@ -23,7 +23,9 @@ pub enum QuantWeight<'a> {
 
 /// [`QuantWeight`], read-only.
 pub enum QuantWeightRef<'a> {
+    /// A linear layer's `[d_in, d_out]`.
     Linear(&'a Param<Tensor<2>>),
+    /// A convolution's `[out, in / groups, kh, kw]`.
     Conv(&'a Param<Tensor<4>>),
 }
 
@@ -39,15 +41,21 @@ impl QuantWeightRef<'_> {
 
 /// One quantizable layer: its module path, its weight and its quantizers.
 pub struct QuantSlot<'a> {
+    /// The layer's module path (`bert.encoder.layer.0.output.dense`, `stages.1.0.conv2`).
     pub path: String,
+    /// The layer's weight.
     pub weight: QuantWeight<'a>,
+    /// The layer's quantizers (`None`: float).
     pub quant: &'a mut Option<LinearQuant>,
 }
 
 /// One quantizable layer, read-only.
 pub struct QuantSlotRef<'a> {
+    /// The layer's module path.
     pub path: String,
+    /// The layer's weight.
     pub weight: QuantWeightRef<'a>,
+    /// The layer's quantizers (`None`: float).
     pub quant: &'a Option<LinearQuant>,
 }
 

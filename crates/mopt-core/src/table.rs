@@ -12,7 +12,9 @@ use burn::tensor::Gradients;
 /// One parameter: its shape and row-major values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Array {
+    /// The dimensions, outermost first.
     pub shape: Vec<usize>,
+    /// The values, row-major.
     pub data: Vec<f32>,
 }
 

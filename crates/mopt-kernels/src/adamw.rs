@@ -29,9 +29,13 @@ pub fn fused_steps() -> u64 {
 /// AdamW hyper-parameters.
 #[derive(Clone)]
 pub struct FusedAdamW {
+    /// Decay of the first moment.
     pub beta_1: f32,
+    /// Decay of the second moment.
     pub beta_2: f32,
+    /// Added to the second moment's square root.
     pub epsilon: f32,
+    /// Decoupled weight decay (scaled by the learning rate).
     pub weight_decay: f32,
     /// Burn's implementation, used where the fused one does not apply.
     plain: AdamW,
@@ -49,6 +53,7 @@ impl std::fmt::Debug for FusedAdamW {
 }
 
 impl FusedAdamW {
+    /// AdamW with these hyper-parameters (Burn's `AdamWConfig` for the parameters the fused step does not take).
     pub fn new(beta_1: f32, beta_2: f32, epsilon: f32, weight_decay: f32) -> Self {
         let plain = AdamWConfig::new()
             .with_beta_1(beta_1)

@@ -16,13 +16,21 @@ use crate::gemm::{sgemm, View};
 /// The geometry of one convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvShape {
+    /// Images in the batch.
     pub batch: usize,
+    /// Input channels.
     pub channels: usize,
+    /// Input height.
     pub height: usize,
+    /// Input width.
     pub width: usize,
+    /// Output channels.
     pub out_channels: usize,
+    /// Kernel side (square kernels).
     pub kernel: usize,
+    /// Stride, both directions.
     pub stride: usize,
+    /// Zero padding on every side.
     pub pad: usize,
 }
 

@@ -413,14 +413,19 @@ pub fn dropout_backward(g: &mut [f32], seed: u64, keep: f32) {
 /// Shape of an attention call.
 #[derive(Debug, Clone, Copy)]
 pub struct Attn {
+    /// Sequences in the batch.
     pub batch: usize,
+    /// Tokens a sequence.
     pub seq: usize,
+    /// Attention heads.
     pub heads: usize,
+    /// Width of one head.
     pub head_size: usize,
     /// `1/√head_size`
     pub scale: f32,
     /// Dropout keep probability on the attention probabilities (1 = no dropout).
     pub keep: f32,
+    /// Seed of the dropout mask.
     pub seed: u64,
 }
 
@@ -740,9 +745,13 @@ pub fn linear_backward(
 /// One AdamW step's constants (Burn's `AdamW` formula, term for term).
 #[derive(Debug, Clone, Copy)]
 pub struct AdamWStep {
+    /// Learning rate of this step.
     pub lr: f32,
+    /// Decay of the first moment.
     pub beta_1: f32,
+    /// Decay of the second moment.
     pub beta_2: f32,
+    /// Added to the second moment's square root.
     pub epsilon: f32,
     /// `1 − lr·weight_decay`
     pub decay: f32,

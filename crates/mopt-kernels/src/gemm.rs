@@ -93,11 +93,17 @@ const NC: usize = 2048;
 /// A strided matrix view: element (i, j) is `data[offset + i·rs + j·cs]`.
 #[derive(Debug, Clone, Copy)]
 pub struct View<'a> {
+    /// The backing values.
     pub data: &'a [f32],
+    /// Index of element (0, 0).
     pub offset: usize,
+    /// Rows of the view.
     pub rows: usize,
+    /// Columns of the view.
     pub cols: usize,
+    /// Stride between rows.
     pub rs: usize,
+    /// Stride between columns.
     pub cs: usize,
 }
 

@@ -16,6 +16,7 @@
 //! composition in [`mod@reference`]. The tests check the two against each other (values and
 //! gradients).
 
+#![deny(missing_docs)]
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, NoCheckpointing};

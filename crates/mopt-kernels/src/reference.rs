@@ -3,14 +3,17 @@
 
 use burn::prelude::*;
 
+/// GELU (erf form), Burn's.
 pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     burn::tensor::activation::gelu(x)
 }
 
+/// Softmax along `dim`, Burn's.
 pub fn softmax<const D: usize>(x: Tensor<D>, dim: usize) -> Tensor<D> {
     burn::tensor::activation::softmax(x, dim)
 }
 
+/// LayerNorm over the last axis, Burn's.
 pub fn layer_norm<const D: usize>(
     x: Tensor<D>,
     gamma: Tensor<1>,
@@ -20,10 +23,12 @@ pub fn layer_norm<const D: usize>(
     burn::tensor::module::layer_norm(x, gamma, Some(beta), eps)
 }
 
+/// Embedding lookup: `[batch, seq]` ids into `[batch, seq, width]` rows of `table`.
 pub fn embedding(table: Tensor<2>, ids: Tensor<2, Int>) -> Tensor<3> {
     burn::tensor::module::embedding(table, ids)
 }
 
+/// `x · w + b` with Burn's matmul.
 pub fn linear(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> {
     x.matmul(w) + b.unsqueeze()
 }
@@ -38,6 +43,7 @@ pub fn conv2d(x: Tensor<4>, w: Tensor<4>, stride: usize, pad: usize) -> Tensor<4
     )
 }
 
+/// Dropout with probability `prob`, Burn's (identity outside autodiff).
 pub fn dropout<const D: usize>(x: Tensor<D>, prob: f64) -> Tensor<D> {
     burn::nn::DropoutConfig::new(prob).init().forward(x)
 }

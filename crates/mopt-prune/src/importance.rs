@@ -22,6 +22,7 @@ pub enum Criterion {
 }
 
 impl Criterion {
+    /// The criterion's recipe name (`taylor`, `bn-scale`, …).
     pub fn name(self) -> &'static str {
         match self {
             Criterion::L1 => "l1",
@@ -67,12 +68,16 @@ impl Criterion {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Reduce {
+    /// The sum of the members' scores.
     Sum,
+    /// Their mean.
     Mean,
+    /// Their maximum.
     Max,
 }
 
 impl Reduce {
+    /// The reduction's recipe name.
     pub fn name(self) -> &'static str {
         match self {
             Reduce::Sum => "sum",
@@ -81,6 +86,7 @@ impl Reduce {
         }
     }
 
+    /// The group's score from its members' `scores`.
     pub fn apply(self, scores: &[f64]) -> f64 {
         match self {
             Reduce::Sum => scores.iter().sum(),

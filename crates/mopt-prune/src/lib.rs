@@ -8,6 +8,7 @@
 //! schedule ([`schedule`]), and removed physically ([`remove::prune`]): the result is a smaller
 //! model built from a shrunken config that saves and reloads without knowing its history.
 
+#![deny(missing_docs)]
 pub mod group;
 pub mod importance;
 pub mod remove;

@@ -16,6 +16,7 @@ pub enum Ranking {
 }
 
 impl Ranking {
+    /// The ranking's recipe name.
     pub fn name(self) -> &'static str {
         match self {
             Ranking::Local => "local",
@@ -155,9 +156,13 @@ pub fn units<K: GroupKind + ?Sized>(kinds: &[&K], config: &K::Config) -> Units {
 /// Where a round is: the input's unit counts, which input layer each current layer is (layers
 /// may have been removed), how far the schedule has come and its default target.
 pub struct Progress<'a> {
+    /// Unit counts of the stage's input, per kind and scope.
     pub orig: &'a Units,
+    /// The input layer each current layer came from.
     pub origin: &'a [usize],
+    /// Fraction of the input's units removed after this round.
     pub progress: f64,
+    /// The stage's final fraction (scopes without a ratio of their own).
     pub target: f64,
 }
 

@@ -13,6 +13,7 @@
 //! - [`node`]: [`node::FakeQuant`], a Burn module holding one quantizer's scale and zero point
 //!   (saved with the checkpoint), its observer while calibrating, and its phase.
 
+#![deny(missing_docs)]
 pub mod fake;
 pub mod node;
 pub mod observer;

@@ -24,15 +24,20 @@ use crate::scheme::{Granularity, IntFormat, QParams, QuantScheme};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Phase {
+    /// Values pass unchanged (a float layer).
     Off,
+    /// Values pass unchanged and feed the observer (calibration).
     Observe,
+    /// Values are fake-quantized.
     Quantize,
 }
 
 /// Phase and observer, shared by clones.
 #[derive(Debug)]
 pub struct NodeState {
+    /// The current phase.
     pub phase: Phase,
+    /// The observer calibration feeds.
     pub observer: Observer,
 }
 
@@ -43,13 +48,16 @@ pub struct FakeQuant {
     pub scale: Param<Tensor<1>>,
     /// Integers held as floats, like `scale`.
     pub zero_point: Param<Tensor<1>>,
+    /// The smallest integer of the format.
     pub qmin: i32,
+    /// The largest integer of the format.
     pub qmax: i32,
     /// The channel axis of the quantized tensor (per channel), or `None`.
     pub axis: Option<usize>,
     /// LSQ: the scale trains (with LSQ's gradient scale).
     pub learned: bool,
     #[module(skip)]
+    /// Phase and observer, shared by clones.
     pub state: Arc<Mutex<NodeState>>,
 }
 
@@ -87,10 +95,12 @@ impl FakeQuant {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The current phase.
     pub fn phase(&self) -> Phase {
         self.lock().phase
     }
 
+    /// Switch to `phase` (every clone sees it).
     pub fn set_phase(&self, phase: Phase) {
         self.lock().phase = phase;
     }
@@ -239,10 +249,13 @@ impl LinearQuant {
 /// quantizers (then loads their scales).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QuantConfig {
+    /// How weights are quantized.
     pub weight: QuantScheme,
+    /// How activations (inputs and quantized outputs) are quantized.
     pub activation: QuantScheme,
     /// LSQ: scales train with the weights.
     pub learned_scales: bool,
+    /// The activation observer of calibration.
     pub observer: ObserverKind,
     /// Module paths of the quantized linear layers (`bert.encoder.layer.0.attention.self_attn.query`).
     pub layers: Vec<String>,

@@ -22,13 +22,24 @@ pub const SAMPLE_CAP: usize = 1 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ObserverKind {
+    /// The smallest and largest value seen.
     MinMax,
-    MovingAverage { momentum: f32 },
-    Percentile { percentile: f64 },
+    /// An exponential moving average of each batch's minimum and maximum.
+    MovingAverage {
+        /// Weight of the newest batch.
+        momentum: f32,
+    },
+    /// The range holding `percentile` percent of the values seen (outliers clipped).
+    Percentile {
+        /// Percent of the values inside the range (99.99, say).
+        percentile: f64,
+    },
+    /// The range that minimises the quantization's mean squared error on the values seen.
     Mse,
 }
 
 impl ObserverKind {
+    /// The observer as a recipe would write it (`percentile (99.99)`).
     pub fn name(&self) -> String {
         match self {
             ObserverKind::MinMax => "min-max".into(),
@@ -51,6 +62,7 @@ pub struct Observer {
 }
 
 impl Observer {
+    /// An observer of `kind` that has seen nothing.
     pub fn new(kind: ObserverKind) -> Self {
         Self {
             kind,
@@ -62,6 +74,7 @@ impl Observer {
         }
     }
 
+    /// Which observer this is.
     pub fn kind(&self) -> ObserverKind {
         self.kind
     }

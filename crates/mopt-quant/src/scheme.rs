@@ -14,18 +14,22 @@ use serde::{Deserialize, Serialize};
 pub struct IntFormat {
     /// Bits: 8 or 4 (7 for the reduced weight range that u8·s8 kernels without VNNI need).
     pub bits: u32,
+    /// Signed (`qmin < 0`) or unsigned.
     pub signed: bool,
 }
 
 impl IntFormat {
+    /// Signed 8-bit: [-128, 127].
     pub const INT8: Self = Self {
         bits: 8,
         signed: true,
     };
+    /// Unsigned 8-bit: [0, 255].
     pub const UINT8: Self = Self {
         bits: 8,
         signed: false,
     };
+    /// Signed 4-bit: [-8, 7].
     pub const INT4: Self = Self {
         bits: 4,
         signed: true,
@@ -56,6 +60,7 @@ impl IntFormat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Granularity {
+    /// One scale and zero point for the whole tensor.
     PerTensor,
     /// One scale per index of this axis (Burn's `Linear.weight` is `[d_in, d_out]`: output
     /// channels are axis 1).
@@ -65,15 +70,20 @@ pub enum Granularity {
 /// How one quantizer quantizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuantScheme {
+    /// The integer format.
     pub format: IntFormat,
+    /// Symmetric (zero point 0) or asymmetric.
     pub symmetric: bool,
+    /// Per tensor or per channel.
     pub granularity: Granularity,
 }
 
 /// Scales and zero points (one each, or one per channel).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QParams {
+    /// Scales, one per channel (one per tensor).
     pub scale: Vec<f32>,
+    /// Zero points, likewise.
     pub zero_point: Vec<i32>,
 }
 
