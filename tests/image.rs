@@ -416,3 +416,101 @@ fn seed_overrides_run_side_by_side_with_their_own_init() {
     assert_ne!(golden[0], golden[1]);
     assert!(!dir.path().join("runs/digits").exists());
 }
+
+/// Feature-map matches on a ResNet student: FitNets' MSE on stage outputs through learned 1×1
+/// projections (the widths differ) and attention transfer, beside KD on logits, logged per
+/// pair; a match that needs a projection and has none is refused at --check.
+#[test]
+fn a_resnet_student_distils_from_the_teachers_feature_maps() {
+    let dir = tempfile::tempdir().unwrap();
+    let teacher = write_recipe(dir.path(), "");
+    let student = dir.path().join("student.json");
+    std::fs::write(
+        &student,
+        r#"{"channels": 1, "image_size": 8, "stages": [{"width": 4, "blocks": [4]}, {"width": 8, "blocks": [4]}]}"#,
+    )
+    .unwrap();
+    let stages = |projection: bool| {
+        format!(
+            r#"[[stage]]
+kind = "distill"
+name = "student"
+
+[stage.student]
+arch = "resnet"
+config = "{}"
+
+[[stage.match]]
+feature = "hidden"
+layers = [[1, 1], [2, 2]]
+projection = {projection}
+weight = 0.1
+
+[[stage.match]]
+feature = "attention"
+loss = "mse"
+layers = "uniform"
+weight = 1.0
+"#,
+            student.display()
+        )
+    };
+    let bad = write_from_teacher(
+        dir.path(),
+        "digits-fit-bad",
+        &teacher,
+        (2, 3e-3),
+        &stages(false),
+    );
+    let out = mopt(&[bad.to_str().unwrap(), "--check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("match.projection") && stderr(&out).contains("has 4 channels"),
+        "{}",
+        stderr(&out)
+    );
+    let recipe = write_from_teacher(dir.path(), "digits-fit", &teacher, (4, 3e-3), &stages(true));
+    let check = mopt(&[recipe.to_str().unwrap(), "--check"]);
+    assert!(check.status.success(), "{}", stderr(&check));
+    let plan = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        plan.contains("MSE student map 1 ~ teacher map 1")
+            && plan.contains("attention transfer student map 2 ~ teacher map 2"),
+        "{plan}"
+    );
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = read_json(&dir.path().join("runs/digits-fit/report.json"));
+    let st = &report["stages"][1];
+    assert_eq!(st["model"]["widths"], serde_json::json!([4, 8]));
+    let acc = st["model"]["test"]["accuracy"].as_f64().unwrap();
+    assert!(acc > 0.3, "student {acc}");
+    assert!(
+        st["notes"].to_string().contains("feature maps"),
+        "{}",
+        st["notes"]
+    );
+    // Every matched pair is logged beside the logits terms: two MSE pairs, two attention pairs.
+    let metrics =
+        std::fs::read_to_string(dir.path().join("runs/digits-fit/01-student/metrics.jsonl"))
+            .unwrap();
+    for part in ["map1", "map2", "map3", "map4", "soft"] {
+        assert!(
+            metrics.contains(&format!("\"{part}\"")),
+            "{part} in {metrics}"
+        );
+    }
+    assert!(!metrics.contains("\"map5\""));
+    // The student's maps move towards the teacher's: every term falls from the first logged
+    // step to the last.
+    let train: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["split"] == "train")
+        .collect();
+    let (first, last) = (&train[0], train.last().unwrap());
+    for part in ["map1", "map2", "map3", "map4"] {
+        let (a, b) = (first[part].as_f64().unwrap(), last[part].as_f64().unwrap());
+        assert!(b < a, "{part}: {a} -> {b}");
+    }
+}

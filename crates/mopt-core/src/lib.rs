@@ -19,7 +19,9 @@
 //! 6. [`Quantizable`]: its quantizable layers ([`quant::QuantSlot`]): unlocks post-training
 //!    quantization and quantization-aware training.
 //! 7. [`Tapped`]: its intermediate outputs ([`Taps`]: hidden states, attention maps) and their
-//!    shapes ([`TapLayout`]): unlocks distillation with intermediate matches.
+//!    shapes ([`TapLayout`]): unlocks distillation with intermediate matches (text).
+//! 8. [`FeatureMaps`]: its feature maps (a CNN's stem and stage outputs): unlocks distillation
+//!    with feature-map matches (FitNets with 1×1-convolution projections, attention transfer).
 //!
 //! Each capability beyond these unlocks more stage kinds; a stage that needs one the model
 //! lacks says so in `--check`.
@@ -27,6 +29,7 @@
 #![deny(missing_docs)]
 mod data;
 mod error;
+pub mod features;
 mod memory;
 mod model;
 pub mod prune;
@@ -36,6 +39,7 @@ pub mod taps;
 
 pub use data::{Examples, Labeled};
 pub use error::ModelFault;
+pub use features::FeatureMaps;
 pub use memory::MemoryEstimate;
 pub use model::{Checkpoint, Classifier, ModelConfig};
 pub use prune::Prunable;

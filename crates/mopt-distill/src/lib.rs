@@ -11,6 +11,7 @@
 //! Everything is usable from Rust without the CLI; the `distill` stage runs it from a recipe.
 
 pub mod cache;
+pub mod features;
 pub mod kd;
 pub mod latency;
 pub mod loss;
@@ -20,6 +21,7 @@ pub mod spec;
 pub mod student;
 pub mod task;
 
+pub use features::{MapKdTask, MapLoss, MapMatch, MapStudent};
 pub use kd::{KdSettings, KdTask, LogitCache};
 pub use loss::soft_loss;
 pub use pipeline::CacheSummary;

@@ -88,6 +88,16 @@ pub fn resolve(
         needs: TeacherNeeds::default(),
     };
     for m in specs {
+        if m.feature == Feature::AttentionProbs && m.loss != MatchLoss::Kl {
+            return Err(cx.err(
+                "match.loss",
+                format!(
+                    "match {}: attention probabilities of a Transformer compare with `kl`",
+                    m.index
+                ),
+                "use loss = \"kl\" (`mse` on attention is attention transfer, for feature maps of images)",
+            ));
+        }
         let pairs = layer_pairs(cx, m, student.layers, teacher.layers)?;
         let mut resolved = Vec::new();
         for (s, t) in pairs {
@@ -116,7 +126,7 @@ fn is_attention(m: &MatchSpec) -> bool {
 
 /// The (student, teacher) indices of match `m` for `ls` student and `lt` teacher layers,
 /// checked against them.
-fn layer_pairs(
+pub fn layer_pairs(
     cx: &Scope,
     m: &MatchSpec,
     ls: usize,

@@ -3,7 +3,9 @@
 use std::path::Path;
 
 use burn::prelude::*;
-use mopt_core::{Checkpoint, Classifier, MemoryEstimate, ModelConfig, ModelFault, Quantizable};
+use mopt_core::{
+    Checkpoint, Classifier, FeatureMaps, MemoryEstimate, ModelConfig, ModelFault, Quantizable,
+};
 use mopt_data::ImageBatch;
 use mopt_quant::node::Phase;
 
@@ -101,6 +103,20 @@ impl Classifier for ResNet {
     }
 }
 
+/// The stem's output (map 0), then each stage's output (map `s`, 1-based).
+impl FeatureMaps for ResNet {
+    fn feature_shapes(c: &ResNetConfig) -> Vec<[usize; 3]> {
+        let stem = [c.stages[0].width, c.image_size, c.image_size];
+        std::iter::once(stem)
+            .chain((0..c.stages.len()).map(|s| [c.stages[s].width, c.side(s), c.side(s)]))
+            .collect()
+    }
+
+    fn forward_maps(&self, batch: &ImageBatch) -> (Vec<Tensor<4>>, Tensor<2>) {
+        self.forward_features(batch.images.clone())
+    }
+}
+
 impl Checkpoint for ResNet {
     type Config = ResNetConfig;
 
@@ -157,6 +173,26 @@ mod tests {
 
     fn values(t: Tensor<2>) -> Vec<f32> {
         t.into_data().convert::<f32>().try_to_vec().unwrap()
+    }
+
+    /// The declared feature shapes are the maps' (an odd side halves up: 7 → 4).
+    #[test]
+    fn feature_shapes_match_the_forward_maps() {
+        let dev = Device::flex();
+        let c = ResNetConfig::new(&[4, 8, 6], 1, 1, 7);
+        let m = ResNet::new(&c, &dev);
+        let batch = ResNet::bench_batch(&c, 2, 0, &dev).unwrap();
+        let (maps, logits) = m.forward_maps(&batch);
+        let got: Vec<[usize; 3]> = maps
+            .iter()
+            .map(|t| {
+                let [_, ch, h, w] = t.dims();
+                [ch, h, w]
+            })
+            .collect();
+        assert_eq!(got, ResNet::feature_shapes(&c));
+        assert_eq!(got, vec![[4, 7, 7], [4, 7, 7], [8, 4, 4], [6, 2, 2]]);
+        assert_eq!(logits.dims(), [2, 10]);
     }
 
     /// Training-mode forwards move BatchNorm's running statistics; a saved and reloaded model

@@ -223,14 +223,16 @@ impl ResNet {
         }
     }
 
-    /// The output of every stage (feature maps for distillation), then the logits.
+    /// The stem's output and every stage's (feature maps for distillation), then the logits.
     ///
     /// # Shapes
     /// - images: `[batch, channels, side, side]`
-    /// - output: one `[batch, width_s, side_s, side_s]` a stage, and `[batch, num_labels]`
+    /// - output: the stem's `[batch, width_0, side, side]`, one `[batch, width_s, side_s,
+    ///   side_s]` a stage, and `[batch, num_labels]`
     pub fn forward_features(&self, images: Tensor<4>) -> (Vec<Tensor<4>>, Tensor<2>) {
         let mut x = relu(self.stem.forward(images));
-        let mut features = Vec::with_capacity(self.stages.len());
+        let mut features = Vec::with_capacity(self.stages.len() + 1);
+        features.push(x.clone());
         for stage in &self.stages {
             for block in stage {
                 x = block.forward(x);

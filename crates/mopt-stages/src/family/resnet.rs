@@ -19,9 +19,9 @@ use crate::data::image::ImageData;
 use crate::data::{RunData, Split};
 use crate::error::StageError;
 use crate::kinds::distill::DistillStage;
-use crate::kinds::kd_student;
 use crate::kinds::prune::PruneStage;
 use crate::kinds::quantize::QuantStage;
+use crate::kinds::{kd_maps, kd_student};
 use crate::record::{measure_checkpoint, EvalSettings, ModelFacts};
 use crate::shape::Shape;
 use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
@@ -30,19 +30,8 @@ use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
 pub struct ResNet;
 
 /// The student of a distill stage: `[stage.student] config` for classes `labels`, random
-/// init, logits only (feature-map matches are refused, naming the key).
+/// init.
 fn student_config(stage: &DistillStage, labels: &[String]) -> Result<ResNetConfig, StageError> {
-    if let Some(m) = stage.spec.matches.first() {
-        return Err(TrainError::from(stage.scope.err(
-            "match",
-            format!(
-                "a `{:?}` match: ResNet students distil on logits only so far",
-                m.feature
-            ),
-            "remove the [[stage.match]] blocks (feature-map matching for ResNets is not built yet)",
-        ))
-        .into());
-    }
     let scope = stage.scope.nested("student");
     if stage.student.arch != "resnet" {
         return Err(TrainError::from(scope.err(
@@ -228,7 +217,12 @@ impl Family for ResNet {
             None => (0..teacher.num_labels).map(|i| i.to_string()).collect(),
         };
         let student = student_config(stage, &labels)?;
-        kd_student::plan(stage, entry, (input, student), cx.size())
+        let matches = kd_maps::resolve::<Model>(stage, teacher, &student)?;
+        let mut plan = kd_student::plan(stage, entry, (input, student), cx.size())?;
+        if !matches.is_empty() {
+            plan.settings.push(kd_maps::describe(&matches));
+        }
+        Ok(plan)
     }
 
     fn distill(
@@ -238,7 +232,14 @@ impl Family for ResNet {
         cx: &StageContext,
     ) -> Result<StageOutput, StageError> {
         let student = student_config(stage, &cx.data.labels().labels)?;
-        kd_student::run::<Model>(stage, input, cx, &student)
+        let teacher = ResNetConfig::from_file(&input.join("config.json"))
+            .map_err(|e| TrainError::from(mopt_core::ModelFault::from(e)))?;
+        let matches = kd_maps::resolve::<Model>(stage, &teacher, &student)?;
+        if matches.is_empty() {
+            kd_student::run::<Model>(stage, input, cx, &student)
+        } else {
+            kd_student::run_maps::<Model>(stage, input, cx, &student, matches)
+        }
     }
 
     fn accuracy(&self, ckpt: &Path, data: &RunData, which: Split) -> Result<f64, StageError> {

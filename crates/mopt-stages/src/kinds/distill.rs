@@ -104,14 +104,14 @@ fn feature_and_loss(
                 Feature::Embeddings | Feature::WordEmbeddings,
                 MatchLoss::Mse | MatchLoss::Cosine
             )
-            | (Feature::AttentionProbs, MatchLoss::Kl)
+            | (Feature::AttentionProbs, MatchLoss::Kl | MatchLoss::Mse)
             | (Feature::AttentionScores, MatchLoss::Mse)
     );
     if !ok {
         return Err(cx.err(
             &key("loss"),
             format!("match {index}: loss {loss:?} does not apply to {feature:?}"),
-            "hidden/embeddings/word-embeddings: mse or cosine; attention: kl; attention-scores: mse",
+            "hidden/embeddings/word-embeddings: mse or cosine; attention: kl (text) or mse (attention transfer on images); attention-scores: mse",
         ));
     }
     Ok((feature, loss))

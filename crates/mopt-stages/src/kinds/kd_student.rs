@@ -6,7 +6,8 @@
 
 use std::path::Path;
 
-use mopt_core::{Checkpoint, Labeled, ModelConfig};
+use mopt_core::{Checkpoint, FeatureMaps, Labeled, ModelConfig};
+use mopt_distill::features::{MapKdTask, MapLoss, MapMatch, MapStudent};
 use mopt_distill::kd::{KdSettings, KdTask};
 use mopt_train::trainer::{fit, RunContext, TrainReport};
 use serde_json::json;
@@ -87,8 +88,79 @@ where
         M::init(config, &ad)
     };
     let training = fit(&run, task, student())?;
+    let what = "the teacher's logits";
+    finish::<M>(stage, cx, &run, (&training, what), student)
+}
+
+/// Train a fresh `M` shaped `config` on the logits and the feature maps (`matches`) of the
+/// teacher at `input`, which runs live beside it (and its hard-label twin when the stage asks
+/// for it).
+pub fn run_maps<M>(
+    stage: &DistillStage,
+    input: &Path,
+    cx: &StageContext,
+    config: &M::Config,
+    matches: Vec<MapMatch>,
+) -> Result<StageOutput, StageError>
+where
+    M: FeatureMaps<Batch: Labeled>,
+{
+    let spec = &stage.spec;
+    let ad = cx.device.train_device(&cx.entry.train);
+    let device = cx.device.device();
+    let run = cx.run_context::<M::Batch, _>(config)?;
+    let (teacher, teacher_config) = M::load(input, &device)?;
+    let widths: Vec<(usize, usize, MapLoss)> = {
+        let (s, t) = (
+            M::feature_shapes(config),
+            M::feature_shapes(&teacher_config),
+        );
+        matches
+            .iter()
+            .map(|m| (s[m.student][0], t[m.teacher][0], m.loss))
+            .collect()
+    };
+    let settings = KdSettings {
+        alpha: spec.alpha,
+        temperature: spec.temperature,
+        soft_loss: spec.soft_loss,
+    };
+    eprintln!(
+        "distill: {} feature-map matches, the teacher running live",
+        matches.len()
+    );
+    let task = MapKdTask::new(
+        settings,
+        matches,
+        (teacher.valid(), device),
+        run.data.train,
+        &ad,
+    );
+    let student = || {
+        ad.seed(cx.seed);
+        M::init(config, &ad)
+    };
+    let model = MapStudent::new(student(), &widths, &ad);
+    let training = fit(&run, task, model)?;
+    let what = "the teacher's logits and feature maps";
+    finish::<M>(stage, cx, &run, (&training, what), student)
+}
+
+/// The stage's output after the student's training (on `what`): its twin when the stage asks
+/// for one, the notes and facts.
+fn finish<M>(
+    stage: &DistillStage,
+    cx: &StageContext,
+    run: &RunContext<'_, &dyn mopt_core::Examples<Batch = M::Batch>, M::Config>,
+    (training, what): (&TrainReport, &str),
+    student: impl Fn() -> M,
+) -> Result<StageOutput, StageError>
+where
+    M: Checkpoint<Batch: Labeled>,
+{
+    let (entry, spec) = (cx.entry, &stage.spec);
     let mut notes = vec![format!(
-        "Student trained on the teacher's logits (alpha {}, T {}): {} optimizer steps, best epoch {}, {:.1} train samples/s.",
+        "Student trained on {what} (alpha {}, T {}): {} optimizer steps, best epoch {}, {:.1} train samples/s.",
         spec.alpha.to_toml(),
         spec.temperature.to_toml(),
         training.steps,
@@ -97,8 +169,8 @@ where
     )];
     let mut references = Vec::new();
     if spec.enabled && spec.baseline {
-        let twin = twin::<M>(&run, cx, student())?;
-        let (reference, note) = twin_report(&entry.name, &twin, &training);
+        let twin = twin::<M>(run, cx, student())?;
+        let (reference, note) = twin_report(&entry.name, &twin, training);
         references.push(reference);
         notes.push(note);
     }

@@ -5,6 +5,7 @@ pub mod distill;
 pub mod export;
 pub mod finetune;
 pub mod kd;
+pub mod kd_maps;
 pub mod kd_student;
 pub mod prune;
 pub mod quantize;
