@@ -325,3 +325,57 @@ pub fn conv2d<C: CheckpointStrategy>(x: Ad<C>, w: Ad<C>, stride: usize, pad: usi
         }
     }
 }
+
+#[derive(Debug)]
+struct BatchNormBackward {
+    eps: f64,
+}
+
+impl Backward<Flex, 3> for BatchNormBackward {
+    /// (input, gamma, batch mean, batch variance)
+    type State = (FlexTensor, FlexTensor, Vec<f32>, Vec<f32>);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (x, gamma, mean, var) = ops.state;
+        let g = grads.consume::<Flex>(&ops.node);
+        let [px, pg, pb] = ops.parents;
+        let (dx, dgamma, dbeta) =
+            flex::batch_norm_train_backward(&x, &gamma, (&mean, &var), self.eps, g);
+        for (parent, grad) in [(px, dx), (pg, dgamma), (pb, dbeta)] {
+            if let Some(n) = parent {
+                grads.register::<Flex>(n.id, grad);
+            }
+        }
+    }
+}
+
+/// BatchNorm with the batch's statistics: (y, mean, biased variance).
+pub fn batch_norm_train<C: CheckpointStrategy>(
+    x: Ad<C>,
+    gamma: Ad<C>,
+    beta: Ad<C>,
+    eps: f64,
+) -> (Ad<C>, Vec<f32>, Vec<f32>) {
+    let op = BatchNormBackward { eps };
+    match op
+        .prepare::<C>([x.node(), gamma.node(), beta.node()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let (xp, gp) = (x.primitive().clone(), gamma.primitive().clone());
+            let (y, mean, var) = flex::batch_norm_train(xp.clone(), &gp, beta.primitive(), eps);
+            let out = prep.finish((xp, gp, mean.clone(), var.clone()), y);
+            (out, mean, var)
+        }
+        OpsKind::UnTracked(prep) => {
+            let (y, mean, var) = flex::batch_norm_train(
+                x.into_primitive(),
+                gamma.primitive(),
+                beta.primitive(),
+                eps,
+            );
+            (prep.finish(y), mean, var)
+        }
+    }
+}

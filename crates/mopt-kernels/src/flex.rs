@@ -272,3 +272,50 @@ pub fn conv2d_backward(
         dw.map(|v| make(v, w.shape())),
     )
 }
+
+fn bn_shape(x: &FlexTensor) -> crate::batchnorm::BnShape {
+    let s = x.shape();
+    crate::batchnorm::BnShape {
+        batch: s[0],
+        channels: s[1],
+        plane: s.num_elements() / (s[0] * s[1]).max(1),
+    }
+}
+
+/// (y, mean, biased variance) of BatchNorm with the batch's statistics.
+pub fn batch_norm_train(
+    x: FlexTensor,
+    gamma: &FlexTensor,
+    beta: &FlexTensor,
+    eps: f64,
+) -> (FlexTensor, Vec<f32>, Vec<f32>) {
+    let (x, gamma, beta) = (
+        contiguous(x),
+        contiguous(gamma.clone()),
+        contiguous(beta.clone()),
+    );
+    let s = bn_shape(&x);
+    let (y, mean, var) =
+        crate::batchnorm::forward(f32s(&x), f32s(&gamma), f32s(&beta), eps as f32, &s);
+    (make(y, x.shape()), mean, var)
+}
+
+/// (dx, dgamma, dbeta) of [`batch_norm_train`].
+pub fn batch_norm_train_backward(
+    x: &FlexTensor,
+    gamma: &FlexTensor,
+    stats: (&[f32], &[f32]),
+    eps: f64,
+    g: FlexTensor,
+) -> (FlexTensor, FlexTensor, FlexTensor) {
+    let (x, gamma, g) = (
+        contiguous(x.clone()),
+        contiguous(gamma.clone()),
+        contiguous(g),
+    );
+    let s = bn_shape(&x);
+    let (dx, dgamma, dbeta) =
+        crate::batchnorm::backward(f32s(&x), f32s(&gamma), stats, eps as f32, f32s(&g), &s);
+    let c = gamma.shape();
+    (make(dx, x.shape()), make(dgamma, c.clone()), make(dbeta, c))
+}

@@ -28,6 +28,7 @@ use burn::tensor::DType;
 pub mod adamw;
 pub mod autocast;
 mod autodiff;
+pub mod batchnorm;
 pub mod conv;
 pub mod cpu;
 mod flex;
@@ -268,6 +269,70 @@ pub fn conv2d(x: Tensor<4>, w: Tensor<4>, stride: usize, pad: usize) -> Tensor<4
             _ => fallback(Tensor::from_primitive::<AdCk>(p), w),
         },
         Route::Other(x) => fallback(x, w),
+    }
+}
+
+/// BatchNorm with the batch's own statistics (a training forward pass), fused (one pass for
+/// each statistic and one for the output; two backward): the output, and the batch's mean and
+/// biased variance (constants, for the running statistics). Elsewhere (other dtypes, backends,
+/// `MOPT_KERNELS=plain`) Burn's `batch_norm_train`.
+///
+/// # Shapes
+/// - x: `[batch, channels, height, width]`; gamma, beta: `[channels]`
+/// - output: like x; mean, variance: `[channels]`
+pub fn batch_norm_train(
+    x: Tensor<4>,
+    gamma: Tensor<1>,
+    beta: Tensor<1>,
+    eps: f64,
+) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
+    let device = x.device();
+    let fallback = |x, g, b| {
+        let r = burn::tensor::module::batch_norm_train(x, g, b, eps);
+        (r.output, r.mean.detach(), r.variance.detach())
+    };
+    if gamma.dtype() != DType::F32
+        || beta.dtype() != DType::F32
+        || autocast::compute_dtype().is_some()
+    {
+        return fallback(x, gamma, beta);
+    }
+    let stats = |v: Vec<f32>| {
+        let n = v.len();
+        Tensor::<1>::from_data(TensorData::new(v, [n]), &device)
+    };
+    match route(x) {
+        Route::Flex(p) => match (
+            gamma.clone().try_into_primitive::<Flex>(),
+            beta.clone().try_into_primitive::<Flex>(),
+        ) {
+            (Ok(g), Ok(b)) => {
+                let (y, m, v) = flex::batch_norm_train(p, &g, &b, eps);
+                (Tensor::from_primitive::<Flex>(y), stats(m), stats(v))
+            }
+            _ => fallback(Tensor::from_primitive::<Flex>(p), gamma, beta),
+        },
+        Route::Autodiff(p) => match (
+            gamma.clone().try_into_primitive::<Ad>(),
+            beta.clone().try_into_primitive::<Ad>(),
+        ) {
+            (Ok(g), Ok(b)) => {
+                let (y, m, v) = autodiff::batch_norm_train::<NoCheckpointing>(p, g, b, eps);
+                (Tensor::from_primitive::<Ad>(y), stats(m), stats(v))
+            }
+            _ => fallback(Tensor::from_primitive::<Ad>(p), gamma, beta),
+        },
+        Route::Checkpointed(p) => match (
+            gamma.clone().try_into_primitive::<AdCk>(),
+            beta.clone().try_into_primitive::<AdCk>(),
+        ) {
+            (Ok(g), Ok(b)) => {
+                let (y, m, v) = autodiff::batch_norm_train::<BalancedCheckpointing>(p, g, b, eps);
+                (Tensor::from_primitive::<AdCk>(y), stats(m), stats(v))
+            }
+            _ => fallback(Tensor::from_primitive::<AdCk>(p), gamma, beta),
+        },
+        Route::Other(x) => fallback(x, gamma, beta),
     }
 }
 

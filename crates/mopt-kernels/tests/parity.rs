@@ -384,3 +384,44 @@ fn attention_matches_the_composed_core_with_mask_and_dropout() {
     let r = reference::attention(q, k, v, mask, heads, 0.0, None);
     assert_close("attention (plain)", values(y), values(r), 1e-5);
 }
+
+#[test]
+fn batch_norm_train_matches_burn_for_input_gamma_and_beta_and_statistics() {
+    let x = random([5, 6, 7, 9], 2.0).add_scalar(1.5);
+    let w = random([5, 6, 7, 9], 1.0);
+    let gamma = random([6], 1.0).add_scalar(1.0);
+    let beta = random([6], 1.0);
+    let run = |fused: bool| {
+        let d = ad();
+        let xa = Tensor::<4>::from_data(x.to_data(), &d).require_grad();
+        let ga = Tensor::<1>::from_data(gamma.to_data(), &d).require_grad();
+        let ba = Tensor::<1>::from_data(beta.to_data(), &d).require_grad();
+        let wa = Tensor::<4>::from_data(w.to_data(), &d);
+        let (y, mean, var) = if fused {
+            mopt_kernels::batch_norm_train(xa.clone(), ga.clone(), ba.clone(), 1e-5)
+        } else {
+            let r =
+                burn::tensor::module::batch_norm_train(xa.clone(), ga.clone(), ba.clone(), 1e-5);
+            (r.output, r.mean, r.variance)
+        };
+        let g = (y.clone() * wa).sum().backward();
+        (
+            values(y.inner()),
+            values(xa.grad(&g).unwrap()),
+            values(ga.grad(&g).unwrap()),
+            values(ba.grad(&g).unwrap()),
+            values(mean.inner()),
+            values(var.inner()),
+        )
+    };
+    let (a, b) = (run(true), run(false));
+    assert_close("batch_norm", a.0, b.0.clone(), 1e-5);
+    assert_close("batch_norm dx", a.1, b.1, 5e-5);
+    assert_close("batch_norm dgamma", a.2, b.2, 5e-5);
+    assert_close("batch_norm dbeta", a.3, b.3, 1e-5);
+    assert_close("batch_norm mean", a.4, b.4, 1e-5);
+    assert_close("batch_norm variance", a.5, b.5, 1e-5);
+    // On the plain device too (no autodiff).
+    let (y, _, _) = mopt_kernels::batch_norm_train(x.clone(), gamma.clone(), beta.clone(), 1e-5);
+    assert_close("batch_norm (plain)", values(y), b.0, 1e-5);
+}
