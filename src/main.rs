@@ -95,6 +95,10 @@ enum Command {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    // Failure injection for the tests of the binary's own error paths.
+    if std::env::var("MOPT_FAILPOINT").as_deref() == Ok("panic") {
+        panic!("failpoint MOPT_FAILPOINT=panic");
+    }
     match cli.command {
         Some(Command::LrFind {
             recipe,
@@ -229,11 +233,21 @@ fn exit_code(err: &anyhow::Error) -> u8 {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
+    // A panic is a bug: say so (after Rust's own message with its location) and exit with 1,
+    // never 101; finished stages stay on disk for `--resume`.
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli))) {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(err)) => {
             eprintln!("error: {err:#}");
             ExitCode::from(exit_code(&err))
+        }
+        Err(_) => {
+            eprintln!(
+                "error: mopt-train stopped on an internal error (the panic above): this is a bug in mopt, \
+                 not a problem with your input; please report it with the command and the recipe. \
+                 Finished stages are kept: `--resume` continues the run."
+            );
+            ExitCode::from(1)
         }
     }
 }

@@ -3,6 +3,7 @@
 mod common;
 
 use std::path::Path;
+use std::process::Command;
 
 use burn::prelude::*;
 use common::{mopt, read_json, stderr, write_tiny_recipe};
@@ -353,4 +354,24 @@ fn lr_find_sweeps_and_suggests() {
         "lr rises monotonically"
     );
     assert!((lrs[0] - 1e-6).abs() < 1e-12);
+}
+
+/// A panic (a bug) ends the binary with exit code 1 and a message that says it is a bug, never
+/// Rust's 101 alone.
+#[test]
+fn a_panic_exits_1_and_says_it_is_a_bug() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_tiny_recipe(tmp.path(), "panic", "");
+    let out = Command::new(env!("CARGO_BIN_EXE_mopt-train"))
+        .arg(recipe.to_str().unwrap())
+        .arg("--check")
+        .env("MOPT_FAILPOINT", "panic")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("this is a bug in mopt") && err.contains("failpoint"),
+        "{err}"
+    );
 }
