@@ -7,6 +7,7 @@
 //! read) and measures its checkpoints on it ([`Family::measure`]).
 
 pub mod bert;
+pub mod image;
 pub mod resnet;
 
 use std::path::Path;
@@ -238,7 +239,7 @@ pub trait Family: Sync {
 
 /// The registered families.
 pub fn families() -> &'static [&'static dyn Family] {
-    &[&bert::Bert, &resnet::ResNet]
+    &[&bert::Bert, &resnet::RESNET]
 }
 
 /// The family of a recipe: its `[model] arch`, or for a recipe that continues from a

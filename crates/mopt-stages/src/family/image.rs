@@ -1,0 +1,354 @@
+//! Image classifiers as families, once for every model type: image data, fine-tuning,
+//! distillation (logits, or feature maps with the teacher live), channel pruning, export and
+//! ONNX Runtime latency through the generic kinds; quantization where the model type says it
+//! quantizes. A model type joins by implementing [`ImageModel`] (its arch name, how its shape is
+//! read) in one file and one line in [`super::families`].
+
+use std::marker::PhantomData;
+use std::path::Path;
+
+use burn::prelude::*;
+use mopt_core::prune::Prunable;
+use mopt_core::FeatureMaps;
+use mopt_data::{ImageBatch, LabelMap};
+use mopt_export::{ExportOptions, Exportable, ModelCard};
+use mopt_models::ModelError;
+use mopt_recipe::{ModelSpec, Recipe, RecipeError, Scope, StageEntry, TokenizerSpec};
+use mopt_train::trainer::save_checkpoint_dir;
+use mopt_train::TrainError;
+
+use super::{checkpoint_accuracy, export_split, ort_latency_of, Family};
+use crate::data::image::ImageData;
+use crate::data::{RunData, Split};
+use crate::error::StageError;
+use crate::kinds::distill::DistillStage;
+use crate::kinds::prune::PruneStage;
+use crate::kinds::quantize::QuantStage;
+use crate::kinds::{kd_maps, kd_student};
+use crate::record::{measure_checkpoint, EvalSettings, ModelFacts};
+use crate::shape::Shape;
+use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
+
+/// An image classifier type that runs as a family: the contracts it implements, its arch name
+/// and how its shape is read; quantization is optional.
+pub trait ImageModel: FeatureMaps<Batch = ImageBatch> + Prunable + Exportable {
+    /// `[model] arch`.
+    const ARCH: &'static str;
+    /// The arch in messages (`a ResNet`).
+    const NAME: &'static str;
+
+    /// A checkpoint's `config.json` (its classes included).
+    fn read_config(path: &Path) -> Result<Self::Config, ModelError>;
+
+    /// A shape file (a recipe's `[model] config`) for classes `labels`.
+    fn config_for_labels(path: &Path, labels: &[String]) -> Result<Self::Config, ModelError>;
+
+    /// The class names a config records, if it does.
+    fn class_names(config: &Self::Config) -> Option<Vec<String>>;
+
+    /// The loaded model as measured (quantized weights baked once); unchanged by default.
+    fn for_measurement(self) -> Self {
+        self
+    }
+
+    /// The layers a quantization stage keeps float by default, when the type quantizes;
+    /// `None` (the default): it does not.
+    fn quant_default_exclude() -> Option<Vec<String>> {
+        None
+    }
+
+    /// Plan a `ptq` / `qat` stage (called only when [`quant_default_exclude`] is `Some`).
+    ///
+    /// [`quant_default_exclude`]: ImageModel::quant_default_exclude
+    fn plan_quantize(
+        _stage: &QuantStage,
+        _entry: &StageEntry,
+        _input: &Shape,
+        _cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        unreachable!("only quantizable image models are asked")
+    }
+
+    /// Run a `ptq` / `qat` stage (called only when the type quantizes).
+    fn quantize(
+        _stage: &QuantStage,
+        _input: &Path,
+        _cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        unreachable!("only quantizable image models are asked")
+    }
+}
+
+/// The family of the image model type `M`.
+pub struct ImageFamily<M>(PhantomData<fn() -> M>);
+
+impl<M> ImageFamily<M> {
+    /// The family (a `const`, for the registry).
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+fn fault(e: ModelError) -> StageError {
+    TrainError::from(mopt_core::ModelFault::from(e)).into()
+}
+
+/// The recipe's `[model]` (or a student's table) as an `M` shape for classes `labels`: its
+/// `config` file, random init (keys that only BERT reads are refused, naming the key).
+fn model_config<M: ImageModel>(
+    m: &ModelSpec,
+    scope: &Scope,
+    labels: &[String],
+) -> Result<M::Config, StageError> {
+    let refuse = |key: &str, set: bool| -> Result<(), RecipeError> {
+        if set {
+            return Err(scope.err(
+                key,
+                format!("{} `[model]` has no such setting", M::NAME),
+                "remove it: image models start from random init (seeded by [run] seed); continue from a checkpoint with [teacher]",
+            ));
+        }
+        Ok(())
+    };
+    refuse("weights", m.weights.is_some())?;
+    refuse("dropout", m.dropout.is_some())?;
+    refuse(
+        "init-from-teacher-layers",
+        m.init_from_teacher_layers.is_some(),
+    )?;
+    M::config_for_labels(&m.config, labels).map_err(|e| {
+        scope
+            .err(
+                "config",
+                e.to_string(),
+                "see recipes/models/ for shape files",
+            )
+            .into()
+    })
+}
+
+/// The student of a distill stage: `[stage.student]`, of the teacher's arch.
+fn student_config<M: ImageModel>(
+    stage: &DistillStage,
+    labels: &[String],
+) -> Result<M::Config, StageError> {
+    let scope = stage.scope.nested("student");
+    if stage.student.arch != M::ARCH {
+        return Err(TrainError::from(scope.err(
+            "arch",
+            format!(
+                "the student is a `{}`, the teacher {}",
+                stage.student.arch,
+                M::NAME
+            ),
+            format!(
+                "set [stage.student] arch = \"{}\" and a shape file of it as `config`",
+                M::ARCH
+            ),
+        ))
+        .into());
+    }
+    model_config::<M>(&stage.student, &scope, labels)
+}
+
+impl<M: ImageModel> Family for ImageFamily<M> {
+    fn arch(&self) -> &'static str {
+        M::ARCH
+    }
+
+    fn modality(&self) -> &'static str {
+        "images"
+    }
+
+    fn input_notes(&self, _size: usize) -> String {
+        "float32 images [batch, channels, side, side]; normalise grey values as the checkpoint's preprocess.json says: (pixel / pixel_max - mean) / std".into()
+    }
+
+    fn load_data(
+        &self,
+        recipe: &Recipe,
+        labels: Option<LabelMap>,
+        golden: usize,
+    ) -> Result<RunData, StageError> {
+        Ok(RunData::new(ImageData::load(recipe, labels, golden)?))
+    }
+
+    fn build(
+        &self,
+        recipe: &Recipe,
+        data: &RunData,
+        device: &Device,
+        ckpt: &Path,
+    ) -> Result<(), StageError> {
+        let m = recipe
+            .model
+            .as_ref()
+            .expect("validated: [model] or [teacher]");
+        let scope = recipe.scope.nested("model");
+        let config = model_config::<M>(m, &scope, &data.labels().labels)?;
+        device.seed(recipe.run.seed);
+        let model = M::init(&config, device);
+        save_checkpoint_dir(&model, &config, data, ckpt)?;
+        Ok(())
+    }
+
+    fn measure(
+        &self,
+        ckpt: &Path,
+        data: &RunData,
+        ev: &EvalSettings,
+    ) -> Result<(ModelFacts, Vec<Vec<f32>>), StageError> {
+        measure_checkpoint::<M>(ckpt, data, ev, M::for_measurement)
+    }
+
+    fn read_shape(&self, dir: &Path) -> Result<Shape, StageError> {
+        Ok(Shape::new(
+            M::read_config(&dir.join("config.json")).map_err(fault)?,
+        ))
+    }
+
+    fn model_shape(
+        &self,
+        model: &ModelSpec,
+        _tokenizer: Option<&TokenizerSpec>,
+        scope: &Scope,
+        labels: &[String],
+        _vocab: usize,
+    ) -> Result<Shape, StageError> {
+        Ok(Shape::new(model_config::<M>(model, scope, labels)?))
+    }
+
+    fn finetune(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+        crate::kinds::finetune::run::<M>(input, cx)
+    }
+
+    fn prune_targets(&self) -> Vec<&'static str> {
+        M::group_kinds().iter().map(|k| k.name()).collect()
+    }
+
+    fn plan_prune(
+        &self,
+        stage: &PruneStage,
+        entry: &StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        stage.plan::<M>(entry, input, cx)
+    }
+
+    fn prune(
+        &self,
+        stage: &PruneStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        stage.run::<M>(input, cx)
+    }
+
+    fn quantizable(&self) -> bool {
+        M::quant_default_exclude().is_some()
+    }
+
+    fn quant_default_exclude(&self) -> Vec<String> {
+        M::quant_default_exclude().unwrap_or_default()
+    }
+
+    fn plan_quantize(
+        &self,
+        stage: &QuantStage,
+        entry: &StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        match M::quant_default_exclude() {
+            Some(_) => M::plan_quantize(stage, entry, input, cx),
+            None => Err(self.lacks(
+                "ptq/qat",
+                "a quantizable model",
+                "declares no quantizable layers",
+            )),
+        }
+    }
+
+    fn quantize(
+        &self,
+        stage: &QuantStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        match M::quant_default_exclude() {
+            Some(_) => M::quantize(stage, input, cx),
+            None => Err(self.lacks(
+                "ptq/qat",
+                "a quantizable model",
+                "declares no quantizable layers",
+            )),
+        }
+    }
+
+    fn plan_distill(
+        &self,
+        stage: &DistillStage,
+        entry: &StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        let teacher: &M::Config = input.get()?;
+        let labels = teacher_labels::<M>(teacher);
+        let student = student_config::<M>(stage, &labels)?;
+        let matches = kd_maps::resolve::<M>(stage, teacher, &student)?;
+        let mut plan = kd_student::plan(stage, entry, (input, student), cx.size())?;
+        if !matches.is_empty() {
+            plan.settings.push(kd_maps::describe(&matches));
+        }
+        Ok(plan)
+    }
+
+    fn distill(
+        &self,
+        stage: &DistillStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        let student = student_config::<M>(stage, &cx.data.labels().labels)?;
+        let teacher = M::read_config(&input.join("config.json")).map_err(fault)?;
+        let matches = kd_maps::resolve::<M>(stage, &teacher, &student)?;
+        if matches.is_empty() {
+            kd_student::run::<M>(stage, input, cx, &student)
+        } else {
+            kd_student::run_maps::<M>(stage, input, cx, &student, matches)
+        }
+    }
+
+    fn accuracy(&self, ckpt: &Path, data: &RunData, which: Split) -> Result<f64, StageError> {
+        checkpoint_accuracy::<M>(ckpt, data, which)
+    }
+
+    fn export(
+        &self,
+        ckpt: &Path,
+        out: &Path,
+        data: &RunData,
+        samples: (Split, usize),
+        opts: &ExportOptions,
+    ) -> Result<ModelCard, StageError> {
+        export_split::<M>(ckpt, out, data, samples, opts)
+    }
+
+    fn ort_latency(
+        &self,
+        ckpt: &Path,
+        onnx: &Path,
+        size: usize,
+        warmup_runs: (usize, usize),
+    ) -> Result<Option<serde_json::Value>, StageError> {
+        let config = M::read_config(&ckpt.join("config.json")).map_err(fault)?;
+        ort_latency_of::<M>(onnx, &config, size, warmup_runs)
+    }
+}
+
+/// The classes a teacher of `config` was trained on (its saved names, or their indices).
+fn teacher_labels<M: ImageModel>(config: &M::Config) -> Vec<String> {
+    let n = mopt_core::ModelConfig::num_labels(config);
+    M::class_names(config).unwrap_or_else(|| (0..n).map(|i| i.to_string()).collect())
+}
