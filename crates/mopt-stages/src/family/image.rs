@@ -89,6 +89,12 @@ impl<M> ImageFamily<M> {
     }
 }
 
+impl<M> Default for ImageFamily<M> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 fn fault(e: ModelError) -> StageError {
     TrainError::from(mopt_core::ModelFault::from(e)).into()
 }
