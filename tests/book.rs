@@ -97,7 +97,10 @@ fn as_recipe(snippet: &str) -> String {
     let image = matches!(
         get(&frag, "data", "format").as_deref(),
         Some("idx" | "pixels-csv")
-    ) || get(&frag, "model", "arch").as_deref() == Some("resnet");
+    ) || matches!(
+        get(&frag, "model", "arch").as_deref(),
+        Some("resnet" | "cnn")
+    );
     let mut base: toml::Table = toml::from_str(if image { IMAGE_BASE } else { TEXT_BASE }).unwrap();
     if frag.contains_key("teacher") {
         base.remove("model");

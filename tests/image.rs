@@ -514,3 +514,95 @@ weight = 1.0
         assert!(b < a, "{part}: {a} -> {b}");
     }
 }
+
+/// The plain CNN family on the digits through the binary: a CNN teacher fine-tuned first, a
+/// narrower CNN distilled from its logits and block outputs, half its channels pruned, the
+/// result exported to ONNX with parity in ONNX Runtime; quantization is refused at --check.
+#[test]
+fn a_plain_cnn_is_trained_distilled_pruned_and_exported() {
+    let dir = tempfile::tempdir().unwrap();
+    let shape = |name: &str, widths: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(
+            &p,
+            format!(r#"{{"channels": 1, "image_size": 8, "widths": {widths}}}"#),
+        )
+        .unwrap();
+        p
+    };
+    let teacher_shape = shape("cnn.json", "[16, 32]");
+    let student_shape = shape("cnn-student.json", "[8, 16]");
+    let teacher = write_recipe(dir.path(), "");
+    let text = std::fs::read_to_string(&teacher)
+        .unwrap()
+        .replace("arch = \"resnet\"", "arch = \"cnn\"")
+        .replace(
+            &dir.path().join("resnet.json").display().to_string(),
+            &teacher_shape.display().to_string(),
+        );
+    std::fs::write(&teacher, text).unwrap();
+    let stages = format!(
+        r#"[[stage]]
+kind = "distill"
+name = "student"
+baseline = true
+
+[stage.student]
+arch = "cnn"
+config = "{}"
+
+[[stage.match]]
+feature = "hidden"
+layers = [[0, 0], [1, 1]]
+projection = true
+weight = 0.1
+
+[[stage]]
+kind = "prune"
+targets = ["channels"]
+criterion = "bn-scale"
+target = 0.5
+step = 0.5
+hidden-multiple = 2
+distill = true
+
+[[stage]]
+kind = "export"
+samples = 64
+latency-runs = 2
+reference = ["baseline"]
+"#,
+        student_shape.display()
+    );
+    let recipe = write_from_teacher(dir.path(), "digits-cnn", &teacher, (3, 3e-3), &stages);
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = read_json(&dir.path().join("runs/digits-cnn/report.json"));
+    let stages = report["stages"].as_array().unwrap();
+    assert_eq!(stages[0]["model"]["widths"], serde_json::json!([16, 32]));
+    assert_eq!(stages[1]["model"]["widths"], serde_json::json!([8, 16]));
+    assert_eq!(stages[2]["model"]["widths"], serde_json::json!([4, 8]));
+    let teacher_acc = stages[0]["model"]["test"]["accuracy"].as_f64().unwrap();
+    assert!(teacher_acc > 0.8, "teacher {teacher_acc}");
+    let card = &stages[3]["facts"]["model_card"];
+    assert!(
+        card["parity"]["max_abs_err"].as_f64().unwrap() < 1e-4,
+        "{card}"
+    );
+    assert!(card["fused_ops"].to_string().contains("MaxPool"), "{card}");
+    // Quantization needs a quantizable family: refused before anything runs.
+    let ptq = write_from_teacher(
+        dir.path(),
+        "digits-cnn-ptq",
+        &teacher,
+        (1, 1e-3),
+        "[[stage]]\nkind = \"ptq\"\n",
+    );
+    let out = mopt(&[ptq.to_str().unwrap(), "--check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("`cnn` declares no quantizable layers"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -6,7 +6,9 @@
 
 pub mod bert;
 pub mod burnpack;
+pub mod cnn;
 mod error;
+pub mod norm;
 pub mod resnet;
 
 pub use error::ModelError;

@@ -60,7 +60,7 @@ impl ConvBn {
             y = y + self.bias(b.val()).reshape([1, n, 1, 1]);
         }
         if let Some(bn) = &self.bn {
-            y = batch_norm(bn, y);
+            y = crate::norm::batch_norm(bn, y);
         }
         match self.quant.as_ref().and_then(|q| q.output.as_ref()) {
             Some(out) => out.forward(y),
@@ -99,27 +99,6 @@ impl ConvBn {
         self.bn = None;
         self
     }
-}
-
-/// `bn` on `x`: in training (an autodiff device, the layer not frozen) mopt's fused kernel
-/// with the batch's statistics, which move the running statistics as Burn's `BatchNorm` does
-/// (`running ← (1 − momentum)·running + momentum·batch`, biased variance); otherwise Burn's
-/// inference path.
-fn batch_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
-    if !(x.device().is_autodiff() && bn.training.is_enabled()) {
-        return bn.forward(x);
-    }
-    let (y, mean, var) =
-        mopt_kernels::batch_norm_train(x, bn.gamma.val(), bn.beta.val(), bn.epsilon);
-    let m = bn.momentum;
-    let device = mean.device();
-    let update = |state: &burn::module::RunningState<Tensor<1>>, batch: Tensor<1>| {
-        let old = state.value_sync().to_device(&device);
-        state.update(old.mul_scalar(1.0 - m).add(batch.mul_scalar(m)).detach());
-    };
-    update(&bn.running_mean, mean);
-    update(&bn.running_var, var);
-    y
 }
 
 /// Two 3×3 convolutions with BatchNorm and ReLU, plus a shortcut (identity, or a 1×1
@@ -283,57 +262,5 @@ impl ResNet {
     /// - output: `[batch, num_labels]`
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
         self.forward_features(images).1
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().convert::<f32>().try_to_vec().unwrap()
-    }
-
-    /// The fused training BatchNorm gives Burn's output and moves the running statistics as
-    /// Burn's does; in eval mode (the plain device) both use the running statistics.
-    #[test]
-    fn fused_batch_norm_trains_like_burns() {
-        let ad = Device::flex().autodiff();
-        let x = Tensor::<4>::random(
-            [4, 3, 5, 5],
-            burn::tensor::Distribution::Normal(1.0, 2.0),
-            &ad,
-        );
-        let (fused, burns) = (
-            BatchNormConfig::new(3).init(&ad),
-            BatchNormConfig::new(3).init(&ad),
-        );
-        for _ in 0..2 {
-            let (a, b) = (
-                values(batch_norm(&fused, x.clone()).inner()),
-                values(burns.forward(x.clone()).inner()),
-            );
-            let err = a
-                .iter()
-                .zip(&b)
-                .map(|(p, q)| (p - q).abs())
-                .fold(0.0, f32::max);
-            assert!(err < 1e-5, "output {err}");
-        }
-        for (f, b) in [
-            (&fused.running_mean, &burns.running_mean),
-            (&fused.running_var, &burns.running_var),
-        ] {
-            let (f, b) = (values(f.value_sync()), values(b.value_sync()));
-            assert!(
-                f.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-5),
-                "{f:?} vs {b:?}"
-            );
-            assert!(
-                f.iter()
-                    .any(|v| (v - 0.0).abs() > 0.05 && (v - 1.0).abs() > 0.05),
-                "moved: {f:?}"
-            );
-        }
     }
 }

@@ -7,6 +7,7 @@
 //! read) and measures its checkpoints on it ([`Family::measure`]).
 
 pub mod bert;
+pub mod cnn;
 pub mod image;
 pub mod resnet;
 
@@ -239,7 +240,7 @@ pub trait Family: Sync {
 
 /// The registered families.
 pub fn families() -> &'static [&'static dyn Family] {
-    &[&bert::Bert, &resnet::RESNET]
+    &[&bert::Bert, &resnet::RESNET, &cnn::CNN]
 }
 
 /// The family of a recipe: its `[model] arch`, or for a recipe that continues from a
@@ -259,7 +260,7 @@ pub fn recipe_family(recipe: &Recipe) -> Result<&'static dyn Family, mopt_recipe
                 f.arch(),
                 f.modality()
             ),
-            "pair the model with data of its kind (a ResNet with `idx` / `pixels-csv`, BERT with text)",
+            "pair the model with data of its kind (a ResNet or a CNN with `idx` / `pixels-csv`, BERT with text)",
         ));
     }
     Ok(f)

@@ -1,8 +1,9 @@
 //! A distill stage's `[[stage.match]]` blocks on feature maps ([`FeatureMaps`] models: CNNs):
 //! `feature = "hidden"` compares maps with MSE (FitNets; `projection = true` learns a 1×1
 //! convolution where the widths differ), `feature = "attention"` with `loss = "mse"` compares
-//! their spatial attention (attention transfer). Map 0 is the stem's output, map `s` stage
-//! `s`'s; `layers = "uniform"` pairs the student's stage `i` with the teacher's `round(i·Lt/Ls)`.
+//! their spatial attention (attention transfer). Pairs index the family's maps from 0 (a
+//! ResNet: map 0 is the stem's output, map `s` stage `s`'s; a plain CNN: map `b` is block `b`'s);
+//! `layers = "uniform"` pairs the student's map `i ≥ 1` with the teacher's `round(i·Lt/Ls)`.
 
 use mopt_core::FeatureMaps;
 use mopt_distill::features::{MapLoss, MapMatch};

@@ -1,0 +1,59 @@
+//! The plain CNN as an ONNX graph through `mopt_export::cnn`: Conv with BatchNorm folded, Relu,
+//! MaxPool, GlobalAveragePool, Flatten, Gemm. Input `image`, output `logits`.
+
+use mopt_data::ImageBatch;
+use mopt_export::cnn::{export_cnn, CnnLayer};
+use mopt_export::onnx::{Dim, ModelProto};
+use mopt_export::{tensor_json, ExportError, Exportable, InputSpec, InputType};
+use serde_json::{Map, Value};
+
+use super::{Cnn, CnnConfig};
+
+impl Exportable for Cnn {
+    fn inputs(c: &CnnConfig) -> Vec<InputSpec> {
+        vec![InputSpec {
+            name: "image".into(),
+            dtype: InputType::Float,
+            dims: vec![
+                Dim::Named("batch"),
+                Dim::Fixed(c.channels as i64),
+                Dim::Fixed(c.image_size as i64),
+                Dim::Fixed(c.image_size as i64),
+            ],
+        }]
+    }
+
+    fn onnx(&self, c: &CnnConfig) -> Result<ModelProto, ExportError> {
+        let mut layers = Vec::new();
+        for b in &self.blocks {
+            layers.push(CnnLayer::Conv {
+                conv: &b.conv,
+                bn: Some(&b.bn),
+            });
+            layers.push(CnnLayer::Relu);
+            layers.push(CnnLayer::MaxPool(&b.pool));
+        }
+        layers.extend([
+            CnnLayer::GlobalAvgPool,
+            CnnLayer::Flatten,
+            CnnLayer::Linear(&self.classifier),
+        ]);
+        let side = c.image_size;
+        Ok(export_cnn(&layers, c.channels, side, side, c.num_labels))
+    }
+
+    fn feed(batch: &ImageBatch) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("image".into(), tensor_json(batch.images.to_data()));
+        m
+    }
+
+    /// A single image and a batch of 64.
+    fn bench_batches() -> Vec<usize> {
+        vec![1, 64]
+    }
+
+    fn card_facts(c: &CnnConfig) -> Map<String, Value> {
+        mopt_core::ModelConfig::facts(c)
+    }
+}
