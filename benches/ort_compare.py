@@ -4,8 +4,9 @@
         [--warmup 10] [--threads 0] [--json OUT.json]
 
 Sessions do not spin-wait between runs (ONNX Runtime's idle threads would otherwise steal the
-cores of the session being timed). Every model gets the same inputs (batch 1 and 32 x seq tokens, ids drawn below 30522, no
-padding). Timed runs are interleaved across the models (model A run 1, model B run 1, ...), so
+cores of the session being timed). Every model gets the same inputs: text models (inputs
+`input_ids`, ...) batch 1 and 32 x seq tokens, ids drawn below 30522, no padding; image models
+(input `image` [batch, C, H, W]) batch 1 and 64 images of a smooth pattern. Timed runs are interleaved across the models (model A run 1, model B run 1, ...), so
 drift of the machine (other load, frequency) hits all of them alike. Prints p50/p90/p99 per
 model and batch, and each model's p50 speed-up over the first model; records the CPU model and
 its SIMD flags, and the onnxruntime version.
@@ -55,11 +56,17 @@ def main():
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         sessions.append((name, path, ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])))
     rows = []
-    for batch in (1, 32):
+    image = next((i for i in sessions[0][2].get_inputs() if i.name == "image"), None)
+    for batch in ((1, 64) if image is not None else (1, 32)):
         n = a.runs * 4 if batch == 1 else a.runs
-        ids = (1000 + (np.arange(batch * a.seq) * 7919) % 29000).reshape(batch, a.seq).astype(np.int64)
-        ids[:, 0] = 101
-        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        if image is not None:
+            c, h, w = image.shape[1:]
+            x = ((np.arange(batch * c * h * w) % 97) / 48.0 - 1.0).astype(np.float32)
+            feed = {"image": x.reshape(batch, c, h, w)}
+        else:
+            ids = (1000 + (np.arange(batch * a.seq) * 7919) % 29000).reshape(batch, a.seq).astype(np.int64)
+            ids[:, 0] = 101
+            feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
         for _, _, s in sessions:
             for _ in range(a.warmup):
                 s.run(None, feed)
