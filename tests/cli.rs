@@ -375,3 +375,42 @@ fn a_panic_exits_1_and_says_it_is_a_bug() {
         "{err}"
     );
 }
+
+/// A NaN loss skips its optimizer step and the run goes on (the weights stay finite); NaN at
+/// every step stops the run after `max-nonfinite-steps` in a row with exit code 1 and a message.
+#[test]
+fn non_finite_steps_are_skipped_then_stop_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_tiny_recipe(tmp.path(), "nan", "max-nonfinite-steps = 3\n");
+    let run = |failpoint: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mopt-train"))
+            .args([recipe.to_str().unwrap(), "--max-steps", "5", "--force"])
+            .env("MOPT_FAILPOINT", failpoint)
+            .output()
+            .unwrap()
+    };
+    let once = run("nan-loss@2");
+    assert!(once.status.success(), "{}", stderr(&once));
+    assert!(
+        stderr(&once).contains("step 2 had a non-finite loss or gradient: skipped (1 so far)"),
+        "{}",
+        stderr(&once)
+    );
+    let report = read_json(&tmp.path().join("runs/nan/01-finetune/report.json"));
+    assert!(
+        report["test"]["loss"].as_f64().is_some_and(f64::is_finite),
+        "{report}"
+    );
+    assert_eq!(
+        report["steps"].as_u64(),
+        Some(5),
+        "five applied steps: the skipped one is not counted"
+    );
+    let always = run("nan-loss@*");
+    assert_eq!(always.status.code(), Some(1), "{}", stderr(&always));
+    assert!(
+        stderr(&always).contains("3 optimizer steps in a row had a non-finite loss or gradient"),
+        "{}",
+        stderr(&always)
+    );
+}

@@ -112,6 +112,7 @@ pub struct RawTrain {
     pub best_metric: Option<String>,
     pub log_every: Option<usize>,
     pub gradient_checkpointing: Option<bool>,
+    pub max_nonfinite_steps: Option<usize>,
     pub precision: Option<String>,
     pub loss_scale_init: Option<f64>,
     pub loss_scale_growth_interval: Option<usize>,

@@ -107,6 +107,9 @@ pub struct TrainSpec {
     pub precision: Precision,
     /// Loss scaling: `Some` exactly when `precision` is fp16.
     pub loss_scale: Option<LossScaleSpec>,
+    /// Optimizer steps in a row with a non-finite loss or gradient (each skipped) before the
+    /// run stops (fp32/bf16; fp16 backs its loss scale off instead).
+    pub max_nonfinite_steps: usize,
 }
 
 impl Default for TrainSpec {
@@ -132,6 +135,7 @@ impl Default for TrainSpec {
             gradient_checkpointing: false,
             precision: Precision::Fp32,
             loss_scale: None,
+            max_nonfinite_steps: 10,
         }
     }
 }
@@ -226,6 +230,7 @@ pub fn train_spec(cx: &Scope, t: RawTrain) -> Result<TrainSpec, RecipeError> {
         gradient_checkpointing: t.gradient_checkpointing.unwrap_or(false),
         precision,
         loss_scale,
+        max_nonfinite_steps: cx.positive("max-nonfinite-steps", t.max_nonfinite_steps, 10)?,
     })
 }
 

@@ -1,5 +1,6 @@
 //! The optimizer-step boundary: unscale (fp16), check for overflow, clip, and AdamW at the
-//! scheduled learning rate — or skip the step when a gradient overflowed.
+//! scheduled learning rate — or skip the step when the loss or a gradient is not finite (fp16:
+//! backing the loss scale off; otherwise counting, and stopping after too many in a row).
 
 use burn::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::optim::{GradientsParams, ModuleOptimizer};
@@ -19,6 +20,12 @@ pub struct Stepper {
     pub scaler: Option<LossScaler>,
     /// LR of the last applied step.
     pub lr: f64,
+    /// Non-finite steps in a row (without loss scaling) before [`step`](Self::step) fails.
+    max_nonfinite: usize,
+    /// Non-finite steps skipped in a row.
+    nonfinite_in_row: usize,
+    /// Non-finite steps skipped so far (without loss scaling).
+    pub nonfinite_skipped: usize,
 }
 
 /// What one optimizer step did.
@@ -32,14 +39,18 @@ pub struct StepResult {
 }
 
 impl Stepper {
-    /// AdamW, warmup + cosine over `total_steps`, clipping and loss scaling from `t`.
+    /// AdamW, warmup + cosine over `total_steps`, clipping, loss scaling and the non-finite
+    /// guard from `t`.
     pub fn new(t: &TrainSpec, total_steps: usize) -> Self {
-        Self::with_optimizer(
-            crate::trainer::adamw(t),
-            warmup_cosine(t.lr, total_steps, t.warmup_fraction, t.final_lr_ratio),
-            t.grad_clip_norm,
-            t.loss_scale.as_ref().map(LossScaler::new),
-        )
+        Self {
+            max_nonfinite: t.max_nonfinite_steps,
+            ..Self::with_optimizer(
+                crate::trainer::adamw(t),
+                warmup_cosine(t.lr, total_steps, t.warmup_fraction, t.final_lr_ratio),
+                t.grad_clip_norm,
+                t.loss_scale.as_ref().map(LossScaler::new),
+            )
+        }
     }
 
     pub fn with_optimizer(
@@ -54,6 +65,9 @@ impl Stepper {
             clip,
             scaler,
             lr: 0.0,
+            max_nonfinite: 10,
+            nonfinite_in_row: 0,
+            nonfinite_skipped: 0,
         }
     }
 
@@ -77,17 +91,29 @@ impl Stepper {
         } else {
             unscale_and_clip(&model, &mut grads, inv, self.clip)
         };
+        let skipped = StepResult {
+            applied: false,
+            grad_norm: None,
+        };
         if let Some(scaler) = &mut self.scaler {
             if scaler.update(norm.is_some())? == ScaleUpdate::Skipped {
-                return Ok((
-                    model,
-                    StepResult {
-                        applied: false,
-                        grad_norm: None,
-                    },
+                return Ok((model, skipped));
+            }
+        } else if norm.is_none() {
+            // A NaN or inf in the loss or a gradient: skip the step, weights and optimizer
+            // state untouched; too many in a row stop the run.
+            self.nonfinite_in_row += 1;
+            self.nonfinite_skipped += 1;
+            if self.nonfinite_in_row >= self.max_nonfinite {
+                return Err(format!(
+                    "{} optimizer steps in a row had a non-finite loss or gradient (train.max-nonfinite-steps = {}); \
+                     the last good checkpoint is kept. Look for NaN or inf in the data, lower train.lr, or keep train.grad-clip-norm on",
+                    self.nonfinite_in_row, self.max_nonfinite
                 ));
             }
+            return Ok((model, skipped));
         }
+        self.nonfinite_in_row = 0;
         self.lr = self.sched.step().base();
         let model = self.optim.step(self.lr, model, grads);
         Ok((
