@@ -606,3 +606,34 @@ reference = ["baseline"]
         stderr(&out)
     );
 }
+
+/// Checkpoints carry a manifest of their files' sha256: one byte changed in the weights is
+/// caught when they are read back, with a message naming the file.
+#[test]
+fn a_corrupt_checkpoint_is_named_when_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let teacher = write_recipe(dir.path(), "");
+    let out = mopt(&[teacher.to_str().unwrap(), "--max-steps", "3"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let best = dir.path().join("runs/digits/best");
+    let manifest = read_json(&best.join("manifest.json"));
+    assert_eq!(
+        manifest["sha256"]["model.bpk"].as_str().map(str::len),
+        Some(64)
+    );
+    let weights = best.join("model.bpk");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let i = bytes.len() - 5;
+    bytes[i] ^= 0x40;
+    std::fs::write(&weights, bytes).unwrap();
+    let stages =
+        "[[stage]]\nkind = \"export\"\nsamples = 8\nlatency-runs = 0\nreference = \"none\"\n";
+    let recipe = write_from_teacher(dir.path(), "digits-read", &teacher, (1, 1e-3), stages);
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("model.bpk is corrupt") && stderr(&out).contains("manifest.json"),
+        "{}",
+        stderr(&out)
+    );
+}

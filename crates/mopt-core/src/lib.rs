@@ -30,6 +30,7 @@
 mod data;
 mod error;
 pub mod features;
+pub mod manifest;
 mod memory;
 mod model;
 pub mod prune;

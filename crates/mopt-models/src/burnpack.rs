@@ -1,5 +1,6 @@
-//! Burn-format weights (`model.bpk`) of any module: written whole, read back only when every
-//! tensor is there and fits (a truncated file or another shape is an error naming the file).
+//! Burn-format weights (`model.bpk`) of any module: written whole, read back only when the
+//! checkpoint's manifest (when it has one) agrees with the file's sha256 and every tensor is
+//! there and fits (a truncated file or another shape is an error naming the file).
 
 use std::path::Path;
 
@@ -21,6 +22,19 @@ pub fn save_burnpack<M: Module>(model: &M, path: &Path) -> Result<(), ModelError
 
 /// Load Burn-format weights into a model of matching shape; every tensor must be present.
 pub fn load_burnpack<M: Module>(model: &mut M, path: &Path) -> Result<(), ModelError> {
+    mopt_core::manifest::verify(path).map_err(|message| {
+        let old = path.parent().map(|d| d.with_extension("old"));
+        ModelError::Load {
+            path: path.to_path_buf(),
+            message,
+            hint: match old.filter(|o| o.join("model.bpk").is_file()) {
+                Some(o) => format!("the previous checkpoint is at {}", o.display()),
+                None => {
+                    "train it again (the run folder's earlier stages are kept: `--resume`)".into()
+                }
+            },
+        }
+    })?;
     let mut store = BurnpackStore::from_file(path).auto_extension(false);
     let result = model.load_from(&mut store).map_err(|e| ModelError::Load {
         path: path.to_path_buf(),

@@ -41,24 +41,50 @@ impl CheckpointExtras for TextExtras<'_> {
     }
 }
 
-/// Save a complete checkpoint folder atomically: write `<dir>.tmp`, then swap it in.
+/// Save a complete checkpoint folder atomically: write `<dir>.tmp` with a `manifest.json` of
+/// its files' sha256 (checked whenever the weights are read back), flush it to disk, then swap
+/// it in: the previous folder is renamed to `<dir>.old` first and removed last, so a crash at
+/// any moment leaves a complete checkpoint at `dir` or at `<dir>.old`.
 pub fn save_checkpoint_dir<C: Checkpoint>(
     model: &C,
     config: &C::Config,
     extras: &dyn CheckpointExtras,
     dir: &Path,
 ) -> Result<(), TrainError> {
-    let tmp = dir.with_extension("tmp");
+    let (tmp, old) = (dir.with_extension("tmp"), dir.with_extension("old"));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
     }
     std::fs::create_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
     model.save(config, &tmp)?;
     extras.write(&tmp)?;
+    mopt_core::manifest::write(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
+    sync_folder(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
     if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(|e| TrainError::io(dir, e))?;
+        if old.exists() {
+            std::fs::remove_dir_all(&old).map_err(|e| TrainError::io(&old, e))?;
+        }
+        std::fs::rename(dir, &old).map_err(|e| TrainError::io(dir, e))?;
     }
-    std::fs::rename(&tmp, dir).map_err(|e| TrainError::io(dir, e))
+    std::fs::rename(&tmp, dir).map_err(|e| TrainError::io(dir, e))?;
+    if let Some(parent) = dir.parent() {
+        let _ = std::fs::File::open(parent).and_then(|f| f.sync_all());
+    }
+    if old.exists() {
+        std::fs::remove_dir_all(&old).map_err(|e| TrainError::io(&old, e))?;
+    }
+    Ok(())
+}
+
+/// fsync every file of `dir`, then `dir` itself.
+fn sync_folder(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::File::open(entry.path())?.sync_all()?;
+        }
+    }
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Golden reference written with the best checkpoint: the first test examples (as their split
