@@ -21,10 +21,12 @@ pub struct TextBatch {
 /// Builds batches padded to the longest sequence in each batch.
 #[derive(Debug, Clone)]
 pub struct Batcher {
+    /// Token id of padding.
     pub pad_id: u32,
 }
 
 impl Batcher {
+    /// A batcher padding with `pad_id`.
     pub fn new(pad_id: u32) -> Self {
         Self { pad_id }
     }

@@ -15,11 +15,14 @@ impl Labeled for TextBatch {
 /// A split of tokenized examples, batched padded to each batch's longest sequence.
 #[derive(Debug, Clone, Copy)]
 pub struct TextExamples<'a> {
+    /// The encoded examples.
     pub examples: &'a [Encoded],
+    /// Token id of padding.
     pub pad_id: u32,
 }
 
 impl<'a> TextExamples<'a> {
+    /// `examples`, padded with `pad_id` when batched.
     pub fn new(examples: &'a [Encoded], pad_id: u32) -> Self {
         Self { examples, pad_id }
     }
@@ -54,7 +57,9 @@ impl Examples for TextExamples<'_> {
 /// A split of tokenized examples, owned (what a run holds); batches like [`TextExamples`].
 #[derive(Debug, Clone)]
 pub struct TextSplit {
+    /// The encoded examples.
     pub examples: Vec<Encoded>,
+    /// Token id of padding.
     pub pad_id: u32,
 }
 

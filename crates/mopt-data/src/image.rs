@@ -31,7 +31,9 @@ impl Labeled for ImageBatch {
 /// The geometry of a data set's images.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ImageShape {
+    /// Channels (1 for grey images).
     pub channels: usize,
+    /// Side in pixels (square images).
     pub side: usize,
 }
 
@@ -41,6 +43,7 @@ impl ImageShape {
         self.channels * self.side * self.side
     }
 
+    /// Whether the split has no images.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -50,17 +53,22 @@ impl ImageShape {
 /// does before feeding the exported graph; saved with every checkpoint as `preprocess.json`).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Normalize {
+    /// The largest raw grey value (255, or 16 for scikit-learn's digits).
     pub pixel_max: f32,
+    /// Mean of `pixel / pixel_max` over the training split.
     pub mean: f32,
+    /// Standard deviation of `pixel / pixel_max` over the training split.
     pub std: f32,
 }
 
 /// One split of images, owned, normalised.
 #[derive(Debug, Clone)]
 pub struct ImageSplit {
+    /// The images' shape.
     pub shape: ImageShape,
     /// `len × shape.len()` values, image after image.
     pub pixels: Vec<f32>,
+    /// Each image's label id.
     pub labels: Vec<usize>,
 }
 
@@ -123,10 +131,15 @@ impl Examples for ImageSplit {
 /// The three splits of an image data set.
 #[derive(Debug, Clone)]
 pub struct ImageSplits {
+    /// The training split.
     pub train: ImageSplit,
+    /// The validation split (carved from the training images when the data set has none).
     pub valid: ImageSplit,
+    /// The test split.
     pub test: ImageSplit,
+    /// Class names in label order.
     pub labels: LabelMap,
+    /// The normalisation every split applies (the training split's statistics).
     pub normalize: Normalize,
 }
 

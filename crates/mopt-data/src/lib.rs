@@ -5,6 +5,7 @@
 //! data) and dynamically padded batches. Images: IDX and CSV-of-pixels loaders, the same seeded
 //! split, normalisation by the training split's statistics.
 
+#![deny(missing_docs)]
 mod batch;
 mod error;
 mod examples;

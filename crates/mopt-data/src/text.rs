@@ -17,15 +17,20 @@ use crate::rng::SplitMix64;
 /// One labelled text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Example {
+    /// The text.
     pub text: String,
+    /// Its label, as the data set writes it.
     pub label: String,
 }
 
 /// Train / validation / test examples.
 #[derive(Debug, Clone)]
 pub struct Splits {
+    /// The training split.
     pub train: Vec<Example>,
+    /// The validation split.
     pub valid: Vec<Example>,
+    /// The test split.
     pub test: Vec<Example>,
 }
 

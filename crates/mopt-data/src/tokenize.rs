@@ -18,8 +18,11 @@ use crate::text::{Example, Splits};
 /// A BERT WordPiece tokenizer with padding off and truncation at `max_len`.
 pub struct TextTokenizer {
     inner: Tokenizer,
+    /// The tokenizer file (`tokenizer.json` or a WordPiece `vocab.txt`).
     pub path: PathBuf,
+    /// Truncation length in tokens.
     pub max_len: usize,
+    /// Token id of padding.
     pub pad_id: u32,
     /// Bytes of the tokenizer file, for cache keys.
     fingerprint: String,
@@ -103,19 +106,26 @@ impl TextTokenizer {
 /// One tokenized example.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Encoded {
+    /// Token ids, `[CLS]` … `[SEP]`, truncated.
     pub ids: Vec<u32>,
+    /// Label id.
     pub label: usize,
 }
 
 /// Tokenized splits with their label map.
 #[derive(Debug, Clone)]
 pub struct EncodedSplits {
+    /// The training split.
     pub train: Vec<Encoded>,
+    /// The validation split.
     pub valid: Vec<Encoded>,
+    /// The test split.
     pub test: Vec<Encoded>,
+    /// Class names in label order.
     pub labels: LabelMap,
     /// Whether the ids came from the on-disk cache.
     pub from_cache: bool,
+    /// The token cache read or written, if any.
     pub cache_file: Option<PathBuf>,
 }
 
