@@ -45,6 +45,7 @@ pub struct TeacherCache {
     pub build_s: f64,
     /// Number of examples the teacher ran on in this process.
     pub teacher_forwards: usize,
+    /// The cache file read or written, if any.
     pub file: Option<PathBuf>,
 }
 
@@ -315,10 +316,12 @@ impl TeacherCache {
         })
     }
 
+    /// Number of examples.
     pub fn len(&self) -> usize {
         self.examples.len()
     }
 
+    /// Whether it holds no examples.
     pub fn is_empty(&self) -> bool {
         self.examples.is_empty()
     }

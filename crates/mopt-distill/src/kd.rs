@@ -133,6 +133,7 @@ impl LogitCache {
         self.logits.len() / self.num_labels.max(1)
     }
 
+    /// Whether it holds no examples.
     pub fn is_empty(&self) -> bool {
         self.logits.is_empty()
     }
@@ -177,7 +178,9 @@ fn logit_cache_key<E: Examples>(teacher_dir: &Path, examples: &E) -> std::io::Re
 pub struct KdSettings {
     /// Weight of the hard-label cross-entropy (the soft term gets `1 − alpha`).
     pub alpha: Schedule,
+    /// Softmax temperature of the soft term.
     pub temperature: Schedule,
+    /// The soft term's loss.
     pub soft_loss: SoftLoss,
 }
 

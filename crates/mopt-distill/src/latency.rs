@@ -9,12 +9,19 @@ use serde::Serialize;
 /// Latency percentiles of one shape, in milliseconds.
 #[derive(Debug, Clone, Copy, Serialize, serde::Deserialize)]
 pub struct LatencyStats {
+    /// Examples a run.
     pub batch: usize,
+    /// Tokens an example (0 for images).
     pub seq_len: usize,
+    /// Timed runs.
     pub runs: usize,
+    /// Median, ms.
     pub p50_ms: f64,
+    /// 90th percentile, ms.
     pub p90_ms: f64,
+    /// 99th percentile, ms.
     pub p99_ms: f64,
+    /// Mean, ms.
     pub mean_ms: f64,
 }
 

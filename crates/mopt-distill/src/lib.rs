@@ -10,6 +10,7 @@
 //! a teacher's layers are the family's business (BERT's: `mopt_models::bert::student`).
 //! Everything is usable from Rust without the CLI; the `distill` stage runs it from a recipe.
 
+#![deny(missing_docs)]
 pub mod cache;
 pub mod features;
 pub mod kd;

@@ -13,7 +13,9 @@ use crate::spec::{Feature, HeadPolicy, LayerMap, MatchLoss, MatchSpec, Tokens};
 /// attention indices are 1-based layers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pair {
+    /// The student's index.
     pub student: usize,
+    /// The teacher's index.
     pub teacher: usize,
     /// Index into the trainable projections (hidden features only).
     pub projection: Option<usize>,
@@ -24,8 +26,11 @@ pub struct Pair {
 /// A match with its pairs resolved.
 #[derive(Debug, Clone)]
 pub struct ResolvedMatch {
+    /// What is compared.
     pub feature: Feature,
+    /// How.
     pub loss: MatchLoss,
+    /// The term's weight in the objective.
     pub weight: f64,
     /// Token positions compared (hidden features).
     pub tokens: Tokens,
@@ -33,6 +38,7 @@ pub struct ResolvedMatch {
     pub until_epoch: Option<usize>,
     /// Vocabulary rows compared per step (word-embedding matches).
     pub rows: usize,
+    /// The compared pairs.
     pub pairs: Vec<Pair>,
     /// Name in logs, e.g. `hidden_mse_0` (`hidden_cls_mse_3` for `[CLS]`-only matches).
     pub name: &'static str,
@@ -41,8 +47,11 @@ pub struct ResolvedMatch {
 /// Teacher features the matches read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TeacherNeeds {
+    /// Hidden-state indices (0: the embedding output).
     pub hidden: BTreeSet<usize>,
+    /// Layers (1-based) whose attention probabilities are compared.
     pub attentions: BTreeSet<usize>,
+    /// Layers (1-based) whose attention scores are compared.
     pub scores: BTreeSet<usize>,
 }
 
@@ -56,6 +65,7 @@ impl TeacherNeeds {
         }
     }
 
+    /// Whether no teacher feature is needed (logits only).
     pub fn is_empty(&self) -> bool {
         self.hidden.is_empty() && self.attentions.is_empty() && self.scores.is_empty()
     }
@@ -64,8 +74,11 @@ impl TeacherNeeds {
 /// Resolved matches, the projections they need (`(d_in, d_out)` each) and the teacher features.
 #[derive(Debug, Clone)]
 pub struct MatchPlan {
+    /// The matches, resolved.
     pub matches: Vec<ResolvedMatch>,
+    /// `(d_in, d_out)` of each learned projection.
     pub projections: Vec<(usize, usize)>,
+    /// The teacher features the matches read.
     pub needs: TeacherNeeds,
 }
 
@@ -256,6 +269,7 @@ pub struct TeacherBatch {
     pub hidden: BTreeMap<usize, Tensor<3>>,
     /// `[batch, heads, seq, seq]` by 1-based layer.
     pub attentions: BTreeMap<usize, Tensor<4>>,
+    /// `[batch, heads, seq, seq]` attention scores by 1-based layer.
     pub scores: BTreeMap<usize, Tensor<4>>,
     /// Word-embedding rows sampled for this step (word-embedding matches only).
     pub word_rows: Option<WordRows>,

@@ -20,12 +20,16 @@ use crate::task::{DistillTask, TeacherSource};
 /// Teacher-cache facts of a run.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, Default)]
 pub struct CacheSummary {
+    /// Whether the teacher's outputs were cached.
     pub enabled: bool,
+    /// Whether they were read from disk.
     pub hit: bool,
+    /// Examples the teacher ran on in this process.
     pub teacher_forwards: usize,
     /// Seconds of teacher forward passes over the training split: paid once with the cache,
     /// every epoch without it.
     pub teacher_pass_s: f64,
+    /// The cache file, if any.
     pub file: Option<String>,
 }
 
@@ -53,11 +57,15 @@ pub fn with_word_table<M: Tapped<Batch = TextBatch>>(
 pub struct TeacherOutputs<'a, M> {
     /// The teacher checkpoint (its bytes key the cache).
     pub teacher_dir: &'a Path,
+    /// The teacher (inference device).
     pub teacher: &'a M,
     /// The data section (the cache lives in `.mopt-cache/` beside it).
     pub data: &'a DataSpec,
+    /// The training split, encoded.
     pub train: &'a [Encoded],
+    /// Token id of padding.
     pub pad_id: u32,
+    /// Examples a teacher batch.
     pub batch_size: usize,
 }
 

@@ -3,10 +3,13 @@
 /// A value that may change linearly over training.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Schedule {
+    /// The same value all along.
     Constant(f64),
     /// From `from` at the first step to `to` at the last.
     Linear {
+        /// The value at the first step.
         from: f64,
+        /// The value at the last step.
         to: f64,
     },
 }
@@ -49,8 +52,11 @@ pub enum Feature {
 /// Loss of an intermediate match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MatchLoss {
+    /// Mean squared error.
     Mse,
+    /// 1 − cosine similarity.
     Cosine,
+    /// KL divergence (attention probabilities).
     Kl,
 }
 
@@ -59,6 +65,7 @@ pub enum MatchLoss {
 pub enum LayerMap {
     /// Student layer `i` (1-based) ↔ teacher layer `i · L_t / L_s`.
     Uniform,
+    /// Explicit `(student, teacher)` pairs.
     Pairs(Vec<(usize, usize)>),
 }
 
@@ -84,12 +91,17 @@ pub enum Tokens {
 /// One `[[distill.match]]`.
 #[derive(Debug, Clone)]
 pub struct MatchSpec {
+    /// What is compared.
     pub feature: Feature,
+    /// How.
     pub loss: MatchLoss,
+    /// Which student layers meet which teacher layers.
     pub layers: LayerMap,
+    /// The term's weight in the objective.
     pub weight: f64,
     /// Learn a linear projection student width → teacher width (hidden features).
     pub projection: bool,
+    /// How different head counts are compared (attention).
     pub heads: HeadPolicy,
     /// Token positions compared (hidden-state matches).
     pub tokens: Tokens,
@@ -109,11 +121,15 @@ pub struct DistillSpec {
     pub enabled: bool,
     /// Weight of the hard-label cross-entropy; the soft term gets `1 − α`.
     pub alpha: Schedule,
+    /// Softmax temperature of the soft term.
     pub temperature: Schedule,
+    /// The soft term's loss.
     pub soft_loss: SoftLoss,
+    /// Cache the teacher's outputs on disk beside the data.
     pub teacher_cache: bool,
     /// Also train the hard-label twin for the same budget and report both.
     pub baseline: bool,
+    /// Intermediate matches.
     pub matches: Vec<MatchSpec>,
 }
 
@@ -146,6 +162,7 @@ impl MatchSpec {
         }
     }
 
+    /// This match with weight `weight`.
     pub fn weight(mut self, weight: f64) -> Self {
         self.weight = weight;
         self
@@ -157,11 +174,13 @@ impl MatchSpec {
         self
     }
 
+    /// This match comparing different head counts by `heads`.
     pub fn heads(mut self, heads: HeadPolicy) -> Self {
         self.heads = heads;
         self
     }
 
+    /// This match on the token positions `tokens`.
     pub fn tokens(mut self, tokens: Tokens) -> Self {
         self.tokens = tokens;
         self
@@ -224,6 +243,7 @@ impl Schedule {
 }
 
 impl SoftLoss {
+    /// The recipe's name of the soft loss.
     pub fn name(self) -> &'static str {
         match self {
             SoftLoss::Kl => "kl",

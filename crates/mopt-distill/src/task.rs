@@ -23,9 +23,13 @@ pub enum TeacherSource<M> {
     Cache(TeacherCache),
     /// The teacher runs on each batch (inference device, no gradients).
     Live {
+        /// The teacher.
         teacher: Box<M>,
+        /// The training split, encoded.
         examples: Vec<Encoded>,
+        /// Pads the teacher's batches.
         batcher: Batcher,
+        /// The teacher's device.
         device: Device,
     },
     /// Hard labels only: no teacher.
@@ -40,8 +44,11 @@ pub type ExtraTerm = Arc<dyn Fn(&Taps, &TextBatch) -> (Tensor<1>, Parts) + Send 
 /// Distillation of a student `M` (any [`Tapped`] model on text batches) from a teacher of the
 /// same family.
 pub struct DistillTask<M> {
+    /// The objective's settings.
     pub spec: DistillSpec,
+    /// The matches, resolved against both models.
     pub plan: MatchPlan,
+    /// Where the teacher's outputs come from.
     pub source: TeacherSource<M>,
     ce: CrossEntropyLoss,
     opts: TapRequest,
@@ -54,6 +61,7 @@ pub struct DistillTask<M> {
 }
 
 impl<M: Tapped<Batch = TextBatch>> DistillTask<M> {
+    /// The objective `spec` with the matches `plan`, the teacher's outputs from `source`, on the training `device`.
     pub fn new(
         spec: DistillSpec,
         plan: MatchPlan,
