@@ -10,5 +10,6 @@ pub mod cnn;
 mod error;
 pub mod norm;
 pub mod resnet;
+pub mod shape_file;
 
 pub use error::ModelError;

@@ -49,19 +49,12 @@ impl CnnConfig {
     }
 
     fn read(path: &Path, complete: impl FnOnce(&mut Self)) -> Result<Self, ModelError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let bad = |message: String| ModelError::Config {
-            path: path.to_path_buf(),
-            message,
-        };
-        let mut config: Self = serde_json::from_str(&text)
-            .map_err(|e| bad(format!("{e} (a CNN config: channels, image_size, widths)")))?;
-        complete(&mut config);
-        config.validate().map_err(bad)?;
-        Ok(config)
+        crate::shape_file::read(
+            path,
+            "a CNN config: channels, image_size, widths",
+            complete,
+            Self::validate,
+        )
     }
 
     /// Positive widths, at least one block, and an image that survives every pooling.

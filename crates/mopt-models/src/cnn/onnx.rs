@@ -3,24 +3,15 @@
 
 use mopt_data::ImageBatch;
 use mopt_export::cnn::{export_cnn, CnnLayer};
-use mopt_export::onnx::{Dim, ModelProto};
-use mopt_export::{tensor_json, ExportError, Exportable, InputSpec, InputType};
+use mopt_export::onnx::ModelProto;
+use mopt_export::{tensor_json, ExportError, Exportable, InputSpec};
 use serde_json::{Map, Value};
 
 use super::{Cnn, CnnConfig};
 
 impl Exportable for Cnn {
     fn inputs(c: &CnnConfig) -> Vec<InputSpec> {
-        vec![InputSpec {
-            name: "image".into(),
-            dtype: InputType::Float,
-            dims: vec![
-                Dim::Named("batch"),
-                Dim::Fixed(c.channels as i64),
-                Dim::Fixed(c.image_size as i64),
-                Dim::Fixed(c.image_size as i64),
-            ],
-        }]
+        crate::shape_file::image_input(c.channels, c.image_size)
     }
 
     fn onnx(&self, c: &CnnConfig) -> Result<ModelProto, ExportError> {

@@ -78,22 +78,12 @@ impl ResNetConfig {
 
     /// Parse the JSON at `path`, `complete` it, then validate.
     fn read(path: &Path, complete: impl FnOnce(&mut Self)) -> Result<Self, ModelError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let bad = |message: String| ModelError::Config {
-            path: path.to_path_buf(),
-            message,
-        };
-        let mut config: Self = serde_json::from_str(&text).map_err(|e| {
-            bad(format!(
-                "{e} (a ResNet config: channels, image_size, stages [{{width, blocks}}])"
-            ))
-        })?;
-        complete(&mut config);
-        config.validate().map_err(bad)?;
-        Ok(config)
+        crate::shape_file::read(
+            path,
+            "a ResNet config: channels, image_size, stages [{width, blocks}]",
+            complete,
+            Self::validate,
+        )
     }
 
     /// Every width positive, at least one stage with one block.

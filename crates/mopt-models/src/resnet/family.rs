@@ -11,8 +11,8 @@ use mopt_quant::node::Phase;
 
 use super::config::ResNetConfig;
 use super::model::ResNet;
-use crate::burnpack::{load_burnpack, save_burnpack};
-use crate::error::ModelError;
+use crate::burnpack::load_burnpack;
+use crate::shape_file;
 
 impl ModelConfig for ResNetConfig {
     fn arch(&self) -> &'static str {
@@ -131,13 +131,7 @@ impl Checkpoint for ResNet {
 
     /// `model.bpk` (Burn's format, BatchNorm running statistics included) and `config.json`.
     fn save(&self, config: &ResNetConfig, dir: &Path) -> Result<(), ModelFault> {
-        save_burnpack(self, &dir.join("model.bpk"))?;
-        let path = dir.join("config.json");
-        let mut value = serde_json::to_value(config).expect("config serialises");
-        value["model_type"] = "resnet".into();
-        std::fs::write(&path, serde_json::to_string_pretty(&value).expect("json"))
-            .map_err(|source| ModelError::Io { path, source })?;
-        Ok(())
+        Ok(shape_file::save(self, config, "resnet", dir)?)
     }
 
     fn load(dir: &Path, device: &Device) -> Result<(Self, ResNetConfig), ModelFault> {
@@ -154,15 +148,12 @@ impl Checkpoint for ResNet {
         _size: usize,
         device: &Device,
     ) -> Option<ImageBatch> {
-        let n = batch * c.channels * c.image_size * c.image_size;
-        let values: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 / 48.0) - 1.0).collect();
-        Some(ImageBatch {
-            images: Tensor::from_data(
-                TensorData::new(values, [batch, c.channels, c.image_size, c.image_size]),
-                device,
-            ),
-            labels: Tensor::zeros([batch], device),
-        })
+        Some(shape_file::pattern_batch(
+            batch,
+            c.channels,
+            c.image_size,
+            device,
+        ))
     }
 }
 

@@ -14,7 +14,7 @@ use mopt_export::cnn::fold_batch_norm;
 use mopt_export::graph::{data, dims, int, ints, GraphBuilder};
 use mopt_export::onnx::{dtype, value_info, Dim, ModelProto};
 use mopt_export::qdq::{dq_bias, dq_weight, qdq_activation, QdqCache};
-use mopt_export::{tensor_json, ExportError, Exportable, InputSpec, InputType};
+use mopt_export::{tensor_json, ExportError, Exportable, InputSpec};
 use mopt_quant::node::QuantConfig;
 use serde_json::{Map, Value};
 
@@ -113,16 +113,7 @@ impl Writer {
 
 impl Exportable for ResNet {
     fn inputs(c: &ResNetConfig) -> Vec<InputSpec> {
-        vec![InputSpec {
-            name: "image".into(),
-            dtype: InputType::Float,
-            dims: vec![
-                Dim::Named("batch"),
-                Dim::Fixed(c.channels as i64),
-                Dim::Fixed(c.image_size as i64),
-                Dim::Fixed(c.image_size as i64),
-            ],
-        }]
+        crate::shape_file::image_input(c.channels, c.image_size)
     }
 
     fn onnx(&self, c: &ResNetConfig) -> Result<ModelProto, ExportError> {
