@@ -17,10 +17,14 @@ use crate::onnx::{dtype, value_info, Dim, ModelProto};
 pub enum CnnLayer<'a> {
     /// A convolution, optionally followed by a BatchNorm that is folded into it.
     Conv {
+        /// The convolution.
         conv: &'a Conv2d,
+        /// Its BatchNorm, folded into it.
         bn: Option<&'a BatchNorm>,
     },
+    /// ReLU.
     Relu,
+    /// Max pooling.
     MaxPool(&'a MaxPool2d),
     /// Average over the whole spatial extent (`AdaptiveAvgPool2d` to 1×1).
     GlobalAvgPool,

@@ -16,15 +16,20 @@ use crate::python;
 /// The element type of a graph input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InputType {
+    /// `float32` values (images).
     Float,
+    /// `int64` values (token ids, masks).
     Int64,
 }
 
 /// One graph input: its name, element type and dimensions (the batch named `batch`).
 #[derive(Debug, Clone)]
 pub struct InputSpec {
+    /// The input's name in the graph.
     pub name: String,
+    /// Its element type.
     pub dtype: InputType,
+    /// Its dimensions.
     pub dims: Vec<Dim>,
 }
 
@@ -32,8 +37,11 @@ pub struct InputSpec {
 /// hidden size), which fuses attention, LayerNorm and GELU subgraphs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrtFusion {
+    /// The optimizer's model type (`bert`).
     pub model_type: &'static str,
+    /// Attention heads.
     pub heads: usize,
+    /// Hidden size.
     pub hidden: usize,
 }
 
@@ -132,6 +140,7 @@ pub struct Parity {
     pub max_abs_diff: f64,
     /// Share of examples with the same predicted class.
     pub agreement: f64,
+    /// Examples compared.
     pub examples: usize,
 }
 

@@ -36,16 +36,24 @@ pub const FLOAT_TOLERANCE: f64 = 1e-4;
 pub const QDQ_MIN_AGREEMENT: f64 = 0.995;
 
 #[derive(Debug, Clone, Serialize)]
+/// A graph input or output as the model card lists it.
 pub struct TensorSpec {
+    /// Its name.
     pub name: String,
+    /// Its element type (`float32`, `int64`).
     pub dtype: String,
+    /// Its dimensions (`batch`, sizes).
     pub shape: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
+/// The parity check's outcome, as the model card records it.
 pub struct Parity {
+    /// Examples compared.
     pub samples: usize,
+    /// The largest |ONNX Runtime − mopt| logit difference.
     pub max_abs_err: f64,
+    /// The float tolerance.
     pub tolerance: f64,
     /// Share of samples where ONNX Runtime and mopt predict the same class.
     pub agreement: f64,
@@ -54,22 +62,33 @@ pub struct Parity {
 /// `model-card.json`: what a deployment needs to know about the exported model.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelCard {
+    /// mopt's version.
     pub mopt_version: &'static str,
+    /// Burn's version.
     pub burn_version: &'static str,
+    /// The ONNX Runtime version parity was checked with.
     pub onnxruntime_checked_with: String,
+    /// ONNX opset.
     pub opset: i64,
+    /// ONNX IR version.
     pub ir_version: i64,
+    /// The graph's inputs.
     pub inputs: Vec<TensorSpec>,
+    /// The graph's outputs.
     pub outputs: Vec<TensorSpec>,
     /// How a deployment prepares the inputs (BERT: padding, token types, truncation).
     pub padding: String,
+    /// Class names in logit order.
     pub labels: Vec<String>,
     /// The model's own facts ([`Exportable::card_facts`]; BERT: `layers`, `heads_per_layer`,
     /// `ffn_per_layer`).
     #[serde(flatten)]
     pub architecture: serde_json::Map<String, serde_json::Value>,
+    /// Parameters.
     pub params: usize,
+    /// Validation accuracy of the exported checkpoint, when known.
     pub accuracy_at_export: Option<f64>,
+    /// How ONNX Runtime compared with mopt.
     pub parity: Parity,
     /// Quantized exports: the schemes and layers (`mopt_quant` of the config) and the op types
     /// of ONNX Runtime's optimised graph (integer kernels such as `MatMulIntegerToFloat`).
@@ -77,17 +96,20 @@ pub struct ModelCard {
     pub quantization: Option<serde_json::Value>,
     /// Op types after ONNX Runtime's BERT optimizer (Attention, SkipLayerNormalization, BiasGelu…).
     pub fused_ops: BTreeMap<String, u64>,
+    /// sha256 of every file of the export folder.
     pub sha256: BTreeMap<String, String>,
 }
 
 /// Options of [`export_checkpoint`].
 #[derive(Debug, Clone)]
 pub struct ExportOptions {
+    /// Float parity tolerance (max |ONNX Runtime − mopt| logit).
     pub tolerance: f64,
     /// How a deployment prepares the inputs, recorded in the card (see [`ModelCard::padding`]).
     pub input_notes: String,
     /// The class names, in logit order, recorded in the card.
     pub labels: Vec<String>,
+    /// Validation accuracy to record, when known.
     pub accuracy: Option<f64>,
     /// Replace an existing output folder.
     pub force: bool,

@@ -29,6 +29,7 @@ pub struct GraphBuilder {
     next: usize,
 }
 
+/// An integer attribute.
 pub fn int(name: &str, v: i64) -> AttributeProto {
     AttributeProto {
         name: name.into(),
@@ -38,6 +39,7 @@ pub fn int(name: &str, v: i64) -> AttributeProto {
     }
 }
 
+/// An integer-list attribute.
 pub fn ints(name: &str, v: &[i64]) -> AttributeProto {
     AttributeProto {
         name: name.into(),
@@ -47,6 +49,7 @@ pub fn ints(name: &str, v: &[i64]) -> AttributeProto {
     }
 }
 
+/// A float attribute.
 pub fn float(name: &str, v: f32) -> AttributeProto {
     AttributeProto {
         name: name.into(),
@@ -105,6 +108,7 @@ impl GraphBuilder {
         name.to_string()
     }
 
+    /// An f32 initializer `name` of `dims`; returns its name.
     pub fn f32s(&mut self, name: &str, dims: &[usize], v: &[f32]) -> String {
         assert_eq!(
             dims.iter().product::<usize>(),
@@ -119,6 +123,7 @@ impl GraphBuilder {
         )
     }
 
+    /// An i64 initializer `name` of `dims`; returns its name.
     pub fn i64s(&mut self, name: &str, dims: &[usize], v: &[i64]) -> String {
         self.init(
             name,
@@ -128,6 +133,7 @@ impl GraphBuilder {
         )
     }
 
+    /// An i32 initializer `name` of `dims`; returns its name.
     pub fn i32s(&mut self, name: &str, dims: &[usize], v: &[i32]) -> String {
         self.init(
             name,
@@ -137,6 +143,7 @@ impl GraphBuilder {
         )
     }
 
+    /// An i8 initializer `name` of `dims`; returns its name.
     pub fn i8s(&mut self, name: &str, dims: &[usize], v: &[i8]) -> String {
         self.init(
             name,
@@ -146,6 +153,7 @@ impl GraphBuilder {
         )
     }
 
+    /// A u8 initializer `name` of `dims`; returns its name.
     pub fn u8s(&mut self, name: &str, dims: &[usize], v: &[u8]) -> String {
         self.init(name, dtype::UINT8, dims, v.to_vec())
     }
@@ -166,6 +174,7 @@ impl GraphBuilder {
         self.i64s(name, &[v.len()], v)
     }
 
+    /// The graph `name` with these inputs and outputs, its nodes and initializers.
     pub fn finish(
         self,
         name: &str,

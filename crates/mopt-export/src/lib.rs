@@ -6,6 +6,7 @@
 //! and sha256 sums, ONNX Runtime latency benchmarks. The graphs themselves are written by each
 //! model family (BERT's in `mopt_models::bert::onnx`).
 
+#![deny(missing_docs)]
 pub mod cnn;
 pub mod contract;
 pub mod error;

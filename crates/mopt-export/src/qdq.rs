@@ -139,17 +139,24 @@ pub fn dq_bias(
 /// One quantized linear layer: `y = x · dq(W) + b`, `W` int8 `[in, out]` with a scale per output.
 #[derive(Debug, Clone)]
 pub struct QuantLinear {
+    /// Inputs.
     pub d_in: usize,
+    /// Outputs.
     pub d_out: usize,
+    /// int8 weights `[d_in, d_out]`.
     pub weight: Vec<i8>,
+    /// A scale per output.
     pub weight_scale: Vec<f32>,
+    /// Float bias (stored as int32 at the input·weight scale).
     pub bias: Vec<f32>,
 }
 
 /// Per-tensor uint8 activation quantization.
 #[derive(Debug, Clone, Copy)]
 pub struct ActQuant {
+    /// Scale.
     pub scale: f32,
+    /// Zero point.
     pub zero_point: u8,
 }
 
@@ -157,6 +164,7 @@ pub struct ActQuant {
 /// `Q/DQ(x) → Gemm(DQ(W int8, per channel), DQ(b int32)) → Q/DQ → ReLU → Q/DQ → … → Gemm → Q/DQ → y`.
 #[derive(Debug, Clone)]
 pub struct QdqMlp {
+    /// The layers, in order.
     pub layers: Vec<QuantLinear>,
     /// `layers.len() + 1` quantizers: the input, then each layer's output.
     pub acts: Vec<ActQuant>,
