@@ -33,8 +33,11 @@ pub const MIN_SCALE: f64 = 1.0;
 pub struct LossScaler {
     /// The loss is multiplied by this before the backward pass.
     pub scale: f64,
+    /// Factor the scale grows by after `growth_interval` clean steps.
     pub growth_factor: f64,
+    /// Factor the scale shrinks by on an overflow.
     pub backoff: f64,
+    /// Clean steps before the scale grows.
     pub growth_interval: usize,
     /// Clean (finite) steps since the scale last changed.
     pub clean_steps: usize,
@@ -48,12 +51,16 @@ pub struct LossScaler {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ScaleUpdate {
     /// Gradients were finite: the step was applied. `grew` when the scale was raised after it.
-    Applied { grew: bool },
+    Applied {
+        /// Whether the scale grew after it.
+        grew: bool,
+    },
     /// A gradient held an inf or NaN: the step was skipped and the scale lowered.
     Skipped,
 }
 
 impl LossScaler {
+    /// A scaler with the recipe's settings.
     pub fn new(spec: &LossScaleSpec) -> Self {
         Self {
             scale: spec.init,

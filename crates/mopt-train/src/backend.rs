@@ -29,6 +29,7 @@ pub enum DeviceSpec {
 }
 
 impl DeviceSpec {
+    /// The device named `name` (`cpu`, `cuda:0`, `wgpu:0`, `tch-cuda:0`, `tch-cpu`).
     pub fn parse(name: &str) -> Result<Self, TrainError> {
         let lower = name.trim().to_ascii_lowercase();
         let (kind, index) = match lower.split_once(':') {
@@ -164,6 +165,7 @@ impl DeviceSpec {
         }
     }
 
+    /// The device's name as a recipe writes it.
     pub fn name(&self) -> String {
         match self {
             DeviceSpec::Cpu => "cpu (burn-flex)".into(),

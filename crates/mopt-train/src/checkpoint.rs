@@ -26,7 +26,9 @@ impl CheckpointExtras for NoExtras {
 
 /// A text classifier's extras: `labels.json` and a copy of the tokenizer file.
 pub struct TextExtras<'a> {
+    /// Class names.
     pub labels: &'a LabelMap,
+    /// The tokenizer file, copied beside the model.
     pub tokenizer_file: &'a Path,
 }
 
@@ -92,6 +94,8 @@ fn sync_folder(dir: &Path) -> std::io::Result<()> {
 /// checked against what training saw.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Golden {
+    /// The examples' records (a text's token ids).
     pub input_ids: Vec<serde_json::Value>,
+    /// Their logits.
     pub logits: Vec<Vec<f32>>,
 }

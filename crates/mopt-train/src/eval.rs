@@ -8,7 +8,9 @@ use crate::metrics::{accuracy, macro_f1, EvalMetrics};
 
 /// Per-example logits and predictions of an evaluation.
 pub struct EvalOutput {
+    /// Loss, accuracy and macro-F1.
     pub metrics: EvalMetrics,
+    /// Every example's logits, in split order.
     pub logits: Vec<Vec<f32>>,
 }
 

@@ -5,6 +5,7 @@
 //! validation with best-checkpoint selection, `metrics.jsonl` + TensorBoard logging, progress
 //! display, the LR range test and `--check` plans. The backend is picked in [`backend`].
 
+#![deny(missing_docs)]
 pub mod amp;
 pub mod backend;
 mod checkpoint;

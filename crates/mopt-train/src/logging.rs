@@ -19,6 +19,7 @@ pub struct RunLogger {
 }
 
 impl RunLogger {
+    /// A writer of `metrics.jsonl` and TensorBoard events in `run_dir`.
     pub fn create(run_dir: &Path) -> Result<Self, TrainError> {
         let path = run_dir.join("metrics.jsonl");
         let jsonl = File::create(&path).map_err(|e| TrainError::io(&path, e))?;
@@ -50,6 +51,7 @@ impl RunLogger {
         }
     }
 
+    /// Flush both files.
     pub fn flush(&mut self) {
         self.tb.flush();
         let _ = self.jsonl.flush();
@@ -66,6 +68,7 @@ pub struct Progress {
 }
 
 impl Progress {
+    /// A progress display `label` over `total` steps.
     pub fn new(label: &str, total: usize) -> Self {
         let bar = std::io::stderr().is_terminal().then(|| {
             let pb = ProgressBar::new(total as u64);
@@ -114,6 +117,7 @@ impl Progress {
         }
     }
 
+    /// End the display with `msg`.
     pub fn finish(self, msg: &str) {
         match self.bar {
             Some(b) => b.finish_with_message(msg.to_string()),

@@ -23,17 +23,24 @@ use mopt_kernels::autocast;
 /// One point of the sweep.
 #[derive(Debug, Clone, Serialize)]
 pub struct LrPoint {
+    /// Optimizer step.
     pub step: usize,
+    /// Learning rate of the step.
     pub lr: f64,
+    /// Its loss.
     pub loss: f64,
+    /// The loss, exponentially smoothed.
     pub smoothed: f64,
 }
 
 /// Result of the range test.
 #[derive(Debug, Clone, Serialize)]
 pub struct LrFindResult {
+    /// Every step of the sweep.
     pub points: Vec<LrPoint>,
+    /// The suggested learning rate: where the smoothed loss falls fastest against log-LR.
     pub suggested_lr: f64,
+    /// Whether the sweep stopped early (the smoothed loss passed four times its minimum).
     pub stopped_early: bool,
 }
 
@@ -60,6 +67,7 @@ pub fn suggest(points: &[LrPoint]) -> f64 {
 
 /// Where and how a range test runs.
 pub struct LrFindRun<'a> {
+    /// The sweep's range and length.
     pub spec: &'a LrFindSpec,
     /// Batch size, precision, clipping and AdamW settings.
     pub train: &'a TrainSpec,
@@ -67,6 +75,7 @@ pub struct LrFindRun<'a> {
     pub seed: u64,
     /// The training (autodiff) device the model is on.
     pub device: &'a Device,
+    /// Where the curve and its data are written.
     pub run_dir: &'a Path,
 }
 

@@ -5,9 +5,13 @@ use serde::Serialize;
 /// Accuracy, macro-F1 and mean loss over a data split.
 #[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq)]
 pub struct EvalMetrics {
+    /// Mean cross-entropy.
     pub loss: f64,
+    /// Share of correct predictions.
     pub accuracy: f64,
+    /// Mean F1 over the classes.
     pub macro_f1: f64,
+    /// Examples evaluated.
     pub examples: usize,
 }
 

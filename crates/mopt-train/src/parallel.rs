@@ -27,6 +27,7 @@ use crate::trainer::{MicroBatch, MicroOut, Replica, ShardOut};
 /// the replica of the objective to run it with.
 #[derive(Module, Debug)]
 pub struct Replicated<M: Module + ModuleDisplay + 'static> {
+    /// The model replicated on every device.
     pub model: M,
 }
 
@@ -37,24 +38,34 @@ pub type ShardJob<M> = Box<dyn FnOnce(&M) -> TrainOutput<ShardResult> + Send>;
 /// the model (the shard's batch, already on the device, and the replica of the objective are
 /// inside it, so that the model's batch type does not show here).
 pub struct ShardItem<M: Module + ModuleDisplay + 'static> {
+    /// The work, closing over the shard and the objective's replica.
     pub job: ShardJob<M>,
 }
 
 /// What every shard of a micro-batch shares.
 #[derive(Debug, Clone, Copy)]
 pub struct ShardSettings {
+    /// Training progress, 0 to 1 (schedules).
     pub progress: f64,
+    /// The matrix products' dtype under autocast, if any.
     pub compute: Option<burn::tensor::DType>,
+    /// Loss multiplier (the loss scale, over the accumulation steps).
     pub multiplier: f32,
+    /// Micro-batches a step accumulates.
     pub accum_steps: usize,
+    /// The shard's dropout seed stream, when data parallel.
     pub stream: Option<u64>,
 }
 
 /// A worker's result: the shard's weighted loss and components, in shard order.
 pub struct ShardResult {
+    /// The shard's position.
     pub index: usize,
+    /// Its weighted loss.
     pub loss: f32,
+    /// Its logged components.
     pub parts: Vec<(&'static str, f64)>,
+    /// Whether the loss is finite.
     pub finite: bool,
 }
 
@@ -143,10 +154,12 @@ impl<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch: Labeled>> DataPar
         }
     }
 
+    /// Number of replicas.
     pub fn len(&self) -> usize {
         self.devices.len()
     }
 
+    /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.devices.is_empty()
     }

@@ -10,7 +10,9 @@ use crate::trainer::TextExtras;
 
 /// Tokenizer and tokenized splits.
 pub struct PreparedData {
+    /// The tokenizer.
     pub tokenizer: TextTokenizer,
+    /// The encoded splits.
     pub data: EncodedSplits,
 }
 

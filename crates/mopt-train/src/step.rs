@@ -53,6 +53,7 @@ impl Stepper {
         }
     }
 
+    /// A stepper with this optimizer, schedule, clipping and scaler (the non-finite guard at its default).
     pub fn with_optimizer(
         optim: ModuleOptimizer,
         sched: ModuleLrScheduler,

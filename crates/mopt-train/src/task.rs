@@ -115,6 +115,7 @@ pub struct FinetuneTask<C> {
 }
 
 impl<C> FinetuneTask<C> {
+    /// Cross-entropy on `device`.
     pub fn new(device: &Device) -> Self {
         Self {
             ce: CrossEntropyLossConfig::new().init(device),

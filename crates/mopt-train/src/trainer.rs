@@ -42,36 +42,62 @@ pub struct TrainOptions {
 /// Per-epoch record in the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct EpochRecord {
+    /// Epoch (1-based).
     pub epoch: usize,
+    /// Optimizer steps in the epoch.
     pub steps: usize,
+    /// Mean training loss.
     pub train_loss: f64,
+    /// Validation metrics after the epoch.
     pub valid: EvalMetrics,
+    /// Wall time of the epoch's training.
     pub epoch_time_s: f64,
+    /// Training throughput.
     pub samples_per_s: f64,
 }
 
 /// `report.json` of a fine-tuning run.
 #[derive(Debug, Clone, Serialize)]
 pub struct TrainReport {
+    /// The run's name.
     pub run: String,
+    /// The device trained on.
     pub device: String,
+    /// mopt's version.
     pub mopt_version: &'static str,
+    /// Burn's version.
     pub burn_version: &'static str,
+    /// Parameters.
     pub params: usize,
+    /// Training examples.
     pub train_examples: usize,
+    /// Validation examples.
     pub valid_examples: usize,
+    /// Test examples.
     pub test_examples: usize,
+    /// Class names.
     pub labels: Vec<String>,
+    /// Optimizer steps taken.
     pub steps: usize,
+    /// Every epoch.
     pub epochs: Vec<EpochRecord>,
+    /// The validation metric the best epoch is chosen by.
     pub best_metric: &'static str,
+    /// The best epoch (1-based).
     pub best_epoch: usize,
+    /// Its validation metrics.
     pub best_valid: EvalMetrics,
+    /// Test metrics of the best checkpoint.
     pub test: EvalMetrics,
+    /// Wall time of the whole training.
     pub wall_time_s: f64,
+    /// Training throughput over all epochs.
     pub train_samples_per_s: f64,
+    /// Peak resident memory, where the OS reports it.
     pub peak_rss_bytes: Option<u64>,
+    /// The best checkpoint's folder.
     pub checkpoint: PathBuf,
+    /// Whether the tokenized data came from the cache.
     pub token_cache_hit: bool,
     /// `fp32`, `bf16` or `fp16` (matrix products; weights and optimizer state stay f32).
     pub precision: &'static str,
@@ -83,13 +109,18 @@ pub struct TrainReport {
 /// scaler's state (fp16).
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct TrainState {
+    /// Epochs finished.
     pub epoch: usize,
+    /// Optimizer steps taken.
     pub step: usize,
+    /// The precision trained in.
     pub precision: String,
+    /// The loss scaler's state (fp16).
     pub loss_scale: Option<LossScaler>,
 }
 
 impl TrainState {
+    /// Its file name in the run folder.
     pub const FILE: &'static str = "train_state.json";
 
     /// Write atomically (temporary file, then rename).
@@ -113,8 +144,11 @@ fn better(metric: BestMetric, new: &EvalMetrics, old: &EvalMetrics) -> bool {
 /// The three splits a training run reads.
 #[derive(Debug, Clone, Copy)]
 pub struct Splits<E> {
+    /// The training split.
     pub train: E,
+    /// The validation split.
     pub valid: E,
+    /// The test split.
     pub test: E,
 }
 
@@ -122,12 +156,17 @@ pub struct Splits<E> {
 pub struct RunContext<'a, E, K> {
     /// Names the run in its report.
     pub name: &'a str,
+    /// Training settings.
     pub train: &'a TrainSpec,
     /// Data order and dropout follow it.
     pub seed: u64,
+    /// The device trained on.
     pub device_spec: &'a DeviceSpec,
+    /// The run folder (checkpoints, logs).
     pub run_dir: &'a Path,
+    /// Options of the invocation (`--max-steps`, replicas).
     pub opts: &'a TrainOptions,
+    /// The three splits.
     pub data: Splits<E>,
     /// Class names, in label order (for the report).
     pub labels: &'a [String],
