@@ -4,24 +4,44 @@ use std::path::PathBuf;
 
 use mopt_core::ModelFault;
 
+/// What went wrong building, loading or saving a model.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
+    /// A file could not be read or written.
     #[error("{}: {source}", path.display())]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
+    /// A config file that does not describe a valid model.
     #[error("{}: bad model config: {message}", path.display())]
-    Config { path: PathBuf, message: String },
+    Config {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// Weights that do not load into the model (missing, mismatched, corrupt).
     #[error("{}: cannot load weights: {message}\n  fix: {hint}", path.display())]
     Load {
+        /// The weights file.
         path: PathBuf,
+        /// What is wrong.
         message: String,
+        /// How to fix it.
         hint: String,
     },
+    /// Weights that could not be written.
     #[error("{}: cannot save weights: {message}", path.display())]
-    Save { path: PathBuf, message: String },
+    Save {
+        /// The weights file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
     /// A key of the recipe's model table that does not fit the model.
     #[error(transparent)]
     Recipe(#[from] mopt_recipe::RecipeError),

@@ -4,6 +4,7 @@
 //! shrink (per-layer attention heads and FFN widths live in the config), loaders for Hugging Face
 //! safetensors checkpoints and savers for Burn's own format and HF-style safetensors.
 
+#![deny(missing_docs)]
 pub mod bert;
 pub mod burnpack;
 pub mod cnn;

@@ -13,24 +13,36 @@ use crate::error::ModelError;
 /// The shape of a BERT encoder with a classification head.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BertConfig {
+    /// Vocabulary size.
     pub vocab_size: usize,
+    /// Width of the residual stream.
     pub hidden_size: usize,
+    /// Encoder layers.
     pub num_hidden_layers: usize,
+    /// Attention heads a layer (unless `mopt_layer_heads` says otherwise).
     pub num_attention_heads: usize,
+    /// FFN width (unless `mopt_layer_intermediate_sizes` says otherwise).
     pub intermediate_size: usize,
     #[serde(default = "default_max_pos")]
+    /// Longest sequence the position table holds.
     pub max_position_embeddings: usize,
     #[serde(default = "default_type_vocab")]
+    /// Token-type (segment) vocabulary size.
     pub type_vocab_size: usize,
     #[serde(default = "default_eps")]
+    /// LayerNorm epsilon.
     pub layer_norm_eps: f64,
     #[serde(default = "default_dropout")]
+    /// Dropout on the residual stream.
     pub hidden_dropout_prob: f64,
     #[serde(default = "default_dropout")]
+    /// Dropout on the attention probabilities.
     pub attention_probs_dropout_prob: f64,
     #[serde(default = "default_act")]
+    /// The FFN activation (`gelu`).
     pub hidden_act: String,
     #[serde(default)]
+    /// Token id of padding.
     pub pad_token_id: usize,
     /// Standard deviation of the normal initialiser for weights and embeddings of a randomly
     /// initialised model (HF BERT's `initializer_range`); biases start at zero.

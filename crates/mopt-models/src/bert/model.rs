@@ -121,11 +121,17 @@ pub struct BertOutputs {
 }
 
 #[derive(Module, Debug)]
+/// Word, position and token-type embeddings, summed, LayerNorm, dropout.
 pub struct BertEmbeddings {
+    /// The word table `[vocab, hidden]`.
     pub word_embeddings: Embedding,
+    /// The position table.
     pub position_embeddings: Embedding,
+    /// The token-type table.
     pub token_type_embeddings: Embedding,
+    /// LayerNorm of the sum.
     pub layer_norm: LayerNorm,
+    /// Dropout after it.
     pub dropout: Dropout,
     /// LayerNorm epsilon (`layer_norm_eps` of the config).
     pub eps: f64,
@@ -163,15 +169,25 @@ impl BertEmbeddings {
 }
 
 #[derive(Module, Debug)]
+/// Multi-head self-attention: Q, K, V projections and the attention core.
 pub struct BertSelfAttention {
+    /// Query projection.
     pub query: Linear,
+    /// Key projection.
     pub key: Linear,
+    /// Value projection.
     pub value: Linear,
+    /// The query projection's quantizers, when quantized.
     pub query_quant: Option<LinearQuant>,
+    /// The key projection's quantizers.
     pub key_quant: Option<LinearQuant>,
+    /// The value projection's quantizers.
     pub value_quant: Option<LinearQuant>,
+    /// Dropout on the attention probabilities.
     pub dropout: Dropout,
+    /// Heads of this layer.
     pub num_heads: usize,
+    /// Width of one head.
     pub head_size: usize,
 }
 
@@ -201,9 +217,13 @@ impl BertSelfAttention {
 /// Output projection + residual + LayerNorm (used after attention and after the FFN).
 #[derive(Module, Debug)]
 pub struct BertResidualOutput {
+    /// The output projection.
     pub dense: Linear,
+    /// Its quantizers, when quantized.
     pub dense_quant: Option<LinearQuant>,
+    /// LayerNorm of the residual sum.
     pub layer_norm: LayerNorm,
+    /// Dropout before the sum.
     pub dropout: Dropout,
     /// LayerNorm epsilon (`layer_norm_eps` of the config).
     pub eps: f64,
@@ -231,21 +251,31 @@ impl BertResidualOutput {
 }
 
 #[derive(Module, Debug)]
+/// Self-attention and its output block.
 pub struct BertAttention {
+    /// The attention.
     pub self_attn: BertSelfAttention,
+    /// Its output projection, residual and LayerNorm.
     pub output: BertResidualOutput,
 }
 
 #[derive(Module, Debug)]
+/// The FFN's first projection (and GELU).
 pub struct BertIntermediate {
+    /// The projection.
     pub dense: Linear,
+    /// Its quantizers, when quantized.
     pub dense_quant: Option<LinearQuant>,
 }
 
 #[derive(Module, Debug)]
+/// One encoder layer: attention, FFN, their residual outputs.
 pub struct BertLayer {
+    /// The attention block.
     pub attention: BertAttention,
+    /// The FFN's first half.
     pub intermediate: BertIntermediate,
+    /// The FFN's second projection, residual and LayerNorm.
     pub output: BertResidualOutput,
 }
 
@@ -312,29 +342,42 @@ impl BertLayer {
 }
 
 #[derive(Module, Debug)]
+/// The stack of encoder layers.
 pub struct BertEncoder {
+    /// The layers, in order.
     pub layer: Vec<BertLayer>,
 }
 
 #[derive(Module, Debug)]
+/// The pooler: tanh of a projection of the `[CLS]` output.
 pub struct BertPooler {
+    /// The projection.
     pub dense: Linear,
+    /// Its quantizers, when quantized.
     pub dense_quant: Option<LinearQuant>,
 }
 
 #[derive(Module, Debug)]
+/// Embeddings, encoder and pooler.
 pub struct BertModel {
+    /// The embeddings.
     pub embeddings: BertEmbeddings,
+    /// The encoder.
     pub encoder: BertEncoder,
+    /// The pooler.
     pub pooler: BertPooler,
 }
 
 /// HF `BertForSequenceClassification`: BERT, pooler, dropout, linear classifier.
 #[derive(Module, Debug)]
 pub struct BertForSequenceClassification {
+    /// The encoder with its embeddings and pooler.
     pub bert: BertModel,
+    /// Dropout before the classifier.
     pub dropout: Dropout,
+    /// The classifier `[hidden, labels]`.
     pub classifier: Linear,
+    /// Its quantizers, when quantized.
     pub classifier_quant: Option<LinearQuant>,
 }
 

@@ -131,10 +131,12 @@ pub fn load_hf_safetensors(
 
 /// Files of a mopt checkpoint folder.
 pub struct CheckpointFiles {
+    /// The checkpoint folder.
     pub dir: PathBuf,
 }
 
 impl CheckpointFiles {
+    /// The files of the checkpoint folder `dir`.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self { dir: dir.into() }
     }

@@ -26,6 +26,7 @@ pub struct ResNetConfig {
     pub channels: usize,
     /// Input side in pixels (FLOPs and the benchmark input; the network accepts any size).
     pub image_size: usize,
+    /// The stages, in order.
     pub stages: Vec<StageConfig>,
     /// Classes (a recipe's `[model] config` may leave it out: the data's labels set it).
     #[serde(default)]

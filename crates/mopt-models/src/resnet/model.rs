@@ -15,6 +15,7 @@ use super::config::ResNetConfig;
 /// A bias-free convolution followed by BatchNorm; folded, a convolution with a bias.
 #[derive(Module, Debug)]
 pub struct ConvBn {
+    /// The convolution.
     pub conv: Conv2d,
     /// `None` once folded into the convolution ([`ResNetConfig::folded`]).
     pub bn: Option<BatchNorm>,
@@ -105,8 +106,11 @@ impl ConvBn {
 /// projection with BatchNorm when the width or the size changes).
 #[derive(Module, Debug)]
 pub struct BasicBlock {
+    /// The first 3×3 convolution (and the block's stride).
     pub conv1: ConvBn,
+    /// The second 3×3 convolution.
     pub conv2: ConvBn,
+    /// The 1×1 projection shortcut, where the width or the size changes.
     pub shortcut: Option<ConvBn>,
 }
 
@@ -166,15 +170,18 @@ impl BasicBlock {
 /// The network: stem, stages of blocks, global average pooling, classifier.
 #[derive(Module, Debug)]
 pub struct ResNet {
+    /// The 3×3 stem convolution.
     pub stem: ConvBn,
     /// Stage by stage, block by block.
     pub stages: Vec<Vec<BasicBlock>>,
+    /// The classifier on the pooled last stage.
     pub classifier: Linear,
     /// The classifier's quantizers, when quantized.
     pub classifier_quant: Option<LinearQuant>,
 }
 
 impl ResNet {
+    /// A fresh network of shape `c` on `device`.
     pub fn new(c: &ResNetConfig, device: &Device) -> Self {
         let stages = c
             .stages
