@@ -25,7 +25,10 @@ pub enum DataFormat {
     /// Orange `.tab` files (20 Newsgroups, Reuters R8/R52): three header lines, tab-separated.
     OrangeTab,
     /// Delimited text with a header row, columns named by `text-column`/`label-column`.
-    Delimited { delimiter: u8 },
+    Delimited {
+        /// The delimiter byte (`,` or tab).
+        delimiter: u8,
+    },
     /// One JSON object a line with the named fields.
     Jsonl,
     /// IDX image files (MNIST, Fashion-MNIST; gzip or plain): `train`/`test` name the image
@@ -70,15 +73,22 @@ impl DataFormat {
 pub enum DataSource {
     /// One file, split by fractions after de-duplication, with a seeded shuffle.
     Single {
+        /// The file.
         path: PathBuf,
+        /// Share of the examples for validation.
         valid_fraction: f64,
+        /// Share for test.
         test_fraction: f64,
     },
     /// Separate files; a missing validation file is carved out of train by `valid_fraction`.
     Files {
+        /// The training file.
         train: PathBuf,
+        /// The validation file, if any.
         valid: Option<PathBuf>,
+        /// The test file.
         test: PathBuf,
+        /// Share of the training examples carved out for validation when there is no validation file.
         valid_fraction: f64,
     },
 }
@@ -86,10 +96,15 @@ pub enum DataSource {
 /// `[data]`.
 #[derive(Debug, Clone)]
 pub struct DataSpec {
+    /// The data set's format.
     pub format: DataFormat,
+    /// Where the splits come from.
     pub source: DataSource,
+    /// The text column (csv, tsv, jsonl).
     pub text_column: String,
+    /// The label column (csv, tsv, jsonl).
     pub label_column: String,
+    /// Seed of the split's shuffle.
     pub split_seed: u64,
     /// Keep at most this many training examples (smoke runs), taken after the split.
     pub max_train: Option<usize>,

@@ -9,16 +9,22 @@ pub enum RecipeError {
     /// The recipe file could not be read.
     #[error("{}: cannot read the recipe: {source}", path.display())]
     Read {
+        /// The recipe file.
         path: PathBuf,
         #[source]
+        /// The operating system's error.
         source: std::io::Error,
     },
     /// The TOML is malformed, or a key is unknown or has the wrong type.
     #[error("{}:{line}: {message}\n  fix: {hint}", path.display())]
     Parse {
+        /// The recipe file.
         path: PathBuf,
+        /// The line of the problem.
         line: usize,
+        /// What is wrong.
         message: String,
+        /// How to fix it.
         hint: String,
     },
     /// A value parsed but is not acceptable.
@@ -29,10 +35,15 @@ pub enum RecipeError {
 /// A validation failure: `file:line: [key] message` plus a fix.
 #[derive(Debug, Clone)]
 pub struct Invalid {
+    /// The recipe file.
     pub path: PathBuf,
+    /// The key, with its section (`train.lr`, `stage[2].target`).
     pub key: String,
+    /// The key's line, when found.
     pub line: Option<usize>,
+    /// What is wrong.
     pub message: String,
+    /// How to fix it.
     pub hint: String,
 }
 

@@ -11,10 +11,12 @@
 //! `[stage.gate]`. The common parts of a stage are validated here ([`StageEntry`]); each stage
 //! kind validates its own keys through the [`Scope`] it is handed (`mopt_stages`).
 
+#![deny(missing_docs)]
 mod data;
 mod error;
 mod model;
-pub mod raw;
+mod raw;
+pub use raw::{RawModel, RawOverrides};
 mod scope;
 mod spec;
 mod stage;

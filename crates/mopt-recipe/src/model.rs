@@ -25,17 +25,24 @@ pub struct ModelSpec {
     pub dropout: Option<f64>,
     /// Initialise the student from these teacher layers (0-based), embeddings, pooler and head copied.
     pub init_from_teacher_layers: Option<Vec<usize>>,
+    /// Shape changes over the config file.
     pub overrides: ModelOverrides,
 }
 
 /// Size overrides applied to the config (tiny test models; pruned shapes).
 #[derive(Debug, Clone, Default)]
 pub struct ModelOverrides {
+    /// Encoder layers.
     pub num_hidden_layers: Option<usize>,
+    /// Residual width.
     pub hidden_size: Option<usize>,
+    /// Attention heads a layer.
     pub num_attention_heads: Option<usize>,
+    /// FFN width.
     pub intermediate_size: Option<usize>,
+    /// Heads of each layer.
     pub layer_heads: Option<Vec<usize>>,
+    /// FFN width of each layer.
     pub layer_intermediate_sizes: Option<Vec<usize>>,
 }
 

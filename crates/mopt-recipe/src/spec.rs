@@ -18,17 +18,21 @@ pub struct Recipe {
     pub path: PathBuf,
     /// Its text, copied into each run folder.
     pub source: String,
+    /// `[run]`.
     pub run: RunSpec,
     /// `[model]`: the baseline when there is no `[teacher]`.
     pub model: Option<ModelSpec>,
     /// `[tokenizer]`: text data only (image data has none).
     pub tokenizer: Option<TokenizerSpec>,
+    /// `[data]`.
     pub data: DataSpec,
     /// `[train]`: the defaults every stage starts from.
     pub train: TrainSpec,
+    /// `[lr-find]`.
     pub lr_find: LrFindSpec,
     /// `[teacher]`: the baseline checkpoint (and the recipe that trains it when missing).
     pub teacher: Option<TeacherSpec>,
+    /// `[evaluation]`.
     pub evaluation: EvaluationSpec,
     /// The ordered stages; a recipe without `[[stage]]` has one `finetune` stage.
     pub stages: Vec<StageEntry>,
@@ -50,9 +54,11 @@ pub struct TeacherSpec {
 pub struct EvaluationSpec {
     /// Validation examples in the golden reference; `None` = the whole validation split.
     pub golden_samples: Option<usize>,
+    /// Untimed runs before the latency benchmark.
     pub latency_warmup: usize,
     /// Timed runs at batch 32 (4x at batch 1); 0 skips the latency benchmark.
     pub latency_runs: usize,
+    /// Tokens an example in the latency benchmark.
     pub latency_seq_len: usize,
     /// Per-module parameters, FLOPs and forward-time shares of the baseline.
     pub analysis: bool,
@@ -61,9 +67,11 @@ pub struct EvaluationSpec {
 /// `[run]`: naming, output and reproducibility.
 #[derive(Debug, Clone)]
 pub struct RunSpec {
+    /// The run folder's name.
     pub name: String,
     /// Parent of the run folder; the run writes to `output_dir/name`.
     pub output_dir: PathBuf,
+    /// Seed of init, dropout and data order.
     pub seed: u64,
     /// Device name (`cpu`); the CLI's `--device` overrides it.
     pub device: String,

@@ -9,11 +9,14 @@ use crate::train::{merge_tables, train_spec, TrainSpec};
 /// Which validation metric a gate compares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GateMetric {
+    /// Validation accuracy.
     Accuracy,
+    /// Validation macro-F1.
     MacroF1,
 }
 
 impl GateMetric {
+    /// The metric's recipe name.
     pub fn name(self) -> &'static str {
         match self {
             GateMetric::Accuracy => "accuracy",
@@ -32,6 +35,7 @@ pub enum GateReference {
 }
 
 impl GateReference {
+    /// The reference's recipe name.
     pub fn name(self) -> &'static str {
         match self {
             GateReference::Baseline => "baseline",
@@ -52,6 +56,7 @@ pub enum OnFail {
 }
 
 impl OnFail {
+    /// The action's recipe name.
     pub fn name(self) -> &'static str {
         match self {
             OnFail::Rollback => "rollback",
@@ -64,7 +69,9 @@ impl OnFail {
 /// `[stage.gate]`: the tolerance a stage's output must meet on the validation split.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GateSpec {
+    /// The metric compared.
     pub metric: GateMetric,
+    /// What it is compared against.
     pub against: GateReference,
     /// Largest allowed drop of the metric, absolute (0.02 = 2 points of accuracy).
     pub max_drop: Option<f64>,
@@ -72,6 +79,7 @@ pub struct GateSpec {
     pub max_relative_drop: Option<f64>,
     /// Largest allowed max |logit − input model's logit| on the golden set.
     pub max_logit_error: Option<f64>,
+    /// What happens on failure.
     pub on_fail: OnFail,
 }
 
@@ -118,6 +126,7 @@ impl GateSpec {
 pub struct StageEntry {
     /// 1-based position in the recipe.
     pub index: usize,
+    /// The stage kind (`distill`, `prune`, …).
     pub kind: String,
     /// Unique within the recipe; the stage's folder is `NN-name`.
     pub name: String,
@@ -125,6 +134,7 @@ pub struct StageEntry {
     pub train: TrainSpec,
     /// Whether `[stage.train]` changed anything.
     pub train_overridden: bool,
+    /// The stage's gate, if any.
     pub gate: Option<GateSpec>,
     /// The kind's own keys, validated by the kind.
     pub settings: toml::Table,

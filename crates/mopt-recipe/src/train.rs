@@ -7,12 +7,16 @@ use crate::scope::Scope;
 /// Metric that picks the best checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BestMetric {
+    /// Validation accuracy (higher is better).
     Accuracy,
+    /// Validation macro-F1 (higher is better).
     MacroF1,
+    /// Validation loss (lower is better).
     Loss,
 }
 
 impl BestMetric {
+    /// The metric's recipe name.
     pub fn name(self) -> &'static str {
         match self {
             BestMetric::Accuracy => "accuracy",
@@ -39,6 +43,7 @@ pub enum Precision {
 }
 
 impl Precision {
+    /// The precision's recipe name.
     pub fn name(self) -> &'static str {
         match self {
             Precision::Fp32 => "fp32",
@@ -47,6 +52,7 @@ impl Precision {
         }
     }
 
+    /// The precision named `s` (`fp32`, `bf16`, `fp16`).
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "fp32" | "f32" => Some(Precision::Fp32),
@@ -62,9 +68,13 @@ impl Precision {
 /// `growth_interval` clean steps in a row the scale grows by `growth_factor`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LossScaleSpec {
+    /// Initial loss scale.
     pub init: f64,
+    /// Clean steps before the scale grows.
     pub growth_interval: usize,
+    /// Factor the scale grows by.
     pub growth_factor: f64,
+    /// Factor it shrinks by on an overflow.
     pub backoff: f64,
 }
 
@@ -83,19 +93,31 @@ impl Default for LossScaleSpec {
 /// `[train]`: optimisation.
 #[derive(Debug, Clone)]
 pub struct TrainSpec {
+    /// Epochs.
     pub epochs: usize,
+    /// Examples a micro-batch (per device).
     pub batch_size: usize,
+    /// Examples an evaluation batch.
     pub eval_batch_size: usize,
+    /// Micro-batches an optimizer step accumulates.
     pub grad_accum_steps: usize,
+    /// Peak learning rate.
     pub lr: f64,
+    /// AdamW's decoupled weight decay.
     pub weight_decay: f64,
+    /// AdamW's β₁.
     pub adam_beta1: f32,
+    /// AdamW's β₂.
     pub adam_beta2: f32,
+    /// AdamW's ε.
     pub adam_epsilon: f32,
+    /// Share of the steps of linear warmup.
     pub warmup_fraction: f64,
+    /// The cosine decay's final share of the peak.
     pub final_lr_ratio: f64,
     /// Global-norm clipping; `None` disables it.
     pub grad_clip_norm: Option<f32>,
+    /// The validation metric the best epoch is chosen by.
     pub best_metric: BestMetric,
     /// Log a training line / TensorBoard point every this many optimizer steps.
     pub log_every: usize,
@@ -143,8 +165,11 @@ impl Default for TrainSpec {
 /// `[lr-find]`: the LR range test.
 #[derive(Debug, Clone)]
 pub struct LrFindSpec {
+    /// First learning rate of the sweep.
     pub start_lr: f64,
+    /// Last learning rate.
     pub end_lr: f64,
+    /// Steps of the sweep.
     pub steps: usize,
 }
 

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use mopt_distill::spec::*;
-use mopt_recipe::raw::RawModel;
+use mopt_recipe::RawModel;
 use mopt_recipe::{model_spec, ModelSpec, RecipeError, Scope, StageEntry, TrainSpec};
 use serde::Deserialize;
 
