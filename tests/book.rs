@@ -170,3 +170,41 @@ fn readme_and_book_links_resolve() {
         missing.join("\n")
     );
 }
+
+/// The book's table of contents is what mdBook builds from: every chapter it lists exists and is
+/// listed once, and every chapter under `docs/src` is listed (what `docs/build.sh` would
+/// otherwise refuse or silently leave out).
+#[test]
+fn the_summary_lists_every_chapter_once() {
+    let src = root().join("docs/src");
+    let summary = std::fs::read_to_string(src.join("SUMMARY.md")).unwrap();
+    let mut listed: Vec<String> = Vec::new();
+    for part in summary.split("](").skip(1) {
+        let target = part.split(')').next().unwrap_or("");
+        if target.is_empty() {
+            continue; // a draft chapter: a heading without a page
+        }
+        assert!(
+            src.join(target).is_file(),
+            "SUMMARY.md lists {target}, which does not exist"
+        );
+        assert!(
+            !listed.contains(&target.to_string()),
+            "SUMMARY.md lists {target} twice"
+        );
+        listed.push(target.to_string());
+    }
+    let mut stack = vec![src.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "md") && !p.ends_with("SUMMARY.md") {
+                let rel = p.strip_prefix(&src).unwrap().to_string_lossy().to_string();
+                assert!(listed.contains(&rel), "{rel} is not in SUMMARY.md");
+            }
+        }
+    }
+    assert!(listed.len() >= 15, "{listed:?}");
+}

@@ -7,9 +7,13 @@ use crate::record::StageRecord;
 /// One point of the chart.
 #[derive(Debug, Clone)]
 pub struct Point {
+    /// The point's label (the stage).
     pub label: String,
+    /// Latency, ms.
     pub x: f64,
+    /// Test accuracy.
     pub y: f64,
+    /// Whether the stage was kept.
     pub kept: bool,
 }
 

@@ -19,8 +19,11 @@ use crate::record::{checkpoint_sha256, read_json, sha256_file, short_sha, shown,
 
 /// What a run shares with every stage and what shapes a stage's output besides its own settings.
 pub struct Shared<'a> {
+    /// `[data]`.
     pub data: &'a DataSpec,
+    /// `[tokenizer]`, if any.
     pub tokenizer: Option<&'a TokenizerSpec>,
+    /// The run's seed.
     pub seed: u64,
 }
 
@@ -51,6 +54,7 @@ pub fn reuse_key(stage_key: Option<String>, entry: &StageEntry, shared: &Shared)
 pub struct Donor {
     /// Its stage folder.
     pub dir: PathBuf,
+    /// Its record.
     pub record: StageRecord,
 }
 
@@ -82,10 +86,15 @@ impl Donor {
 /// What a stage about to run is: its index and kind, its [`reuse_key`], its input's and the
 /// baseline's sha256.
 pub struct Wanted<'a> {
+    /// Its 1-based position.
     pub index: usize,
+    /// Its kind.
     pub kind: &'a str,
+    /// Its reuse key.
     pub key: &'a str,
+    /// sha256 of its input checkpoint.
     pub input_sha256: &'a str,
+    /// sha256 of the run's baseline.
     pub baseline_sha256: &'a str,
 }
 

@@ -3,22 +3,29 @@
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+/// The machine and versions a run was measured on.
 pub struct Environment {
+    /// mopt's version.
     pub mopt_version: String,
+    /// Burn's version.
     pub burn_version: String,
+    /// The CPU's model name.
     pub cpu_model: String,
     /// SIMD features the CPU reports (`avx2`, `fma`, `avx512f`, …).
     pub simd: Vec<String>,
+    /// Logical CPUs.
     pub logical_cpus: usize,
     /// Threads the CPU kernels use (rayon's pool).
     pub threads: usize,
     /// The GEMM path mopt's CPU kernels take here (`avx512`, `avx2` or `portable`).
     #[serde(default)]
     pub gemm_path: String,
+    /// The operating system.
     pub os: String,
 }
 
 impl Environment {
+    /// This machine's environment.
     pub fn detect() -> Self {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let field = |name: &str| {

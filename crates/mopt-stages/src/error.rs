@@ -6,16 +6,22 @@ use mopt_recipe::RecipeError;
 use mopt_train::TrainError;
 
 #[derive(Debug, thiserror::Error)]
+/// What went wrong running a pipeline.
 pub enum StageError {
     #[error(transparent)]
+    /// A training, recipe, data or model error.
     Train(#[from] TrainError),
     #[error(transparent)]
+    /// An export error.
     Export(#[from] ExportError),
     /// A stage's own run failed: which stage (a stage pushed in Rust has no recipe line to name).
     #[error("stage {index} `{name}` (kind {kind}): {error}")]
     InStage {
+        /// The stage's position.
         index: usize,
+        /// Its name.
         name: String,
+        /// Its kind.
         kind: String,
         /// What went wrong (its message is part of this one's, so it is not a `source`).
         error: Box<StageError>,
@@ -27,9 +33,13 @@ pub enum StageError {
     /// A stage failed its gate with `on-fail = "abort"`; the report was written.
     #[error("stage {index} ({name}) failed its gate: {reason}; on-fail = \"abort\" stopped the run (report: {report})")]
     Aborted {
+        /// The stage's position.
         index: usize,
+        /// Its name.
         name: String,
+        /// Why the gate failed.
         reason: String,
+        /// The report written.
         report: String,
     },
 }

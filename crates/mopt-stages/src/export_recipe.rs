@@ -16,25 +16,35 @@ use crate::family::recipe_family;
 /// ONNX Runtime latency of one exported model.
 #[derive(Debug, Clone, Serialize)]
 pub struct OrtLatency {
+    /// Which model (`student`, `teacher`).
     pub model: String,
+    /// Its latency rows.
     pub latency: serde_json::Value,
 }
 
 /// What `mopt-train export` produced.
 #[derive(Debug, Clone, Serialize)]
 pub struct ExportSummary {
+    /// The export folder.
     pub out: PathBuf,
+    /// The exported model's card.
     pub student: ModelCard,
+    /// The teacher's card, when exported beside it.
     pub teacher: Option<ModelCard>,
+    /// ONNX Runtime latency of each.
     pub latency: Vec<OrtLatency>,
 }
 
 /// Options of [`export_recipe`].
 #[derive(Debug, Clone)]
 pub struct RecipeExport {
+    /// The checkpoint to export (default `<run>/best`).
     pub checkpoint: Option<PathBuf>,
+    /// The output folder (default `<run>/export`).
     pub out: Option<PathBuf>,
+    /// Examples in the parity check.
     pub samples: usize,
+    /// Replace an existing output folder.
     pub force: bool,
     /// ONNX Runtime latency runs at batch 32 (4× at batch 1); 0 skips the benchmark.
     pub latency_runs: usize,

@@ -20,6 +20,7 @@ pub enum Action {
 }
 
 impl Action {
+    /// The action in the report's words.
     pub fn label(self) -> &'static str {
         match self {
             Action::Baseline => "baseline",
@@ -33,7 +34,9 @@ impl Action {
 /// A gate's verdict on one stage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Decision {
+    /// What was done.
     pub action: Action,
+    /// Whether the gate passed.
     pub passed: bool,
     /// Why, in numbers a reader can check.
     pub reason: String,

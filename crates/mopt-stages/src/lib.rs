@@ -22,6 +22,7 @@
 //! # Ok::<(), mopt_stages::StageError>(())
 //! ```
 
+#![deny(missing_docs)]
 pub mod analysis;
 pub mod chart;
 pub mod data;
@@ -53,7 +54,9 @@ use mopt_recipe::{Recipe, StageEntry, TrainSpec};
 
 /// A recipe's shared sections and its validated stages.
 pub struct Pipeline {
+    /// The recipe's shared sections.
     pub recipe: Recipe,
+    /// The stages, each with its recipe entry.
     pub stages: Vec<(StageEntry, Box<dyn Stage>)>,
 }
 

@@ -53,11 +53,15 @@ fn precision_note(t: &TrainSpec) -> String {
 
 /// The resolved chain: the baseline's shape and each stage's plan.
 pub struct ChainPlan {
+    /// The baseline's shape.
     pub baseline: Shape,
+    /// Where the baseline comes from.
     pub baseline_source: String,
+    /// Each stage's plan.
     pub stages: Vec<StagePlan>,
     /// The plan's line on the model inputs (the tokenizer; the images' shape).
     pub inputs: String,
+    /// Training examples.
     pub train_examples: usize,
 }
 

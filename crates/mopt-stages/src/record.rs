@@ -19,7 +19,9 @@ use crate::gate::Decision;
 /// A file and its sha256.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileHash {
+    /// The file.
     pub path: String,
+    /// Its sha256.
     pub sha256: String,
 }
 
@@ -52,14 +54,19 @@ pub fn shown(p: &Path) -> String {
 /// Measured facts of one model.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelFacts {
+    /// The checkpoint folder.
     pub checkpoint: String,
     /// [`checkpoint_sha256`] of the folder.
     pub sha256: String,
+    /// Validation metrics.
     pub valid: EvalMetrics,
+    /// Test metrics.
     pub test: EvalMetrics,
+    /// Parameters.
     pub params: usize,
     /// Forward FLOPs for one example of `[evaluation] latency-seq-len` tokens.
     pub flops_per_example: u64,
+    /// Bytes of the checkpoint folder.
     pub checkpoint_bytes: u64,
     /// The shape in words ([`ModelConfig::describe`]).
     #[serde(default)]
@@ -81,8 +88,11 @@ impl ModelFacts {
 
 /// How the runner evaluates models.
 pub struct EvalSettings<'a> {
+    /// Examples an evaluation batch.
     pub eval_batch_size: usize,
+    /// `[evaluation]`.
     pub evaluation: &'a EvaluationSpec,
+    /// The inference device.
     pub device: Device,
 }
 
@@ -165,8 +175,11 @@ pub fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
 /// A model reported beside the chain, measured.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReferenceRecord {
+    /// The reference's name.
     pub name: String,
+    /// What it is.
     pub about: String,
+    /// Its measurements.
     pub model: ModelFacts,
 }
 
@@ -176,19 +189,29 @@ pub struct ReferenceRecord {
 pub struct StageRecord {
     /// 0 for the baseline.
     pub index: usize,
+    /// The stage's name.
     pub name: String,
+    /// Its kind.
     pub kind: String,
     /// The settings as `--check` prints them.
     pub settings: Vec<String>,
     /// The input checkpoint (`None` for the baseline).
     pub input: Option<FileHash>,
+    /// Its output's measurements.
     pub model: ModelFacts,
+    /// The gate's decision.
     pub decision: Decision,
+    /// Validation accuracy minus the baseline's (points).
     pub delta_valid_vs_baseline: f64,
+    /// Test accuracy minus the baseline's.
     pub delta_test_vs_baseline: f64,
+    /// Largest logit change against the input on the golden set.
     pub max_logit_error_vs_input: f64,
+    /// Largest logit change against the baseline.
     pub max_logit_error_vs_baseline: f64,
+    /// Optimizer steps.
     pub steps: usize,
+    /// Wall time.
     pub wall_time_s: f64,
     /// The process's peak RSS when the stage ended.
     pub peak_rss_bytes: Option<u64>,
@@ -201,8 +224,11 @@ pub struct StageRecord {
     /// never reused (stages without a key, and records written before keys existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reuse_key: Option<String>,
+    /// The kind's facts (rounds, sensitivity, cache…).
     pub facts: serde_json::Value,
+    /// The kind's notes for the report.
     pub notes: Vec<String>,
+    /// Models reported beside the chain (the twin, compared criteria).
     pub references: Vec<ReferenceRecord>,
 }
 

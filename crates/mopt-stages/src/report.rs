@@ -17,28 +17,42 @@ use crate::Pipeline;
 /// `report.json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct PipelineReport {
+    /// The run's name.
     pub run: String,
+    /// The recipe file.
     pub recipe: String,
+    /// The run folder.
     pub run_dir: String,
     /// The baseline (index 0) and every stage that ran, in order.
     pub stages: Vec<StageRecord>,
     /// The model the run ends with (the last passing stage's output), copied to `<run>/best`.
     pub final_model: ModelFacts,
+    /// The final stage's name.
     pub final_stage: String,
+    /// The golden reference.
     pub golden: GoldenSummary,
+    /// The baseline's analysis, when the family has one.
     pub analysis: Option<Analysis>,
+    /// Where it was measured.
     pub environment: Environment,
+    /// Wall time of the run.
     pub wall_time_s: f64,
+    /// Peak resident memory.
     pub peak_rss_bytes: Option<u64>,
+    /// The chart's file.
     pub chart: String,
 }
 
 /// Where the golden reference is and what it holds.
 #[derive(Debug, Clone, Serialize)]
 pub struct GoldenSummary {
+    /// `golden.json`.
     pub file: String,
+    /// Examples in it.
     pub examples: usize,
+    /// The split they come from.
     pub split: &'static str,
+    /// sha256 of the baseline they were computed with.
     pub baseline_sha256: String,
 }
 

@@ -23,6 +23,7 @@ use crate::Pipeline;
 /// How to run a pipeline (what does not belong in a recipe).
 #[derive(Debug, Clone)]
 pub struct RunOptions {
+    /// The device to run on.
     pub device: DeviceSpec,
     /// Replace an existing run folder.
     pub force: bool,
@@ -40,6 +41,7 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
+    /// Options with defaults on `device`.
     pub fn new(device: DeviceSpec) -> Self {
         Self {
             replicas: Vec::new(),
@@ -99,12 +101,15 @@ impl Pipeline {
 /// The golden reference: the baseline's logits on the first validation examples.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct GoldenReference {
+    /// The baseline checkpoint.
     pub baseline: String,
+    /// Its sha256.
     pub baseline_sha256: String,
     /// Validation examples, in split order.
     pub examples: usize,
     /// Each example as its split records it (a text's token ids, an image's values).
     pub inputs: Vec<serde_json::Value>,
+    /// The baseline's logits.
     pub logits: Vec<Vec<f32>>,
 }
 

@@ -70,6 +70,7 @@ impl Shape {
         )
     }
 
+    /// Parameters of the shape.
     pub fn num_params(&self) -> usize {
         self.0.num_params()
     }

@@ -69,13 +69,15 @@ pub struct PlanContext<'a> {
     pub family: &'a dyn crate::family::Family,
     /// `[tokenizer]` (text data only).
     pub tokenizer: Option<&'a TokenizerSpec>,
+    /// `[data]`.
     pub data: &'a DataSpec,
     /// Tokenizer vocabulary size (0 for images).
     pub vocab: usize,
     /// Training examples (after `max-train`).
     pub train_examples: usize,
-    /// Mean tokens per training example and mean of its square (from a sample of 1000).
+    /// Mean tokens per training example (from a sample of 1000).
     pub mean_tokens: f64,
+    /// Mean of its square (attention memory grows with it).
     pub mean_tokens_sq: f64,
     /// Names of the models before this stage: `baseline` and the earlier stages.
     pub earlier: Vec<String>,
@@ -90,22 +92,29 @@ impl PlanContext<'_> {
 
 /// Everything a running stage may read.
 pub struct StageContext<'a> {
+    /// The stage's recipe entry.
     pub entry: &'a StageEntry,
     /// The model family of the run (`[model] arch`): the stage's capabilities.
     pub family: &'a dyn crate::family::Family,
+    /// The device.
     pub device: &'a DeviceSpec,
     /// The run's splits (and the golden set), as the family's loader read them.
     pub data: &'a RunData,
+    /// `[data]`.
     pub data_spec: &'a DataSpec,
     /// The size of one example that estimates assume: `max-len` tokens; 0 for images.
     pub size: usize,
+    /// `[evaluation]`.
     pub evaluation: &'a EvaluationSpec,
+    /// The run's seed.
     pub seed: u64,
+    /// Options of the invocation.
     pub opts: &'a TrainOptions,
     /// The run's golden baseline checkpoint.
     pub baseline: &'a Path,
     /// Validation metrics of the baseline and of this stage's input (what gates compare with).
     pub baseline_valid: &'a EvalMetrics,
+    /// The stage input's validation metrics.
     pub input_valid: &'a EvalMetrics,
     /// The input's logits on the golden set, as the runner measured them (logit errors against
     /// the input compare with these).
@@ -171,8 +180,11 @@ impl<'a> StageContext<'a> {
 /// A model that is reported beside the chain but not passed on (e.g. distillation's hard-label twin).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReferenceModel {
+    /// Its name in the report.
     pub name: String,
+    /// What it is.
     pub about: String,
+    /// Its checkpoint.
     pub checkpoint: PathBuf,
 }
 

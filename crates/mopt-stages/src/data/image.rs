@@ -12,10 +12,15 @@ use crate::error::StageError;
 
 /// The splits of an image recipe, normalised by the training split's statistics.
 pub struct ImageData {
+    /// The training split.
     pub train: ImageSplit,
+    /// The validation split.
     pub valid: ImageSplit,
+    /// The test split.
     pub test: ImageSplit,
+    /// The golden examples (the first validation images).
     pub golden: ImageSplit,
+    /// Class names.
     pub labels: LabelMap,
     /// What a deployment does to raw grey values (saved beside every checkpoint).
     pub normalize: Normalize,

@@ -23,8 +23,11 @@ use crate::error::StageError;
 /// Which examples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Split {
+    /// The training split.
     Train,
+    /// The validation split.
     Valid,
+    /// The test split.
     Test,
     /// The golden reference: the first validation examples (`[evaluation] golden-samples`).
     Golden,
@@ -113,6 +116,7 @@ pub struct RunData {
 }
 
 impl RunData {
+    /// The run's data, loaded by a family's loader.
     pub fn new<D: RunSplits>(data: D) -> Self {
         let data = Arc::new(data);
         let typed: Arc<dyn SplitsOf<D::Batch>> = data.clone();
@@ -167,14 +171,17 @@ impl RunData {
         self.erased.record(which, i)
     }
 
+    /// Class names.
     pub fn labels(&self) -> &LabelMap {
         self.erased.labels()
     }
 
+    /// Whether the data came from a cache.
     pub fn cache_hit(&self) -> bool {
         self.erased.cache_hit()
     }
 
+    /// One line on the data for the plan and the log.
     pub fn describe(&self) -> String {
         self.erased.describe()
     }

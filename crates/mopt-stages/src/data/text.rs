@@ -14,11 +14,17 @@ use crate::error::StageError;
 
 /// The splits of a text recipe, tokenized, with their tokenizer.
 pub struct TextData {
+    /// The training split.
     pub train: TextSplit,
+    /// The validation split.
     pub valid: TextSplit,
+    /// The test split.
     pub test: TextSplit,
+    /// The golden examples (the first validation texts).
     pub golden: TextSplit,
+    /// Class names.
     pub labels: LabelMap,
+    /// The tokenizer.
     pub tokenizer: TextTokenizer,
     /// The recipe's `[tokenizer]`.
     pub spec: TokenizerSpec,
@@ -51,10 +57,12 @@ impl TextData {
         })
     }
 
+    /// Token id of padding.
     pub fn pad_id(&self) -> u32 {
         self.tokenizer.pad_id
     }
 
+    /// Vocabulary size.
     pub fn vocab(&self) -> usize {
         self.tokenizer.vocab_size()
     }

@@ -365,7 +365,9 @@ pub fn ort_latency_of<M: mopt_export::Exportable>(
 
 /// The first `n` examples of a split.
 pub struct Head<E> {
+    /// The split.
     pub examples: E,
+    /// How many of its first examples.
     pub n: usize,
 }
 

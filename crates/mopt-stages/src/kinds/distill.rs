@@ -337,6 +337,7 @@ pub use mopt_distill::task::ExtraTerm;
 pub struct DistillStage {
     /// The student's model table.
     pub student: ModelSpec,
+    /// The objective's settings.
     pub spec: DistillSpec,
     /// An extra loss term (Rust API only).
     pub extra: Option<ExtraTerm>,

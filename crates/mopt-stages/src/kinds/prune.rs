@@ -62,8 +62,11 @@ struct RawPrune {
 pub struct PruneStage {
     /// The names of the group kinds pruned, in the order the model family applies them.
     pub targets: Vec<&'static str>,
+    /// The importance criterion.
     pub criterion: Criterion,
+    /// How a group's member scores combine.
     pub reduce: Reduce,
+    /// Local (per scope) or global ranking.
     pub ranking: Ranking,
     /// Fraction of the input's prunable units removed by the last round.
     pub target: f64,
@@ -71,10 +74,13 @@ pub struct PruneStage {
     pub step: f64,
     /// Training batches the Taylor gradients are accumulated over.
     pub taylor_batches: usize,
+    /// What every round keeps (minimums, multiples, ignored layers, ratios).
     pub limits: UnitLimits,
     /// Fine-tune with the KD loss against the baseline (when the baseline is not the input).
     pub distill: bool,
+    /// KD weight of the hard labels in the fine-tuning.
     pub alpha: f64,
+    /// KD temperature.
     pub temperature: f64,
     /// Seed of the random criterion.
     pub seed: u64,
@@ -349,6 +355,7 @@ struct Pruned {
 /// One round's record.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RoundRecord {
+    /// The round (1-based).
     pub round: usize,
     /// Cumulative fraction of the input's units removed.
     pub removed: f64,
@@ -356,15 +363,22 @@ pub struct RoundRecord {
     /// `layers`).
     #[serde(flatten)]
     pub shape: serde_json::Map<String, serde_json::Value>,
+    /// Parameters after the round.
     pub params: usize,
+    /// Forward FLOPs an example.
     pub flops_per_example: u64,
     /// mopt CPU latency p50 at batch 32 (ms), when `[evaluation] latency-runs` > 0.
     #[serde(default)]
     pub latency_b32_ms: Option<f64>,
+    /// Validation accuracy after fine-tuning.
     pub valid_accuracy: f64,
+    /// Largest logit change against the stage's input on the golden set.
     pub max_logit_error_vs_input: f64,
+    /// Whether the gate passed.
     pub passed: bool,
+    /// The gate's reason.
     pub reason: String,
+    /// Fine-tuning steps.
     pub steps: usize,
 }
 

@@ -67,13 +67,19 @@ pub struct QuantStage {
     pub base: QuantConfig,
     /// Module-path globs of the quantized linear layers, and of those left float.
     pub include: Vec<String>,
+    /// Layer globs kept float.
     pub exclude: Vec<String>,
+    /// Training examples calibration reads.
     pub calibration_samples: usize,
+    /// Rank layers by sensitivity (ptq).
     pub sensitivity: bool,
+    /// Float fallbacks at most (ptq).
     pub max_fallback: usize,
     /// QAT: fine-tune with KD from the baseline (when it is not the input).
     pub distill: bool,
+    /// KD weight of the hard labels (qat).
     pub alpha: f64,
+    /// KD temperature (qat).
     pub temperature: f64,
 }
 
@@ -281,6 +287,7 @@ impl StageKind for Qat {
 /// One row of the sensitivity ranking.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Sensitivity {
+    /// The layer's path.
     pub layer: String,
     /// Validation accuracy with only this layer quantized.
     pub valid_accuracy: f64,
