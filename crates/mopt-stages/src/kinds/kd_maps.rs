@@ -32,7 +32,21 @@ pub fn resolve<M: FeatureMaps>(
     let mut out = Vec::new();
     for m in &stage.spec.matches {
         let loss = map_loss(cx, m)?;
-        let pairs = layer_pairs(cx, m, ss.len() - 1, ts.len() - 1)?;
+        let pairs = layer_pairs(
+            cx,
+            m,
+            ss.len().saturating_sub(1),
+            ts.len().saturating_sub(1),
+        )?;
+        if pairs.is_empty() {
+            return Err(bad(
+                cx,
+                m,
+                "layers",
+                "it pairs no maps".into(),
+                "give explicit [student, teacher] map pairs, e.g. [[0, 0]]",
+            ));
+        }
         for (s, t) in pairs {
             let (a, b) = (ss[s], ts[t]);
             if a[1..] != b[1..] {
