@@ -78,6 +78,18 @@ pub struct Rule {
     pub frozen_units: Vec<usize>,
 }
 
+impl Rule {
+    /// Kept counts a positive multiple of `m` (at least `m`; 0 counts as 1), nothing frozen.
+    pub fn multiple_of(m: usize) -> Self {
+        let m = m.max(1);
+        Self {
+            min_keep: m,
+            multiple: m,
+            ..Self::default()
+        }
+    }
+}
+
 /// Units kept, per group kind (its [`GroupKind::name`]) and scope: indices into the current
 /// model's units, ascending.
 pub type Keep = BTreeMap<String, Vec<Vec<usize>>>;

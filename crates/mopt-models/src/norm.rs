@@ -1,8 +1,23 @@
 //! BatchNorm as mopt's models run it: the fused training kernel with Burn's running-statistics
-//! update, Burn's inference path otherwise.
+//! update, Burn's inference path otherwise; and the pruning members a convolution with BatchNorm
+//! contributes to a channel.
 
 use burn::nn::BatchNorm;
 use burn::prelude::*;
+use mopt_core::prune::Member;
+
+/// The pruning members of output channels `index` of the convolution with BatchNorm at `path`
+/// (`{path}.conv`, `{path}.bn`): the weight rows, BatchNorm's scale (what `bn-scale` reads) and
+/// shift, its running statistics carried.
+pub fn conv_bn_members(path: &str, index: Vec<usize>) -> Vec<Member> {
+    vec![
+        Member::new(format!("{path}.conv.weight"), 0, index.clone()),
+        Member::scale(format!("{path}.bn.gamma"), 0, index.clone()),
+        Member::new(format!("{path}.bn.beta"), 0, index.clone()),
+        Member::carried(format!("{path}.bn.running_mean"), 0, index.clone()),
+        Member::carried(format!("{path}.bn.running_var"), 0, index),
+    ]
+}
 
 /// `bn` on `x`: in training (an autodiff device, the layer not frozen) mopt's fused kernel
 /// with the batch's statistics, which move the running statistics as Burn's `BatchNorm` does

@@ -139,10 +139,8 @@ impl GroupKind for Ffn {
     }
     fn rule(&self, l: &UnitLimits) -> Rule {
         Rule {
-            min_keep: l.ffn_multiple.max(1),
-            multiple: l.ffn_multiple.max(1),
             frozen_scopes: l.ignore_layers.clone(),
-            frozen_units: Vec::new(),
+            ..Rule::multiple_of(l.ffn_multiple)
         }
     }
 }
@@ -218,12 +216,7 @@ impl GroupKind for Hidden {
         }
     }
     fn rule(&self, l: &UnitLimits) -> Rule {
-        Rule {
-            min_keep: l.hidden_multiple.max(1),
-            multiple: l.hidden_multiple.max(1),
-            frozen_scopes: Vec::new(),
-            frozen_units: Vec::new(),
-        }
+        Rule::multiple_of(l.hidden_multiple)
     }
 }
 

@@ -6,6 +6,7 @@
 use mopt_core::prune::{GroupKind, Member, Prunable, Rule, UnitLimits};
 
 use super::{Cnn, CnnConfig};
+use crate::norm::conv_bn_members;
 
 /// A block's output channels.
 pub struct Channels;
@@ -34,14 +35,7 @@ impl GroupKind for Channels {
         c.widths[b]
     }
     fn members(&self, c: &CnnConfig, b: usize, u: usize) -> Vec<Member> {
-        let p = format!("blocks.{b}");
-        let mut m = vec![
-            Member::new(format!("{p}.conv.weight"), 0, vec![u]),
-            Member::scale(format!("{p}.bn.gamma"), 0, vec![u]),
-            Member::new(format!("{p}.bn.beta"), 0, vec![u]),
-            Member::carried(format!("{p}.bn.running_mean"), 0, vec![u]),
-            Member::carried(format!("{p}.bn.running_var"), 0, vec![u]),
-        ];
+        let mut m = conv_bn_members(&format!("blocks.{b}"), vec![u]);
         m.push(if b + 1 < c.widths.len() {
             Member::new(format!("blocks.{}.conv.weight", b + 1), 1, vec![u])
         } else {
@@ -58,13 +52,7 @@ impl GroupKind for Channels {
     }
     /// Widths stay multiples of `hidden-multiple`.
     fn rule(&self, l: &UnitLimits) -> Rule {
-        let m = l.hidden_multiple.max(1);
-        Rule {
-            min_keep: m,
-            multiple: m,
-            frozen_scopes: Vec::new(),
-            frozen_units: Vec::new(),
-        }
+        Rule::multiple_of(l.hidden_multiple)
     }
 }
 

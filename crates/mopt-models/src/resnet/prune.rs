@@ -3,6 +3,8 @@
 //! their channel (`gamma` as the scale the `bn-scale` criterion reads) and its running
 //! statistics carried.
 //!
+//! Channel widths stay multiples of `hidden-multiple` in every scope (SIMD-friendly).
+//!
 //! - [`Channels`]: a block's inner channel: output `u` of its first convolution, its
 //!   BatchNorm entry, input `u` of its second convolution. Scope: the block (`block.N`, counted
 //!   over all stages).
@@ -22,6 +24,8 @@
 
 use mopt_core::prune::{GroupKind, Member, Prunable, Rule, UnitLimits};
 use mopt_core::ParamTable;
+
+use crate::norm::conv_bn_members;
 
 use super::{ResNet, ResNetConfig};
 
@@ -50,27 +54,9 @@ fn locate(c: &ResNetConfig, mut n: usize) -> (usize, usize) {
     panic!("block {n} past the last stage")
 }
 
-/// A convolution-with-BatchNorm's output channel `u`: its weight rows and BatchNorm entries.
+/// A convolution-with-BatchNorm's output channel `u`.
 fn conv_bn_out(path: &str, u: usize) -> Vec<Member> {
-    vec![
-        Member::new(format!("{path}.conv.weight"), 0, vec![u]),
-        Member::scale(format!("{path}.bn.gamma"), 0, vec![u]),
-        Member::new(format!("{path}.bn.beta"), 0, vec![u]),
-        Member::carried(format!("{path}.bn.running_mean"), 0, vec![u]),
-        Member::carried(format!("{path}.bn.running_var"), 0, vec![u]),
-    ]
-}
-
-/// Channel counts kept as multiples of `hidden-multiple` (SIMD-friendly widths), in every
-/// scope.
-fn channel_rule(l: &UnitLimits) -> Rule {
-    let m = l.hidden_multiple.max(1);
-    Rule {
-        min_keep: m,
-        multiple: m,
-        frozen_scopes: Vec::new(),
-        frozen_units: Vec::new(),
-    }
+    conv_bn_members(path, vec![u])
 }
 
 fn block(s: usize, b: usize) -> String {
@@ -111,7 +97,7 @@ impl GroupKind for Channels {
         out
     }
     fn rule(&self, l: &UnitLimits) -> Rule {
-        channel_rule(l)
+        Rule::multiple_of(l.hidden_multiple)
     }
 }
 
@@ -172,7 +158,7 @@ impl GroupKind for Residual {
         out
     }
     fn rule(&self, l: &UnitLimits) -> Rule {
-        channel_rule(l)
+        Rule::multiple_of(l.hidden_multiple)
     }
 }
 
@@ -180,17 +166,9 @@ impl GroupKind for Residual {
 /// projection: only a stage's first block has one), whole.
 fn block_members(c: &ResNetConfig, s: usize, b: usize) -> Vec<Member> {
     let p = block(s, b);
-    let all = |n: usize| (0..n).collect::<Vec<_>>();
     let (inner, width) = (c.stages[s].blocks[b], c.stages[s].width);
-    let mut m = Vec::new();
-    for (conv, n) in [("conv1", inner), ("conv2", width)] {
-        m.push(Member::new(format!("{p}.{conv}.conv.weight"), 0, all(n)));
-        m.push(Member::scale(format!("{p}.{conv}.bn.gamma"), 0, all(n)));
-        m.push(Member::new(format!("{p}.{conv}.bn.beta"), 0, all(n)));
-        for stat in ["running_mean", "running_var"] {
-            m.push(Member::carried(format!("{p}.{conv}.bn.{stat}"), 0, all(n)));
-        }
-    }
+    let mut m = conv_bn_members(&format!("{p}.conv1"), (0..inner).collect());
+    m.extend(conv_bn_members(&format!("{p}.conv2"), (0..width).collect()));
     m
 }
 
@@ -252,8 +230,7 @@ impl GroupKind for Blocks {
         Rule {
             min_keep: 0,
             multiple: 1,
-            frozen_scopes: Vec::new(),
-            frozen_units: Vec::new(),
+            ..Rule::default()
         }
     }
 }
