@@ -15,14 +15,38 @@ use serde::Serialize;
 use crate::burnpack::save_burnpack;
 use crate::ModelError;
 
-/// Parse the JSON shape at `path`, `complete` it (classes), then `validate` it; `keys` names the
-/// fields in the message of a file that does not parse.
-pub fn read<C: DeserializeOwned>(
-    path: &Path,
-    keys: &str,
-    complete: impl FnOnce(&mut C),
-    validate: impl FnOnce(&C) -> Result<(), String>,
-) -> Result<C, ModelError> {
+/// An image model's shape: a JSON file (a recipe's `[model] config`, or a checkpoint's
+/// `config.json` with its classes), read, completed with the data's classes and validated.
+pub trait ShapeFile: DeserializeOwned {
+    /// The fields, named in the message of a file that does not parse.
+    const KEYS: &'static str;
+
+    /// Every value usable (the message says which is not).
+    fn validate(&self) -> Result<(), String>;
+
+    /// The number of classes and their names, to fill in.
+    fn classes_mut(&mut self) -> (&mut usize, &mut Option<Vec<String>>);
+
+    /// The class names it records.
+    fn class_names(&self) -> Option<&[String]>;
+
+    /// Read a mopt checkpoint's `config.json` (its classes included).
+    fn from_file(path: &Path) -> Result<Self, ModelError> {
+        read(path, |_: &mut Self| {})
+    }
+
+    /// The shape at `path` (a recipe's `[model] config`) for a data set of classes `labels`.
+    fn for_labels(path: &Path, labels: &[String]) -> Result<Self, ModelError> {
+        read(path, |c: &mut Self| {
+            let (n, names) = c.classes_mut();
+            *n = labels.len();
+            *names = Some(labels.to_vec());
+        })
+    }
+}
+
+/// Parse the JSON shape at `path`, `complete` it (classes), then validate it.
+fn read<C: ShapeFile>(path: &Path, complete: impl FnOnce(&mut C)) -> Result<C, ModelError> {
     let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
         path: path.to_path_buf(),
         source,
@@ -31,9 +55,10 @@ pub fn read<C: DeserializeOwned>(
         path: path.to_path_buf(),
         message,
     };
-    let mut config: C = serde_json::from_str(&text).map_err(|e| bad(format!("{e} ({keys})")))?;
+    let mut config: C =
+        serde_json::from_str(&text).map_err(|e| bad(format!("{e} ({})", C::KEYS)))?;
     complete(&mut config);
-    validate(&config).map_err(bad)?;
+    config.validate().map_err(bad)?;
     Ok(config)
 }
 

@@ -1,10 +1,8 @@
 //! The plain CNN's shape: one width a block.
 
-use std::path::Path;
-
 use serde::{Deserialize, Serialize};
 
-use crate::ModelError;
+use crate::shape_file::ShapeFile;
 
 /// Blocks of conv 3×3 → BatchNorm → ReLU → max-pool 2×2, global average pooling, a classifier.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -33,49 +31,6 @@ impl CnnConfig {
             num_labels: 10,
             labels: None,
         }
-    }
-
-    /// Read a mopt checkpoint's `config.json` (its classes included).
-    pub fn from_file(path: &Path) -> Result<Self, ModelError> {
-        Self::read(path, |_| {})
-    }
-
-    /// The shape at `path` (a recipe's `[model] config`) for a data set of classes `labels`.
-    pub fn for_labels(path: &Path, labels: &[String]) -> Result<Self, ModelError> {
-        Self::read(path, |c| {
-            c.num_labels = labels.len();
-            c.labels = Some(labels.to_vec());
-        })
-    }
-
-    fn read(path: &Path, complete: impl FnOnce(&mut Self)) -> Result<Self, ModelError> {
-        crate::shape_file::read(
-            path,
-            "a CNN config: channels, image_size, widths",
-            complete,
-            Self::validate,
-        )
-    }
-
-    /// Positive widths, at least one block, and an image that survives every pooling.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.channels == 0 || self.num_labels < 2 {
-            return Err("channels must be positive, num_labels at least 2".into());
-        }
-        if self.widths.is_empty() || self.widths.contains(&0) {
-            return Err(format!(
-                "widths {:?}: at least one block, every width positive",
-                self.widths
-            ));
-        }
-        if self.side(self.widths.len()) == 0 {
-            return Err(format!(
-                "an image of {} pixels does not survive {} 2×2 poolings",
-                self.image_size,
-                self.widths.len()
-            ));
-        }
-        Ok(())
     }
 
     /// Image side after `b` blocks (each pooling halves it, rounding down).
@@ -114,5 +69,38 @@ impl CnnConfig {
         (0..self.widths.len())
             .map(|b| 3 * self.widths[b] * self.side(b).pow(2))
             .sum::<usize>() as u64
+    }
+}
+
+impl ShapeFile for CnnConfig {
+    const KEYS: &'static str = "a CNN config: channels, image_size, widths";
+
+    /// Positive widths, at least one block, and an image that survives every pooling.
+    fn validate(&self) -> Result<(), String> {
+        if self.channels == 0 || self.num_labels < 2 {
+            return Err("channels must be positive, num_labels at least 2".into());
+        }
+        if self.widths.is_empty() || self.widths.contains(&0) {
+            return Err(format!(
+                "widths {:?}: at least one block, every width positive",
+                self.widths
+            ));
+        }
+        if self.side(self.widths.len()) == 0 {
+            return Err(format!(
+                "an image of {} pixels does not survive {} 2×2 poolings",
+                self.image_size,
+                self.widths.len()
+            ));
+        }
+        Ok(())
+    }
+
+    fn classes_mut(&mut self) -> (&mut usize, &mut Option<Vec<String>>) {
+        (&mut self.num_labels, &mut self.labels)
+    }
+
+    fn class_names(&self) -> Option<&[String]> {
+        self.labels.as_deref()
     }
 }

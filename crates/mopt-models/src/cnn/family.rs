@@ -9,7 +9,7 @@ use mopt_data::ImageBatch;
 use super::config::CnnConfig;
 use super::model::Cnn;
 use crate::burnpack::load_burnpack;
-use crate::shape_file;
+use crate::shape_file::{self, ShapeFile};
 
 impl ModelConfig for CnnConfig {
     fn arch(&self) -> &'static str {

@@ -1,11 +1,9 @@
 //! The ResNet's shape: stages of BasicBlocks whose widths pruning can shrink one by one.
 
-use std::path::Path;
-
 use mopt_quant::node::QuantConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::ModelError;
+use crate::shape_file::ShapeFile;
 
 /// One stage: BasicBlocks that share a residual width (tied across every shortcut and
 /// BatchNorm of the stage); the first block of a stage after the first halves the image.
@@ -62,48 +60,6 @@ impl ResNetConfig {
             folded: false,
             quant: None,
         }
-    }
-
-    /// Read a mopt checkpoint's `config.json` (its classes included).
-    pub fn from_file(path: &Path) -> Result<Self, ModelError> {
-        Self::read(path, |_| {})
-    }
-
-    /// The shape at `path` (a recipe's `[model] config`) for a data set of classes `labels`.
-    pub fn for_labels(path: &Path, labels: &[String]) -> Result<Self, ModelError> {
-        Self::read(path, |c| {
-            c.num_labels = labels.len();
-            c.labels = Some(labels.to_vec());
-        })
-    }
-
-    /// Parse the JSON at `path`, `complete` it, then validate.
-    fn read(path: &Path, complete: impl FnOnce(&mut Self)) -> Result<Self, ModelError> {
-        crate::shape_file::read(
-            path,
-            "a ResNet config: channels, image_size, stages [{width, blocks}]",
-            complete,
-            Self::validate,
-        )
-    }
-
-    /// Every width positive, at least one stage with one block.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.channels == 0 || self.image_size == 0 || self.num_labels < 2 {
-            return Err("channels and image_size must be positive, num_labels at least 2".into());
-        }
-        if self.stages.is_empty() {
-            return Err("`stages` is empty: a ResNet needs at least one stage".into());
-        }
-        for (s, st) in self.stages.iter().enumerate() {
-            if st.width == 0 || st.blocks.is_empty() || st.blocks.contains(&0) {
-                return Err(format!(
-                    "stage {s}: width {} and block widths {:?} must be positive, with at least one block",
-                    st.width, st.blocks
-                ));
-            }
-        }
-        Ok(())
     }
 
     /// The stride of block `b` of stage `s`: 2 for the first block of every stage but the first.
@@ -191,6 +147,37 @@ impl ResNetConfig {
             }
         }
         a as u64
+    }
+}
+
+impl ShapeFile for ResNetConfig {
+    const KEYS: &'static str = "a ResNet config: channels, image_size, stages [{width, blocks}]";
+
+    /// Every width positive, at least one stage with one block.
+    fn validate(&self) -> Result<(), String> {
+        if self.channels == 0 || self.image_size == 0 || self.num_labels < 2 {
+            return Err("channels and image_size must be positive, num_labels at least 2".into());
+        }
+        if self.stages.is_empty() {
+            return Err("`stages` is empty: a ResNet needs at least one stage".into());
+        }
+        for (s, st) in self.stages.iter().enumerate() {
+            if st.width == 0 || st.blocks.is_empty() || st.blocks.contains(&0) {
+                return Err(format!(
+                    "stage {s}: width {} and block widths {:?} must be positive, with at least one block",
+                    st.width, st.blocks
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn classes_mut(&mut self) -> (&mut usize, &mut Option<Vec<String>>) {
+        (&mut self.num_labels, &mut self.labels)
+    }
+
+    fn class_names(&self) -> Option<&[String]> {
+        self.labels.as_deref()
     }
 }
 

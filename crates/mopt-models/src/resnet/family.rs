@@ -12,7 +12,7 @@ use mopt_quant::node::Phase;
 use super::config::ResNetConfig;
 use super::model::ResNet;
 use crate::burnpack::load_burnpack;
-use crate::shape_file;
+use crate::shape_file::{self, ShapeFile};
 
 impl ModelConfig for ResNetConfig {
     fn arch(&self) -> &'static str {

@@ -1,8 +1,8 @@
 //! Image classifiers as families, once for every model type: image data, fine-tuning,
 //! distillation (logits, or feature maps with the teacher live), channel pruning, export and
 //! ONNX Runtime latency through the generic kinds; quantization where the model type says it
-//! quantizes. A model type joins by implementing [`ImageModel`] (its arch name, how its shape is
-//! read) in one file and one line in [`super::families`].
+//! quantizes. A model type joins by implementing [`ImageModel`] (its arch name; its config a
+//! [`ShapeFile`]) in one file and one line in [`super::families`].
 
 use std::marker::PhantomData;
 use std::path::Path;
@@ -12,6 +12,7 @@ use mopt_core::prune::Prunable;
 use mopt_core::FeatureMaps;
 use mopt_data::{ImageBatch, LabelMap};
 use mopt_export::{ExportOptions, Exportable, ModelCard};
+use mopt_models::shape_file::ShapeFile;
 use mopt_models::ModelError;
 use mopt_recipe::{ModelSpec, Recipe, RecipeError, Scope, StageEntry, TokenizerSpec};
 use mopt_train::trainer::save_checkpoint_dir;
@@ -29,22 +30,17 @@ use crate::record::{measure_checkpoint, EvalSettings, ModelFacts};
 use crate::shape::Shape;
 use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
 
-/// An image classifier type that runs as a family: the contracts it implements, its arch name
-/// and how its shape is read; quantization is optional.
-pub trait ImageModel: FeatureMaps<Batch = ImageBatch> + Prunable + Exportable {
+/// An image classifier type that runs as a family: the contracts it implements (its config a
+/// [`ShapeFile`]) and its arch name; quantization is optional.
+pub trait ImageModel:
+    FeatureMaps<Batch = ImageBatch, Config = Self::Shape> + Prunable + Exportable
+{
+    /// The model's config, read from shape files.
+    type Shape: ShapeFile + mopt_core::ModelConfig;
     /// `[model] arch`.
     const ARCH: &'static str;
     /// The arch in messages (`a ResNet`).
     const NAME: &'static str;
-
-    /// A checkpoint's `config.json` (its classes included).
-    fn read_config(path: &Path) -> Result<Self::Config, ModelError>;
-
-    /// A shape file (a recipe's `[model] config`) for classes `labels`.
-    fn config_for_labels(path: &Path, labels: &[String]) -> Result<Self::Config, ModelError>;
-
-    /// The class names a config records, if it does.
-    fn class_names(config: &Self::Config) -> Option<Vec<String>>;
 
     /// The loaded model as measured (quantized weights baked once); unchanged by default.
     fn for_measurement(self) -> Self {
@@ -122,7 +118,7 @@ fn model_config<M: ImageModel>(
         "init-from-teacher-layers",
         m.init_from_teacher_layers.is_some(),
     )?;
-    M::config_for_labels(&m.config, labels).map_err(|e| {
+    M::Shape::for_labels(&m.config, labels).map_err(|e| {
         scope
             .err(
                 "config",
@@ -209,7 +205,7 @@ impl<M: ImageModel> Family for ImageFamily<M> {
 
     fn read_shape(&self, dir: &Path) -> Result<Shape, StageError> {
         Ok(Shape::new(
-            M::read_config(&dir.join("config.json")).map_err(fault)?,
+            M::Shape::from_file(&dir.join("config.json")).map_err(fault)?,
         ))
     }
 
@@ -317,7 +313,7 @@ impl<M: ImageModel> Family for ImageFamily<M> {
         cx: &StageContext,
     ) -> Result<StageOutput, StageError> {
         let student = student_config::<M>(stage, &cx.data.labels().labels)?;
-        let teacher = M::read_config(&input.join("config.json")).map_err(fault)?;
+        let teacher = M::Shape::from_file(&input.join("config.json")).map_err(fault)?;
         let matches = kd_maps::resolve::<M>(stage, &teacher, &student)?;
         if matches.is_empty() {
             kd_student::run::<M>(stage, input, cx, &student)
@@ -348,7 +344,7 @@ impl<M: ImageModel> Family for ImageFamily<M> {
         size: usize,
         warmup_runs: (usize, usize),
     ) -> Result<Option<serde_json::Value>, StageError> {
-        let config = M::read_config(&ckpt.join("config.json")).map_err(fault)?;
+        let config = M::Shape::from_file(&ckpt.join("config.json")).map_err(fault)?;
         ort_latency_of::<M>(onnx, &config, size, warmup_runs)
     }
 }
@@ -356,5 +352,8 @@ impl<M: ImageModel> Family for ImageFamily<M> {
 /// The classes a teacher of `config` was trained on (its saved names, or their indices).
 fn teacher_labels<M: ImageModel>(config: &M::Config) -> Vec<String> {
     let n = mopt_core::ModelConfig::num_labels(config);
-    M::class_names(config).unwrap_or_else(|| (0..n).map(|i| i.to_string()).collect())
+    config.class_names().map_or_else(
+        || (0..n).map(|i| i.to_string()).collect(),
+        <[String]>::to_vec,
+    )
 }

@@ -5,7 +5,6 @@ use std::path::Path;
 
 use mopt_core::Quantizable;
 use mopt_models::resnet::{ResNet, ResNetConfig};
-use mopt_models::ModelError;
 use mopt_recipe::StageEntry;
 
 use super::image::{ImageFamily, ImageModel};
@@ -19,19 +18,8 @@ pub const RESNET: ImageFamily<ResNet> = ImageFamily::new();
 
 impl ImageModel for ResNet {
     const ARCH: &'static str = "resnet";
+    type Shape = ResNetConfig;
     const NAME: &'static str = "a ResNet";
-
-    fn read_config(path: &Path) -> Result<ResNetConfig, ModelError> {
-        ResNetConfig::from_file(path)
-    }
-
-    fn config_for_labels(path: &Path, labels: &[String]) -> Result<ResNetConfig, ModelError> {
-        ResNetConfig::for_labels(path, labels)
-    }
-
-    fn class_names(config: &ResNetConfig) -> Option<Vec<String>> {
-        config.labels.clone()
-    }
 
     /// Quantized checkpoints are measured with their weights fake-quantized once.
     fn for_measurement(self) -> Self {
