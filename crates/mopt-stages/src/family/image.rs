@@ -47,32 +47,21 @@ pub trait ImageModel:
         self
     }
 
-    /// The layers a quantization stage keeps float by default, when the type quantizes;
-    /// `None` (the default): it does not.
-    fn quant_default_exclude() -> Option<Vec<String>> {
+    /// How the type quantizes (`ptq` / `qat` stages); `None` (the default): it does not.
+    fn quant_hooks() -> Option<QuantHooks> {
         None
     }
+}
 
-    /// Plan a `ptq` / `qat` stage (called only when [`quant_default_exclude`] is `Some`).
-    ///
-    /// [`quant_default_exclude`]: ImageModel::quant_default_exclude
-    fn plan_quantize(
-        _stage: &QuantStage,
-        _entry: &StageEntry,
-        _input: &Shape,
-        _cx: &PlanContext,
-    ) -> Result<StagePlan, StageError> {
-        unreachable!("only quantizable image models are asked")
-    }
-
-    /// Run a `ptq` / `qat` stage (called only when the type quantizes).
-    fn quantize(
-        _stage: &QuantStage,
-        _input: &Path,
-        _cx: &StageContext,
-    ) -> Result<StageOutput, StageError> {
-        unreachable!("only quantizable image models are asked")
-    }
+/// A quantizable image model's part in `ptq` / `qat` stages: the generic stage code
+/// instantiated for it, and the layers it keeps float by default.
+pub struct QuantHooks {
+    /// The layers kept float unless a recipe says otherwise.
+    pub default_float: Vec<String>,
+    /// [`QuantStage::plan`] for the model type.
+    pub plan: fn(&QuantStage, &StageEntry, &Shape, &PlanContext) -> Result<StagePlan, StageError>,
+    /// [`QuantStage::run`] for the model type.
+    pub run: fn(&QuantStage, &Path, &StageContext) -> Result<StageOutput, StageError>,
 }
 
 /// The family of the image model type `M`.
@@ -248,11 +237,11 @@ impl<M: ImageModel> Family for ImageFamily<M> {
     }
 
     fn quantizable(&self) -> bool {
-        M::quant_default_exclude().is_some()
+        M::quant_hooks().is_some()
     }
 
     fn quant_default_exclude(&self) -> Vec<String> {
-        M::quant_default_exclude().unwrap_or_default()
+        M::quant_hooks().map_or_else(Vec::new, |q| q.default_float)
     }
 
     fn plan_quantize(
@@ -262,8 +251,8 @@ impl<M: ImageModel> Family for ImageFamily<M> {
         input: &Shape,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
-        match M::quant_default_exclude() {
-            Some(_) => M::plan_quantize(stage, entry, input, cx),
+        match M::quant_hooks() {
+            Some(q) => (q.plan)(stage, entry, input, cx),
             None => Err(self.lacks(
                 "ptq/qat",
                 "a quantizable model",
@@ -278,8 +267,8 @@ impl<M: ImageModel> Family for ImageFamily<M> {
         input: &Path,
         cx: &StageContext,
     ) -> Result<StageOutput, StageError> {
-        match M::quant_default_exclude() {
-            Some(_) => M::quantize(stage, input, cx),
+        match M::quant_hooks() {
+            Some(q) => (q.run)(stage, input, cx),
             None => Err(self.lacks(
                 "ptq/qat",
                 "a quantizable model",
