@@ -224,6 +224,18 @@ impl DistillSpec {
         }
     }
 
+    /// The objective's keys as a recipe writes them: `enabled = …, alpha = …, temperature = …,
+    /// soft-loss = "…"` (plans and reports add what their kind adds).
+    pub fn objective_line(&self) -> String {
+        format!(
+            "enabled = {}, alpha = {}, temperature = {}, soft-loss = \"{}\"",
+            self.enabled,
+            self.alpha.to_toml(),
+            self.temperature.to_toml(),
+            self.soft_loss.name()
+        )
+    }
+
     /// Add an intermediate match (its position in the list names it in messages).
     pub fn with_match(mut self, mut m: MatchSpec) -> Self {
         m.index = self.matches.len();

@@ -34,11 +34,8 @@ pub fn plan<C: ModelConfig>(
             student.num_params() as f64 / 1e6
         ),
         format!(
-            "enabled = {}, alpha = {}, temperature = {}, soft-loss = \"{}\", baseline = {} (KD on logits)",
-            s.enabled,
-            s.alpha.to_toml(),
-            s.temperature.to_toml(),
-            s.soft_loss.name(),
+            "{}, baseline = {} (KD on logits)",
+            s.objective_line(),
             s.baseline
         ),
     ];

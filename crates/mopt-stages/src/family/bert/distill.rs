@@ -185,11 +185,8 @@ pub fn plan(
             config.num_params() as f64 / 1e6
         ),
         format!(
-            "enabled = {}, alpha = {}, temperature = {}, soft-loss = \"{}\", teacher-cache = {}, baseline = {}",
-            s.enabled,
-            s.alpha.to_toml(),
-            s.temperature.to_toml(),
-            s.soft_loss.name(),
+            "{}, teacher-cache = {}, baseline = {}",
+            s.objective_line(),
             s.teacher_cache,
             s.baseline
         ),
