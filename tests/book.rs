@@ -48,10 +48,9 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
 }
 
-/// Every ```toml block of the markdown files under `dir`: (file, first line, text).
-fn toml_blocks(dir: &Path) -> Vec<(PathBuf, usize, String)> {
-    let mut out = Vec::new();
-    let mut files: Vec<PathBuf> = Vec::new();
+/// Every markdown file under `dir` (sub-folders included).
+fn markdown_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).unwrap() {
@@ -63,6 +62,13 @@ fn toml_blocks(dir: &Path) -> Vec<(PathBuf, usize, String)> {
             }
         }
     }
+    files
+}
+
+/// Every ```toml block of the markdown files under `dir`: (file, first line, text).
+fn toml_blocks(dir: &Path) -> Vec<(PathBuf, usize, String)> {
+    let mut out = Vec::new();
+    let mut files = markdown_files(dir);
     files.sort();
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap();
@@ -153,16 +159,8 @@ fn broken_links(file: &Path) -> Vec<String> {
 #[test]
 fn readme_and_book_links_resolve() {
     let mut missing = broken_links(&root().join("README.md"));
-    let mut stack = vec![root().join("docs/src")];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "md") {
-                missing.extend(broken_links(&p));
-            }
-        }
+    for p in markdown_files(&root().join("docs/src")) {
+        missing.extend(broken_links(&p));
     }
     assert!(
         missing.is_empty(),
@@ -194,17 +192,12 @@ fn the_summary_lists_every_chapter_once() {
         );
         listed.push(target.to_string());
     }
-    let mut stack = vec![src.clone()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "md") && !p.ends_with("SUMMARY.md") {
-                let rel = p.strip_prefix(&src).unwrap().to_string_lossy().to_string();
-                assert!(listed.contains(&rel), "{rel} is not in SUMMARY.md");
-            }
-        }
+    for p in markdown_files(&src) {
+        let rel = p.strip_prefix(&src).unwrap().to_string_lossy().to_string();
+        assert!(
+            rel == "SUMMARY.md" || listed.contains(&rel),
+            "{rel} is not in SUMMARY.md"
+        );
     }
     assert!(listed.len() >= 15, "{listed:?}");
 }

@@ -18,15 +18,29 @@ fn digits() -> PathBuf {
     p
 }
 
+/// `dir/<name>`: the shape file `json`.
+fn write_shape(dir: &Path, name: &str, json: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, json).unwrap();
+    p
+}
+
 /// A ResNet of two stages (8 and 16 channels, one block each) for 8×8 images.
 fn write_resnet(dir: &Path) -> PathBuf {
-    let p = dir.join("resnet.json");
-    std::fs::write(
-        &p,
+    write_shape(
+        dir,
+        "resnet.json",
         r#"{"channels": 1, "image_size": 8, "stages": [{"width": 8, "blocks": [8]}, {"width": 16, "blocks": [16]}]}"#,
     )
-    .unwrap();
-    p
+}
+
+/// The distilled students' ResNet: two stages of 4 and 8 channels, one block of 4 each.
+fn write_student(dir: &Path) -> PathBuf {
+    write_shape(
+        dir,
+        "student.json",
+        r#"{"channels": 1, "image_size": 8, "stages": [{"width": 4, "blocks": [4]}, {"width": 8, "blocks": [4]}]}"#,
+    )
 }
 
 fn write_recipe(dir: &Path, extra: &str) -> PathBuf {
@@ -186,12 +200,7 @@ fn image_recipes_that_cannot_work_fail_before_a_run_folder_exists() {
 fn a_resnet_teacher_trained_first_is_distilled_into_a_smaller_resnet_beside_its_twin() {
     let dir = tempfile::tempdir().unwrap();
     let teacher = write_recipe(dir.path(), "");
-    let student = dir.path().join("student.json");
-    std::fs::write(
-        &student,
-        r#"{"channels": 1, "image_size": 8, "stages": [{"width": 4, "blocks": [4]}, {"width": 8, "blocks": [4]}]}"#,
-    )
-    .unwrap();
+    let student = write_student(dir.path());
     let stages = format!(
         r#"[[stage]]
 kind = "distill"
@@ -424,12 +433,7 @@ fn seed_overrides_run_side_by_side_with_their_own_init() {
 fn a_resnet_student_distils_from_the_teachers_feature_maps() {
     let dir = tempfile::tempdir().unwrap();
     let teacher = write_recipe(dir.path(), "");
-    let student = dir.path().join("student.json");
-    std::fs::write(
-        &student,
-        r#"{"channels": 1, "image_size": 8, "stages": [{"width": 4, "blocks": [4]}, {"width": 8, "blocks": [4]}]}"#,
-    )
-    .unwrap();
+    let student = write_student(dir.path());
     let stages = |projection: bool| {
         format!(
             r#"[[stage]]
@@ -522,13 +526,8 @@ weight = 1.0
 fn a_plain_cnn_is_trained_distilled_pruned_and_exported() {
     let dir = tempfile::tempdir().unwrap();
     let shape = |name: &str, widths: &str| {
-        let p = dir.path().join(name);
-        std::fs::write(
-            &p,
-            format!(r#"{{"channels": 1, "image_size": 8, "widths": {widths}}}"#),
-        )
-        .unwrap();
-        p
+        let json = format!(r#"{{"channels": 1, "image_size": 8, "widths": {widths}}}"#);
+        write_shape(dir.path(), name, &json)
     };
     let teacher_shape = shape("cnn.json", "[16, 32]");
     let student_shape = shape("cnn-student.json", "[8, 16]");
