@@ -50,7 +50,7 @@ mod tests {
     }
 
     /// The fused training BatchNorm gives Burn's output and moves the running statistics as
-    /// Burn's does; in eval mode (the plain device) both use the running statistics.
+    /// Burn's does, over two training steps.
     #[test]
     fn fused_batch_norm_trains_like_burns() {
         let ad = Device::flex().autodiff();

@@ -90,6 +90,9 @@ impl Default for LossScaleSpec {
     }
 }
 
+/// `[train] max-nonfinite-steps` when the recipe leaves it out.
+pub const DEFAULT_MAX_NONFINITE_STEPS: usize = 10;
+
 /// `[train]`: optimisation.
 #[derive(Debug, Clone)]
 pub struct TrainSpec {
@@ -157,7 +160,7 @@ impl Default for TrainSpec {
             gradient_checkpointing: false,
             precision: Precision::Fp32,
             loss_scale: None,
-            max_nonfinite_steps: 10,
+            max_nonfinite_steps: DEFAULT_MAX_NONFINITE_STEPS,
         }
     }
 }
@@ -255,7 +258,11 @@ pub fn train_spec(cx: &Scope, t: RawTrain) -> Result<TrainSpec, RecipeError> {
         gradient_checkpointing: t.gradient_checkpointing.unwrap_or(false),
         precision,
         loss_scale,
-        max_nonfinite_steps: cx.positive("max-nonfinite-steps", t.max_nonfinite_steps, 10)?,
+        max_nonfinite_steps: cx.positive(
+            "max-nonfinite-steps",
+            t.max_nonfinite_steps,
+            DEFAULT_MAX_NONFINITE_STEPS,
+        )?,
     })
 }
 

@@ -66,7 +66,7 @@ impl Stepper {
             clip,
             scaler,
             lr: 0.0,
-            max_nonfinite: 10,
+            max_nonfinite: mopt_recipe::DEFAULT_MAX_NONFINITE_STEPS,
             nonfinite_in_row: 0,
             nonfinite_skipped: 0,
         }

@@ -758,16 +758,23 @@ where
 }
 
 /// Failure injection for the tests of the non-finite guard: `MOPT_FAILPOINT=nan-loss@N` makes
-/// the loss of the process's `N`-th micro-batch (1-based) NaN, `nan-loss@*` every one's.
+/// the loss of the process's `N`-th micro-batch (1-based) NaN, `nan-loss@*` every one's. The
+/// variable is read once; without it a micro-batch pays one load.
 fn failpoint_nan() -> bool {
-    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let Ok(v) = std::env::var("MOPT_FAILPOINT") else {
-        return false;
-    };
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-    match v.strip_prefix("nan-loss@") {
-        Some("*") => true,
-        Some(n) => n.parse::<usize>().is_ok_and(|n| n == call),
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // `Some(None)`: every micro-batch; `Some(Some(n))`: the n-th; `None`: no failpoint.
+    static AT: std::sync::OnceLock<Option<Option<usize>>> = std::sync::OnceLock::new();
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let at = AT.get_or_init(|| {
+        let v = std::env::var("MOPT_FAILPOINT").ok()?;
+        match v.strip_prefix("nan-loss@")? {
+            "*" => Some(None),
+            n => n.parse().ok().map(Some),
+        }
+    });
+    match at {
         None => false,
+        Some(None) => true,
+        Some(Some(n)) => CALLS.fetch_add(1, Ordering::Relaxed) + 1 == *n,
     }
 }
