@@ -11,7 +11,7 @@ use burn::prelude::*;
 
 use crate::graph::{data, dims};
 use crate::graph::{int, ints, GraphBuilder};
-use crate::onnx::{dtype, value_info, Dim, ModelProto};
+use crate::onnx::{dtype, value_info, Dim, ModelProto, ValueInfoProto};
 
 /// One stage of an image model, in order.
 pub enum CnnLayer<'a> {
@@ -139,23 +139,32 @@ pub fn export_cnn(
         };
     }
     g.op_into("Identity", &[&x], vec![], "logits");
-    let graph = g.finish(
-        "mopt_cnn",
-        vec![value_info(
-            "image",
-            dtype::FLOAT,
-            &[
-                Dim::Named("batch"),
-                Dim::Fixed(channels as i64),
-                Dim::Fixed(height as i64),
-                Dim::Fixed(width as i64),
-            ],
-        )],
-        vec![value_info(
-            "logits",
-            dtype::FLOAT,
-            &[Dim::Named("batch"), Dim::Fixed(outputs as i64)],
-        )],
-    );
+    let (inputs, outputs) = image_io(channels, (height, width), outputs);
+    let graph = g.finish("mopt_cnn", inputs, outputs);
     ModelProto::new(graph, "image classifier exported by mopt", &[])
+}
+
+/// An image classifier's graph input `image` `[batch, channels, height, width]` and output
+/// `logits` `[batch, outputs]`.
+pub fn image_io(
+    channels: usize,
+    (height, width): (usize, usize),
+    outputs: usize,
+) -> (Vec<ValueInfoProto>, Vec<ValueInfoProto>) {
+    let image = value_info(
+        "image",
+        dtype::FLOAT,
+        &[
+            Dim::Named("batch"),
+            Dim::Fixed(channels as i64),
+            Dim::Fixed(height as i64),
+            Dim::Fixed(width as i64),
+        ],
+    );
+    let logits = value_info(
+        "logits",
+        dtype::FLOAT,
+        &[Dim::Named("batch"), Dim::Fixed(outputs as i64)],
+    );
+    (vec![image], vec![logits])
 }

@@ -1,6 +1,6 @@
 //! What the image model types share: their shape files (JSON read, completed with the data's
 //! classes, validated), their checkpoint files (`model.bpk` and `config.json` tagged with the
-//! `model_type`), a synthetic benchmark batch and their ONNX input.
+//! `model_type`), a synthetic benchmark batch and their ONNX input and feed.
 
 use std::path::Path;
 
@@ -102,4 +102,14 @@ pub fn image_input(channels: usize, side: usize) -> Vec<InputSpec> {
             Dim::Fixed(side as i64),
         ],
     }]
+}
+
+/// An image batch as ONNX Runtime is fed it: the input `image`.
+pub fn image_feed(batch: &ImageBatch) -> serde_json::Map<String, serde_json::Value> {
+    let mut m = serde_json::Map::new();
+    m.insert(
+        "image".into(),
+        mopt_export::tensor_json(batch.images.to_data()),
+    );
+    m
 }

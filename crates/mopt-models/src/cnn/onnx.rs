@@ -4,7 +4,7 @@
 use mopt_data::ImageBatch;
 use mopt_export::cnn::{export_cnn, CnnLayer};
 use mopt_export::onnx::ModelProto;
-use mopt_export::{tensor_json, ExportError, Exportable, InputSpec};
+use mopt_export::{ExportError, Exportable, InputSpec};
 use serde_json::{Map, Value};
 
 use super::{Cnn, CnnConfig};
@@ -34,9 +34,7 @@ impl Exportable for Cnn {
     }
 
     fn feed(batch: &ImageBatch) -> Map<String, Value> {
-        let mut m = Map::new();
-        m.insert("image".into(), tensor_json(batch.images.to_data()));
-        m
+        crate::shape_file::image_feed(batch)
     }
 
     /// A single image and a batch of 64.

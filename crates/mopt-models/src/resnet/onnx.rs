@@ -10,11 +10,11 @@
 //! residual `Add` of two dequantized inputs followed by a quantized ReLU into `QLinearAdd`.
 
 use mopt_data::ImageBatch;
-use mopt_export::cnn::fold_batch_norm;
+use mopt_export::cnn::{fold_batch_norm, image_io};
 use mopt_export::graph::{data, dims, int, ints, GraphBuilder};
-use mopt_export::onnx::{dtype, value_info, Dim, ModelProto};
+use mopt_export::onnx::ModelProto;
 use mopt_export::qdq::{dq_bias, dq_weight, qdq_activation, QdqCache};
-use mopt_export::{tensor_json, ExportError, Exportable, InputSpec};
+use mopt_export::{ExportError, Exportable, InputSpec};
 use mopt_quant::node::QuantConfig;
 use serde_json::{Map, Value};
 
@@ -131,24 +131,9 @@ impl Exportable for ResNet {
         let logits = w.classifier(self, &flat);
         let mut g = w.g;
         g.op_into("Identity", &[&logits], vec![], "logits");
-        let graph = g.finish(
-            "mopt_resnet",
-            vec![value_info(
-                "image",
-                dtype::FLOAT,
-                &[
-                    Dim::Named("batch"),
-                    Dim::Fixed(c.channels as i64),
-                    Dim::Fixed(c.image_size as i64),
-                    Dim::Fixed(c.image_size as i64),
-                ],
-            )],
-            vec![value_info(
-                "logits",
-                dtype::FLOAT,
-                &[Dim::Named("batch"), Dim::Fixed(c.num_labels as i64)],
-            )],
-        );
+        let side = (c.image_size, c.image_size);
+        let (inputs, outputs) = image_io(c.channels, side, c.num_labels);
+        let graph = g.finish("mopt_resnet", inputs, outputs);
         Ok(ModelProto::new(
             graph,
             "ResNet image classifier exported by mopt",
@@ -157,9 +142,7 @@ impl Exportable for ResNet {
     }
 
     fn feed(batch: &ImageBatch) -> Map<String, Value> {
-        let mut m = Map::new();
-        m.insert("image".into(), tensor_json(batch.images.to_data()));
-        m
+        crate::shape_file::image_feed(batch)
     }
 
     /// Stage widths and block widths (a pruned network's shape).
