@@ -246,6 +246,16 @@ struct Bench {
 }
 
 impl Bench {
+    /// The `--device` (inference) and its autodiff twin, seeded.
+    fn devices(&self) -> (Device, Device) {
+        let device = DeviceSpec::parse(&self.args.device)
+            .and_then(|d| d.open())
+            .unwrap_or_else(|e| panic!("--device: {e}"));
+        let ad = device.clone().autodiff();
+        ad.seed(42);
+        (device, ad)
+    }
+
     fn wants(&self, name: &str) -> bool {
         self.args
             .only
@@ -440,11 +450,7 @@ fn run_steps(bench: &mut Bench, work: &Path) {
     eprintln!("preparing models and batches");
     let p = prepare(bench, work);
     let (warmup, steps) = (bench.args.warmup, bench.args.steps);
-    let device = DeviceSpec::parse(&bench.args.device)
-        .and_then(|d| d.open())
-        .unwrap_or_else(|e| panic!("--device: {e}"));
-    let ad = device.clone().autodiff();
-    ad.seed(42);
+    let (device, ad) = bench.devices();
     let batcher = Batcher::new(p.pad_id);
     let bsz = 32;
     let chunks: Vec<Vec<&Encoded>> = p.subset.chunks(bsz).map(|c| c.iter().collect()).collect();

@@ -11,7 +11,6 @@ use mopt_data::ImageBatch;
 use mopt_models::resnet::{ResNet, ResNetConfig};
 use mopt_recipe::{Precision, TrainSpec};
 use mopt_train::trainer::FinetuneTask;
-use mopt_train::DeviceSpec;
 use serde_json::json;
 
 use super::{time_ms, time_training, Bench};
@@ -34,11 +33,7 @@ fn batch(i: usize, n: usize, device: &Device) -> ImageBatch {
 
 pub fn run(bench: &mut Bench, work: &Path) {
     let (warmup, steps) = (bench.args.warmup, bench.args.steps);
-    let device = DeviceSpec::parse(&bench.args.device)
-        .and_then(|d| d.open())
-        .unwrap_or_else(|e| panic!("--device: {e}"));
-    let ad = device.clone().autodiff();
-    ad.seed(42);
+    let (device, ad) = bench.devices();
     let config = ResNetConfig::new(&[32, 64, 128], 2, 1, 28);
     let model = ResNet::new(&config, &ad);
     // The weights and the eval logits of batch 0 for the PyTorch side.
