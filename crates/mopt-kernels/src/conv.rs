@@ -1,18 +1,25 @@
 //! 2-D convolution (no bias, square kernel, symmetric padding, groups 1) on the GEMM of
 //! [`crate::gemm`], forward and backward, for NCHW f32 tensors.
 //!
-//! Image by image (in parallel over the batch), the input's patches are unfolded into
-//! `cols: [C·k·k, P]` (P output pixels; a row is one input plane shifted by one kernel offset,
-//! so unfolding is a run of contiguous copies, and one image's matrix stays in L2), then:
+//! No patch matrix is built. Each image is first *prepared*: zero-padded and, for a stride
+//! `s > 1`, split into its `s × s` phases (`x[s·i + a, s·j + b]` in phase `(a, b)`), so that
+//! for every kernel offset the inputs of a run of outputs are a contiguous run of the
+//! prepared image. The outputs are computed on a grid as wide as a prepared row (`Wg`
+//! columns, the last `Wg − OW` of each row discarded), and row `k = (c, ky, kx)` of the
+//! patch matrix is the prepared image read from offset `off(k)`: its panels are packed
+//! straight from the image, next to weights packed once for the whole batch.
 //!
-//! - forward: `y = W · cols` (`[O, P]`: the image's NCHW output, no transpose);
-//! - dW: `Σ_images g · colsᵀ` (`[O, C·k·k]`);
-//! - dX: `dcols = Wᵀ · g`, folded back onto the input (col2im: contiguous adds).
+//! - forward: `y = W · patches` a grid row per output channel, in parallel over images;
+//! - dX, stride 1: the forward convolution of the output gradient with the flipped,
+//!   transposed kernel; stride > 1: `Wᵀ · g` scattered back onto the prepared image (runs of
+//!   contiguous adds), then un-prepared;
+//! - dW: with the prepared input and the gradient both channels-last, `dW[:, :, ky, kx]` is one
+//!   product `gᵀ · X_shifted` over every pixel of the batch (all packing is copies), the batch
+//!   split over threads and the partial sums added.
 
 use rayon::prelude::*;
 
-use crate::gemm::{sgemm, View};
-
+use crate::gemm::{gemm_prepacked, gemm_serial, PackA, PackB, PackedA, View};
 /// The geometry of one convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvShape {
@@ -42,6 +49,7 @@ impl ConvShape {
     }
 
     /// Output pixels an image.
+    #[cfg(test)]
     fn pixels(&self) -> usize {
         let (oh, ow) = self.out_hw();
         oh * ow
@@ -55,108 +63,233 @@ impl ConvShape {
     fn image(&self) -> usize {
         self.channels * self.height * self.width
     }
+}
 
-    /// For kernel offset `kx`: the output columns `[lo, hi)` whose input column is inside the
-    /// image, and the input column of output column 0 (possibly negative).
-    fn columns(&self, kx: usize, ow: usize) -> (usize, usize, isize) {
-        let first = kx as isize - self.pad as isize;
-        let s = self.stride as isize;
-        let lo = if first < 0 { ((-first) + s - 1) / s } else { 0 } as usize;
-        let last = self.width as isize - 1 - first;
-        let hi = if last < 0 {
-            0
-        } else {
-            ((last / s) + 1).min(ow as isize) as usize
-        };
-        (lo.min(hi), hi, first)
+/// Where a convolution reads its prepared input: phases `s × s`, each `[C, Hg, Wg]`.
+#[derive(Debug, Clone, Copy)]
+struct Grid {
+    /// Prepared rows and columns (a phase's height and width).
+    hg: usize,
+    wg: usize,
+    /// Values of one prepared image (with slack for the last panel's reads).
+    len: usize,
+}
+
+impl ConvShape {
+    fn grid(&self) -> Grid {
+        let s = self.stride;
+        let (hg, wg) = (
+            (self.height + 2 * self.pad).div_ceil(s),
+            (self.width + 2 * self.pad).div_ceil(s),
+        );
+        let body = s * s * self.channels * hg * wg;
+        let (oh, _) = self.out_hw();
+        let max_off = body - hg * wg + (self.kernel - 1) / s * (wg + 1);
+        let len = body.max(max_off + (oh * wg).div_ceil(64) * 64 + 64);
+        Grid { hg, wg, len }
+    }
+
+    /// Offsets of the patch rows `k = (c, ky, kx)` in a prepared image.
+    fn offsets(&self, g: &Grid) -> Vec<usize> {
+        let (s, plane) = (self.stride, g.hg * g.wg);
+        let mut off = Vec::with_capacity(self.patch());
+        for c in 0..self.channels {
+            for ky in 0..self.kernel {
+                for kx in 0..self.kernel {
+                    let phase = (ky % s) * s + kx % s;
+                    off.push((phase * self.channels + c) * plane + (ky / s) * g.wg + kx / s);
+                }
+            }
+        }
+        off
+    }
+
+    /// Where input rows and columns land in a prepared image: NCHW-prepared
+    /// (`[phase, c, i, j]`: `y[row] + x[col] + c·plane`) and channels-last
+    /// (`[i, j, phase, c]`: `y_cl[row] + x_cl[col] + c`).
+    fn maps(&self, g: &Grid) -> Maps {
+        let (s, p, c) = (self.stride, self.pad, self.channels);
+        let plane = g.hg * g.wg;
+        let split = |v: usize| ((v + p) % s, (v + p) / s);
+        let (mut m, ph) = (Maps::default(), s * s);
+        for y in 0..self.height {
+            let (a, i) = split(y);
+            m.y.push(a * s * c * plane + i * g.wg);
+            m.y_cl.push((i * g.wg * ph + a * s) * c);
+        }
+        for x in 0..self.width {
+            let (b, j) = split(x);
+            m.x.push(b * c * plane + j);
+            m.x_cl.push((j * ph + b) * c);
+        }
+        m
     }
 }
 
-/// Walk the rows of one image's patch matrix: `f(row, oy, iy, lo, hi, first_ix, plane)` for
-/// each kernel offset and output row whose input row `iy` is inside the image.
-fn for_each_segment(
-    s: &ConvShape,
-    mut f: impl FnMut(usize, usize, usize, (usize, usize, isize), usize),
-) {
-    let (oh, ow) = s.out_hw();
+/// See [`ConvShape::maps`].
+#[derive(Debug, Default)]
+struct Maps {
+    y: Vec<usize>,
+    x: Vec<usize>,
+    y_cl: Vec<usize>,
+    x_cl: Vec<usize>,
+}
+
+/// Prepare image `img: [C, H, W]` into `out` ([`Grid::len`] values).
+fn prepare(img: &[f32], geo: &Geometry, out: &mut [f32]) {
+    let (s, g, m) = (geo.s, &geo.grid, &geo.maps);
+    out.fill(0.0);
+    let plane = g.hg * g.wg;
     for c in 0..s.channels {
-        for ky in 0..s.kernel {
-            for kx in 0..s.kernel {
-                let row = (c * s.kernel + ky) * s.kernel + kx;
-                let cols = s.columns(kx, ow);
-                for oy in 0..oh {
-                    let iy = (oy * s.stride + ky) as isize - s.pad as isize;
-                    if iy >= 0 && (iy as usize) < s.height {
-                        f(row, oy, iy as usize, cols, c);
-                    }
+        for (y, &at) in m.y.iter().enumerate() {
+            let row = &img[(c * s.height + y) * s.width..][..s.width];
+            let out = &mut out[c * plane + at..];
+            if s.stride == 1 {
+                out[s.pad..s.pad + s.width].copy_from_slice(row);
+            } else {
+                for (&v, &x) in row.iter().zip(&m.x) {
+                    out[x] = v;
                 }
             }
         }
     }
 }
 
-/// One image's patch matrix `[C·k·k, P]` of `img: [C, H, W]` into `cols` (zeros outside).
-fn im2col(img: &[f32], s: &ConvShape, cols: &mut [f32]) {
-    let (_, ow) = s.out_hw();
-    let p = s.pixels();
-    let plane = s.height * s.width;
-    if s.pad > 0 {
-        // Only windows that reach into the padding keep zeros.
-        cols.fill(0.0);
-    }
-    for_each_segment(s, |row, oy, iy, (lo, hi, first), c| {
-        let src = &img[c * plane + iy * s.width..][..s.width];
-        let dst = &mut cols[row * p + oy * ow..][..ow];
-        if s.stride == 1 {
-            let start = (lo as isize + first) as usize;
-            dst[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
-        } else {
-            for (ox, d) in dst.iter_mut().enumerate().take(hi).skip(lo) {
-                *d = src[(ox as isize * s.stride as isize + first) as usize];
-            }
-        }
-    });
+/// The patch rows of a prepared image, as GEMM panels: `B[k, q] = img[off[k] + q]`.
+struct Shifted<'a> {
+    img: &'a [f32],
+    off: &'a [usize],
 }
 
-/// Add one image's patch-matrix gradient `[C·k·k, P]` back onto its input gradient `[C, H, W]`.
-fn col2im(dcols: &[f32], s: &ConvShape, img: &mut [f32]) {
-    let (_, ow) = s.out_hw();
-    let p = s.pixels();
-    let plane = s.height * s.width;
-    for_each_segment(s, |row, oy, iy, (lo, hi, first), c| {
-        let dst = &mut img[c * plane + iy * s.width..][..s.width];
-        let src = &dcols[row * p + oy * ow..][..ow];
-        if s.stride == 1 {
-            let start = (lo as isize + first) as usize;
-            for (d, v) in dst[start..start + hi - lo].iter_mut().zip(&src[lo..hi]) {
-                *d += v;
-            }
-        } else {
-            for ox in lo..hi {
-                dst[(ox as isize * s.stride as isize + first) as usize] += src[ox];
+impl PackB for Shifted<'_> {
+    fn pack(&self, (p0, kc): (usize, usize), (j0, nc): (usize, usize), nr: usize, out: &mut [f32]) {
+        for (jp, panel) in out.chunks_exact_mut(kc * nr).enumerate() {
+            let j = j0 + jp * nr;
+            let w = nr.min(j0 + nc - j);
+            for (dst, &o) in panel.chunks_exact_mut(nr).zip(&self.off[p0..p0 + kc]) {
+                dst[..w].copy_from_slice(&self.img[o + j..o + j + w]);
             }
         }
-    });
+    }
 }
 
 /// `y = conv(x, w)`: x `[batch, C, H, W]`, w `[O, C, k, k]` → `[batch, O, OH, OW]`.
 pub fn conv2d(x: &[f32], w: &[f32], s: &ConvShape) -> Vec<f32> {
-    let (p, kk, o) = (s.pixels(), s.patch(), s.out_channels);
-    let mut y = vec![0.0f32; s.batch * o * p];
-    y.par_chunks_mut(o * p).enumerate().for_each_init(
-        || vec![0.0f32; kk * p],
-        |cols, (n, out)| {
-            im2col(&x[n * s.image()..][..s.image()], s, cols);
-            sgemm(
-                View::row_major(w, o, kk),
-                View::row_major(cols, kk, p),
-                out,
-                1.0,
-                false,
-            );
-        },
-    );
+    let packed = PackedA::new(View::row_major(w, s.out_channels, s.patch()));
+    forward_packed(x, &packed, s)
+}
+
+/// Per-thread buffers, reused from call to call (a fresh megabyte a image would cost page
+/// faults and zeroing every time).
+#[derive(Default)]
+struct Scratch {
+    prep: Vec<f32>,
+    grid: Vec<f32>,
+    bbuf: Vec<f32>,
+    cols: Vec<f32>,
+    abuf: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+/// Run `f` with this thread's scratch buffers (fresh ones if they are in use).
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => f(&mut s),
+        Err(_) => f(&mut Scratch::default()),
+    })
+}
+
+/// `v` resized to `len` zeros.
+fn zeroed(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    v.clear();
+    v.resize(len, 0.0);
+    v
+}
+
+/// [`conv2d`] with the weights already packed (`[O, C·k·k]`).
+fn forward_packed(x: &[f32], w: &PackedA, s: &ConvShape) -> Vec<f32> {
+    let (o, (oh, ow)) = (s.out_channels, s.out_hw());
+    let mut y = vec![0.0f32; s.batch * o * oh * ow];
+    // Whole images a task when the batch keeps every thread busy; otherwise each image's
+    // output channels split over the threads.
+    let threads = rayon::current_num_threads().max(1);
+    let mr = w.tile_rows();
+    let panels = o.div_ceil(mr);
+    let split = if s.batch >= 2 * threads {
+        1
+    } else {
+        threads.min(panels)
+    };
+    let per = panels.div_ceil(split);
+    let geometry = Geometry::new(s);
+    y.par_chunks_mut(o * oh * ow)
+        .enumerate()
+        .for_each(|(n, out)| {
+            let img = &x[n * s.image()..][..s.image()];
+            if split == 1 {
+                forward_rows(img, w, (0, panels), &geometry, out);
+            } else {
+                out.par_chunks_mut(per * mr * oh * ow)
+                    .enumerate()
+                    .for_each(|(ci, out)| {
+                        let range = (ci * per, ((ci + 1) * per).min(panels));
+                        forward_rows(img, w, range, &geometry, out);
+                    });
+            }
+        });
     y
+}
+
+/// A convolution's shape with its grid and patch-row offsets, computed once a call.
+struct Geometry<'a> {
+    s: &'a ConvShape,
+    grid: Grid,
+    off: Vec<usize>,
+    maps: Maps,
+}
+
+impl<'a> Geometry<'a> {
+    fn new(s: &'a ConvShape) -> Self {
+        let grid = s.grid();
+        Self {
+            s,
+            off: s.offsets(&grid),
+            maps: s.maps(&grid),
+            grid,
+        }
+    }
+}
+
+/// Output channels of panels `[p0, p1)` of one image (`out`: those channels' planes).
+fn forward_rows(
+    img: &[f32],
+    w: &PackedA,
+    (p0, p1): (usize, usize),
+    geo: &Geometry,
+    out: &mut [f32],
+) {
+    let (s, g) = (geo.s, &geo.grid);
+    let (oh, ow) = s.out_hw();
+    let q = oh * g.wg;
+    let rows = (p1 * w.tile_rows()).min(s.out_channels) - p0 * w.tile_rows();
+    with_scratch(|sc| {
+        sc.prep.resize(g.len, 0.0);
+        prepare(img, geo, &mut sc.prep);
+        let grid = zeroed(&mut sc.grid, rows * q);
+        let src = Shifted {
+            img: &sc.prep,
+            off: &geo.off,
+        };
+        gemm_prepacked(w, (p0, p1), &src, q, grid, false, &mut sc.bbuf);
+        for (dst, src) in out.chunks_exact_mut(oh * ow).zip(grid.chunks_exact(q)) {
+            for (d, r) in dst.chunks_exact_mut(ow).zip(src.chunks_exact(g.wg)) {
+                d.copy_from_slice(&r[..ow]);
+            }
+        }
+    })
 }
 
 /// Gradients of [`conv2d`] from the output gradient `g: [batch, O, OH, OW]`: (dx, dw), each
@@ -168,53 +301,212 @@ pub fn conv2d_backward(
     s: &ConvShape,
     (want_dx, want_dw): (bool, bool),
 ) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
-    let (p, kk, o) = (s.pixels(), s.patch(), s.out_channels);
-    let dw = want_dw.then(|| {
-        (0..s.batch)
-            .into_par_iter()
-            .fold(
-                || (vec![0.0f32; o * kk], vec![0.0f32; kk * p]),
-                |(mut dw, mut cols), n| {
-                    im2col(&x[n * s.image()..][..s.image()], s, &mut cols);
-                    let gn = &g[n * o * p..][..o * p];
-                    sgemm(
-                        View::row_major(gn, o, p),
-                        View::row_major(&cols, kk, p).t(),
-                        &mut dw,
-                        1.0,
-                        true,
-                    );
-                    (dw, cols)
-                },
-            )
-            .map(|(dw, _)| dw)
-            .reduce(
-                || vec![0.0f32; o * kk],
-                |mut a, b| {
-                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                    a
-                },
-            )
-    });
     let dx = want_dx.then(|| {
-        let mut dx = vec![0.0f32; s.batch * s.image()];
-        dx.par_chunks_mut(s.image()).enumerate().for_each_init(
-            || vec![0.0f32; kk * p],
-            |dcols, (n, img)| {
-                let gn = &g[n * o * p..][..o * p];
-                sgemm(
-                    View::row_major(w, o, kk).t(),
-                    View::row_major(gn, o, p),
-                    dcols,
-                    1.0,
-                    false,
-                );
-                col2im(dcols, s, img);
-            },
-        );
-        dx
+        if s.stride == 1 && s.pad < s.kernel {
+            input_grad_flipped(w, g, s)
+        } else {
+            input_grad_scatter(w, g, s)
+        }
     });
+    let dw = want_dw.then(|| weight_grad(x, g, s));
     (dx, dw)
+}
+
+/// dX of a stride-1 convolution: `g` convolved with the kernel flipped and transposed
+/// (`W'[c, o, ky, kx] = W[o, c, k−1−ky, k−1−kx]`), padding `k − 1 − pad`.
+fn input_grad_flipped(w: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
+    let k = s.kernel;
+    let (oh, ow) = s.out_hw();
+    let mut flipped = vec![0.0f32; w.len()];
+    for o in 0..s.out_channels {
+        for c in 0..s.channels {
+            for ky in 0..k {
+                for kx in 0..k {
+                    flipped[((c * s.out_channels + o) * k + (k - 1 - ky)) * k + (k - 1 - kx)] =
+                        w[((o * s.channels + c) * k + ky) * k + kx];
+                }
+            }
+        }
+    }
+    let t = ConvShape {
+        batch: s.batch,
+        channels: s.out_channels,
+        height: oh,
+        width: ow,
+        out_channels: s.channels,
+        kernel: k,
+        stride: 1,
+        pad: k - 1 - s.pad,
+    };
+    debug_assert_eq!(t.out_hw(), (s.height, s.width));
+    forward_packed(
+        g,
+        &PackedA::new(View::row_major(&flipped, s.channels, t.patch())),
+        &t,
+    )
+}
+
+/// dX of any convolution: per image, `Wᵀ · g` (the patch rows' gradients, on the output
+/// grid) added back onto the prepared image at each row's offset, then un-prepared.
+fn input_grad_scatter(w: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
+    let geo = Geometry::new(s);
+    let (grid, o, (oh, ow)) = (geo.grid, s.out_channels, s.out_hw());
+    let (kk, q) = (s.patch(), oh * grid.wg);
+    let wt = PackedA::new(View::row_major(w, o, kk).t());
+    let panels = kk.div_ceil(wt.tile_rows());
+    let plane = grid.hg * grid.wg;
+    let mut dx = vec![0.0f32; s.batch * s.image()];
+    dx.par_chunks_mut(s.image())
+        .enumerate()
+        .for_each(|(n, img)| {
+            with_scratch(|sc| {
+                let gq = zeroed(&mut sc.grid, o * q);
+                for (dst, src) in gq
+                    .chunks_exact_mut(q)
+                    .zip(g[n * o * oh * ow..].chunks_exact(oh * ow))
+                {
+                    for (d, r) in dst.chunks_exact_mut(grid.wg).zip(src.chunks_exact(ow)) {
+                        d[..ow].copy_from_slice(r);
+                    }
+                }
+                let dcols = zeroed(&mut sc.cols, kk * q);
+                gemm_prepacked(
+                    &wt,
+                    (0, panels),
+                    &View::row_major(gq, o, q),
+                    q,
+                    dcols,
+                    false,
+                    &mut sc.bbuf,
+                );
+                let dprep = zeroed(&mut sc.prep, grid.len);
+                for (row, &at) in dcols.chunks_exact(q).zip(&geo.off) {
+                    for (d, v) in dprep[at..at + q].iter_mut().zip(row) {
+                        *d += v;
+                    }
+                }
+                for (c, img) in img.chunks_exact_mut(s.height * s.width).enumerate() {
+                    for (row, &at) in img.chunks_exact_mut(s.width).zip(&geo.maps.y) {
+                        let src = &dprep[c * plane + at..];
+                        for (d, &x) in row.iter_mut().zip(&geo.maps.x) {
+                            *d = src[x];
+                        }
+                    }
+                }
+            })
+        });
+    dx
+}
+
+/// The shifted input rows of the weight gradient: `A[(ky, kx, c), d] = xt[off[r] + d·rs]`
+/// over the channels-last prepared batch (`d` a pixel of the batch's grid).
+struct ShiftedCols<'a> {
+    xt: &'a [f32],
+    off: &'a [usize],
+    rs: usize,
+}
+
+impl PackA for ShiftedCols<'_> {
+    fn pack(&self, (i0, mc): (usize, usize), (p0, kc): (usize, usize), mr: usize, out: &mut [f32]) {
+        for (ip, panel) in out.chunks_exact_mut(kc * mr).enumerate() {
+            let rows = &self.off[i0 + ip * mr..(i0 + (ip + 1) * mr).min(i0 + mc)];
+            // Runs of rows that are consecutive in memory (consecutive channels of one offset).
+            let mut runs: Vec<(usize, usize, usize)> = Vec::with_capacity(4);
+            for (r, &o) in rows.iter().enumerate() {
+                match runs.last_mut() {
+                    Some((_, len, at)) if *at + *len == o => *len += 1,
+                    _ => runs.push((r, 1, o)),
+                }
+            }
+            for (d, dst) in panel.chunks_exact_mut(mr).enumerate() {
+                let base = (p0 + d) * self.rs;
+                for &(r, len, at) in &runs {
+                    dst[r..r + len].copy_from_slice(&self.xt[base + at..base + at + len]);
+                }
+            }
+        }
+    }
+}
+
+/// dW: with `X` the batch prepared channels-last (`[n, i, j, phase, c]`) and `G` the output
+/// gradient channels-last on the same grid (`[n, i, j, o]`, zero off the outputs),
+/// `dWᵀ[(ky, kx, c), o] = Σ_d X[d + shift(ky, kx), phase(ky, kx), c] · G[d, o]`: one product
+/// over every pixel `d` of the batch, the batch split over the threads and the parts added.
+fn weight_grad(x: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
+    let (grid, o, c, k) = (s.grid(), s.out_channels, s.channels, s.kernel);
+    let maps = s.maps(&grid);
+    let (oh, ow) = s.out_hw();
+    let (st, pix) = (s.stride, grid.hg * grid.wg);
+    let phases = st * st;
+    let mut off = Vec::with_capacity(k * k * c);
+    for ky in 0..k {
+        for kx in 0..k {
+            let shift = (ky / st) * grid.wg + kx / st;
+            let phase = (ky % st) * st + kx % st;
+            off.extend((0..c).map(|ci| (shift * phases + phase) * c + ci));
+        }
+    }
+    let threads = rayon::current_num_threads().max(1);
+    let per = s.batch.div_ceil(threads);
+    let parts: Vec<Vec<f32>> = (0..s.batch.div_ceil(per))
+        .into_par_iter()
+        .map(|part| {
+            let (n0, n1) = (part * per, ((part + 1) * per).min(s.batch));
+            let images = n1 - n0;
+            with_scratch(|sc| {
+                // Channels-last input, with a slack image of zeros for the shifted reads.
+                let xt = zeroed(&mut sc.prep, (images + 1) * pix * phases * c);
+                let gt = zeroed(&mut sc.grid, images * pix * o);
+                for n in 0..images {
+                    let img = &x[(n0 + n) * s.image()..][..s.image()];
+                    let xt = &mut xt[n * pix * phases * c..];
+                    for (y, &at) in maps.y_cl.iter().enumerate() {
+                        let xt = &mut xt[at..];
+                        for ci in 0..c {
+                            let row = &img[(ci * s.height + y) * s.width..][..s.width];
+                            for (&v, &x) in row.iter().zip(&maps.x_cl) {
+                                xt[x + ci] = v;
+                            }
+                        }
+                    }
+                    let gn = &g[(n0 + n) * o * oh * ow..][..o * oh * ow];
+                    let gt = &mut gt[n * pix * o..];
+                    for oy in 0..oh {
+                        for oc in 0..o {
+                            let row = &gn[(oc * oh + oy) * ow..][..ow];
+                            for (ox, &v) in row.iter().enumerate() {
+                                gt[(oy * grid.wg + ox) * o + oc] = v;
+                            }
+                        }
+                    }
+                }
+                let depth = images * pix;
+                let a = ShiftedCols {
+                    xt,
+                    off: &off,
+                    rs: phases * c,
+                };
+                let b = View::row_major(gt, depth, o);
+                let mut dwt = vec![0.0f32; k * k * c * o];
+                let mut bufs = (std::mem::take(&mut sc.abuf), std::mem::take(&mut sc.bbuf));
+                gemm_serial(&a, &b, (k * k * c, depth, o), &mut dwt, false, &mut bufs);
+                (sc.abuf, sc.bbuf) = bufs;
+                dwt
+            })
+        })
+        .collect();
+    // Sum the parts and reorder `[ky, kx, c, o]` → `[o, c, ky, kx]`.
+    let mut dw = vec![0.0f32; o * c * k * k];
+    for part in &parts {
+        for (kxy, block) in part.chunks_exact(c * o).enumerate() {
+            for (ci, row) in block.chunks_exact(o).enumerate() {
+                for (oc, &v) in row.iter().enumerate() {
+                    dw[(oc * c + ci) * k * k + kxy] += v;
+                }
+            }
+        }
+    }
+    dw
 }
 
 #[cfg(test)]
@@ -284,6 +576,13 @@ mod tests {
             s(3, 4, 9, 6, 3, 2, 1),
             s(2, 5, 6, 7, 1, 2, 0),
             s(1, 2, 5, 3, 1, 1, 0),
+            // batch 1 (the channels split over threads), more channels than a tile
+            s(1, 6, 8, 33, 3, 1, 1),
+            s(5, 4, 6, 14, 3, 1, 1),
+            // no padding, a 5×5 kernel of stride 2, stride 3
+            s(2, 3, 9, 4, 3, 1, 0),
+            s(2, 3, 10, 5, 5, 2, 2),
+            s(2, 2, 11, 3, 3, 3, 1),
         ]
     }
 

@@ -152,28 +152,39 @@ fn pack_b(
         .enumerate()
         .for_each(|(jp, panel)| {
             let j = j0 + jp * nr;
-            let w = nr.min(j0 + nc - j);
-            if b.cs == 1 && w == nr {
-                for (k, dst) in panel.chunks_exact_mut(nr).enumerate() {
-                    let s = b.offset + (p0 + k) * b.rs + j;
-                    dst.copy_from_slice(&b.data[s..s + nr]);
-                }
-            } else if b.rs == 1 {
-                // A transposed operand (e.g. Wᵀ in dX = G·Wᵀ): read each column as a run.
-                for c in 0..w {
-                    let s = b.offset + p0 + (j + c) * b.cs;
-                    for (k, &v) in b.data[s..s + kc].iter().enumerate() {
-                        panel[k * nr + c] = v;
-                    }
-                }
-            } else {
-                for (k, dst) in panel.chunks_exact_mut(nr).enumerate() {
-                    for (c, d) in dst.iter_mut().enumerate().take(w) {
-                        *d = b.at(p0 + k, j + c);
-                    }
-                }
-            }
+            pack_b_panel(b, (p0, kc), (j, nr.min(j0 + nc - j)), nr, panel);
         });
+}
+
+/// One panel of [`pack_b`]: columns `j..j+w` of `B[p0..p0+kc, ..]` (the rest of the panel's
+/// `nr` columns left as they are: zero).
+fn pack_b_panel(
+    b: &View,
+    (p0, kc): (usize, usize),
+    (j, w): (usize, usize),
+    nr: usize,
+    panel: &mut [f32],
+) {
+    if b.cs == 1 && w == nr {
+        for (k, dst) in panel.chunks_exact_mut(nr).enumerate() {
+            let s = b.offset + (p0 + k) * b.rs + j;
+            dst.copy_from_slice(&b.data[s..s + nr]);
+        }
+    } else if b.rs == 1 {
+        // A transposed operand (e.g. Wᵀ in dX = G·Wᵀ): read each column as a run.
+        for c in 0..w {
+            let s = b.offset + p0 + (j + c) * b.cs;
+            for (k, &v) in b.data[s..s + kc].iter().enumerate() {
+                panel[k * nr + c] = v;
+            }
+        }
+    } else {
+        for (k, dst) in panel.chunks_exact_mut(nr).enumerate() {
+            for (c, d) in dst.iter_mut().enumerate().take(w) {
+                *d = b.at(p0 + k, j + c);
+            }
+        }
+    }
 }
 
 /// Pack `A[i0..i0+mc, p0..p0+kc]` into panels of `mr` rows, k-major, zero-padded.
@@ -444,15 +455,185 @@ fn sgemm_on(t: Tile, a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool
                         accumulate,
                         tile: t,
                     };
-                    match t.kernel {
-                        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-                        Kernel::Avx2(v) => Simd::vectorize(v, block),
-                        #[cfg(target_arch = "x86_64")]
-                        Kernel::Avx512(v) => Simd::vectorize(v, block),
-                        Kernel::Portable => Arch::new().dispatch(block),
-                    }
+                    run_block(block);
                 });
         }
+    }
+}
+
+/// A source of B panels for the single-threaded products ([`gemm_serial`]): fills
+/// `out` (`⌈nc/nr⌉` panels of `kc × nr`, k-major, zeroed beforehand) with
+/// `B[p0..p0+kc, j0..j0+nc]`. A [`View`] is one; a convolution's shifted input rows are another.
+pub(crate) trait PackB: Sync {
+    /// Pack the block.
+    fn pack(&self, depth: (usize, usize), cols: (usize, usize), nr: usize, out: &mut [f32]);
+}
+
+impl PackB for View<'_> {
+    fn pack(&self, (p0, kc): (usize, usize), (j0, nc): (usize, usize), nr: usize, out: &mut [f32]) {
+        for (jp, panel) in out.chunks_exact_mut(kc * nr).enumerate() {
+            let j = j0 + jp * nr;
+            pack_b_panel(self, (p0, kc), (j, nr.min(j0 + nc - j)), nr, panel);
+        }
+    }
+}
+
+/// A left operand packed once for many products (a convolution's weights, used for every
+/// image): all of its rows, in `KC`-deep blocks of `mr`-row panels.
+#[derive(Debug, Clone)]
+pub struct PackedA {
+    tile: Tile,
+    rows: usize,
+    depth: usize,
+    data: Vec<f32>,
+}
+
+impl PackedA {
+    /// Pack `a` for this CPU's tile.
+    pub fn new(a: View) -> Self {
+        Self::with_tile(tile(), a)
+    }
+
+    fn with_tile(t: Tile, a: View) -> Self {
+        let (rows, depth) = (a.rows, a.cols);
+        let padded = rows.div_ceil(t.mr) * t.mr;
+        let mut data = vec![0.0f32; padded * depth];
+        for p0 in (0..depth).step_by(KC) {
+            let kc = KC.min(depth - p0);
+            pack_a(
+                &a,
+                (0, rows),
+                (p0, kc),
+                t.mr,
+                &mut data[p0 * padded..(p0 + kc) * padded],
+            );
+        }
+        Self {
+            tile: t,
+            rows,
+            depth,
+            data,
+        }
+    }
+
+    /// Rows of the operand.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Rows of a panel (the register tile's height).
+    pub fn tile_rows(&self) -> usize {
+        self.tile.mr
+    }
+
+    /// Panels `[ip0, ip1)` of the depth block at `p0` (`kc` deep).
+    fn panels(&self, p0: usize, kc: usize, (ip0, ip1): (usize, usize)) -> &[f32] {
+        let padded = self.rows.div_ceil(self.tile.mr) * self.tile.mr;
+        let block = &self.data[p0 * padded..(p0 + kc) * padded];
+        &block[ip0 * kc * self.tile.mr..ip1 * kc * self.tile.mr]
+    }
+}
+
+/// `C (+)= A[rows] · B` on the calling thread, for the row panels `panels` of a packed `a`
+/// (`c` holds those rows, `n` columns each, row-major). `bbuf` is scratch for B's panels.
+pub(crate) fn gemm_prepacked(
+    a: &PackedA,
+    panels: (usize, usize),
+    b: &impl PackB,
+    n: usize,
+    c: &mut [f32],
+    accumulate: bool,
+    bbuf: &mut Vec<f32>,
+) {
+    let t = a.tile;
+    let row0 = panels.0 * t.mr;
+    let mc = (panels.1 * t.mr).min(a.rows) - row0;
+    for j0 in (0..n).step_by(NC) {
+        let nc = NC.min(n - j0);
+        for p0 in (0..a.depth).step_by(KC) {
+            let kc = KC.min(a.depth - p0);
+            bbuf.clear();
+            bbuf.resize(nc.div_ceil(t.nr) * kc * t.nr, 0.0);
+            b.pack((p0, kc), (j0, nc), t.nr, bbuf);
+            run_block(Block {
+                apack: a.panels(p0, kc, panels),
+                bpack: bbuf,
+                rows: &mut c[..mc * n],
+                kc,
+                mc,
+                n,
+                j0,
+                nc,
+                alpha: 1.0,
+                accumulate: accumulate || p0 > 0,
+                tile: t,
+            });
+        }
+    }
+}
+
+/// A source of A panels for [`gemm_serial`]: fills `out` (`⌈mc/mr⌉` panels of `kc × mr`,
+/// k-major, zeroed beforehand) with `A[i0..i0+mc, p0..p0+kc]`.
+pub(crate) trait PackA {
+    /// Pack the block.
+    fn pack(&self, rows: (usize, usize), depth: (usize, usize), mr: usize, out: &mut [f32]);
+}
+
+impl PackA for View<'_> {
+    fn pack(&self, rows: (usize, usize), depth: (usize, usize), mr: usize, out: &mut [f32]) {
+        pack_a(self, rows, depth, mr, out);
+    }
+}
+
+/// `C (+)= A · B` on the calling thread, `A` `m × k` and `B` `k × n` (for callers that split
+/// the work themselves, e.g. a weight gradient summed over the batch in per-thread parts).
+pub(crate) fn gemm_serial(
+    a: &impl PackA,
+    b: &impl PackB,
+    (m, k, n): (usize, usize, usize),
+    c: &mut [f32],
+    accumulate: bool,
+    (abuf, bbuf): &mut (Vec<f32>, Vec<f32>),
+) {
+    let t = tile();
+    for j0 in (0..n).step_by(NC) {
+        let nc = NC.min(n - j0);
+        for p0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - p0);
+            bbuf.clear();
+            bbuf.resize(nc.div_ceil(t.nr) * kc * t.nr, 0.0);
+            b.pack((p0, kc), (j0, nc), t.nr, bbuf);
+            for i0 in (0..m).step_by(MC) {
+                let mc = MC.min(m - i0);
+                abuf.clear();
+                abuf.resize(mc.div_ceil(t.mr) * t.mr * kc, 0.0);
+                a.pack((i0, mc), (p0, kc), t.mr, abuf);
+                run_block(Block {
+                    apack: abuf,
+                    bpack: bbuf,
+                    rows: &mut c[i0 * n..(i0 + mc) * n],
+                    kc,
+                    mc,
+                    n,
+                    j0,
+                    nc,
+                    alpha: 1.0,
+                    accumulate: accumulate || p0 > 0,
+                    tile: t,
+                });
+            }
+        }
+    }
+}
+
+/// Run one block with its tile's kernel.
+fn run_block(block: Block) {
+    match block.tile.kernel {
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        Kernel::Avx2(v) => Simd::vectorize(v, block),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512(v) => Simd::vectorize(v, block),
+        Kernel::Portable => Arch::new().dispatch(block),
     }
 }
 
