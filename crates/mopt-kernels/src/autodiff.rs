@@ -326,56 +326,122 @@ pub fn conv2d<C: CheckpointStrategy>(x: Ad<C>, w: Ad<C>, stride: usize, pad: usi
     }
 }
 
+/// What a fused BatchNorm's backward keeps: input, gamma, batch mean and variance, and the
+/// output when it ended in ReLU.
+type BnState = (
+    FlexTensor,
+    FlexTensor,
+    Vec<f32>,
+    Vec<f32>,
+    Option<FlexTensor>,
+);
+
+/// The fused BatchNorm's gradients for its parents `(x, gamma, beta[, residual])`.
+fn batch_norm_grads<const N: usize>(eps: f64, ops: Ops<BnState, N>, grads: &mut Gradients) {
+    let (x, gamma, mean, var, y) = ops.state;
+    let g = grads.consume::<Flex>(&ops.node);
+    let want_residual = N == 4 && ops.parents[3].is_some();
+    let (dx, dgamma, dbeta, dres) = flex::batch_norm_train_backward(
+        (&x, y.as_ref()),
+        &gamma,
+        (&mean, &var),
+        eps,
+        g,
+        want_residual,
+    );
+    let mut out = [Some(dx), Some(dgamma), Some(dbeta), dres];
+    for (parent, grad) in ops.parents.into_iter().zip(out.iter_mut()) {
+        if let (Some(n), Some(g)) = (parent, grad.take()) {
+            grads.register::<Flex>(n.id, g);
+        }
+    }
+}
+
 #[derive(Debug)]
 struct BatchNormBackward {
     eps: f64,
 }
 
 impl Backward<Flex, 3> for BatchNormBackward {
-    /// (input, gamma, batch mean, batch variance)
-    type State = (FlexTensor, FlexTensor, Vec<f32>, Vec<f32>);
+    type State = BnState;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let (x, gamma, mean, var) = ops.state;
-        let g = grads.consume::<Flex>(&ops.node);
-        let [px, pg, pb] = ops.parents;
-        let (dx, dgamma, dbeta) =
-            flex::batch_norm_train_backward(&x, &gamma, (&mean, &var), self.eps, g);
-        for (parent, grad) in [(px, dx), (pg, dgamma), (pb, dbeta)] {
-            if let Some(n) = parent {
-                grads.register::<Flex>(n.id, grad);
-            }
-        }
+        batch_norm_grads(self.eps, ops, grads);
     }
 }
 
-/// BatchNorm with the batch's statistics: (y, mean, biased variance).
+#[derive(Debug)]
+struct BatchNormResidualBackward {
+    eps: f64,
+}
+
+impl Backward<Flex, 4> for BatchNormResidualBackward {
+    type State = BnState;
+
+    fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
+        batch_norm_grads(self.eps, ops, grads);
+    }
+}
+
+/// BatchNorm with the batch's statistics, then `+ residual` and ReLU when asked: (y, mean,
+/// biased variance).
 pub fn batch_norm_train<C: CheckpointStrategy>(
     x: Ad<C>,
-    gamma: Ad<C>,
-    beta: Ad<C>,
+    (gamma, beta): (Ad<C>, Ad<C>),
     eps: f64,
+    residual: Option<Ad<C>>,
+    relu: bool,
 ) -> (Ad<C>, Vec<f32>, Vec<f32>) {
-    let op = BatchNormBackward { eps };
-    match op
-        .prepare::<C>([x.node(), gamma.node(), beta.node()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => {
-            let (xp, gp) = (x.primitive().clone(), gamma.primitive().clone());
-            let (y, mean, var) = flex::batch_norm_train(xp.clone(), &gp, beta.primitive(), eps);
-            let out = prep.finish((xp, gp, mean.clone(), var.clone()), y);
-            (out, mean, var)
+    let run = |res: Option<&FlexTensor>| {
+        flex::batch_norm_train(
+            x.primitive().clone(),
+            (gamma.primitive(), beta.primitive()),
+            eps,
+            res,
+            relu,
+        )
+    };
+    let state = |y: &FlexTensor, mean: &Vec<f32>, var: &Vec<f32>| {
+        let kept = relu.then(|| y.clone());
+        let (xp, gp) = (x.primitive().clone(), gamma.primitive().clone());
+        (xp, gp, mean.clone(), var.clone(), kept)
+    };
+    match residual {
+        None => {
+            let op = BatchNormBackward { eps };
+            match op
+                .prepare::<C>([x.node(), gamma.node(), beta.node()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => {
+                    let (y, mean, var) = run(None);
+                    let st = state(&y, &mean, &var);
+                    (prep.finish(st, y), mean, var)
+                }
+                OpsKind::UnTracked(prep) => {
+                    let (y, mean, var) = run(None);
+                    (prep.finish(y), mean, var)
+                }
+            }
         }
-        OpsKind::UnTracked(prep) => {
-            let (y, mean, var) = flex::batch_norm_train(
-                x.into_primitive(),
-                gamma.primitive(),
-                beta.primitive(),
-                eps,
-            );
-            (prep.finish(y), mean, var)
+        Some(r) => {
+            let op = BatchNormResidualBackward { eps };
+            match op
+                .prepare::<C>([x.node(), gamma.node(), beta.node(), r.node()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => {
+                    let (y, mean, var) = run(Some(r.primitive()));
+                    let st = state(&y, &mean, &var);
+                    (prep.finish(st, y), mean, var)
+                }
+                OpsKind::UnTracked(prep) => {
+                    let (y, mean, var) = run(Some(r.primitive()));
+                    (prep.finish(y), mean, var)
+                }
+            }
         }
     }
 }

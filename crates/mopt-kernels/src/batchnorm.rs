@@ -31,23 +31,49 @@ impl BnShape {
     }
 }
 
-/// Per-channel (mean, biased variance) of `x`, accumulated in f64.
+/// `Σ f(i)` over `0..n` in 16 independent f32 lanes (so that it vectorizes), returned in f64.
+#[inline(always)]
+fn lanes(n: usize, f: impl Fn(usize) -> f32) -> f64 {
+    let mut acc = [0.0f32; 16];
+    let full = n / 16 * 16;
+    for i in (0..full).step_by(16) {
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a += f(i + l);
+        }
+    }
+    let tail: f32 = (full..n).map(&f).sum();
+    acc.iter().map(|&v| v as f64).sum::<f64>() + tail as f64
+}
+
+/// Per-channel (mean, biased variance) of `x`: one pass of shifted sums (shifted by the
+/// channel's first value, so that a large mean does not cancel the variance away), each
+/// image's run summed in f32 lanes and the runs in f64.
 fn statistics(x: &[f32], s: &BnShape) -> (Vec<f32>, Vec<f32>) {
     (0..s.channels)
         .into_par_iter()
         .map(|c| {
-            let sum: f64 = s
-                .runs(c)
-                .map(|r| x[r].iter().map(|&v| v as f64).sum::<f64>())
-                .sum();
+            let shift = x[c * s.plane];
+            let (mut sum, mut sq) = (0.0f64, 0.0f64);
+            for r in s.runs(c) {
+                let v = &x[r];
+                sum += lanes(v.len(), |i| v[i] - shift);
+                sq += lanes(v.len(), |i| (v[i] - shift) * (v[i] - shift));
+            }
             let mean = sum / s.count();
-            let sq: f64 = s
-                .runs(c)
-                .map(|r| x[r].iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>())
-                .sum();
-            (mean as f32, (sq / s.count()) as f32)
+            let var = (sq / s.count() - mean * mean).max(0.0);
+            ((mean + shift as f64) as f32, var as f32)
         })
         .unzip()
+}
+
+/// What the normalisation's pass also does: add a residual, then ReLU (a ResNet block's
+/// `relu(bn(conv(x)) + shortcut)`), saving their passes and temporaries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Epilogue {
+    /// A residual of x's shape is added after the normalisation.
+    pub residual: bool,
+    /// ReLU last.
+    pub relu: bool,
 }
 
 /// The forward pass with the batch's statistics: `y = γ·(x − μ)/√(σ² + ε) + β` per channel.
@@ -59,6 +85,17 @@ pub fn forward(
     eps: f32,
     s: &BnShape,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    forward_fused(x, (gamma, beta), eps, (None, false), s)
+}
+
+/// [`forward`] followed by `+ residual` (when given) and ReLU (when `relu`), in the same pass.
+pub fn forward_fused(
+    x: &[f32],
+    (gamma, beta): (&[f32], &[f32]),
+    eps: f32,
+    (residual, relu): (Option<&[f32]>, bool),
+    s: &BnShape,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (mean, var) = statistics(x, s);
     let mut y = vec![0.0f32; x.len()];
     let coef: Vec<(f32, f32)> = (0..s.channels)
@@ -67,13 +104,24 @@ pub fn forward(
             (a, beta[c] - a * mean[c])
         })
         .collect();
+    let floor = if relu { 0.0 } else { f32::NEG_INFINITY };
     y.par_chunks_mut(s.plane)
         .zip(x.par_chunks(s.plane))
         .enumerate()
         .for_each(|(i, (yo, xi))| {
             let (a, b) = coef[i % s.channels];
-            for (o, &v) in yo.iter_mut().zip(xi) {
-                *o = a * v + b;
+            match residual {
+                Some(r) => {
+                    let r = &r[i * s.plane..][..s.plane];
+                    for ((o, &v), &rv) in yo.iter_mut().zip(xi).zip(r) {
+                        *o = (a * v + b + rv).max(floor);
+                    }
+                }
+                None => {
+                    for (o, &v) in yo.iter_mut().zip(xi) {
+                        *o = (a * v + b).max(floor);
+                    }
+                }
             }
         });
     (y, mean, var)
@@ -90,32 +138,113 @@ pub fn backward(
     g: &[f32],
     s: &BnShape,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (dx, dgamma, dbeta, _) = backward_fused(x, gamma, (mean, var), eps, (g, None), false, s);
+    (dx, dgamma, dbeta)
+}
+
+/// Gradients of [`forward_fused`]: `(dx, dγ, dβ, d residual)`. With ReLU, `y` (the forward
+/// output) masks `g` (`g·[y > 0]`, the gradient that reaches the sum); the residual's gradient
+/// is that masked gradient, returned when `want_residual`.
+pub fn backward_fused(
+    x: &[f32],
+    gamma: &[f32],
+    (mean, var): (&[f32], &[f32]),
+    eps: f32,
+    (g, y): (&[f32], Option<&[f32]>),
+    want_residual: bool,
+    s: &BnShape,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
     let inv: Vec<f32> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
     let (dgamma, dbeta): (Vec<f32>, Vec<f32>) = (0..s.channels)
         .into_par_iter()
         .map(|c| {
-            let (mut dg, mut db) = (0.0f64, 0.0f64);
+            let (mut db, mut gx) = (0.0f64, 0.0f64);
             for r in s.runs(c) {
-                for (&gv, &xv) in g[r.clone()].iter().zip(&x[r]) {
-                    db += gv as f64;
-                    dg += gv as f64 * ((xv - mean[c]) * inv[c]) as f64;
-                }
+                let (a, b) = match y {
+                    Some(y) => masked_sums::<true>(&g[r.clone()], &x[r.clone()], &y[r], mean[c]),
+                    None => masked_sums::<false>(&g[r.clone()], &x[r.clone()], &g[r], mean[c]),
+                };
+                db += a;
+                gx += b;
             }
-            (dg as f32, db as f32)
+            ((gx * inv[c] as f64) as f32, db as f32)
         })
         .unzip();
     let m = s.count() as f32;
     let mut dx = vec![0.0f32; x.len()];
-    dx.par_chunks_mut(s.plane).enumerate().for_each(|(i, d)| {
+    let mut dres = want_residual.then(|| vec![0.0f32; x.len()]);
+    let plane = s.plane;
+    let body = |i: usize, d: &mut [f32], dr: Option<&mut [f32]>| {
         let c = i % s.channels;
-        let (k, mg, mgx) = (gamma[c] * inv[c], dbeta[c] / m, dgamma[c] / m);
-        let base = i * s.plane;
-        for (j, o) in d.iter_mut().enumerate() {
-            let xh = (x[base + j] - mean[c]) * inv[c];
-            *o = k * (g[base + j] - mg - xh * mgx);
+        let k = gamma[c] * inv[c];
+        // dx = k·(gm − dβ/M − (x − μ)·r·dγ/M) = k·gm + (k·r·dγ/M)·(μ − x) − k·dβ/M
+        let coef = (k, k * inv[c] * dgamma[c] / m, k * dbeta[c] / m, mean[c]);
+        let span = i * plane..(i + 1) * plane;
+        let (g, x) = (&g[span.clone()], &x[span.clone()]);
+        match (y, dr) {
+            (Some(y), Some(dr)) => input_grad::<true, true>((g, x, &y[span]), coef, d, dr),
+            (Some(y), None) => input_grad::<true, false>((g, x, &y[span]), coef, d, &mut []),
+            (None, Some(dr)) => input_grad::<false, true>((g, x, g), coef, d, dr),
+            (None, None) => input_grad::<false, false>((g, x, g), coef, d, &mut []),
         }
-    });
-    (dx, dgamma, dbeta)
+    };
+    match dres.as_mut() {
+        Some(dr) => dx
+            .par_chunks_mut(plane)
+            .zip(dr.par_chunks_mut(plane))
+            .enumerate()
+            .for_each(|(i, (d, r))| body(i, d, Some(r))),
+        None => dx
+            .par_chunks_mut(plane)
+            .enumerate()
+            .for_each(|(i, d)| body(i, d, None)),
+    }
+    (dx, dgamma, dbeta, dres)
+}
+
+/// `(Σ gm, Σ gm·(x − μ))` over one run, `gm = g·[y > 0]` when `RELU` (else `g`; `y` unread).
+#[inline(always)]
+fn masked_sums<const RELU: bool>(g: &[f32], x: &[f32], y: &[f32], mean: f32) -> (f64, f64) {
+    let (mut s1, mut s2) = ([0.0f32; 16], [0.0f32; 16]);
+    let full = g.len() / 16 * 16;
+    let gm = |gv: f32, yv: f32| if RELU && yv <= 0.0 { 0.0 } else { gv };
+    for ((gc, xc), yc) in g[..full]
+        .chunks_exact(16)
+        .zip(x[..full].chunks_exact(16))
+        .zip(y[..full].chunks_exact(16))
+    {
+        for l in 0..16 {
+            let v = gm(gc[l], yc[l]);
+            s1[l] += v;
+            s2[l] += v * (xc[l] - mean);
+        }
+    }
+    let (mut t1, mut t2) = (0.0f64, 0.0f64);
+    for i in full..g.len() {
+        let v = gm(g[i], y[i]) as f64;
+        t1 += v;
+        t2 += v * (x[i] - mean) as f64;
+    }
+    let sum = |a: [f32; 16]| a.iter().map(|&v| v as f64).sum::<f64>();
+    (sum(s1) + t1, sum(s2) + t2)
+}
+
+/// One plane of dx (and of the residual's gradient when `RES`): `coef = (k, a, b, μ)` with
+/// `dx = k·gm + a·(μ − x) − b`.
+#[inline(always)]
+fn input_grad<const RELU: bool, const RES: bool>(
+    (g, x, y): (&[f32], &[f32], &[f32]),
+    (k, a, b, mean): (f32, f32, f32, f32),
+    d: &mut [f32],
+    dr: &mut [f32],
+) {
+    for i in 0..d.len() {
+        let gm = if RELU && y[i] <= 0.0 { 0.0 } else { g[i] };
+        d[i] = k * gm + a * (mean - x[i]) - b;
+        if RES {
+            dr[i] = gm;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -196,6 +325,77 @@ mod tests {
                 .flat_map(|run| r[run].iter().map(|&v| v as f64))
                 .sum();
             assert!((want_db - dbeta[c] as f64).abs() < 1e-4, "dbeta[{c}]");
+        }
+    }
+
+    /// `L = Σ relu(bn(x) + res) ⊙ r` in f64, and the pre-activations.
+    fn naive_act(
+        x: &[f32],
+        (gamma, beta): (&[f32], &[f32]),
+        res: &[f32],
+        s: &BnShape,
+        r: &[f32],
+    ) -> (f64, Vec<f64>) {
+        let (y, _) = naive(x, gamma, beta, s, r);
+        let pre: Vec<f64> = y.iter().zip(res).map(|(a, b)| a + *b as f64).collect();
+        let l = pre.iter().zip(r).map(|(p, w)| p.max(0.0) * *w as f64).sum();
+        (l, pre)
+    }
+
+    #[test]
+    fn residual_and_relu_fused_match_the_definition() {
+        let s = BnShape {
+            batch: 2,
+            channels: 3,
+            plane: 7,
+        };
+        let n = s.batch * s.channels * s.plane;
+        let (x, r, res) = (data(n, 3), data(n, 4), data(n, 5));
+        let gamma = vec![0.7f32, -1.2, 1.5];
+        let beta = vec![0.2f32, -0.1, 0.4];
+        let (y, mean, var) = forward_fused(&x, (&gamma, &beta), 1e-5, (Some(&res), true), &s);
+        let (_, pre) = naive_act(&x, (&gamma, &beta), &res, &s, &r);
+        for (a, p) in y.iter().zip(&pre) {
+            assert!((*a as f64 - p.max(0.0)).abs() < 1e-4, "{a} vs {p}");
+        }
+        assert!(y.iter().any(|&v| v == 0.0) && y.iter().any(|&v| v > 0.0));
+        let (dx, dgamma, dbeta, dres) =
+            backward_fused(&x, &gamma, (&mean, &var), 1e-5, (&r, Some(&y)), true, &s);
+        let dres = dres.expect("asked for");
+        let h = 1e-3f32;
+        let loss =
+            |x: &[f32], g: &[f32], b: &[f32], res: &[f32]| naive_act(x, (g, b), res, &s, &r).0;
+        for i in 0..n {
+            let (mut p, mut m) = (x.clone(), x.clone());
+            p[i] += h;
+            m[i] -= h;
+            let fd =
+                (loss(&p, &gamma, &beta, &res) - loss(&m, &gamma, &beta, &res)) / (2.0 * h as f64);
+            assert!(
+                (fd - dx[i] as f64).abs() < 3e-3,
+                "dx[{i}]: {fd} vs {}",
+                dx[i]
+            );
+            if pre[i].abs() > 1e-2 {
+                let (mut p, mut m) = (res.clone(), res.clone());
+                p[i] += h;
+                m[i] -= h;
+                let fd =
+                    (loss(&x, &gamma, &beta, &p) - loss(&x, &gamma, &beta, &m)) / (2.0 * h as f64);
+                assert!((fd - dres[i] as f64).abs() < 1e-3, "dres[{i}]");
+            }
+        }
+        for c in 0..s.channels {
+            let (mut gp, mut gm) = (gamma.clone(), gamma.clone());
+            gp[c] += h;
+            gm[c] -= h;
+            let fd = (loss(&x, &gp, &beta, &res) - loss(&x, &gm, &beta, &res)) / (2.0 * h as f64);
+            assert!((fd - dgamma[c] as f64).abs() < 3e-3, "dgamma[{c}]");
+            let (mut bp, mut bm) = (beta.clone(), beta.clone());
+            bp[c] += h;
+            bm[c] -= h;
+            let fd = (loss(&x, &gamma, &bp, &res) - loss(&x, &gamma, &bm, &res)) / (2.0 * h as f64);
+            assert!((fd - dbeta[c] as f64).abs() < 3e-3, "dbeta[{c}]");
         }
     }
 }

@@ -282,40 +282,64 @@ fn bn_shape(x: &FlexTensor) -> crate::batchnorm::BnShape {
     }
 }
 
-/// (y, mean, biased variance) of BatchNorm with the batch's statistics.
+/// (y, mean, biased variance) of BatchNorm with the batch's statistics, followed by
+/// `+ residual` and ReLU as `epilogue` asks (`residual` given exactly when it asks for one).
 pub fn batch_norm_train(
     x: FlexTensor,
-    gamma: &FlexTensor,
-    beta: &FlexTensor,
+    (gamma, beta): (&FlexTensor, &FlexTensor),
     eps: f64,
+    residual: Option<&FlexTensor>,
+    relu: bool,
 ) -> (FlexTensor, Vec<f32>, Vec<f32>) {
     let (x, gamma, beta) = (
         contiguous(x),
         contiguous(gamma.clone()),
         contiguous(beta.clone()),
     );
+    let residual = residual.map(|r| contiguous(r.clone()));
     let s = bn_shape(&x);
-    let (y, mean, var) =
-        crate::batchnorm::forward(f32s(&x), f32s(&gamma), f32s(&beta), eps as f32, &s);
+    let (y, mean, var) = crate::batchnorm::forward_fused(
+        f32s(&x),
+        (f32s(&gamma), f32s(&beta)),
+        eps as f32,
+        (residual.as_ref().map(f32s), relu),
+        &s,
+    );
     (make(y, x.shape()), mean, var)
 }
 
-/// (dx, dgamma, dbeta) of [`batch_norm_train`].
+/// (dx, dgamma, dbeta, d residual) of [`batch_norm_train`]; `y` is its output when it ended
+/// in ReLU (the mask).
 pub fn batch_norm_train_backward(
-    x: &FlexTensor,
+    (x, y): (&FlexTensor, Option<&FlexTensor>),
     gamma: &FlexTensor,
     stats: (&[f32], &[f32]),
     eps: f64,
     g: FlexTensor,
-) -> (FlexTensor, FlexTensor, FlexTensor) {
+    want_residual: bool,
+) -> (FlexTensor, FlexTensor, FlexTensor, Option<FlexTensor>) {
     let (x, gamma, g) = (
         contiguous(x.clone()),
         contiguous(gamma.clone()),
         contiguous(g),
     );
+    let y = y.map(|y| contiguous(y.clone()));
     let s = bn_shape(&x);
-    let (dx, dgamma, dbeta) =
-        crate::batchnorm::backward(f32s(&x), f32s(&gamma), stats, eps as f32, f32s(&g), &s);
+    let (dx, dgamma, dbeta, dres) = crate::batchnorm::backward_fused(
+        f32s(&x),
+        f32s(&gamma),
+        stats,
+        eps as f32,
+        (f32s(&g), y.as_ref().map(f32s)),
+        want_residual,
+        &s,
+    );
     let c = gamma.shape();
-    (make(dx, x.shape()), make(dgamma, c.clone()), make(dbeta, c))
+    let dres = dres.map(|d| make(d, x.shape()));
+    (
+        make(dx, x.shape()),
+        make(dgamma, c.clone()),
+        make(dbeta, c),
+        dres,
+    )
 }

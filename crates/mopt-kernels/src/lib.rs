@@ -273,7 +273,7 @@ pub fn conv2d(x: Tensor<4>, w: Tensor<4>, stride: usize, pad: usize) -> Tensor<4
 }
 
 /// BatchNorm with the batch's own statistics (a training forward pass), fused (one pass for
-/// each statistic and one for the output; two backward): the output, and the batch's mean and
+/// the statistics and one for the output; two backward): the output, and the batch's mean and
 /// biased variance (constants, for the running statistics). Elsewhere (other dtypes, backends,
 /// `MOPT_KERNELS=plain`) Burn's `batch_norm_train`.
 ///
@@ -286,53 +286,86 @@ pub fn batch_norm_train(
     beta: Tensor<1>,
     eps: f64,
 ) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
+    batch_norm_train_act(x, (gamma, beta), eps, None, false)
+}
+
+/// [`batch_norm_train`] followed by `+ residual` (when given) and ReLU (when `relu`) in the
+/// same passes, forward and backward: a ResNet block's `relu(bn(conv(x)) + shortcut)` without
+/// the add's and the activation's passes and temporaries.
+///
+/// # Shapes
+/// - x, residual: `[batch, channels, height, width]`; gamma, beta: `[channels]`
+/// - output: like x; mean, variance: `[channels]`
+pub fn batch_norm_train_act(
+    x: Tensor<4>,
+    (gamma, beta): (Tensor<1>, Tensor<1>),
+    eps: f64,
+    residual: Option<Tensor<4>>,
+    relu: bool,
+) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
     let device = x.device();
-    let fallback = |x, g, b| {
+    let fallback = |x, g, b, residual: Option<Tensor<4>>| {
         let r = burn::tensor::module::batch_norm_train(x, g, b, eps);
-        (r.output, r.mean.detach(), r.variance.detach())
+        let mut y = r.output;
+        if let Some(res) = residual {
+            y = y + res;
+        }
+        if relu {
+            y = burn::tensor::activation::relu(y);
+        }
+        (y, r.mean.detach(), r.variance.detach())
     };
     if gamma.dtype() != DType::F32
         || beta.dtype() != DType::F32
+        || residual.as_ref().is_some_and(|r| r.dtype() != DType::F32)
         || autocast::compute_dtype().is_some()
     {
-        return fallback(x, gamma, beta);
+        return fallback(x, gamma, beta, residual);
     }
     let stats = |v: Vec<f32>| {
         let n = v.len();
         Tensor::<1>::from_data(TensorData::new(v, [n]), &device)
     };
+    macro_rules! fused {
+        ($p:expr, $B:ty, $call:expr) => {{
+            let res = match residual.clone().map(|r| r.try_into_primitive::<$B>()) {
+                None => Ok(None),
+                Some(Ok(r)) => Ok(Some(r)),
+                Some(Err(_)) => Err(()),
+            };
+            match (
+                gamma.clone().try_into_primitive::<$B>(),
+                beta.clone().try_into_primitive::<$B>(),
+                res,
+            ) {
+                (Ok(g), Ok(b), Ok(r)) => {
+                    let (y, m, v) = $call($p, (g, b), r);
+                    (Tensor::from_primitive::<$B>(y), stats(m), stats(v))
+                }
+                _ => fallback(Tensor::from_primitive::<$B>($p), gamma, beta, residual),
+            }
+        }};
+    }
     match route(x) {
-        Route::Flex(p) => match (
-            gamma.clone().try_into_primitive::<Flex>(),
-            beta.clone().try_into_primitive::<Flex>(),
-        ) {
-            (Ok(g), Ok(b)) => {
-                let (y, m, v) = flex::batch_norm_train(p, &g, &b, eps);
-                (Tensor::from_primitive::<Flex>(y), stats(m), stats(v))
+        Route::Flex(p) => fused!(
+            p,
+            Flex,
+            |p,
+             (g, b): (
+                burn::backend::flex::FlexTensor,
+                burn::backend::flex::FlexTensor
+            ),
+             r: Option<burn::backend::flex::FlexTensor>| {
+                flex::batch_norm_train(p, (&g, &b), eps, r.as_ref(), relu)
             }
-            _ => fallback(Tensor::from_primitive::<Flex>(p), gamma, beta),
-        },
-        Route::Autodiff(p) => match (
-            gamma.clone().try_into_primitive::<Ad>(),
-            beta.clone().try_into_primitive::<Ad>(),
-        ) {
-            (Ok(g), Ok(b)) => {
-                let (y, m, v) = autodiff::batch_norm_train::<NoCheckpointing>(p, g, b, eps);
-                (Tensor::from_primitive::<Ad>(y), stats(m), stats(v))
-            }
-            _ => fallback(Tensor::from_primitive::<Ad>(p), gamma, beta),
-        },
-        Route::Checkpointed(p) => match (
-            gamma.clone().try_into_primitive::<AdCk>(),
-            beta.clone().try_into_primitive::<AdCk>(),
-        ) {
-            (Ok(g), Ok(b)) => {
-                let (y, m, v) = autodiff::batch_norm_train::<BalancedCheckpointing>(p, g, b, eps);
-                (Tensor::from_primitive::<AdCk>(y), stats(m), stats(v))
-            }
-            _ => fallback(Tensor::from_primitive::<AdCk>(p), gamma, beta),
-        },
-        Route::Other(x) => fallback(x, gamma, beta),
+        ),
+        Route::Autodiff(p) => fused!(p, Ad, |p, gb, r| {
+            autodiff::batch_norm_train::<NoCheckpointing>(p, gb, eps, r, relu)
+        }),
+        Route::Checkpointed(p) => fused!(p, AdCk, |p, gb, r| {
+            autodiff::batch_norm_train::<BalancedCheckpointing>(p, gb, eps, r, relu)
+        }),
+        Route::Other(x) => fallback(x, gamma, beta, residual),
     }
 }
 

@@ -24,11 +24,35 @@ pub fn conv_bn_members(path: &str, index: Vec<usize>) -> Vec<Member> {
 /// (`running ← (1 − momentum)·running + momentum·batch`, biased variance); otherwise Burn's
 /// inference path.
 pub fn batch_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
+    batch_norm_act(bn, x, None, false)
+}
+
+/// [`batch_norm`] then `+ residual` (when given) and ReLU (when `relu`): one fused kernel in
+/// training, forward and backward.
+pub fn batch_norm_act(
+    bn: &BatchNorm,
+    x: Tensor<4>,
+    residual: Option<Tensor<4>>,
+    relu: bool,
+) -> Tensor<4> {
     if !(x.device().is_autodiff() && bn.training.is_enabled()) {
-        return bn.forward(x);
+        let mut y = bn.forward(x);
+        if let Some(r) = residual {
+            y = y + r;
+        }
+        return if relu {
+            burn::tensor::activation::relu(y)
+        } else {
+            y
+        };
     }
-    let (y, mean, var) =
-        mopt_kernels::batch_norm_train(x, bn.gamma.val(), bn.beta.val(), bn.epsilon);
+    let (y, mean, var) = mopt_kernels::batch_norm_train_act(
+        x,
+        (bn.gamma.val(), bn.beta.val()),
+        bn.epsilon,
+        residual,
+        relu,
+    );
     let m = bn.momentum;
     let device = mean.device();
     let update = |state: &burn::module::RunningState<Tensor<1>>, batch: Tensor<1>| {
@@ -89,6 +113,48 @@ mod tests {
                     .any(|v| (v - 0.0).abs() > 0.05 && (v - 1.0).abs() > 0.05),
                 "moved: {f:?}"
             );
+        }
+    }
+
+    /// `relu(bn(x) + r)` fused gives Burn's composition's output and gradients (x, the
+    /// residual, γ, β) through autodiff.
+    #[test]
+    fn fused_residual_relu_has_burns_gradients() {
+        let ad = Device::flex().autodiff();
+        let normal = burn::tensor::Distribution::Normal(0.5, 1.5);
+        let x0 = Tensor::<4>::random([3, 4, 5, 6], normal, &ad);
+        let r0 = Tensor::<4>::random([3, 4, 5, 6], normal, &ad);
+        let w = Tensor::<4>::random([3, 4, 5, 6], normal, &ad);
+        let bn = BatchNormConfig::new(4).init(&ad);
+        let run = |fused: bool| {
+            let (x, r) = (x0.clone().require_grad(), r0.clone().require_grad());
+            let y = if fused {
+                batch_norm_act(&bn, x.clone(), Some(r.clone()), true)
+            } else {
+                burn::tensor::activation::relu(bn.forward(x.clone()) + r.clone())
+            };
+            let grads = (y.clone() * w.clone()).sum().backward();
+            let g = |t: &Tensor<4>| values(t.grad(&grads).expect("grad"));
+            let p = |t: &Tensor<1>| values(t.grad(&grads).expect("grad"));
+            (
+                values(y.inner()),
+                [g(&x), g(&r), p(&bn.gamma.val()), p(&bn.beta.val())],
+            )
+        };
+        let ((y1, g1), (y2, g2)) = (run(true), run(false));
+        let max = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0.0, f32::max)
+        };
+        assert!(max(&y1, &y2) < 1e-5, "output");
+        assert!(
+            y1.iter().filter(|&&v| v == 0.0).count() > 10,
+            "ReLU clips some"
+        );
+        for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
+            assert!(max(a, b) < 1e-4, "gradient {i}: {}", max(a, b));
         }
     }
 }

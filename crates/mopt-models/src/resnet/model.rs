@@ -6,7 +6,7 @@ use burn::module::{Module, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::prelude::*;
-use burn::tensor::activation::relu;
+use burn::tensor::activation::relu as relu_fn;
 use mopt_quant::fake::fake_quant;
 use mopt_quant::node::{LinearQuant, Phase};
 
@@ -49,6 +49,16 @@ impl ConvBn {
     /// - input: `[batch, input, side, side]`
     /// - output: `[batch, output, side / stride, side / stride]`
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
+        self.forward_act(x, None, false)
+    }
+
+    /// `relu(self(x) + residual)` (the residual and ReLU each when asked): in training with
+    /// BatchNorm, one fused kernel after the convolution.
+    ///
+    /// # Shapes
+    /// - input: `[batch, input, side, side]`
+    /// - residual, output: `[batch, output, side / stride, side / stride]`
+    pub fn forward_act(&self, x: Tensor<4>, residual: Option<Tensor<4>>, relu: bool) -> Tensor<4> {
         // mopt's convolution on the GEMM (Burn's elsewhere); same weights, same layout.
         let pad = self.conv.kernel_size[0] / 2;
         let (x, w) = match &self.quant {
@@ -60,12 +70,21 @@ impl ConvBn {
             let n = b.val().dims()[0];
             y = y + self.bias(b.val()).reshape([1, n, 1, 1]);
         }
-        if let Some(bn) = &self.bn {
-            y = crate::norm::batch_norm(bn, y);
-        }
-        match self.quant.as_ref().and_then(|q| q.output.as_ref()) {
-            Some(out) => out.forward(y),
+        let out = self.quant.as_ref().and_then(|q| q.output.as_ref());
+        let (y, residual) = match (&self.bn, out) {
+            (Some(bn), None) => return crate::norm::batch_norm_act(bn, y, residual, relu),
+            (Some(bn), Some(out)) => (out.forward(crate::norm::batch_norm(bn, y)), residual),
+            (None, Some(out)) => (out.forward(y), residual),
+            (None, None) => (y, residual),
+        };
+        let y = match residual {
+            Some(r) => y + r,
             None => y,
+        };
+        if relu {
+            relu_fn(y)
+        } else {
+            y
         }
     }
 
@@ -134,12 +153,12 @@ impl BasicBlock {
     /// - input: `[batch, input, side, side]`
     /// - output: `[batch, output, side / stride, side / stride]`
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let y = self.conv2.forward(relu(self.conv1.forward(x.clone())));
         let skip = match &self.shortcut {
-            Some(p) => p.forward(x),
-            None => self.identity_skip(x),
+            Some(p) => p.forward(x.clone()),
+            None => self.identity_skip(x.clone()),
         };
-        relu(y + skip)
+        let y = self.conv1.forward_act(x, None, true);
+        self.conv2.forward_act(y, Some(skip), true)
     }
 
     /// The identity shortcut: `x`, quantized as the first convolution quantizes it when the
@@ -237,7 +256,7 @@ impl ResNet {
     /// - output: the stem's `[batch, width_0, side, side]`, one `[batch, width_s, side_s,
     ///   side_s]` a stage, and `[batch, num_labels]`
     pub fn forward_features(&self, images: Tensor<4>) -> (Vec<Tensor<4>>, Tensor<2>) {
-        let mut x = relu(self.stem.forward(images));
+        let mut x = self.stem.forward_act(images, None, true);
         let mut features = Vec::with_capacity(self.stages.len() + 1);
         features.push(x.clone());
         for stage in &self.stages {
