@@ -3,6 +3,11 @@ use mopt_kernels::conv::{conv2d, conv2d_backward, ConvShape};
 use std::time::Instant;
 
 fn main() {
+    if std::env::var("BN").is_ok() {
+        bn_bench();
+        old_bn_bench();
+        return;
+    }
     let b = 64;
     let shapes = [
         (1, 28, 32, 3, 1, 1, 1usize),
@@ -59,4 +64,87 @@ fn main() {
         tb += bw * count as f64;
     }
     println!("total fwd {:.1} ms, bwd {:.1} ms", tf * 1e3, tb * 1e3);
+}
+
+#[allow(dead_code)]
+fn bn_bench() {
+    use mopt_kernels::batchnorm::{backward_fused, forward_fused, BnShape};
+    let s = BnShape {
+        batch: 64,
+        channels: 32,
+        plane: 784,
+    };
+    let n: usize = 64 * 32 * 784;
+    let x: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 2003) as f32 / 1000.0 - 1.0)
+        .collect();
+    let r = x.iter().rev().cloned().collect::<Vec<_>>();
+    let gamma = vec![1.0f32; 32];
+    let beta = vec![0.1f32; 32];
+    for (res, relu) in [(false, false), (false, true), (true, true)] {
+        let t = Instant::now();
+        let mut out = None;
+        for _ in 0..20 {
+            out = Some(forward_fused(
+                &x,
+                (&gamma, &beta),
+                1e-5,
+                (res.then_some(&r[..]), relu),
+                &s,
+            ));
+        }
+        let f = t.elapsed().as_secs_f64() / 20.0;
+        let (y, m, v) = out.unwrap();
+        let t = Instant::now();
+        for _ in 0..20 {
+            std::hint::black_box(backward_fused(
+                &x,
+                &gamma,
+                (&m, &v),
+                1e-5,
+                (&r, relu.then_some(&y[..])),
+                res,
+                &s,
+            ));
+        }
+        let b = t.elapsed().as_secs_f64() / 20.0;
+        println!(
+            "bn res={res} relu={relu}: fwd {:.2} ms bwd {:.2} ms",
+            f * 1e3,
+            b * 1e3
+        );
+    }
+}
+
+#[allow(dead_code)]
+mod oldbn {
+    include!("/tmp/oldbn.rs");
+}
+
+#[allow(dead_code)]
+fn old_bn_bench() {
+    let s = oldbn::BnShape {
+        batch: 64,
+        channels: 32,
+        plane: 784,
+    };
+    let n: usize = 64 * 32 * 784;
+    let x: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 2003) as f32 / 1000.0 - 1.0)
+        .collect();
+    let gamma = vec![1.0f32; 32];
+    let beta = vec![0.1f32; 32];
+    let t = Instant::now();
+    let mut out = None;
+    for _ in 0..20 {
+        out = Some(oldbn::forward(&x, &gamma, &beta, 1e-5, &s));
+    }
+    let f = t.elapsed().as_secs_f64() / 20.0;
+    let (y, m, v) = out.unwrap();
+    let t = Instant::now();
+    for _ in 0..20 {
+        std::hint::black_box(oldbn::backward(&x, &gamma, (&m, &v), 1e-5, &y, &s));
+    }
+    let b = t.elapsed().as_secs_f64() / 20.0;
+    println!("old bn: fwd {:.2} ms bwd {:.2} ms", f * 1e3, b * 1e3);
 }

@@ -19,7 +19,7 @@
 
 use rayon::prelude::*;
 
-use crate::gemm::{gemm_prepacked, gemm_serial, PackA, PackB, PackedA, View};
+use crate::gemm::{copy_run, gemm_prepacked, gemm_serial, PackA, PackB, PackedA, View};
 /// The geometry of one convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvShape {
@@ -166,8 +166,11 @@ impl PackB for Shifted<'_> {
         for (jp, panel) in out.chunks_exact_mut(kc * nr).enumerate() {
             let j = j0 + jp * nr;
             let w = nr.min(j0 + nc - j);
+            if w < nr {
+                panel.fill(0.0);
+            }
             for (dst, &o) in panel.chunks_exact_mut(nr).zip(&self.off[p0..p0 + kc]) {
-                dst[..w].copy_from_slice(&self.img[o + j..o + j + w]);
+                copy_run(dst, &self.img[o + j..o + j + w]);
             }
         }
     }
@@ -207,6 +210,14 @@ fn zeroed(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
     v.clear();
     v.resize(len, 0.0);
     v
+}
+
+/// The first `len` values of `v`, stale (for outputs a product overwrites).
+fn stale(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+    &mut v[..len]
 }
 
 /// [`conv2d`] with the weights already packed (`[O, C·k·k]`).
@@ -278,7 +289,7 @@ fn forward_rows(
     with_scratch(|sc| {
         sc.prep.resize(g.len, 0.0);
         prepare(img, geo, &mut sc.prep);
-        let grid = zeroed(&mut sc.grid, rows * q);
+        let grid = stale(&mut sc.grid, rows * q);
         let src = Shifted {
             img: &sc.prep,
             off: &geo.off,
@@ -369,7 +380,7 @@ fn input_grad_scatter(w: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
                         d[..ow].copy_from_slice(r);
                     }
                 }
-                let dcols = zeroed(&mut sc.cols, kk * q);
+                let dcols = stale(&mut sc.cols, kk * q);
                 gemm_prepacked(
                     &wt,
                     (0, panels),
@@ -418,10 +429,13 @@ impl PackA for ShiftedCols<'_> {
                     _ => runs.push((r, 1, o)),
                 }
             }
+            if rows.len() < mr {
+                panel.fill(0.0);
+            }
             for (d, dst) in panel.chunks_exact_mut(mr).enumerate() {
                 let base = (p0 + d) * self.rs;
                 for &(r, len, at) in &runs {
-                    dst[r..r + len].copy_from_slice(&self.xt[base + at..base + at + len]);
+                    copy_run(&mut dst[r..], &self.xt[base + at..base + at + len]);
                 }
             }
         }

@@ -165,10 +165,13 @@ fn pack_b_panel(
     nr: usize,
     panel: &mut [f32],
 ) {
+    if w < nr {
+        panel.fill(0.0);
+    }
     if b.cs == 1 && w == nr {
         for (k, dst) in panel.chunks_exact_mut(nr).enumerate() {
             let s = b.offset + (p0 + k) * b.rs + j;
-            dst.copy_from_slice(&b.data[s..s + nr]);
+            copy_run(dst, &b.data[s..s + nr]);
         }
     } else if b.rs == 1 {
         // A transposed operand (e.g. Wᵀ in dX = G·Wᵀ): read each column as a run.
@@ -462,7 +465,7 @@ fn sgemm_on(t: Tile, a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool
 }
 
 /// A source of B panels for the single-threaded products ([`gemm_serial`]): fills
-/// `out` (`⌈nc/nr⌉` panels of `kc × nr`, k-major, zeroed beforehand) with
+/// `out` (`⌈nc/nr⌉` panels of `kc × nr`, k-major, every value written, padding with zeros) with
 /// `B[p0..p0+kc, j0..j0+nc]`. A [`View`] is one; a convolution's shifted input rows are another.
 pub(crate) trait PackB: Sync {
     /// Pack the block.
@@ -552,8 +555,7 @@ pub(crate) fn gemm_prepacked(
         let nc = NC.min(n - j0);
         for p0 in (0..a.depth).step_by(KC) {
             let kc = KC.min(a.depth - p0);
-            bbuf.clear();
-            bbuf.resize(nc.div_ceil(t.nr) * kc * t.nr, 0.0);
+            let bbuf = scratch(bbuf, nc.div_ceil(t.nr) * kc * t.nr);
             b.pack((p0, kc), (j0, nc), t.nr, bbuf);
             run_block(Block {
                 apack: a.panels(p0, kc, panels),
@@ -573,7 +575,7 @@ pub(crate) fn gemm_prepacked(
 }
 
 /// A source of A panels for [`gemm_serial`]: fills `out` (`⌈mc/mr⌉` panels of `kc × mr`,
-/// k-major, zeroed beforehand) with `A[i0..i0+mc, p0..p0+kc]`.
+/// k-major, every value written, padding with zeros) with `A[i0..i0+mc, p0..p0+kc]`.
 pub(crate) trait PackA {
     /// Pack the block.
     fn pack(&self, rows: (usize, usize), depth: (usize, usize), mr: usize, out: &mut [f32]);
@@ -600,13 +602,11 @@ pub(crate) fn gemm_serial(
         let nc = NC.min(n - j0);
         for p0 in (0..k).step_by(KC) {
             let kc = KC.min(k - p0);
-            bbuf.clear();
-            bbuf.resize(nc.div_ceil(t.nr) * kc * t.nr, 0.0);
+            let bbuf = scratch(bbuf, nc.div_ceil(t.nr) * kc * t.nr);
             b.pack((p0, kc), (j0, nc), t.nr, bbuf);
             for i0 in (0..m).step_by(MC) {
                 let mc = MC.min(m - i0);
-                abuf.clear();
-                abuf.resize(mc.div_ceil(t.mr) * t.mr * kc, 0.0);
+                let abuf = scratch(abuf, mc.div_ceil(t.mr) * t.mr * kc);
                 a.pack((i0, mc), (p0, kc), t.mr, abuf);
                 run_block(Block {
                     apack: abuf,
@@ -623,6 +623,36 @@ pub(crate) fn gemm_serial(
                 });
             }
         }
+    }
+}
+
+/// The first `len` values of `buf` (grown when short; the values are stale: packers write
+/// every one).
+fn scratch(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
+/// Copy `N` values (a fixed size, so that it compiles to a few vector moves instead of a call
+/// to `memcpy`).
+#[inline(always)]
+pub(crate) fn copy_n<const N: usize>(dst: &mut [f32], src: &[f32]) {
+    let d: &mut [f32; N] = (&mut dst[..N]).try_into().expect("N values");
+    *d = *<&[f32; N]>::try_from(&src[..N]).expect("N values");
+}
+
+/// Copy `src` into the front of `dst`: the register tile's common widths inline.
+#[inline(always)]
+pub(crate) fn copy_run(dst: &mut [f32], src: &[f32]) {
+    match src.len() {
+        32 => copy_n::<32>(dst, src),
+        16 => copy_n::<16>(dst, src),
+        12 => copy_n::<12>(dst, src),
+        8 => copy_n::<8>(dst, src),
+        6 => copy_n::<6>(dst, src),
+        n => dst[..n].copy_from_slice(src),
     }
 }
 
