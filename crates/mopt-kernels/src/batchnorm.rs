@@ -31,18 +31,27 @@ impl BnShape {
     }
 }
 
-/// `Σ f(i)` over `0..n` in 16 independent f32 lanes (so that it vectorizes), returned in f64.
+/// `(Σ (v − shift), Σ (v − shift)²)` over one run, in 16 independent f32 lanes (so that it
+/// vectorizes), returned in f64.
 #[inline(always)]
-fn lanes(n: usize, f: impl Fn(usize) -> f32) -> f64 {
-    let mut acc = [0.0f32; 16];
-    let full = n / 16 * 16;
-    for i in (0..full).step_by(16) {
-        for (l, a) in acc.iter_mut().enumerate() {
-            *a += f(i + l);
+fn shifted_sums(v: &[f32], shift: f32) -> (f64, f64) {
+    let (mut s1, mut s2) = ([0.0f32; 16], [0.0f32; 16]);
+    let mut chunks = v.chunks_exact(16);
+    for c in &mut chunks {
+        for l in 0..16 {
+            let d = c[l] - shift;
+            s1[l] += d;
+            s2[l] += d * d;
         }
     }
-    let tail: f32 = (full..n).map(&f).sum();
-    acc.iter().map(|&v| v as f64).sum::<f64>() + tail as f64
+    let (mut t1, mut t2) = (0.0f64, 0.0f64);
+    for &x in chunks.remainder() {
+        let d = (x - shift) as f64;
+        t1 += d;
+        t2 += d * d;
+    }
+    let sum = |a: [f32; 16]| a.iter().map(|&v| v as f64).sum::<f64>();
+    (sum(s1) + t1, sum(s2) + t2)
 }
 
 /// Per-channel (mean, biased variance) of `x`: one pass of shifted sums (shifted by the
@@ -55,9 +64,9 @@ fn statistics(x: &[f32], s: &BnShape) -> (Vec<f32>, Vec<f32>) {
             let shift = x[c * s.plane];
             let (mut sum, mut sq) = (0.0f64, 0.0f64);
             for r in s.runs(c) {
-                let v = &x[r];
-                sum += lanes(v.len(), |i| v[i] - shift);
-                sq += lanes(v.len(), |i| (v[i] - shift) * (v[i] - shift));
+                let (a, b) = shifted_sums(&x[r], shift);
+                sum += a;
+                sq += b;
             }
             let mean = sum / s.count();
             let var = (sq / s.count() - mean * mean).max(0.0);
