@@ -106,6 +106,20 @@ pub fn forward_fused(
     s: &BnShape,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (mean, var) = statistics(x, s);
+    let y = normalize(x, (gamma, beta), (&mean, &var), eps, (residual, relu), s);
+    (y, mean, var)
+}
+
+/// `γ·(x − μ)/√(σ² + ε) + β (+ residual)`, then ReLU when `relu`, with the given per-channel
+/// statistics (the batch's in training, the running ones in inference): one pass.
+pub fn normalize(
+    x: &[f32],
+    (gamma, beta): (&[f32], &[f32]),
+    (mean, var): (&[f32], &[f32]),
+    eps: f32,
+    (residual, relu): (Option<&[f32]>, bool),
+    s: &BnShape,
+) -> Vec<f32> {
     let mut y = vec![0.0f32; x.len()];
     let coef: Vec<(f32, f32)> = (0..s.channels)
         .map(|c| {
@@ -133,7 +147,7 @@ pub fn forward_fused(
                 }
             }
         });
-    (y, mean, var)
+    y
 }
 
 /// Gradients of [`forward`] from the output gradient `g`: `(dx, dγ, dβ)`, with

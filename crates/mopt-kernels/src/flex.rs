@@ -308,6 +308,28 @@ pub fn batch_norm_train(
     (make(y, x.shape()), mean, var)
 }
 
+/// BatchNorm with given statistics (inference), then `+ residual` and ReLU when asked: one pass.
+pub fn batch_norm_eval(
+    x: FlexTensor,
+    params: [&FlexTensor; 4],
+    eps: f64,
+    residual: Option<&FlexTensor>,
+    relu: bool,
+) -> FlexTensor {
+    let x = contiguous(x);
+    let [gamma, beta, mean, var] = params.map(|p| contiguous(p.clone()));
+    let residual = residual.map(|r| contiguous(r.clone()));
+    let y = crate::batchnorm::normalize(
+        f32s(&x),
+        (f32s(&gamma), f32s(&beta)),
+        (f32s(&mean), f32s(&var)),
+        eps as f32,
+        (residual.as_ref().map(f32s), relu),
+        &bn_shape(&x),
+    );
+    make(y, x.shape())
+}
+
 /// (dx, dgamma, dbeta, d residual) of [`batch_norm_train`]; `y` is its output when it ended
 /// in ReLU (the mask).
 pub fn batch_norm_train_backward(

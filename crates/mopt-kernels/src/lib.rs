@@ -369,6 +369,68 @@ pub fn batch_norm_train_act(
     }
 }
 
+/// BatchNorm in inference (the running statistics), then `+ residual` (when given) and ReLU
+/// (when `relu`), in one pass on Burn Flex tensors; elsewhere (autodiff, other dtypes and
+/// backends, `MOPT_KERNELS=plain`) Burn's composition.
+///
+/// # Shapes
+/// - x, residual: `[batch, channels, height, width]`; gamma, beta, mean, var: `[channels]`
+/// - output: like x
+pub fn batch_norm_eval_act(
+    x: Tensor<4>,
+    [gamma, beta, mean, var]: [Tensor<1>; 4],
+    eps: f64,
+    residual: Option<Tensor<4>>,
+    relu: bool,
+) -> Tensor<4> {
+    let fallback = |x: Tensor<4>, residual: Option<Tensor<4>>| {
+        let c = gamma.dims()[0];
+        let shape = [1, c, 1, 1];
+        let scale = gamma.clone().div(var.clone().add_scalar(eps).sqrt());
+        let shift = beta.clone().sub(mean.clone().mul(scale.clone()));
+        let mut y = x * scale.reshape(shape) + shift.reshape(shape);
+        if let Some(r) = residual {
+            y = y + r;
+        }
+        if relu {
+            burn::tensor::activation::relu(y)
+        } else {
+            y
+        }
+    };
+    let params = [&gamma, &beta, &mean, &var];
+    if params.iter().any(|p| p.dtype() != DType::F32)
+        || residual.as_ref().is_some_and(|r| r.dtype() != DType::F32)
+        || autocast::compute_dtype().is_some()
+    {
+        return fallback(x, residual);
+    }
+    let flex = |t: &Tensor<1>| t.clone().try_into_primitive::<Flex>().ok();
+    match route(x) {
+        Route::Flex(p) => {
+            let ps: Option<Vec<_>> = params.iter().map(|t| flex(t)).collect();
+            let res = match residual.clone().map(|r| r.try_into_primitive::<Flex>()) {
+                None => Some(None),
+                Some(Ok(r)) => Some(Some(r)),
+                Some(Err(_)) => None,
+            };
+            match (ps, res) {
+                (Some(ps), Some(r)) => Tensor::from_primitive::<Flex>(flex::batch_norm_eval(
+                    p,
+                    [&ps[0], &ps[1], &ps[2], &ps[3]],
+                    eps,
+                    r.as_ref(),
+                    relu,
+                )),
+                _ => fallback(Tensor::from_primitive::<Flex>(p), residual),
+            }
+        }
+        Route::Autodiff(p) => fallback(Tensor::from_primitive::<Ad>(p), residual),
+        Route::Checkpointed(p) => fallback(Tensor::from_primitive::<AdCk>(p), residual),
+        Route::Other(x) => fallback(x, residual),
+    }
+}
+
 /// Dropout of a training forward pass: zero each element with probability `prob` and scale the
 /// rest by `1/(1−prob)`. Like Burn's `Dropout`, it only acts on autodiff (training) tensors and
 /// its masks follow the device's seed (one draw from the device RNG per call seeds a

@@ -21,8 +21,9 @@ pub fn conv_bn_members(path: &str, index: Vec<usize>) -> Vec<Member> {
 
 /// `bn` on `x`: in training (an autodiff device, the layer not frozen) mopt's fused kernel
 /// with the batch's statistics, which move the running statistics as Burn's `BatchNorm` does
-/// (`running ← (1 − momentum)·running + momentum·batch`, biased variance); otherwise Burn's
-/// inference path.
+/// (`running ← (1 − momentum)·running + momentum·batch`, biased variance); in inference
+/// mopt's one-pass kernel on the running statistics (Burn's path for a frozen layer under
+/// autodiff).
 pub fn batch_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
     batch_norm_act(bn, x, None, false)
 }
@@ -35,7 +36,13 @@ pub fn batch_norm_act(
     residual: Option<Tensor<4>>,
     relu: bool,
 ) -> Tensor<4> {
-    if !(x.device().is_autodiff() && bn.training.is_enabled()) {
+    if !x.device().is_autodiff() {
+        let stats = [bn.running_mean.value(), bn.running_var.value()];
+        let [mean, var] = stats.map(|t| t.to_device(&x.device()));
+        let params = [bn.gamma.val(), bn.beta.val(), mean, var];
+        return mopt_kernels::batch_norm_eval_act(x, params, bn.epsilon, residual, relu);
+    }
+    if !bn.training.is_enabled() {
         let mut y = bn.forward(x);
         if let Some(r) = residual {
             y = y + r;
@@ -156,5 +163,28 @@ mod tests {
         for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
             assert!(max(a, b) < 1e-4, "gradient {i}: {}", max(a, b));
         }
+    }
+
+    /// In inference the one-pass kernel gives Burn's `relu(bn(x) + r)` on the running
+    /// statistics (moved away from 0 and 1 by a training step first).
+    #[test]
+    fn inference_kernel_matches_burns_composition() {
+        let ad = Device::flex().autodiff();
+        let normal = burn::tensor::Distribution::Normal(0.5, 1.5);
+        let bn = BatchNormConfig::new(4).init(&ad);
+        let _ = batch_norm(&bn, Tensor::<4>::random([3, 4, 5, 6], normal, &ad));
+        let bn = bn.valid();
+        let device = Device::flex();
+        let x = Tensor::<4>::random([2, 4, 5, 6], normal, &device);
+        let r = Tensor::<4>::random([2, 4, 5, 6], normal, &device);
+        let fused = values(batch_norm_act(&bn, x.clone(), Some(r.clone()), true));
+        let burns = values(burn::tensor::activation::relu(bn.forward(x) + r));
+        let err = fused
+            .iter()
+            .zip(&burns)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(err < 1e-5, "{err}");
+        assert!(fused.iter().any(|&v| v == 0.0) && fused.iter().any(|&v| v > 0.0));
     }
 }
