@@ -300,6 +300,168 @@ fn micro_v4(v: pulp::x86::V4, a: &[f32], b: &[f32], out: &mut [f32]) {
     }
 }
 
+/// Where the rows of an operand read in place start: row `k` of a panel is the `12` (A) or
+/// `32` (B) values from `at(k)` (a packed panel, a strided matrix, a convolution's shifted
+/// input rows).
+pub(crate) trait Rows: Copy {
+    /// Start of row `k`.
+    fn at(&self, k: usize) -> usize;
+}
+
+/// Rows `stride` apart from `base`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Strided {
+    pub base: usize,
+    pub stride: usize,
+}
+
+impl Rows for Strided {
+    #[inline(always)]
+    fn at(&self, k: usize) -> usize {
+        self.base + k * self.stride
+    }
+}
+
+/// Rows at a table of offsets, shifted by `add`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Table<'a> {
+    pub off: &'a [usize],
+    pub add: usize,
+}
+
+impl Rows for Table<'_> {
+    #[inline(always)]
+    fn at(&self, k: usize) -> usize {
+        self.off[k] + self.add
+    }
+}
+
+/// Products whose operands are read in place, without packing (the AVX-512 tile only: the
+/// convolutions' shifted rows are already contiguous runs of 12 and 32 values). `None` on
+/// other tiles, whose callers pack.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Direct {
+    #[cfg(target_arch = "x86_64")]
+    v: pulp::x86::V4,
+}
+
+impl Direct {
+    /// The direct path, when this process runs the AVX-512 tile.
+    pub(crate) fn get() -> Option<Self> {
+        #[cfg(test)]
+        if tests::PACKED_ONLY.with(|p| p.get()) {
+            return None;
+        }
+        match tile().kernel {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512(v) => Some(Self { v }),
+            _ => None,
+        }
+    }
+
+    /// Rows of its tile.
+    pub(crate) const MR: usize = MR_512;
+    /// Columns of its tile.
+    pub(crate) const NR: usize = NR_512;
+    /// Depth of a block (as packed panels).
+    pub(crate) const KC: usize = KC;
+
+    /// `C (+)= A·B` over one depth block of `kc`: C is `m × n` (leading dimension `ldc`), A's
+    /// panel `ip` (rows `12·ip..`) has its rows at `a_rows(ip)` in `a`, B's panel `jp`
+    /// (columns `32·jp..`) at `b_rows(jp)` in `b`. Reads past the last valid row or column
+    /// must stay inside `a` and `b` (their values are discarded).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn block<RA: Rows, RB: Rows>(
+        self,
+        (a, a_rows): (&[f32], &(dyn Fn(usize) -> RA + Sync)),
+        (b, b_rows): (&[f32], &(dyn Fn(usize) -> RB + Sync)),
+        (m, n, kc): (usize, usize, usize),
+        c: &mut [f32],
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            struct Run<'a, RA: Rows, RB: Rows> {
+                v: pulp::x86::V4,
+                a: (&'a [f32], &'a (dyn Fn(usize) -> RA + Sync)),
+                b: (&'a [f32], &'a (dyn Fn(usize) -> RB + Sync)),
+                dims: (usize, usize, usize),
+                c: &'a mut [f32],
+                ldc: usize,
+                accumulate: bool,
+            }
+            impl<RA: Rows, RB: Rows> WithSimd for Run<'_, RA, RB> {
+                type Output = ();
+                #[inline(always)]
+                fn with_simd<S: Simd>(self, _: S) {
+                    let (m, n, kc) = self.dims;
+                    let mut buf = [0.0f32; TILE_MAX];
+                    for jp in 0..n.div_ceil(NR_512) {
+                        let br = (self.b.1)(jp);
+                        let w = NR_512.min(n - jp * NR_512);
+                        for ip in 0..m.div_ceil(MR_512) {
+                            let ar = (self.a.1)(ip);
+                            micro_direct(self.v, (self.a.0, ar), (self.b.0, br), kc, &mut buf);
+                            let h = MR_512.min(m - ip * MR_512);
+                            let at = (ip * MR_512, jp * NR_512);
+                            let tile = (&buf[..], NR_512);
+                            store(self.c, self.ldc, at, tile, (h, w), 1.0, self.accumulate);
+                        }
+                    }
+                }
+            }
+            let run = Run {
+                v: self.v,
+                a: (a, a_rows),
+                b: (b, b_rows),
+                dims: (m, n, kc),
+                c,
+                ldc,
+                accumulate,
+            };
+            Simd::vectorize(self.v, run);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (a, a_rows, b, b_rows, m, n, kc, c, ldc, accumulate);
+            unreachable!("Direct is only constructed on x86_64");
+        }
+    }
+}
+
+/// [`micro_v4`] with its operands read in place: A's row `k` is the 12 values at
+/// `a_rows.at(k)`, B's the 32 at `b_rows.at(k)`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn micro_direct(
+    v: pulp::x86::V4,
+    (a, a_rows): (&[f32], impl Rows),
+    (b, b_rows): (&[f32], impl Rows),
+    kc: usize,
+    out: &mut [f32],
+) {
+    use pulp::f32x16;
+    let z = v.splat_f32x16(0.0);
+    let mut c = [[z; 2]; MR_512];
+    for k in 0..kc {
+        let bk = &b[b_rows.at(k)..][..NR_512];
+        let ak = &a[a_rows.at(k)..][..MR_512];
+        let (lo, hi) = bk.split_at(16);
+        let b0: f32x16 = pulp::bytemuck::cast(<[f32; 16]>::try_from(lo).expect("16 lanes"));
+        let b1: f32x16 = pulp::bytemuck::cast(<[f32; 16]>::try_from(hi).expect("16 lanes"));
+        for (r, acc) in c.iter_mut().enumerate() {
+            let ar = v.splat_f32x16(ak[r]);
+            acc[0] = v.mul_add_f32x16(ar, b0, acc[0]);
+            acc[1] = v.mul_add_f32x16(ar, b1, acc[1]);
+        }
+    }
+    let tile: [[f32; NR_512]; MR_512] = pulp::bytemuck::cast(c);
+    for (r, row) in tile.iter().enumerate() {
+        out[r * NR_512..(r + 1) * NR_512].copy_from_slice(row);
+    }
+}
+
 /// One task's work: every (A panel, B panel) tile of its row block.
 struct Block<'a> {
     apack: &'a [f32],
@@ -529,8 +691,15 @@ impl PackedA {
         self.tile.mr
     }
 
+    /// The depth blocks `(p0, kc)` its panels are packed in.
+    pub(crate) fn depth_blocks(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        (0..self.depth)
+            .step_by(KC)
+            .map(|p0| (p0, KC.min(self.depth - p0)))
+    }
+
     /// Panels `[ip0, ip1)` of the depth block at `p0` (`kc` deep).
-    fn panels(&self, p0: usize, kc: usize, (ip0, ip1): (usize, usize)) -> &[f32] {
+    pub(crate) fn panels(&self, p0: usize, kc: usize, (ip0, ip1): (usize, usize)) -> &[f32] {
         let padded = self.rows.div_ceil(self.tile.mr) * self.tile.mr;
         let block = &self.data[p0 * padded..(p0 + kc) * padded];
         &block[ip0 * kc * self.tile.mr..ip1 * kc * self.tile.mr]
@@ -668,8 +837,13 @@ fn run_block(block: Block) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    thread_local! {
+        /// Set by a test to take the packed paths where [`Direct`] would run.
+        pub(crate) static PACKED_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
 
     fn naive(a: &View, b: &View) -> Vec<f32> {
         let mut c = vec![0.0f32; a.rows * b.cols];
