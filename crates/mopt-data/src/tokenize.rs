@@ -185,8 +185,9 @@ pub fn encode_splits(
     splits: &Splits,
     labels: Option<LabelMap>,
     cache_dir: Option<&Path>,
-    data_file: &Path,
+    [train_file, valid_file, test_file]: [&Path; 3],
 ) -> Result<EncodedSplits, DataError> {
+    let data_file = train_file;
     let labels = labels
         .unwrap_or_else(|| LabelMap::from_examples(splits.train.iter().map(|e| e.label.as_str())));
     if labels.len() < 2 {
@@ -229,7 +230,12 @@ pub fn encode_splits(
     };
     let join =
         |ids: Vec<Vec<u32>>, part: &[Example], which: &str| -> Result<Vec<Encoded>, DataError> {
-            let l = label_ids(part, &labels, which, data_file)?;
+            let file = match which {
+                "valid" => valid_file,
+                "test" => test_file,
+                _ => train_file,
+            };
+            let l = label_ids(part, &labels, which, file)?;
             Ok(ids
                 .into_iter()
                 .zip(l)

@@ -133,6 +133,17 @@ impl DataSpec {
             DataSource::Files { train, .. } => train,
         }
     }
+
+    /// The file the examples of each split (train, validation, test) come from: the one file,
+    /// or each split's own (validation carved from train when it has none).
+    pub fn split_files(&self) -> [&std::path::Path; 3] {
+        match &self.source {
+            DataSource::Single { path, .. } => [path, path, path],
+            DataSource::Files {
+                train, valid, test, ..
+            } => [train, valid.as_deref().unwrap_or(train), test],
+        }
+    }
 }
 
 /// Validate `[tokenizer]` (`cx` is the root scope).

@@ -48,12 +48,40 @@ pub fn parse(path: &Path, source: &str) -> Result<Recipe, RecipeError> {
     spec::validate(path, source, raw)
 }
 
+/// `section.key` of a `key = value` line (1-based), from the section header above it.
+fn key_at_line(source: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = source.lines().collect();
+    let (key, _) = lines.get(line.checked_sub(1)?)?.split_once('=')?;
+    let key = key.trim().trim_matches('"');
+    let section = lines[..line - 1]
+        .iter()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix('['))
+        .map(|h| {
+            h.trim_start_matches('[')
+                .split(']')
+                .next()
+                .unwrap_or("")
+                .trim()
+        });
+    Some(match section {
+        Some(s) if !s.is_empty() => format!("{s}.{key}"),
+        _ => key.to_string(),
+    })
+}
+
 fn parse_error(path: &Path, source: &str, e: toml::de::Error) -> RecipeError {
     let line = e
         .span()
         .map(|s| source[..s.start.min(source.len())].matches('\n').count() + 1)
         .unwrap_or(1);
-    let message = e.message().trim().to_string();
+    let mut message = e.message().trim().to_string();
+    // A wrong type or value names no key: take it from the line the error points at.
+    if !message.contains(" field `") {
+        if let Some(key) = key_at_line(source, line) {
+            message = format!("`{key}`: {message}");
+        }
+    }
     let hint = if message.contains("unknown field") {
         "remove or rename the key; the recipe reference (docs/src/recipe-reference.md) lists every key of each section"
             .to_string()

@@ -171,12 +171,15 @@ impl Scope {
     /// Deserialize the settings `table` of this scope into `T` (`deny_unknown_fields` structs),
     /// naming the offending key and its line on failure.
     pub fn deserialize<T: DeserializeOwned>(&self, table: toml::Table) -> Result<T, RecipeError> {
-        toml::Value::Table(table).try_into::<T>().map_err(|e| {
+        toml::Value::Table(table.clone()).try_into::<T>().map_err(|e| {
             let message = e.message().trim().to_string();
-            let field = message
-                .split('`')
-                .nth(1)
-                .map(str::to_string)
+            // `unknown field `x``, `missing field `x``: the key is in the message; a wrong type
+            // or value (`invalid type: floating point `16.5``) names none.
+            let named = message.contains(" field `");
+            let field = named
+                .then(|| message.split('`').nth(1).map(str::to_string))
+                .flatten()
+                .or_else(|| culprit::<T>(&table, &message))
                 .unwrap_or_default();
             let hint = if message.contains("unknown field") {
                 "remove or rename the key; each stage kind's chapter (docs/src/stages/) lists its keys"
@@ -188,6 +191,20 @@ impl Scope {
             self.err(&field, message, hint)
         })
     }
+}
+
+/// The key of `table` behind a deserialization error that names none (a wrong type: `invalid
+/// type: string "two", expected usize`): the one whose removal changes the error.
+fn culprit<T: DeserializeOwned>(table: &toml::Table, message: &str) -> Option<String> {
+    table.keys().find_map(|k| {
+        let mut t = table.clone();
+        t.remove(k);
+        let changed = match toml::Value::Table(t).try_into::<T>() {
+            Ok(_) => true,
+            Err(e) => e.message().trim() != message,
+        };
+        changed.then(|| k.clone())
+    })
 }
 
 /// `a/b/../c` → `a/c`, `./x` → `x`, without touching the file system (paths in messages and

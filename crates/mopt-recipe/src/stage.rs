@@ -251,12 +251,12 @@ pub fn stage_entries(
                 ))
             }
         };
-        let name = match t.remove("name") {
-            Some(toml::Value::String(n)) => n,
+        let (name, explicit) = match t.remove("name") {
+            Some(toml::Value::String(n)) => (n, true),
             Some(_) => {
                 return Err(cx.err("name", "must be a string", "e.g. name = \"distill-3l\""))
             }
-            None => kind.clone(),
+            None => (kind.clone(), false),
         };
         let name = if name.is_empty()
             || !name
@@ -268,7 +268,17 @@ pub fn stage_entries(
                 format!("`{name}` is not a usable stage name"),
                 "use letters, digits, `-` and `_` (it names the stage's folder)",
             ));
-        } else if out.iter().any(|s| s.name == name) {
+        } else if let Some(first) = out.iter().find(|s| s.name == name) {
+            if explicit {
+                return Err(cx.err(
+                    "name",
+                    format!(
+                        "`{name}` already names stage {} (a `reference` or a folder would be ambiguous)",
+                        first.index
+                    ),
+                    "give each stage its own name",
+                ));
+            }
             format!("{name}-{index}")
         } else {
             name

@@ -164,8 +164,44 @@ fn write_golden(
 }
 
 /// Prepare the run folder: refuse, replace, or resume an existing one.
-fn open_run_dir(recipe: &Recipe, dir: &Path, opts: &RunOptions) -> Result<(), StageError> {
+/// The run folder as this invocation opened it: on a failure of the input before any stage
+/// ran ([`OpenedRunDir::rollback`]), a folder it created is removed and one `--force` set
+/// aside is put back, so that a bad input leaves nothing behind and overwrites nothing.
+struct OpenedRunDir {
+    dir: PathBuf,
+    created: bool,
+    /// An earlier run `--force` replaces, kept aside until the new run has its baseline.
+    displaced: Option<PathBuf>,
+}
+
+impl OpenedRunDir {
+    /// Undo the opening (best effort: the error being reported matters more).
+    fn rollback(&self) {
+        if !self.created {
+            return;
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(old) = &self.displaced {
+            let _ = std::fs::rename(old, &self.dir);
+        }
+    }
+
+    /// The new run stands: drop the run it replaces.
+    fn commit(&self) -> Result<(), StageError> {
+        match &self.displaced {
+            Some(old) => std::fs::remove_dir_all(old).map_err(io(old)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn open_run_dir(
+    recipe: &Recipe,
+    dir: &Path,
+    opts: &RunOptions,
+) -> Result<OpenedRunDir, StageError> {
     let copy = dir.join("recipe.toml");
+    let mut displaced = None;
     if dir.exists() {
         if opts.resume {
             let before = std::fs::read_to_string(&copy).unwrap_or_default();
@@ -179,7 +215,11 @@ fn open_run_dir(recipe: &Recipe, dir: &Path, opts: &RunOptions) -> Result<(), St
                 .into());
             }
             eprintln!("resuming {}", shown(dir));
-            return Ok(());
+            return Ok(OpenedRunDir {
+                dir: dir.to_path_buf(),
+                created: false,
+                displaced: None,
+            });
         }
         if !opts.force {
             return Err(TrainError::Input(format!(
@@ -189,10 +229,28 @@ fn open_run_dir(recipe: &Recipe, dir: &Path, opts: &RunOptions) -> Result<(), St
             ))
             .into());
         }
-        std::fs::remove_dir_all(dir).map_err(io(dir))?;
+        let mut aside = dir.as_os_str().to_owned();
+        aside.push(".replaced");
+        let aside = PathBuf::from(aside);
+        if aside.exists() {
+            std::fs::remove_dir_all(&aside).map_err(io(&aside))?;
+        }
+        std::fs::rename(dir, &aside).map_err(io(dir))?;
+        displaced = Some(aside);
     }
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    std::fs::write(&copy, &recipe.source).map_err(io(&copy))
+    let opened = OpenedRunDir {
+        dir: dir.to_path_buf(),
+        created: true,
+        displaced,
+    };
+    let made = std::fs::create_dir_all(dir)
+        .map_err(io(dir))
+        .and_then(|()| std::fs::write(&copy, &recipe.source).map_err(io(&copy)));
+    if let Err(e) = made {
+        opened.rollback();
+        return Err(e);
+    }
+    Ok(opened)
 }
 
 impl Pipeline {
@@ -203,7 +261,14 @@ impl Pipeline {
         // Everything is validated before the run folder is touched.
         let chain = self.plan_chain()?;
         let run_dir = opts.run_dir.clone().unwrap_or_else(|| recipe.run.run_dir());
-        open_run_dir(recipe, &run_dir, opts)?;
+        let opened = open_run_dir(recipe, &run_dir, opts)?;
+        // A bad input found while loading the data or the baseline leaves nothing behind.
+        let undo = |e: StageError| {
+            if e.is_input_error() {
+                opened.rollback();
+            }
+            e
+        };
         let train_opts = TrainOptions {
             max_steps: opts.max_steps,
             replicas: opts.replicas.clone(),
@@ -212,9 +277,12 @@ impl Pipeline {
 
         // The baseline: the teacher (trained first when missing) or the recipe's [model].
         let base_dir = run_dir.join("00-baseline");
-        let family = crate::family::recipe_family(recipe)?;
-        let (data, baseline_ckpt, baseline_note) =
-            self.data_and_baseline(family, &base_dir, opts)?;
+        let family = crate::family::recipe_family(recipe)
+            .map_err(StageError::from)
+            .map_err(undo)?;
+        let (data, baseline_ckpt, baseline_note) = self
+            .data_and_baseline(family, &base_dir, opts)
+            .map_err(undo)?;
         let ev = Evaluator {
             family,
             data: &data,
@@ -224,9 +292,11 @@ impl Pipeline {
                 device: device.clone(),
             },
         };
-        let (baseline, baseline_logits) =
-            self.baseline_record(&base_dir, &baseline_ckpt, &baseline_note, &ev, opts)?;
-        write_golden(&run_dir, &baseline, &data, &baseline_logits)?;
+        let (baseline, baseline_logits) = self
+            .baseline_record(&base_dir, &baseline_ckpt, &baseline_note, &ev, opts)
+            .map_err(undo)?;
+        write_golden(&run_dir, &baseline, &data, &baseline_logits).map_err(undo)?;
+        opened.commit()?;
 
         let shared = RunShared {
             pipeline: self,

@@ -42,7 +42,7 @@ pub fn prepare_data(
         &splits,
         labels,
         cache_dir.as_deref(),
-        data.anchor(),
+        data.split_files(),
     )?;
     Ok(PreparedData { tokenizer, data })
 }

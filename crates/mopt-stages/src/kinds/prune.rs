@@ -598,6 +598,7 @@ impl PruneStage {
         let input: &M::Config = shape.get()?;
         self.check_ratios::<M>(entry, input)?;
         self.check_criteria::<M>(entry, input)?;
+        self.check_limits::<M>(entry, input)?;
         if input.is_quantized() {
             return Err(entry
                 .scope
@@ -754,6 +755,53 @@ impl PruneStage {
                             kind.name()
                         ),
                         "use `taylor` or `l1` for these targets (bn-scale suits convolution channels followed by BatchNorm)",
+                    )
+                    .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// What every round must keep of a targeted group (`min-heads`, a width's multiple) must
+    /// not exceed what the input has: the stage would otherwise run and prune nothing there.
+    fn check_limits<M: Prunable>(
+        &self,
+        entry: &StageEntry,
+        c: &M::Config,
+    ) -> Result<(), StageError> {
+        let l = &self.limits;
+        for kind in M::group_kinds() {
+            if !self.targets.contains(&kind.name()) {
+                continue;
+            }
+            let rule = kind.rule(l);
+            for s in (0..kind.scopes(c)).filter(|s| !rule.frozen_scopes.contains(s)) {
+                let units = kind.units(c, s);
+                if units == 0 || rule.min_keep <= units {
+                    continue;
+                }
+                let key = if rule.min_keep == l.min_heads {
+                    "min-heads"
+                } else if rule.min_keep == l.ffn_multiple {
+                    "ffn-multiple"
+                } else if rule.min_keep == l.hidden_multiple {
+                    "hidden-multiple"
+                } else {
+                    "targets"
+                };
+                return Err(entry
+                    .scope
+                    .err(
+                        key,
+                        format!(
+                            "every round keeps at least {} units of `{}`, which has {units}",
+                            rule.min_keep,
+                            kind.scope_path(s)
+                        ),
+                        format!(
+                            "set {key} to at most {units}, or leave `{}` out of targets",
+                            kind.name()
+                        ),
                     )
                     .into());
             }
