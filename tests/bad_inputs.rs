@@ -8,16 +8,19 @@ use std::path::Path;
 
 use common::{minilm_dir, mopt, stderr, write_tiny_recipe};
 
+/// Turns the good recipe (and its folder) into a broken one; returns the recipe text.
+type Edit = Box<dyn Fn(&Path, &str) -> String + Sync>;
+
 /// One bad input: `edit` turns the good tiny recipe (and its folder) into the broken one and
 /// returns the recipe text; the message must contain every needle.
 struct Case {
     name: &'static str,
-    edit: Box<dyn Fn(&Path, &str) -> String + Sync>,
+    edit: Edit,
     needles: &'static [&'static str],
     args: &'static [&'static str],
 }
 
-fn replace(from: &'static str, to: &'static str) -> Box<dyn Fn(&Path, &str) -> String + Sync> {
+fn replace(from: &'static str, to: &'static str) -> Edit {
     Box::new(move |_, good| {
         assert!(good.contains(from), "fixture lacks {from}");
         good.replacen(from, to, 1)
@@ -25,7 +28,7 @@ fn replace(from: &'static str, to: &'static str) -> Box<dyn Fn(&Path, &str) -> S
 }
 
 /// `extra` appended; `{cfg}` in it names the tiny model's config.
-fn append(extra: &'static str) -> Box<dyn Fn(&Path, &str) -> String + Sync> {
+fn append(extra: &'static str) -> Edit {
     Box::new(move |dir, good| {
         let cfg = dir.join("tiny-config.json").display().to_string();
         format!("{good}\n{}\n", extra.replace("{cfg}", &cfg))
@@ -34,11 +37,7 @@ fn append(extra: &'static str) -> Box<dyn Fn(&Path, &str) -> String + Sync> {
 
 /// The recipe reading `[data]` from a file written with `body` (csv with text/label columns
 /// unless `fmt` says otherwise).
-fn data_file(
-    name: &'static str,
-    body: &'static [u8],
-    section: &'static str,
-) -> Box<dyn Fn(&Path, &str) -> String + Sync> {
+fn data_file(name: &'static str, body: &'static [u8], section: &'static str) -> Edit {
     Box::new(move |dir, good| {
         let p = dir.join(name);
         std::fs::write(&p, body).unwrap();
@@ -50,7 +49,7 @@ fn data_file(
 }
 
 /// The recipe's `[model] config` replaced by a file holding `json`.
-fn config(json: &'static str) -> Box<dyn Fn(&Path, &str) -> String + Sync> {
+fn config(json: &'static str) -> Edit {
     Box::new(move |dir, good| {
         let p = dir.join("bad-config.json");
         std::fs::write(&p, json).unwrap();

@@ -143,11 +143,8 @@ fn pack_b(
     (p0, kc): (usize, usize),
     (j0, nc): (usize, usize),
     nr: usize,
-    out: &mut Vec<f32>,
+    out: &mut [f32],
 ) {
-    let panels = nc.div_ceil(nr);
-    out.clear();
-    out.resize(panels * kc * nr, 0.0);
     out.par_chunks_mut(kc * nr)
         .enumerate()
         .for_each(|(jp, panel)| {
@@ -590,14 +587,16 @@ fn sgemm_on(t: Tile, a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool
     } else {
         MC.div_ceil(mr) * mr
     };
-    let mut bpack = Vec::new();
+    let mut bstore = Vec::new();
     for j0 in (0..n).step_by(NC) {
         let nc = NC.min(n - j0);
         for p0 in (0..k).step_by(KC) {
             let kc = KC.min(k - p0);
-            pack_b(&b, (p0, kc), (j0, nc), nr, &mut bpack);
+            let panels = nc.div_ceil(nr);
+            let bpack = aligned(&mut bstore, panels * kc * nr);
+            pack_b(&b, (p0, kc), (j0, nc), nr, bpack);
             let accumulate = beta_one || p0 > 0;
-            let bp = &bpack;
+            let bp = &*bpack;
             // Row blocks of C in parallel; each owns its rows of C.
             c[..m * n]
                 .par_chunks_mut(mc_rows * n)
@@ -605,10 +604,11 @@ fn sgemm_on(t: Tile, a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool
                 .for_each(|(ib, rows)| {
                     let i0 = ib * mc_rows;
                     let mc = mc_rows.min(m - i0);
-                    let mut apack = vec![0.0f32; mc.div_ceil(mr) * mr * kc];
-                    pack_a(&a, (i0, mc), (p0, kc), mr, &mut apack);
+                    let mut astore = Vec::new();
+                    let apack = aligned(&mut astore, mc.div_ceil(mr) * mr * kc);
+                    pack_a(&a, (i0, mc), (p0, kc), mr, apack);
                     let block = Block {
-                        apack: &apack,
+                        apack,
                         bpack: bp,
                         rows,
                         kc,
@@ -724,7 +724,7 @@ pub(crate) fn gemm_prepacked(
         let nc = NC.min(n - j0);
         for p0 in (0..a.depth).step_by(KC) {
             let kc = KC.min(a.depth - p0);
-            let bbuf = scratch(bbuf, nc.div_ceil(t.nr) * kc * t.nr);
+            let bbuf = aligned(bbuf, nc.div_ceil(t.nr) * kc * t.nr);
             b.pack((p0, kc), (j0, nc), t.nr, bbuf);
             run_block(Block {
                 apack: a.panels(p0, kc, panels),
@@ -771,11 +771,11 @@ pub(crate) fn gemm_serial(
         let nc = NC.min(n - j0);
         for p0 in (0..k).step_by(KC) {
             let kc = KC.min(k - p0);
-            let bbuf = scratch(bbuf, nc.div_ceil(t.nr) * kc * t.nr);
+            let bbuf = aligned(bbuf, nc.div_ceil(t.nr) * kc * t.nr);
             b.pack((p0, kc), (j0, nc), t.nr, bbuf);
             for i0 in (0..m).step_by(MC) {
                 let mc = MC.min(m - i0);
-                let abuf = scratch(abuf, mc.div_ceil(t.mr) * t.mr * kc);
+                let abuf = aligned(abuf, mc.div_ceil(t.mr) * t.mr * kc);
                 a.pack((i0, mc), (p0, kc), t.mr, abuf);
                 run_block(Block {
                     apack: abuf,
@@ -795,13 +795,16 @@ pub(crate) fn gemm_serial(
     }
 }
 
-/// The first `len` values of `buf` (grown when short; the values are stale: packers write
-/// every one).
-fn scratch(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    if buf.len() < len {
-        buf.resize(len, 0.0);
+/// `len` values of `buf` starting on a 64-byte boundary (a packed panel's rows then never
+/// straddle cache lines: a split 64-byte load costs two), grown when short; the values are
+/// stale: packers write every one.
+pub(crate) fn aligned(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    const LANES: usize = 16;
+    if buf.len() < len + LANES {
+        buf.resize(len + LANES, 0.0);
     }
-    &mut buf[..len]
+    let skip = buf.as_ptr().align_offset(64).min(LANES);
+    &mut buf[skip..skip + len]
 }
 
 /// Copy `N` values (a fixed size, so that it compiles to a few vector moves instead of a call

@@ -241,8 +241,9 @@ pub fn linear(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> {
 }
 
 /// A 2-D convolution without bias (square kernel, symmetric padding `pad`, groups 1) on the
-/// GEMM of [`gemm`]: im2col of the whole batch, one product forward and one for each gradient
-/// ([`conv`]). Burn's `conv2d` elsewhere.
+/// GEMM of [`gemm`], without a patch matrix: the padded (phase-split for strides) image's
+/// shifted rows feed the product directly, the weights packed once a call ([`conv`]). Burn's
+/// `conv2d` elsewhere.
 ///
 /// # Shapes
 /// - x: `[batch, C, H, W]`; w: `[O, C, k, k]` (Burn's `Conv2d.weight`) → `[batch, O, OH, OW]`

@@ -1,0 +1,137 @@
+//! Kernel-level timings on this CPU, without PyTorch (the speed harness at the workspace root
+//! compares whole steps against it): every convolution shape of the Fashion-MNIST ResNet teacher
+//! at batch 64 (forward, weight gradient, whole backward), the fused BatchNorm (+ residual +
+//! ReLU) at its largest activation, and the GEMM on a square and the BERT layers' shapes.
+//!
+//! ```sh
+//! cargo bench --profile dev -p mopt-kernels --bench layers
+//! ```
+
+use std::time::Instant;
+
+use mopt_kernels::batchnorm::{backward_fused, forward_fused, BnShape};
+use mopt_kernels::conv::{conv2d, conv2d_backward, ConvShape};
+use mopt_kernels::gemm::{sgemm, View};
+
+/// Median milliseconds of `runs` calls after two warm-ups.
+fn time(runs: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    f();
+    let mut ms: Vec<f64> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    ms[runs / 2]
+}
+
+fn values(n: usize, m: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 7919) % m) as f32 / m as f32 - 0.5)
+        .collect()
+}
+
+fn convolutions() {
+    println!("convolutions, batch 64 (ms, GFLOP/s):");
+    // (input channels, side, output channels, kernel, stride, padding, layers of this shape)
+    let shapes = [
+        (1, 28, 32, 3, 1, 1, 1usize),
+        (32, 28, 32, 3, 1, 1, 4),
+        (32, 28, 64, 3, 2, 1, 1),
+        (32, 28, 64, 1, 2, 0, 1),
+        (64, 14, 64, 3, 1, 1, 3),
+        (64, 14, 128, 3, 2, 1, 1),
+        (64, 14, 128, 1, 2, 0, 1),
+        (128, 7, 128, 3, 1, 1, 3),
+    ];
+    let (mut fwd, mut bwd) = (0.0, 0.0);
+    for (c, side, o, k, stride, pad, layers) in shapes {
+        let s = ConvShape {
+            batch: 64,
+            channels: c,
+            height: side,
+            width: side,
+            out_channels: o,
+            kernel: k,
+            stride,
+            pad,
+        };
+        let (oh, ow) = s.out_hw();
+        let x = values(64 * c * side * side, 13);
+        let w = values(o * c * k * k, 7);
+        let g = values(64 * o * oh * ow, 5);
+        let gf = 2.0 * (64 * o * oh * ow * c * k * k) as f64 / 1e9;
+        let want_dx = c > 1;
+        let f = time(9, || drop(conv2d(&x, &w, &s)));
+        let dw = time(9, || drop(conv2d_backward(&x, &w, &g, &s, (false, true))));
+        let b = time(9, || drop(conv2d_backward(&x, &w, &g, &s, (want_dx, true))));
+        let bgf = if want_dx { 2.0 * gf } else { gf };
+        println!(
+            "  {c:>3} -> {o:>3}, {k}x{k} /{stride}, {side:>2}px (x{layers}): forward {f:6.2} ({:5.1}) | dW {dw:6.2} ({:5.1}) | backward {b:6.2} ({:5.1})",
+            gf / f * 1e3,
+            gf / dw * 1e3,
+            bgf / b * 1e3
+        );
+        fwd += f * layers as f64;
+        bwd += b * layers as f64;
+    }
+    println!("  all of the network's convolutions: forward {fwd:.1} ms, backward {bwd:.1} ms");
+}
+
+fn batch_norm() {
+    let s = BnShape {
+        batch: 64,
+        channels: 32,
+        plane: 28 * 28,
+    };
+    let n = 64 * 32 * 28 * 28;
+    let (x, r) = (values(n, 2003), values(n, 1009));
+    let (gamma, beta) = (vec![1.1f32; 32], vec![0.1f32; 32]);
+    println!("BatchNorm (training) on [64, 32, 28, 28] (ms):");
+    for (res, relu) in [(false, false), (false, true), (true, true)] {
+        let epilogue = (res.then_some(&r[..]), relu);
+        let (y, m, v) = forward_fused(&x, (&gamma, &beta), 1e-5, epilogue, &s);
+        let f = time(9, || {
+            drop(forward_fused(&x, (&gamma, &beta), 1e-5, epilogue, &s))
+        });
+        let grad = (&r[..], relu.then_some(&y[..]));
+        let b = time(9, || {
+            drop(backward_fused(&x, &gamma, (&m, &v), 1e-5, grad, res, &s));
+        });
+        println!("  residual {res:5}, ReLU {relu:5}: forward {f:.2}, backward {b:.2}");
+    }
+}
+
+fn products() {
+    println!("GEMM (GFLOP/s, path {}):", mopt_kernels::gemm::path());
+    for (m, k, n) in [(2048, 2048, 2048), (2048, 384, 1536), (2048, 1536, 384)] {
+        let (a, b) = (values(m * k, 17), values(k * n, 13));
+        let mut c = vec![0.0f32; m * n];
+        let ms = time(5, || {
+            sgemm(
+                View::row_major(&a, m, k),
+                View::row_major(&b, k, n),
+                &mut c,
+                1.0,
+                false,
+            )
+        });
+        println!(
+            "  {m} x {k} x {n}: {:.1}",
+            2.0 * (m * k * n) as f64 / ms / 1e6
+        );
+    }
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    println!("{} threads", rayon::current_num_threads());
+    convolutions();
+    batch_norm();
+    products();
+}
