@@ -57,6 +57,31 @@ struct RunArgs {
 }
 
 #[derive(Subcommand, Debug)]
+enum CacheAction {
+    /// Every cache file under the folders: kind, size, age, path; totals by kind.
+    List {
+        /// Folders searched for `.mopt-cache/` (recursively).
+        #[arg(default_value = "datasets/data")]
+        roots: Vec<PathBuf>,
+    },
+    /// Remove cache files: all of them, or those the options select.
+    Clean {
+        /// Folders searched for `.mopt-cache/` (recursively).
+        #[arg(default_value = "datasets/data")]
+        roots: Vec<PathBuf>,
+        /// Only files last written more than DAYS days ago.
+        #[arg(long, value_name = "DAYS")]
+        older_than: Option<f64>,
+        /// Keep the newest N files of each kind in each cache folder.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        keep_latest: usize,
+        /// List what would be removed, remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum Command {
     /// LR range test: exponential sweep, loss curve written to `<run>-lr-find/`, suggested LR printed.
     LrFind {
@@ -84,6 +109,12 @@ enum Command {
         latency_runs: usize,
         #[arg(long)]
         force: bool,
+    },
+    /// The caches runs keep beside their data (`.mopt-cache/`: token ids, teacher outputs, teacher
+    /// logits): list them, or remove old ones (a run rebuilds what it needs).
+    Cache {
+        #[command(subcommand)]
+        action: CacheAction,
     },
     /// Write a mopt checkpoint folder as HF-style `model.safetensors` + `config.json`.
     ExportHf {
@@ -157,6 +188,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             println!("export folder: {}", s.out.display());
         }
+        Some(Command::Cache { action }) => cache(action)?,
         Some(Command::ExportHf { checkpoint, out }) => {
             let device = DeviceSpec::Cpu.device();
             let (model, config) = mopt_models::bert::weights::load_checkpoint(&checkpoint, &device)
@@ -210,6 +242,58 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 report.wall_time_s
             );
             println!("report: {}/report.md", report.run_dir);
+        }
+    }
+    Ok(())
+}
+
+/// `mopt-train cache list|clean`.
+fn cache(action: CacheAction) -> anyhow::Result<()> {
+    use mopt_train::cache::{clean, scan, select, CacheFile, CleanRule};
+    let show = |files: &[CacheFile]| {
+        let now = std::time::SystemTime::now();
+        for f in files {
+            let age = now.duration_since(f.modified).unwrap_or_default();
+            println!(
+                "{:<8} {:>10.2} MiB {:>7.1} days  {}",
+                f.kind.label(),
+                f.bytes as f64 / 1048576.0,
+                age.as_secs_f64() / 86400.0,
+                f.path.display()
+            );
+        }
+        let total: u64 = files.iter().map(|f| f.bytes).sum();
+        println!("{} files, {:.2} MiB", files.len(), total as f64 / 1048576.0);
+    };
+    match action {
+        CacheAction::List { roots } => show(&scan(&roots)?),
+        CacheAction::Clean {
+            roots,
+            older_than,
+            keep_latest,
+            dry_run,
+        } => {
+            let older_than = match older_than {
+                Some(d) if !(d.is_finite() && d >= 0.0) => {
+                    return Err(TrainError::Input(format!(
+                        "--older-than {d}: give a number of days, 0 or more"
+                    ))
+                    .into())
+                }
+                d => d.map(|d| std::time::Duration::from_secs_f64(d * 86400.0)),
+            };
+            let rule = CleanRule {
+                older_than,
+                keep_latest,
+            };
+            let picked = select(&scan(&roots)?, &rule, std::time::SystemTime::now());
+            show(&picked);
+            if dry_run {
+                println!("dry run: nothing removed");
+            } else {
+                let freed = clean(&picked)?;
+                println!("removed; {:.2} MiB freed", freed as f64 / 1048576.0);
+            }
         }
     }
     Ok(())

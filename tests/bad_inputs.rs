@@ -243,3 +243,52 @@ fn run_case(case: &Case) -> Option<String> {
         format!("- {}: {} | stderr: {}", case.name, wrong.join("; "), last)
     })
 }
+
+/// A changed recipe on `--resume` is refused with exit 2 and leaves the run as it was; an
+/// output folder that cannot be made (a file in its path) is named, and nothing is left.
+#[test]
+fn a_changed_recipe_on_resume_and_an_unwritable_output_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_tiny_recipe(tmp.path(), "done", "");
+    let out = mopt(&[recipe.to_str().unwrap(), "--max-steps", "1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let run = tmp.path().join("runs/done");
+    let kept = std::fs::read_to_string(run.join("recipe.toml")).unwrap();
+    let listing = |d: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = listing(&run);
+    let changed = kept.replacen("lr = 1e-3", "lr = 2e-3", 1);
+    std::fs::write(&recipe, &changed).unwrap();
+    let out = mopt(&[recipe.to_str().unwrap(), "--resume"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("recipe changed"), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(run.join("recipe.toml")).unwrap(),
+        kept
+    );
+    assert_eq!(listing(&run), before, "the run is left as it was");
+
+    // `output-dir` runs through a regular file: the folder cannot be made.
+    let blocker = tmp.path().join("blocker");
+    std::fs::write(&blocker, "a file, not a folder").unwrap();
+    let text = kept.replacen(
+        &tmp.path().join("runs").display().to_string(),
+        &blocker.join("runs").display().to_string(),
+        1,
+    );
+    std::fs::write(&recipe, text).unwrap();
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert!(matches!(out.status.code(), Some(1 | 2)), "{err}");
+    assert!(err.contains("blocker"), "names the path: {err}");
+    assert!(
+        std::fs::metadata(&blocker).unwrap().is_file(),
+        "the file is untouched"
+    );
+}

@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 pub mod amp;
 pub mod backend;
+pub mod cache;
 mod checkpoint;
 pub mod clip;
 mod error;
