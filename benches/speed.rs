@@ -703,6 +703,8 @@ fn run_steps(bench: &mut Bench, work: &Path) {
             "student": reference(&p.student),
         },
         "sgemm_n": 2048,
+        // `--only`: the PyTorch side skips the rows it does not name too.
+        "only": bench.args.only,
     });
     std::fs::write(work.join("spec.json"), spec.to_string()).expect("spec.json");
 }

@@ -101,7 +101,15 @@ def steps(spec, out_path):
             s += 3 * forward_flops(cfg, 32, seq) + (forward_flops(extra, 32, seq) if extra else 0)
         return s / n
 
+    only = spec.get("only")
+
+    def wants(name):
+        """`--only NAME` on the mopt side: the rows whose name contains NAME."""
+        return only is None or only in name
+
     def train(model, loss_fn, name, extra=None):
+        if not wants(name):
+            return
         model = model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"])
 
@@ -123,11 +131,14 @@ def steps(spec, out_path):
     import copy
 
     train(copy.deepcopy(teacher), ce, "teacher_step")
-    results["teacher_step"]["peak_rss_mb"] = peak_rss_mb()
+    if "teacher_step" in results:
+        results["teacher_step"]["peak_rss_mb"] = peak_rss_mb()
     train(copy.deepcopy(student), ce, "student_step")
     # The same step under CPU autocast (PyTorch's own mixed precision: bf16, and fp16 with its
     # GradScaler), beside mopt's student_step_bf16 / _fp16.
     for name, dtype in [("student_step_bf16", torch.bfloat16), ("student_step_fp16", torch.float16)]:
+        if not wants(name):
+            continue
         model = copy.deepcopy(student).train()
         opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"])
         scaler = torch.amp.GradScaler(dev.type, enabled=dtype == torch.float16)
@@ -160,7 +171,7 @@ def steps(spec, out_path):
             o = teacher(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         return o.logits, [o.hidden_states[t] for _, t in pairs]
 
-    cache = [teacher_out(b[0], b[1]) for b in batches]
+    cache = [teacher_out(b[0], b[1]) for b in batches] if wants("distill_step_cached") else []
 
     def distill(live):
         def loss(model, ids, mask, labels, i):
@@ -185,6 +196,8 @@ def steps(spec, out_path):
     for name, m in [("teacher", teacher), ("student", student)]:
         m.eval()
         for b in (1, 32):
+            if not wants(f"{name}_forward_b{b}"):
+                continue
             rows = [(x * (64 // len(x) + 1))[:64] for x in ids_all[:b]]
             ids = torch.tensor(rows, dtype=torch.long, device=dev)
             mask = torch.ones_like(ids)

@@ -331,7 +331,8 @@ pub fn batch_norm_eval(
 }
 
 /// (dx, dgamma, dbeta, d residual) of [`batch_norm_train`]; `y` is its output when it ended
-/// in ReLU (the mask).
+/// in ReLU (the mask). `g` is masked in place when this holds it alone, and becomes the
+/// residual's gradient.
 pub fn batch_norm_train_backward(
     (x, y): (&FlexTensor, Option<&FlexTensor>),
     gamma: &FlexTensor,
@@ -340,24 +341,23 @@ pub fn batch_norm_train_backward(
     g: FlexTensor,
     want_residual: bool,
 ) -> (FlexTensor, FlexTensor, FlexTensor, Option<FlexTensor>) {
-    let (x, gamma, g) = (
-        contiguous(x.clone()),
-        contiguous(gamma.clone()),
-        contiguous(g),
-    );
+    let (x, gamma) = (contiguous(x.clone()), contiguous(gamma.clone()));
     let y = y.map(|y| contiguous(y.clone()));
     let s = bn_shape(&x);
-    let (dx, dgamma, dbeta, dres) = crate::batchnorm::backward_fused(
-        f32s(&x),
-        f32s(&gamma),
-        stats,
-        eps as f32,
-        (f32s(&g), y.as_ref().map(f32s)),
-        want_residual,
-        &s,
-    );
+    let mut out = None;
+    let gm = in_place(g, |g| {
+        out = Some(crate::batchnorm::backward_in_place(
+            f32s(&x),
+            f32s(&gamma),
+            stats,
+            eps as f32,
+            (g, y.as_ref().map(f32s)),
+            &s,
+        ));
+    });
+    let (dx, dgamma, dbeta) = out.expect("the backward ran");
     let c = gamma.shape();
-    let dres = dres.map(|d| make(d, x.shape()));
+    let dres = want_residual.then_some(gm);
     (
         make(dx, x.shape()),
         make(dgamma, c.clone()),
