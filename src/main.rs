@@ -54,6 +54,17 @@ struct RunArgs {
     /// folder becomes `<name>-seed<N>`, so that several seeds of one recipe sit side by side.
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
+    /// Run once per seed (`--seeds 42,1,2`, each as `--seed`), then write
+    /// `<output-dir>/<name>-seeds/summary.md` and `.json`: every stage's accuracy as mean ± std,
+    /// and each stage against its references (the hard-label twin) as a paired difference with
+    /// its 95% interval.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        conflicts_with = "seed"
+    )]
+    seeds: Option<Vec<u64>>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -199,52 +210,79 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         None => {
             let args = cli.run;
-            let path = args.recipe.expect("clap requires RECIPE");
-            let mut recipe = mopt_recipe::load(&path)?;
-            if let Some(seed) = args.seed {
-                recipe = recipe.with_seed(seed);
-            }
-            let pipeline = mopt_stages::Pipeline::from_recipe(recipe)?;
-            let (device, replicas) =
-                mopt_stages::recipe_devices(&pipeline.recipe, args.device.as_deref())?;
-            if args.check {
-                print!("{}", pipeline.check(&device)?);
-                println!("recipe OK");
-                return Ok(());
-            }
-            let opts = mopt_stages::RunOptions {
-                device,
-                force: args.force,
-                resume: args.resume,
-                max_steps: args.max_steps,
-                run_dir: None,
-                reuse: !args.no_reuse,
-                replicas,
+            let path = args.recipe.clone().expect("clap requires RECIPE");
+            let loaded = mopt_recipe::load(&path)?;
+            let seeds: Vec<Option<u64>> = match &args.seeds {
+                Some(list) => list.iter().map(|&s| Some(s)).collect(),
+                None => vec![args.seed],
             };
-            let report = pipeline.run(&opts)?;
-            for st in &report.stages {
-                println!(
-                    "{} {} ({}): {}; validation accuracy {:.4}, test {:.4}, {:.2}M params",
-                    st.index,
-                    st.name,
-                    st.kind,
-                    st.decision.action.label(),
-                    st.model.valid.accuracy,
-                    st.model.test.accuracy,
-                    st.model.params as f64 / 1e6
-                );
+            let mut reports = Vec::new();
+            for seed in seeds {
+                let recipe = match seed {
+                    Some(s) => loaded.clone().with_seed(s),
+                    None => loaded.clone(),
+                };
+                let seed = recipe.run.seed;
+                match run_recipe(recipe, &args)? {
+                    Some(report) => reports.push((seed, report)),
+                    None => return Ok(()),
+                }
             }
-            println!(
-                "final model: stage {} -> {}/best (test accuracy {:.4}); {:.0}s wall",
-                report.final_stage,
-                report.run_dir,
-                report.final_model.test.accuracy,
-                report.wall_time_s
-            );
-            println!("report: {}/report.md", report.run_dir);
+            if args.seeds.is_some() {
+                let summary = mopt_stages::seeds::summarize(&reports);
+                let dir = loaded
+                    .run
+                    .output_dir
+                    .join(format!("{}-seeds", loaded.run.name));
+                mopt_stages::seeds::write(&dir, &summary)?;
+                print!("{}", mopt_stages::seeds::markdown(&summary));
+                println!("summary: {}/summary.md", dir.display());
+            }
         }
     }
     Ok(())
+}
+
+/// Run (or `--check`) one recipe; the report, unless only checked.
+fn run_recipe(
+    recipe: mopt_recipe::Recipe,
+    args: &RunArgs,
+) -> anyhow::Result<Option<mopt_stages::report::PipelineReport>> {
+    let pipeline = mopt_stages::Pipeline::from_recipe(recipe)?;
+    let (device, replicas) = mopt_stages::recipe_devices(&pipeline.recipe, args.device.as_deref())?;
+    if args.check {
+        print!("{}", pipeline.check(&device)?);
+        println!("recipe OK");
+        return Ok(None);
+    }
+    let opts = mopt_stages::RunOptions {
+        device,
+        force: args.force,
+        resume: args.resume,
+        max_steps: args.max_steps,
+        run_dir: None,
+        reuse: !args.no_reuse,
+        replicas,
+    };
+    let report = pipeline.run(&opts)?;
+    for st in &report.stages {
+        println!(
+            "{} {} ({}): {}; validation accuracy {:.4}, test {:.4}, {:.2}M params",
+            st.index,
+            st.name,
+            st.kind,
+            st.decision.action.label(),
+            st.model.valid.accuracy,
+            st.model.test.accuracy,
+            st.model.params as f64 / 1e6
+        );
+    }
+    println!(
+        "final model: stage {} -> {}/best (test accuracy {:.4}); {:.0}s wall",
+        report.final_stage, report.run_dir, report.final_model.test.accuracy, report.wall_time_s
+    );
+    println!("report: {}/report.md", report.run_dir);
+    Ok(Some(report))
 }
 
 /// `mopt-train cache list|clean`.

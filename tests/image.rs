@@ -426,6 +426,68 @@ fn seed_overrides_run_side_by_side_with_their_own_init() {
     assert!(!dir.path().join("runs/digits").exists());
 }
 
+/// `--seeds 1,2` runs the recipe once per seed and summarizes: each stage's accuracy as mean ±
+/// std over the runs, and the distilled student against its hard-label twin as a paired
+/// difference seed by seed, with a 95% interval.
+#[test]
+fn seeds_run_side_by_side_and_summarize_with_paired_differences() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write_recipe(dir.path(), "");
+    let stages = format!(
+        "\n[[stage]]\nkind = \"distill\"\nname = \"student\"\nbaseline = true\n\n[stage.student]\narch = \"resnet\"\nconfig = \"{}\"\n",
+        write_student(dir.path()).display()
+    );
+    let text = std::fs::read_to_string(&recipe).unwrap() + &stages;
+    std::fs::write(&recipe, text).unwrap();
+    let out = mopt(&[
+        recipe.to_str().unwrap(),
+        "--seeds",
+        "1,2",
+        "--max-steps",
+        "3",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summary = read_json(&dir.path().join("runs/digits-seeds/summary.json"));
+    assert_eq!(summary["seeds"], serde_json::json!([1, 2]));
+    let runs: Vec<serde_json::Value> = [1, 2]
+        .iter()
+        .map(|s| read_json(&dir.path().join(format!("runs/digits-seed{s}/report.json"))))
+        .collect();
+    let student = &summary["stages"][1];
+    assert_eq!(student["name"], "student");
+    let test = |r: &serde_json::Value| {
+        r["stages"][1]["model"]["test"]["accuracy"]
+            .as_f64()
+            .unwrap()
+    };
+    let twin = |r: &serde_json::Value| {
+        r["stages"][1]["references"][0]["model"]["test"]["accuracy"]
+            .as_f64()
+            .unwrap()
+    };
+    let mean = (test(&runs[0]) + test(&runs[1])) / 2.0;
+    assert!((student["test"]["mean"].as_f64().unwrap() - mean).abs() < 1e-9);
+    let std = (test(&runs[0]) - test(&runs[1])).abs() / 2f64.sqrt();
+    assert!((student["test"]["std"].as_f64().unwrap() - std).abs() < 1e-9);
+    let paired = &student["references"][0];
+    assert!(
+        paired["name"].as_str().unwrap().contains("twin"),
+        "{paired}"
+    );
+    let diffs = [
+        test(&runs[0]) - twin(&runs[0]),
+        test(&runs[1]) - twin(&runs[1]),
+    ];
+    let d = &paired["test_difference"];
+    assert!((d["mean"].as_f64().unwrap() - (diffs[0] + diffs[1]) / 2.0).abs() < 1e-9);
+    assert_eq!(d["n"], 2);
+    let md = std::fs::read_to_string(dir.path().join("runs/digits-seeds/summary.md")).unwrap();
+    assert!(
+        md.contains("95% interval") && md.contains("| student |"),
+        "{md}"
+    );
+}
+
 /// Feature-map matches on a ResNet student: FitNets' MSE on stage outputs through learned 1×1
 /// projections (the widths differ) and attention transfer, beside KD on logits, logged per
 /// pair; a match that needs a projection and has none is refused at --check.

@@ -39,6 +39,7 @@ pub mod predict;
 pub mod record;
 pub mod report;
 mod runner;
+pub mod seeds;
 pub mod shape;
 pub mod stage;
 

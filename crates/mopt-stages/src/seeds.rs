@@ -1,0 +1,246 @@
+//! Several seeds of one recipe: each stage's accuracy as mean and spread over the runs, and for
+//! every model reported beside a stage (a distillation's hard-label twin, a pruning criterion
+//! compared) the paired difference stage − reference with its 95% interval. One seed is an
+//! anecdote; this is what a claim that one method beats another rests on.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::record::write_json_atomic;
+use crate::report::PipelineReport;
+use crate::StageError;
+
+/// Mean, sample standard deviation and count of some values.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Spread {
+    /// The mean.
+    pub mean: f64,
+    /// The sample standard deviation (n − 1); 0 for one value.
+    pub std: f64,
+    /// Values.
+    pub n: usize,
+}
+
+impl Spread {
+    /// Of `values` (at least one).
+    pub fn of(values: &[f64]) -> Self {
+        let n = values.len();
+        let mean = values.iter().sum::<f64>() / n as f64;
+        let var = if n > 1 {
+            values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64
+        } else {
+            0.0
+        };
+        Self {
+            mean,
+            std: var.sqrt(),
+            n,
+        }
+    }
+
+    /// The half-width of the mean's two-sided 95% interval (Student's t with n − 1 degrees
+    /// of freedom); `None` for fewer than two values.
+    pub fn ci95(&self) -> Option<f64> {
+        (self.n > 1).then(|| t975(self.n - 1) * self.std / (self.n as f64).sqrt())
+    }
+}
+
+/// The 97.5% quantile of Student's t with `df` degrees of freedom.
+fn t975(df: usize) -> f64 {
+    const TABLE: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    TABLE.get(df.wrapping_sub(1)).copied().unwrap_or(1.960)
+}
+
+/// One stage over the seeds.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageSpread {
+    /// Its index in the chain (0: the baseline).
+    pub index: usize,
+    /// Its name.
+    pub name: String,
+    /// Validation accuracy.
+    pub valid: Spread,
+    /// Test accuracy.
+    pub test: Spread,
+    /// The models reported beside it, paired with it seed by seed.
+    pub references: Vec<PairedReference>,
+}
+
+/// A reference model over the seeds, and the stage's paired difference against it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PairedReference {
+    /// Its name (e.g. the hard-label twin).
+    pub name: String,
+    /// Its test accuracy.
+    pub test: Spread,
+    /// Stage − reference on test accuracy, seed by seed.
+    pub test_difference: Spread,
+    /// Stage − reference on validation accuracy.
+    pub valid_difference: Spread,
+}
+
+/// The runs of one recipe under several seeds.
+#[derive(Debug, Clone, Serialize)]
+pub struct SeedSummary {
+    /// The seeds, in run order.
+    pub seeds: Vec<u64>,
+    /// The run folders.
+    pub runs: Vec<String>,
+    /// Every stage that ran in every seed's run.
+    pub stages: Vec<StageSpread>,
+}
+
+/// Summarize `runs` (one report a seed, same recipe).
+pub fn summarize(runs: &[(u64, PipelineReport)]) -> SeedSummary {
+    let first = &runs[0].1;
+    let stages = first
+        .stages
+        .iter()
+        .filter_map(|st| {
+            let same: Vec<_> = runs
+                .iter()
+                .filter_map(|(_, r)| {
+                    r.stages
+                        .iter()
+                        .find(|s| s.index == st.index && s.name == st.name)
+                })
+                .collect();
+            (same.len() == runs.len()).then(|| {
+                let pick = |f: &dyn Fn(&crate::record::StageRecord) -> f64| {
+                    Spread::of(&same.iter().map(|s| f(s)).collect::<Vec<_>>())
+                };
+                let references = st
+                    .references
+                    .iter()
+                    .filter_map(|reference| {
+                        let pairs: Vec<_> = same
+                            .iter()
+                            .filter_map(|s| {
+                                let r = s.references.iter().find(|x| x.name == reference.name)?;
+                                Some((*s, r))
+                            })
+                            .collect();
+                        (pairs.len() == same.len()).then(|| {
+                            let diff = |f: &dyn Fn(&crate::record::ModelFacts) -> f64| {
+                                let d: Vec<f64> = pairs
+                                    .iter()
+                                    .map(|(s, r)| f(&s.model) - f(&r.model))
+                                    .collect();
+                                Spread::of(&d)
+                            };
+                            PairedReference {
+                                name: reference.name.clone(),
+                                test: Spread::of(
+                                    &pairs
+                                        .iter()
+                                        .map(|(_, r)| r.model.test.accuracy)
+                                        .collect::<Vec<_>>(),
+                                ),
+                                test_difference: diff(&|m| m.test.accuracy),
+                                valid_difference: diff(&|m| m.valid.accuracy),
+                            }
+                        })
+                    })
+                    .collect();
+                StageSpread {
+                    index: st.index,
+                    name: st.name.clone(),
+                    valid: pick(&|s| s.model.valid.accuracy),
+                    test: pick(&|s| s.model.test.accuracy),
+                    references,
+                }
+            })
+        })
+        .collect();
+    SeedSummary {
+        seeds: runs.iter().map(|(s, _)| *s).collect(),
+        runs: runs.iter().map(|(_, r)| r.run_dir.clone()).collect(),
+        stages,
+    }
+}
+
+/// `summary.md`'s text.
+pub fn markdown(s: &SeedSummary) -> String {
+    let pct = |x: &Spread| format!("{:.2} ± {:.2}%", 100.0 * x.mean, 100.0 * x.std);
+    let mut out = format!(
+        "# {} seeds: {:?}\n\nMean ± sample standard deviation over the runs ({}).\n\n",
+        s.seeds.len(),
+        s.seeds,
+        s.runs.join(", ")
+    );
+    out.push_str("| stage | validation accuracy | test accuracy |\n|---|---|---|\n");
+    for st in &s.stages {
+        let _ = writeln!(
+            out,
+            "| {} {} | {} | {} |",
+            st.index,
+            st.name,
+            pct(&st.valid),
+            pct(&st.test)
+        );
+    }
+    let paired: Vec<_> = s
+        .stages
+        .iter()
+        .flat_map(|st| st.references.iter().map(move |r| (st, r)))
+        .collect();
+    if !paired.is_empty() {
+        out.push_str(
+            "\nPaired differences, stage − reference, seed by seed (95% interval: Student's t):\n\n\
+             | stage | reference | reference test | test difference | 95% interval | valid difference |\n|---|---|---|---|---|---|\n",
+        );
+        for (st, r) in paired {
+            let d = &r.test_difference;
+            let ci = d.ci95().map_or("n/a (one seed)".to_string(), |h| {
+                format!(
+                    "[{:+.2}, {:+.2}] pt",
+                    100.0 * (d.mean - h),
+                    100.0 * (d.mean + h)
+                )
+            });
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:+.2} ± {:.2} pt | {ci} | {:+.2} ± {:.2} pt |",
+                st.name,
+                r.name,
+                pct(&r.test),
+                100.0 * d.mean,
+                100.0 * d.std,
+                100.0 * r.valid_difference.mean,
+                100.0 * r.valid_difference.std
+            );
+        }
+    }
+    out
+}
+
+/// Write `summary.md` and `summary.json` into `dir`.
+pub fn write(dir: &Path, s: &SeedSummary) -> Result<(), StageError> {
+    std::fs::create_dir_all(dir).map_err(|e| StageError::io(dir, e))?;
+    write_json_atomic(&dir.join("summary.json"), s)?;
+    let md = dir.join("summary.md");
+    std::fs::write(&md, markdown(s)).map_err(|e| StageError::io(&md, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_and_interval() {
+        let s = Spread::of(&[0.30, 0.45, 0.24]);
+        assert!((s.mean - 0.33).abs() < 1e-12);
+        // sample std of (−0.03, 0.12, −0.09): sqrt((0.0009 + 0.0144 + 0.0081) / 2)
+        assert!((s.std - (0.0234f64 / 2.0).sqrt()).abs() < 1e-12);
+        let h = s.ci95().unwrap();
+        assert!((h - 4.303 * s.std / 3f64.sqrt()).abs() < 1e-12);
+        assert_eq!(Spread::of(&[0.5]).ci95(), None);
+        assert_eq!(t975(1000), 1.960);
+    }
+}
