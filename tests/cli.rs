@@ -166,12 +166,19 @@ fn tiny_run_writes_a_complete_run_folder() {
 fn seeded_runs_are_reproducible() {
     let tmp = tempfile::tempdir().unwrap();
     let recipe = write_tiny_recipe(tmp.path(), "repro", "");
+    let weights = tmp.path().join("runs/repro/best/model.bpk");
     let a = mopt(&[recipe.to_str().unwrap(), "--max-steps", "4"]);
     assert!(a.status.success(), "{}", stderr(&a));
     let first = read_json(&tmp.path().join("runs/repro/01-finetune/report.json"));
+    let first_bytes = std::fs::read(&weights).unwrap();
     let b = mopt(&[recipe.to_str().unwrap(), "--max-steps", "4", "--force"]);
     assert!(b.status.success(), "{}", stderr(&b));
     let second = read_json(&tmp.path().join("runs/repro/01-finetune/report.json"));
+    // The same seed gives the same checkpoint, byte for byte (parameter ids included).
+    assert!(
+        first_bytes == std::fs::read(&weights).unwrap(),
+        "model.bpk differs"
+    );
     assert_eq!(
         first["epochs"][0]["train_loss"],
         second["epochs"][0]["train_loss"]

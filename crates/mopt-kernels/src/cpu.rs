@@ -784,9 +784,15 @@ pub fn adamw(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: AdamWSte
         });
 }
 
-/// Σx² in f64 (partial sums in f32 lanes per chunk).
+/// Σx² in f64 (partial sums in f32 lanes per chunk), the chunks added in order: the same
+/// bits whatever the threads did (rayon's own `sum` associates as its work-stealing splits
+/// fall, which made gradient clipping, and so training, differ run to run).
 pub fn sum_squares(x: &[f32]) -> f64 {
-    x.par_chunks(GRAIN).map(|c| simd(|| dot(c, c)) as f64).sum()
+    let parts: Vec<f64> = x
+        .par_chunks(GRAIN)
+        .map(|c| simd(|| dot(c, c)) as f64)
+        .collect();
+    parts.iter().sum()
 }
 
 /// `x ← x · factor` in place.
