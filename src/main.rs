@@ -212,7 +212,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let args = cli.run;
             let path = args.recipe.clone().expect("clap requires RECIPE");
             let loaded = mopt_recipe::load(&path)?;
-            let seeds: Vec<Option<u64>> = match &args.seeds {
+            // `--seeds`, else `--seed`, else `[run] seeds`, else the recipe's one seed.
+            let several = match (&args.seeds, args.seed) {
+                (Some(list), _) => Some(list.clone()),
+                (None, Some(_)) => None,
+                (None, None) => (!loaded.run.seeds.is_empty()).then(|| loaded.run.seeds.clone()),
+            };
+            let seeds: Vec<Option<u64>> = match &several {
                 Some(list) => list.iter().map(|&s| Some(s)).collect(),
                 None => vec![args.seed],
             };
@@ -228,7 +234,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     None => return Ok(()),
                 }
             }
-            if args.seeds.is_some() {
+            if several.is_some() {
                 let summary = mopt_stages::seeds::summarize(&reports);
                 let dir = loaded
                     .run

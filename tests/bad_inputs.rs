@@ -98,6 +98,8 @@ fn cases() -> Vec<Case> {
         c("missing data file", replace("rotten_tomatoes_corpus_full.csv.bz2", "nope.csv.bz2"), &["data.path", "nope.csv.bz2"]),
         c("empty run name", replace("name = \"bad\"", "name = \"\""), &["run.name", "tiny.toml"]),
         c("negative seed", replace("seed = 7", "seed = -1"), &["seed", "tiny.toml"]),
+        c("one seed in seeds", replace("seed = 7", "seeds = [7]"), &["run.seeds", "two seeds"]),
+        c("a seed listed twice", replace("seed = 7", "seeds = [7, 1, 7]"), &["run.seeds", "twice"]),
         c("valid fraction 1.5", replace("max-eval = 40", "max-eval = 40\nvalid-fraction = 1.5"), &["valid-fraction", "tiny.toml"]),
         // Stages: kinds, names, gates, and every kind's own ranges.
         c("unknown stage kind", append("[[stage]]\nkind = \"sparsify\""), &["sparsify", "finetune"]),

@@ -39,6 +39,7 @@ pub struct RawRun {
     pub name: String,
     pub output_dir: Option<String>,
     pub seed: Option<u64>,
+    pub seeds: Option<Vec<u64>>,
     pub device: Option<String>,
     pub devices: Option<Vec<usize>>,
 }

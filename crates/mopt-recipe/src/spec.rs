@@ -73,6 +73,8 @@ pub struct RunSpec {
     pub output_dir: PathBuf,
     /// Seed of init, dropout and data order.
     pub seed: u64,
+    /// `[run] seeds`: run the recipe once per seed and summarize (as `--seeds`); empty: once.
+    pub seeds: Vec<u64>,
     /// Device name (`cpu`); the CLI's `--device` overrides it.
     pub device: String,
     /// Data-parallel device indices of `device`'s backend (`[run] devices`); empty: one device.
@@ -100,9 +102,30 @@ fn run_spec(cx: &Scope, r: RawRun) -> Result<RunSpec, RecipeError> {
         name,
         output_dir: cx.resolve(r.output_dir.as_deref().unwrap_or("checkpoints")),
         seed: r.seed.unwrap_or(42),
+        seeds: seeds(cx, r.seeds)?,
         device: r.device.unwrap_or_else(|| "cpu".into()),
         devices: devices(cx, r.devices)?,
     })
+}
+
+fn seeds(cx: &Scope, s: Option<Vec<u64>>) -> Result<Vec<u64>, RecipeError> {
+    let s = s.unwrap_or_default();
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(dup) = s.iter().find(|&&x| !seen.insert(x)) {
+        return Err(cx.err(
+            "run.seeds",
+            format!("seed {dup} is listed twice"),
+            "list each seed once, e.g. seeds = [42, 1, 2]",
+        ));
+    }
+    if s.len() == 1 {
+        return Err(cx.err(
+            "run.seeds",
+            "one seed is an anecdote: `seeds` runs the recipe once per seed and summarizes",
+            "list two seeds or more, or use `seed` for one run",
+        ));
+    }
+    Ok(s)
 }
 
 fn devices(cx: &Scope, d: Option<Vec<usize>>) -> Result<Vec<usize>, RecipeError> {
