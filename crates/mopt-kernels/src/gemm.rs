@@ -272,29 +272,15 @@ fn micro_v3(v: pulp::x86::V3, a: &[f32], b: &[f32]) -> [[f32; NR]; MR] {
     pulp::bytemuck::cast(c)
 }
 
-/// The 12 × 32 tile with AVX-512 FMAs: 24 zmm accumulators; per k, B's two vectors are
-/// loaded once and each of A's 12 entries is broadcast once. Writes the tile row-major into
-/// `out` (`12 × 32`).
+/// The 12 × 32 tile with AVX-512 FMAs over packed panels ([`micro_direct`] with rows 12 and
+/// 32 values apart): 24 zmm accumulators; per k, B's two vectors are loaded once and each of
+/// A's 12 entries is broadcast once. Writes the tile row-major into `out` (`12 × 32`).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn micro_v4(v: pulp::x86::V4, a: &[f32], b: &[f32], out: &mut [f32]) {
-    use pulp::f32x16;
-    let z = v.splat_f32x16(0.0);
-    let mut c = [[z; 2]; MR_512];
-    for (ak, bk) in a.chunks_exact(MR_512).zip(b.chunks_exact(NR_512)) {
-        let (lo, hi) = bk.split_at(16);
-        let b0: f32x16 = pulp::bytemuck::cast(<[f32; 16]>::try_from(lo).expect("16 lanes"));
-        let b1: f32x16 = pulp::bytemuck::cast(<[f32; 16]>::try_from(hi).expect("16 lanes"));
-        for (r, acc) in c.iter_mut().enumerate() {
-            let ar = v.splat_f32x16(ak[r]);
-            acc[0] = v.mul_add_f32x16(ar, b0, acc[0]);
-            acc[1] = v.mul_add_f32x16(ar, b1, acc[1]);
-        }
-    }
-    let tile: [[f32; NR_512]; MR_512] = pulp::bytemuck::cast(c);
-    for (r, row) in tile.iter().enumerate() {
-        out[r * NR_512..(r + 1) * NR_512].copy_from_slice(row);
-    }
+    let rows = |stride| Strided { base: 0, stride };
+    let kc = a.len() / MR_512;
+    micro_direct(v, (a, rows(MR_512)), (b, rows(NR_512)), kc, out);
 }
 
 /// Where the rows of an operand read in place start: row `k` of a panel is the `12` (A) or
