@@ -3,7 +3,7 @@
 //! checkpoint, the token ids and the features. Any change to them gives a new key.
 
 use std::collections::BTreeMap;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::matching::{TeacherBatch, TeacherNeeds};
 
-const MAGIC: &[u8; 8] = b"MOPTTC1\n";
+const MAGIC: &[u8; 8] = b"MOPTTC2\n";
 
 /// Teacher features of one example, unpadded (`len` tokens).
 #[derive(Debug, Clone, PartialEq)]
@@ -224,8 +224,27 @@ fn get_f32s(r: &mut impl Read) -> std::io::Result<Vec<f32>> {
         .collect())
 }
 
+/// A writer that hashes what passes through it (the cache's sha256 trailer).
+struct Hashing<W: Write> {
+    inner: W,
+    sha: Sha256,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.sha.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 impl TeacherCache {
-    /// Write the cache atomically (temporary file, then rename).
+    /// Write the cache atomically (temporary file, then rename), with a sha256 trailer over
+    /// everything before it.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
@@ -233,7 +252,10 @@ impl TeacherCache {
         // A per-process temporary name: concurrent runs never write the same file.
         let tmp = path.with_extension(format!("{}.part", std::process::id()));
         {
-            let mut w = BufWriter::new(std::fs::File::create(&tmp)?);
+            let mut w = Hashing {
+                inner: BufWriter::new(std::fs::File::create(&tmp)?),
+                sha: Sha256::new(),
+            };
             w.write_all(MAGIC)?;
             let header = serde_json::json!({
                 "num_labels": self.num_labels,
@@ -252,15 +274,31 @@ impl TeacherCache {
                     put_f32s(&mut w, v)?;
                 }
             }
-            w.flush()?;
+            let sum = w.sha.finalize();
+            w.inner.write_all(&sum)?;
+            w.inner.flush()?;
         }
         std::fs::rename(&tmp, path)
     }
 
-    /// Read a cache written by [`save`](Self::save) for the same `needs`.
+    /// Read a cache written by [`save`](Self::save) for the same `needs`; its bytes must be
+    /// the ones written (the sha256 trailer), so a truncated or altered file is an error.
     pub fn load(path: &Path, needs: &TeacherNeeds) -> std::io::Result<Self> {
         let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
-        let mut r = BufReader::new(std::fs::File::open(path)?);
+        let bytes = std::fs::read(path)?;
+        let (data, sum) = bytes
+            .split_at_checked(bytes.len().saturating_sub(32))
+            .filter(|(d, _)| d.len() >= MAGIC.len())
+            .ok_or_else(|| bad("truncated"))?;
+        if &data[..MAGIC.len()] != MAGIC {
+            return Err(bad("not a mopt teacher cache of this version"));
+        }
+        if Sha256::digest(data).as_slice() != sum {
+            return Err(bad(
+                "its sha256 differs from the one written with it: truncated or altered",
+            ));
+        }
+        let mut r = std::io::Cursor::new(data);
         let mut magic = [0u8; 8];
         r.read_exact(&mut magic)?;
         if &magic != MAGIC {
@@ -428,5 +466,51 @@ pub fn live_batch<M: Tapped<Batch = TextBatch>>(
             .map(|&l| (l, o.attention_scores[l - 1].clone()))
             .collect(),
         word_rows: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cache round-trips exactly; a truncated or altered file (one bit of one hidden state)
+    /// is refused with the reason, never read as features.
+    #[test]
+    fn teacher_cache_round_trips_and_corruption_is_caught() {
+        let needs = TeacherNeeds {
+            hidden: [1].into_iter().collect(),
+            ..Default::default()
+        };
+        let cache = TeacherCache {
+            needs: needs.clone(),
+            num_labels: 2,
+            hidden_size: 3,
+            heads: BTreeMap::new(),
+            examples: Arc::new(vec![ExampleOutputs {
+                len: 2,
+                logits: vec![0.5, -1.0],
+                hidden: vec![vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]],
+                attentions: Vec::new(),
+                scores: Vec::new(),
+            }]),
+            hit: false,
+            build_s: 0.0,
+            teacher_forwards: 1,
+            file: None,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("teacher-x.bin");
+        cache.save(&path).unwrap();
+        let back = TeacherCache::load(&path, &needs).unwrap();
+        assert_eq!(back.examples, cache.examples);
+        let bytes = std::fs::read(&path).unwrap();
+        let mut altered = bytes.clone();
+        let at = bytes.len() - 32 - 4;
+        altered[at] ^= 0x01;
+        std::fs::write(&path, &altered).unwrap();
+        let err = TeacherCache::load(&path, &needs).err().unwrap().to_string();
+        assert!(err.contains("altered"), "{err}");
+        std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
+        assert!(TeacherCache::load(&path, &needs).is_err(), "truncated");
     }
 }

@@ -77,8 +77,14 @@ impl LogitCache {
             let key = logit_cache_key(teacher_dir, examples).ok()?;
             Some(d.join(format!("logits-{key}.bin")))
         });
-        if let Some(c) = file.as_ref().and_then(|f| Self::read(f, examples.len())) {
-            return (c, file);
+        if let Some(f) = file.as_ref().filter(|f| f.exists()) {
+            match Self::read(f, examples.len()) {
+                Ok(c) => return (c, file),
+                Err(why) => eprintln!(
+                    "teacher logits cache {} is unusable ({why}): computing the logits again",
+                    f.display()
+                ),
+            }
         }
         let c = Self::compute(teacher, examples, batch_size, device);
         if let Some(f) = &file {
@@ -89,42 +95,57 @@ impl LogitCache {
         (c, None)
     }
 
-    /// The cache file at `path` if it holds `n` examples' logits.
-    fn read(path: &Path, n: usize) -> Option<Self> {
-        let bytes = std::fs::read(path).ok()?;
-        let (head, body) = bytes.split_at_checked(LOGIT_MAGIC.len() + 16)?;
+    /// The cache file at `path` if it holds `n` examples' logits and its bytes are the ones
+    /// written (a sha256 trailer); otherwise why not.
+    fn read(path: &Path, n: usize) -> Result<Self, String> {
+        let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+        let (data, sum) = bytes
+            .split_at_checked(bytes.len().saturating_sub(32))
+            .filter(|(d, _)| d.len() >= LOGIT_MAGIC.len() + 16)
+            .ok_or("truncated")?;
+        let (head, body) = data.split_at(LOGIT_MAGIC.len() + 16);
         if &head[..8] != LOGIT_MAGIC {
-            return None;
+            return Err("not a mopt logit cache of this version".into());
+        }
+        if Sha256::digest(data).as_slice() != sum {
+            return Err(
+                "its sha256 differs from the one written with it: truncated or altered".into(),
+            );
         }
         let word = |i: usize| u64::from_le_bytes(head[8 + 8 * i..16 + 8 * i].try_into().unwrap());
         let (rows, num_labels) = (word(0) as usize, word(1) as usize);
         if rows != n || body.len() != 4 * rows * num_labels {
-            return None;
+            return Err(format!("it holds {rows} examples, {n} expected"));
         }
         let logits = body
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
             .collect();
-        Some(Self {
+        Ok(Self {
             num_labels,
             logits: Arc::new(logits),
         })
     }
 
-    /// Write to `path` through a temporary file and a rename (never half-written).
+    /// Write to `path` through a temporary file and a rename (never half-written), with a
+    /// sha256 trailer over everything before it.
     fn write(&self, path: &Path) -> std::io::Result<()> {
         if let Some(d) = path.parent() {
             std::fs::create_dir_all(d)?;
         }
-        let tmp = path.with_extension("bin.tmp");
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-        f.write_all(LOGIT_MAGIC)?;
-        f.write_all(&(self.len() as u64).to_le_bytes())?;
-        f.write_all(&(self.num_labels as u64).to_le_bytes())?;
+        let mut data = Vec::with_capacity(LOGIT_MAGIC.len() + 16 + 4 * self.logits.len() + 32);
+        data.extend_from_slice(LOGIT_MAGIC);
+        data.extend_from_slice(&(self.len() as u64).to_le_bytes());
+        data.extend_from_slice(&(self.num_labels as u64).to_le_bytes());
         for v in self.logits.iter() {
-            f.write_all(&v.to_le_bytes())?;
+            data.extend_from_slice(&v.to_le_bytes());
         }
-        f.into_inner()?.sync_all()?;
+        let sum = Sha256::digest(&data);
+        data.extend_from_slice(&sum);
+        let tmp = path.with_extension("bin.tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&data)?;
+        f.sync_all()?;
         std::fs::rename(&tmp, path)
     }
 
@@ -156,7 +177,7 @@ impl LogitCache {
     }
 }
 
-const LOGIT_MAGIC: &[u8; 8] = b"MOPTLC1\n";
+const LOGIT_MAGIC: &[u8; 8] = b"MOPTLC2\n";
 
 /// sha256 over the teacher checkpoint's weights and config and every example's record.
 fn logit_cache_key<E: Examples>(teacher_dir: &Path, examples: &E) -> std::io::Result<String> {
@@ -314,15 +335,22 @@ mod tests {
         c.write(&path).unwrap();
         let back = LogitCache::read(&path, 2).expect("read");
         assert_eq!((back.num_labels, &*back.logits), (3, &*c.logits));
-        assert!(
-            LogitCache::read(&path, 3).is_none(),
-            "another example count"
-        );
+        assert!(LogitCache::read(&path, 3)
+            .unwrap_err()
+            .contains("3 expected"));
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
-        assert!(LogitCache::read(&path, 2).is_none(), "truncated");
+        assert!(
+            LogitCache::read(&path, 2).unwrap_err().contains("sha256"),
+            "truncated"
+        );
+        // One flipped bit in a logit, the length unchanged: caught by the checksum.
+        let mut altered = bytes.clone();
+        altered[LOGIT_MAGIC.len() + 16 + 5] ^= 0x10;
+        std::fs::write(&path, &altered).unwrap();
+        assert!(LogitCache::read(&path, 2).unwrap_err().contains("altered"));
         std::fs::write(&path, b"MOPTTC1\n0000000000000000").unwrap();
-        assert!(LogitCache::read(&path, 2).is_none(), "another format");
+        assert!(LogitCache::read(&path, 2).is_err(), "another format");
         assert!(!dir.path().join("sub/logits-x.bin.tmp").exists());
     }
 }

@@ -93,7 +93,17 @@ pub fn teacher_source<M: Tapped<Batch = TextBatch>>(
     let file = cache_dir(t.data).map(|d| d.join(format!("teacher-{key}.bin")));
     let cached = file
         .as_ref()
-        .and_then(|f| TeacherCache::load(f, &plan.needs).ok())
+        .filter(|f| f.exists())
+        .and_then(|f| match TeacherCache::load(f, &plan.needs) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!(
+                    "teacher cache {} is unusable ({e}): running the teacher again",
+                    f.display()
+                );
+                None
+            }
+        })
         .filter(|c| c.len() == t.train.len());
     let cache = match cached {
         Some(c) => {
