@@ -493,7 +493,7 @@ fn weight_grad(x: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
             with_scratch(|sc| {
                 // Channels-last input, with a slack image of zeros for the shifted reads.
                 let xt = zeroed(&mut sc.prep, (images + 1) * pix * phases * c);
-                let gt = zeroed(&mut sc.grid, images * pix * o + Direct::MR);
+                let gt = zeroed(&mut sc.grid, images * pix * o + Direct::NR);
                 for n in 0..images {
                     let img = &x[(n0 + n) * s.image()..][..s.image()];
                     let xt = &mut xt[n * pix * phases * c..];
@@ -521,7 +521,7 @@ fn weight_grad(x: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
                 let rs = phases * c;
                 // Few output channels (G's rows short): dW = Gᵀ · X with both read in place,
                 // G's rows of 12 output channels `o` apart, X's rows of 32 channels of one
-                // kernel offset `rs` apart (measured faster at o = 32, slower from o = 64).
+                // kernel offset `rs` apart (measured faster at o = 32; from o = 64 the transposed form below is).
                 let direct = Direct::get().filter(|_| c % Direct::NR == 0 && o <= Direct::NR);
                 if let Some(direct) = direct {
                     let mut dw = vec![0.0f32; o * k * k * c];
@@ -547,6 +547,30 @@ fn weight_grad(x: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
                         direct.block((a, &a_rows), (b, &b_rows), dims, &mut dw, k * k * c, d0 > 0);
                     }
                     return (dw, false);
+                }
+                if let Some(direct) = Direct::get().filter(|_| c >= Direct::MR) {
+                    // More output channels: dWᵀ per kernel offset, X's rows of 12 channels
+                    // `rs` apart against G's rows of 32 output channels `o` apart.
+                    let mut dwt = vec![0.0f32; k * k * c * o];
+                    for d0 in (0..depth).step_by(Direct::KC) {
+                        let kc = Direct::KC.min(depth - d0);
+                        for (kxy, out) in dwt.chunks_exact_mut(c * o).enumerate() {
+                            let (ky, kx) = (kxy / k, kxy % k);
+                            let shift = (ky / st) * grid.wg + kx / st;
+                            let phase = (ky % st) * st + kx % st;
+                            let a_rows = |ip: usize| Strided {
+                                base: (d0 + shift) * rs + phase * c + ip * Direct::MR,
+                                stride: rs,
+                            };
+                            let b_rows = |jp: usize| Strided {
+                                base: d0 * o + jp * Direct::NR,
+                                stride: o,
+                            };
+                            let (a, b): (&[f32], &[f32]) = (xt, gt);
+                            direct.block((a, &a_rows), (b, &b_rows), (c, o, kc), out, o, d0 > 0);
+                        }
+                    }
+                    return (dwt, true);
                 }
                 let a = ShiftedCols { xt, off: &off, rs };
                 let b = View::row_major(gt, depth, o);
@@ -647,9 +671,11 @@ mod tests {
             s(2, 3, 9, 4, 3, 1, 0),
             s(2, 3, 10, 5, 5, 2, 2),
             s(2, 2, 11, 3, 3, 3, 1),
-            // 32 channels (the weight gradient read in place where the CPU has AVX-512)
+            // 32 channels (the weight gradient read in place where the CPU has AVX-512), and
+            // more output channels than a tile is wide
             s(2, 32, 5, 14, 3, 1, 1),
             s(2, 32, 6, 13, 3, 2, 1),
+            s(2, 16, 4, 40, 3, 1, 1),
         ]
     }
 
