@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use mopt_kernels::batchnorm::{backward_in_place, forward_fused, BnShape};
+use mopt_kernels::batchnorm::{backward, forward_fused, BnShape};
 use mopt_kernels::conv::{conv2d, conv2d_backward, ConvShape};
 use mopt_kernels::gemm::{sgemm, View};
 
@@ -101,7 +101,7 @@ fn batch_norm() {
         let mut g = r.clone();
         let b = time(9, || {
             let grad = (&mut g[..], relu.then_some(&y[..]));
-            drop(backward_in_place(&x, &gamma, (&m, &v), 1e-5, grad, &s));
+            drop(backward(&x, &gamma, (&m, &v), 1e-5, grad, &s));
         });
         println!("  residual {res:5}, ReLU {relu:5}: forward {f:.2}, backward {b:.2}");
     }

@@ -1,5 +1,6 @@
-//! BatchNorm with batch statistics (training), forward and backward, for NCHW f32 tensors: one
-//! pass for the mean, one for the variance, one writing the output; two passes backward. Burn's
+//! BatchNorm with batch statistics (training), forward and backward, for NCHW f32 tensors, with
+//! an optional residual sum and ReLU in the same passes: one pass for the statistics (shifted
+//! sums), one writing the output; two passes backward. Burn's
 //! default composes each of them from transposes, reductions and broadcasts (about ten passes
 //! over the activation and as many temporaries). Channels run in parallel; a channel's values
 //! are `batch` contiguous runs of `height·width`.
@@ -75,29 +76,9 @@ fn statistics(x: &[f32], s: &BnShape) -> (Vec<f32>, Vec<f32>) {
         .unzip()
 }
 
-/// What the normalisation's pass also does: add a residual, then ReLU (a ResNet block's
-/// `relu(bn(conv(x)) + shortcut)`), saving their passes and temporaries.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Epilogue {
-    /// A residual of x's shape is added after the normalisation.
-    pub residual: bool,
-    /// ReLU last.
-    pub relu: bool,
-}
-
-/// The forward pass with the batch's statistics: `y = γ·(x − μ)/√(σ² + ε) + β` per channel.
-/// Returns `(y, μ, σ²)` (σ² biased, what running statistics are fed).
-pub fn forward(
-    x: &[f32],
-    gamma: &[f32],
-    beta: &[f32],
-    eps: f32,
-    s: &BnShape,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    forward_fused(x, (gamma, beta), eps, (None, false), s)
-}
-
-/// [`forward`] followed by `+ residual` (when given) and ReLU (when `relu`), in the same pass.
+/// The forward pass with the batch's statistics, `y = γ·(x − μ)/√(σ² + ε) + β` per channel,
+/// followed by `+ residual` (when given) and ReLU (when `relu`) in the same pass. Returns
+/// `(y, μ, σ²)` (σ² biased, what running statistics are fed).
 pub fn forward_fused(
     x: &[f32],
     (gamma, beta): (&[f32], &[f32]),
@@ -150,86 +131,13 @@ pub fn normalize(
     y
 }
 
-/// Gradients of [`forward`] from the output gradient `g`: `(dx, dγ, dβ)`, with
-/// `x̂ = (x − μ)·r`, `r = 1/√(σ² + ε)`, `dβ = Σ g`, `dγ = Σ g·x̂` and
-/// `dx = γ·r·(g − dβ/M − x̂·dγ/M)` (M values a channel).
+/// Gradients of [`forward_fused`] from the output gradient `g`: `(dx, dγ, dβ)`, with
+/// `x̂ = (x − μ)·r`, `r = 1/√(σ² + ε)`, `dβ = Σ gm`, `dγ = Σ gm·x̂` and
+/// `dx = γ·r·(gm − dβ/M − x̂·dγ/M)` (M values a channel). With ReLU, `y` (the forward output)
+/// masks the gradient, `gm = g·[y > 0]`, and `g` is overwritten by `gm` (the residual's
+/// gradient): the mask is applied in the statistics' pass, and the input gradient's pass reads
+/// two arrays, with no second output to allocate.
 pub fn backward(
-    x: &[f32],
-    gamma: &[f32],
-    (mean, var): (&[f32], &[f32]),
-    eps: f32,
-    g: &[f32],
-    s: &BnShape,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let (dx, dgamma, dbeta, _) = backward_fused(x, gamma, (mean, var), eps, (g, None), false, s);
-    (dx, dgamma, dbeta)
-}
-
-/// Gradients of [`forward_fused`]: `(dx, dγ, dβ, d residual)`. With ReLU, `y` (the forward
-/// output) masks `g` (`g·[y > 0]`, the gradient that reaches the sum); the residual's gradient
-/// is that masked gradient, returned when `want_residual`.
-pub fn backward_fused(
-    x: &[f32],
-    gamma: &[f32],
-    (mean, var): (&[f32], &[f32]),
-    eps: f32,
-    (g, y): (&[f32], Option<&[f32]>),
-    want_residual: bool,
-    s: &BnShape,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
-    let inv: Vec<f32> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
-    let (dgamma, dbeta): (Vec<f32>, Vec<f32>) = (0..s.channels)
-        .into_par_iter()
-        .map(|c| {
-            let (mut db, mut gx) = (0.0f64, 0.0f64);
-            for r in s.runs(c) {
-                let (a, b) = match y {
-                    Some(y) => masked_sums::<true>(&g[r.clone()], &x[r.clone()], &y[r], mean[c]),
-                    None => masked_sums::<false>(&g[r.clone()], &x[r.clone()], &g[r], mean[c]),
-                };
-                db += a;
-                gx += b;
-            }
-            ((gx * inv[c] as f64) as f32, db as f32)
-        })
-        .unzip();
-    let m = s.count() as f32;
-    let mut dx = vec![0.0f32; x.len()];
-    let mut dres = want_residual.then(|| vec![0.0f32; x.len()]);
-    let plane = s.plane;
-    let body = |i: usize, d: &mut [f32], dr: Option<&mut [f32]>| {
-        let c = i % s.channels;
-        let k = gamma[c] * inv[c];
-        // dx = k·(gm − dβ/M − (x − μ)·r·dγ/M) = k·gm + (k·r·dγ/M)·(μ − x) − k·dβ/M
-        let coef = (k, k * inv[c] * dgamma[c] / m, k * dbeta[c] / m, mean[c]);
-        let span = i * plane..(i + 1) * plane;
-        let (g, x) = (&g[span.clone()], &x[span.clone()]);
-        match (y, dr) {
-            (Some(y), Some(dr)) => input_grad::<true, true>((g, x, &y[span]), coef, d, dr),
-            (Some(y), None) => input_grad::<true, false>((g, x, &y[span]), coef, d, &mut []),
-            (None, Some(dr)) => input_grad::<false, true>((g, x, g), coef, d, dr),
-            (None, None) => input_grad::<false, false>((g, x, g), coef, d, &mut []),
-        }
-    };
-    match dres.as_mut() {
-        Some(dr) => dx
-            .par_chunks_mut(plane)
-            .zip(dr.par_chunks_mut(plane))
-            .enumerate()
-            .for_each(|(i, (d, r))| body(i, d, Some(r))),
-        None => dx
-            .par_chunks_mut(plane)
-            .enumerate()
-            .for_each(|(i, d)| body(i, d, None)),
-    }
-    (dx, dgamma, dbeta, dres)
-}
-
-/// [`backward_fused`] with `g` overwritten by the masked gradient `gm` (which is then the
-/// residual's gradient): the mask is applied in the statistics' pass, and the input gradient's
-/// pass reads two arrays instead of three, with no second output to allocate.
-/// Returns `(dx, dγ, dβ)`.
-pub fn backward_in_place(
     x: &[f32],
     gamma: &[f32],
     (mean, var): (&[f32], &[f32]),
@@ -244,7 +152,6 @@ pub fn backward_in_place(
         .zip(x.par_chunks(plane))
         .enumerate()
         .map(|(i, (gp, xp))| {
-            let c = i % s.channels;
             if let Some(y) = y {
                 for (gv, &yv) in gp.iter_mut().zip(&y[i * plane..(i + 1) * plane]) {
                     if yv <= 0.0 {
@@ -252,7 +159,7 @@ pub fn backward_in_place(
                     }
                 }
             }
-            masked_sums::<false>(gp, xp, gp, mean[c])
+            gradient_sums(gp, xp, mean[i % s.channels])
         })
         .collect();
     let inv: Vec<f32> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
@@ -273,57 +180,34 @@ pub fn backward_in_place(
     dx.par_chunks_mut(plane).enumerate().for_each(|(i, d)| {
         let c = i % s.channels;
         let k = gamma[c] * inv[c];
-        let coef = (k, k * inv[c] * dgamma[c] / m, k * dbeta[c] / m, mean[c]);
+        // dx = k·(gm − dβ/M − (x − μ)·r·dγ/M) = k·gm + (k·r·dγ/M)·(μ − x) − k·dβ/M
+        let (a, b) = (k * inv[c] * dgamma[c] / m, k * dbeta[c] / m);
         let span = i * plane..(i + 1) * plane;
-        let (gp, xp) = (&g[span.clone()], &x[span]);
-        input_grad::<false, false>((gp, xp, gp), coef, d, &mut []);
+        for ((o, &gv), &xv) in d.iter_mut().zip(&g[span.clone()]).zip(&x[span]) {
+            *o = k * gv + a * (mean[c] - xv) - b;
+        }
     });
     (dx, dgamma, dbeta)
 }
 
-/// `(Σ gm, Σ gm·(x − μ))` over one run, `gm = g·[y > 0]` when `RELU` (else `g`; `y` unread).
+/// `(Σ g, Σ g·(x − μ))` over one run, in 16 f32 lanes, returned in f64.
 #[inline(always)]
-fn masked_sums<const RELU: bool>(g: &[f32], x: &[f32], y: &[f32], mean: f32) -> (f64, f64) {
+fn gradient_sums(g: &[f32], x: &[f32], mean: f32) -> (f64, f64) {
     let (mut s1, mut s2) = ([0.0f32; 16], [0.0f32; 16]);
     let full = g.len() / 16 * 16;
-    let gm = |gv: f32, yv: f32| if RELU && yv <= 0.0 { 0.0 } else { gv };
-    for ((gc, xc), yc) in g[..full]
-        .chunks_exact(16)
-        .zip(x[..full].chunks_exact(16))
-        .zip(y[..full].chunks_exact(16))
-    {
+    for (gc, xc) in g[..full].chunks_exact(16).zip(x[..full].chunks_exact(16)) {
         for l in 0..16 {
-            let v = gm(gc[l], yc[l]);
-            s1[l] += v;
-            s2[l] += v * (xc[l] - mean);
+            s1[l] += gc[l];
+            s2[l] += gc[l] * (xc[l] - mean);
         }
     }
     let (mut t1, mut t2) = (0.0f64, 0.0f64);
-    for i in full..g.len() {
-        let v = gm(g[i], y[i]) as f64;
-        t1 += v;
-        t2 += v * (x[i] - mean) as f64;
+    for (&gv, &xv) in g[full..].iter().zip(&x[full..]) {
+        t1 += gv as f64;
+        t2 += gv as f64 * (xv - mean) as f64;
     }
     let sum = |a: [f32; 16]| a.iter().map(|&v| v as f64).sum::<f64>();
     (sum(s1) + t1, sum(s2) + t2)
-}
-
-/// One plane of dx (and of the residual's gradient when `RES`): `coef = (k, a, b, μ)` with
-/// `dx = k·gm + a·(μ − x) − b`.
-#[inline(always)]
-fn input_grad<const RELU: bool, const RES: bool>(
-    (g, x, y): (&[f32], &[f32], &[f32]),
-    (k, a, b, mean): (f32, f32, f32, f32),
-    d: &mut [f32],
-    dr: &mut [f32],
-) {
-    for i in 0..d.len() {
-        let gm = if RELU && y[i] <= 0.0 { 0.0 } else { g[i] };
-        d[i] = k * gm + a * (mean - x[i]) - b;
-        if RES {
-            dr[i] = gm;
-        }
-    }
 }
 
 #[cfg(test)]
@@ -373,12 +257,14 @@ mod tests {
         let (x, r) = (data(n, 1), data(n, 2));
         let gamma = vec![0.5f32, -1.5, 2.0, 1.0];
         let beta = vec![0.1f32, 0.0, -0.3, 2.0];
-        let (y, mean, var) = forward(&x, &gamma, &beta, 1e-5, &s);
+        let (y, mean, var) = forward_fused(&x, (&gamma, &beta), 1e-5, (None, false), &s);
         let (want, _) = naive(&x, &gamma, &beta, &s, &r);
         for (a, b) in y.iter().zip(&want) {
             assert!((*a as f64 - b).abs() < 1e-4, "{a} vs {b}");
         }
-        let (dx, dgamma, dbeta) = backward(&x, &gamma, (&mean, &var), 1e-5, &r, &s);
+        let mut g = r.clone();
+        let (dx, dgamma, dbeta) = backward(&x, &gamma, (&mean, &var), 1e-5, (&mut g, None), &s);
+        assert_eq!(g, r, "without ReLU nothing is masked");
         let h = 1e-3f32;
         for i in 0..n {
             let (mut xp, mut xm) = (x.clone(), x.clone());
@@ -438,9 +324,9 @@ mod tests {
             assert!((*a as f64 - p.max(0.0)).abs() < 1e-4, "{a} vs {p}");
         }
         assert!(y.contains(&0.0) && y.iter().any(|&v| v > 0.0));
-        let (dx, dgamma, dbeta, dres) =
-            backward_fused(&x, &gamma, (&mean, &var), 1e-5, (&r, Some(&y)), true, &s);
-        let dres = dres.expect("asked for");
+        let mut dres = r.clone();
+        let (dx, dgamma, dbeta) =
+            backward(&x, &gamma, (&mean, &var), 1e-5, (&mut dres, Some(&y)), &s);
         let h = 1e-3f32;
         let loss =
             |x: &[f32], g: &[f32], b: &[f32], res: &[f32]| naive_act(x, (g, b), res, &s, &r).0;
@@ -475,39 +361,6 @@ mod tests {
             bm[c] -= h;
             let fd = (loss(&x, &gamma, &bp, &res) - loss(&x, &gamma, &bm, &res)) / (2.0 * h as f64);
             assert!((fd - dbeta[c] as f64).abs() < 3e-3, "dbeta[{c}]");
-        }
-    }
-
-    /// The in-place backward gives [`backward_fused`]'s gradients, and leaves the masked
-    /// gradient (the residual's) in `g`.
-    #[test]
-    fn in_place_backward_matches() {
-        let s = BnShape {
-            batch: 3,
-            channels: 5,
-            plane: 37,
-        };
-        let n = s.batch * s.channels * s.plane;
-        let (x, r, res) = (data(n, 6), data(n, 7), data(n, 8));
-        let (gamma, beta) = (vec![0.9f32, -1.1, 1.3, 0.5, 2.0], vec![0.1f32; 5]);
-        for relu in [false, true] {
-            let residual = relu.then_some(&res[..]);
-            let (y, mean, var) = forward_fused(&x, (&gamma, &beta), 1e-5, (residual, relu), &s);
-            let mask = relu.then_some(&y[..]);
-            let (dx, dg, db, dres) =
-                backward_fused(&x, &gamma, (&mean, &var), 1e-5, (&r, mask), true, &s);
-            let mut g = r.clone();
-            let (dx2, dg2, db2) =
-                backward_in_place(&x, &gamma, (&mean, &var), 1e-5, (&mut g, mask), &s);
-            let max = |a: &[f32], b: &[f32]| {
-                a.iter()
-                    .zip(b)
-                    .map(|(p, q)| (p - q).abs())
-                    .fold(0.0, f32::max)
-            };
-            assert!(max(&dx, &dx2) < 1e-5 && max(&dg, &dg2) < 1e-4 && max(&db, &db2) < 1e-4);
-            assert_eq!(g, dres.unwrap(), "g holds the masked gradient");
-            assert_eq!(g.contains(&0.0), relu);
         }
     }
 }

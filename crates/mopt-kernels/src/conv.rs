@@ -19,9 +19,7 @@
 
 use rayon::prelude::*;
 
-use crate::gemm::{
-    copy_run, gemm_prepacked, gemm_serial, Direct, PackA, PackB, PackedA, Strided, Table, View,
-};
+use crate::gemm::{copy_run, gemm_serial, Direct, PackA, PackB, PackedA, Strided, Table, View};
 /// The geometry of one convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvShape {
@@ -296,7 +294,7 @@ fn forward_rows(
             // Weights packed, the input's shifted rows read in place.
             Some(direct) => {
                 for (d0, kc) in w.depth_blocks() {
-                    let a = w.panels(d0, kc, (p0, p1));
+                    let a = w.panel_range(d0, kc, (p0, p1));
                     let a_rows = |ip: usize| Strided {
                         base: ip * kc * Direct::MR,
                         stride: Direct::MR,
@@ -315,7 +313,18 @@ fn forward_rows(
                     img: &sc.prep,
                     off: &geo.off,
                 };
-                gemm_prepacked(w, (p0, p1), &src, q, grid, false, &mut sc.bbuf);
+                let (row0, k) = (p0 * w.tile_rows(), s.patch());
+                let (abuf, bbuf) = (&mut sc.abuf, &mut sc.bbuf);
+                gemm_serial(
+                    w,
+                    &src,
+                    (row0, row0 + rows),
+                    (k, q),
+                    grid,
+                    false,
+                    abuf,
+                    bbuf,
+                );
             }
         }
         for (dst, src) in out.chunks_exact_mut(oh * ow).zip(grid.chunks_exact(q)) {
@@ -387,7 +396,6 @@ fn input_grad_scatter(w: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
     let (grid, o, (oh, ow)) = (geo.grid, s.out_channels, s.out_hw());
     let (kk, q) = (s.patch(), oh * grid.wg);
     let wt = PackedA::new(View::row_major(w, o, kk).t());
-    let panels = kk.div_ceil(wt.tile_rows());
     let plane = grid.hg * grid.wg;
     let mut dx = vec![0.0f32; s.batch * s.image()];
     dx.par_chunks_mut(s.image())
@@ -404,15 +412,9 @@ fn input_grad_scatter(w: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
                     }
                 }
                 let dcols = stale(&mut sc.cols, kk * q);
-                gemm_prepacked(
-                    &wt,
-                    (0, panels),
-                    &View::row_major(gq, o, q),
-                    q,
-                    dcols,
-                    false,
-                    &mut sc.bbuf,
-                );
+                let gq = View::row_major(gq, o, q);
+                let (abuf, bbuf) = (&mut sc.abuf, &mut sc.bbuf);
+                gemm_serial(&wt, &gq, (0, kk), (o, q), dcols, false, abuf, bbuf);
                 let dprep = zeroed(&mut sc.prep, grid.len);
                 for (row, &at) in dcols.chunks_exact(q).zip(&geo.off) {
                     for (d, v) in dprep[at..at + q].iter_mut().zip(row) {
@@ -575,9 +577,17 @@ fn weight_grad(x: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
                 let a = ShiftedCols { xt, off: &off, rs };
                 let b = View::row_major(gt, depth, o);
                 let mut dwt = vec![0.0f32; k * k * c * o];
-                let mut bufs = (std::mem::take(&mut sc.abuf), std::mem::take(&mut sc.bbuf));
-                gemm_serial(&a, &b, (k * k * c, depth, o), &mut dwt, false, &mut bufs);
-                (sc.abuf, sc.bbuf) = bufs;
+                let (abuf, bbuf) = (&mut sc.abuf, &mut sc.bbuf);
+                gemm_serial(
+                    &a,
+                    &b,
+                    (0, k * k * c),
+                    (depth, o),
+                    &mut dwt,
+                    false,
+                    abuf,
+                    bbuf,
+                );
                 (dwt, true)
             })
         })

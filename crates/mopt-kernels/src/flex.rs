@@ -346,7 +346,7 @@ pub fn batch_norm_train_backward(
     let s = bn_shape(&x);
     let mut out = None;
     let gm = in_place(g, |g| {
-        out = Some(crate::batchnorm::backward_in_place(
+        out = Some(crate::batchnorm::backward(
             f32s(&x),
             f32s(&gamma),
             stats,

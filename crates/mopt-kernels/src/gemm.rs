@@ -667,11 +667,6 @@ impl PackedA {
         }
     }
 
-    /// Rows of the operand.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
     /// Rows of a panel (the register tile's height).
     pub fn tile_rows(&self) -> usize {
         self.tile.mr
@@ -685,47 +680,10 @@ impl PackedA {
     }
 
     /// Panels `[ip0, ip1)` of the depth block at `p0` (`kc` deep).
-    pub(crate) fn panels(&self, p0: usize, kc: usize, (ip0, ip1): (usize, usize)) -> &[f32] {
+    pub(crate) fn panel_range(&self, p0: usize, kc: usize, (ip0, ip1): (usize, usize)) -> &[f32] {
         let padded = self.rows.div_ceil(self.tile.mr) * self.tile.mr;
         let block = &self.data[p0 * padded..(p0 + kc) * padded];
         &block[ip0 * kc * self.tile.mr..ip1 * kc * self.tile.mr]
-    }
-}
-
-/// `C (+)= A[rows] · B` on the calling thread, for the row panels `panels` of a packed `a`
-/// (`c` holds those rows, `n` columns each, row-major). `bbuf` is scratch for B's panels.
-pub(crate) fn gemm_prepacked(
-    a: &PackedA,
-    panels: (usize, usize),
-    b: &impl PackB,
-    n: usize,
-    c: &mut [f32],
-    accumulate: bool,
-    bbuf: &mut Vec<f32>,
-) {
-    let t = a.tile;
-    let row0 = panels.0 * t.mr;
-    let mc = (panels.1 * t.mr).min(a.rows) - row0;
-    for j0 in (0..n).step_by(NC) {
-        let nc = NC.min(n - j0);
-        for p0 in (0..a.depth).step_by(KC) {
-            let kc = KC.min(a.depth - p0);
-            let bbuf = aligned(bbuf, nc.div_ceil(t.nr) * kc * t.nr);
-            b.pack((p0, kc), (j0, nc), t.nr, bbuf);
-            run_block(Block {
-                apack: a.panels(p0, kc, panels),
-                bpack: bbuf,
-                rows: &mut c[..mc * n],
-                kc,
-                mc,
-                n,
-                j0,
-                nc,
-                alpha: 1.0,
-                accumulate: accumulate || p0 > 0,
-                tile: t,
-            });
-        }
     }
 }
 
@@ -734,6 +692,19 @@ pub(crate) fn gemm_prepacked(
 pub(crate) trait PackA {
     /// Pack the block.
     fn pack(&self, rows: (usize, usize), depth: (usize, usize), mr: usize, out: &mut [f32]);
+
+    /// The block's panels: packed into `buf` (or borrowed, where they are packed already).
+    fn panels<'a>(
+        &'a self,
+        (i0, mc): (usize, usize),
+        depth: (usize, usize),
+        mr: usize,
+        buf: &'a mut Vec<f32>,
+    ) -> &'a [f32] {
+        let out = aligned(buf, mc.div_ceil(mr) * mr * depth.1);
+        self.pack((i0, mc), depth, mr, out);
+        out
+    }
 }
 
 impl PackA for View<'_> {
@@ -742,15 +713,37 @@ impl PackA for View<'_> {
     }
 }
 
-/// `C (+)= A · B` on the calling thread, `A` `m × k` and `B` `k × n` (for callers that split
-/// the work themselves, e.g. a weight gradient summed over the batch in per-thread parts).
+impl PackA for PackedA {
+    fn pack(&self, rows: (usize, usize), depth: (usize, usize), mr: usize, out: &mut [f32]) {
+        out.copy_from_slice(PackA::panels(self, rows, depth, mr, &mut Vec::new()));
+    }
+
+    /// Borrowed: packed once, used by every product (a convolution's weights, every image).
+    fn panels<'a>(
+        &'a self,
+        (i0, mc): (usize, usize),
+        (p0, kc): (usize, usize),
+        mr: usize,
+        _: &'a mut Vec<f32>,
+    ) -> &'a [f32] {
+        assert!(mr == self.tile.mr && i0 % mr == 0, "panels of its own tile");
+        self.panel_range(p0, kc, (i0 / mr, (i0 + mc).div_ceil(mr)))
+    }
+}
+
+/// `C (+)= A[r0..r1] · B` on the calling thread, `A` `· × k` and `B` `k × n`; `c` holds the
+/// rows `r0..r1` (`r0` a multiple of the tile's height). For callers that split the work
+/// themselves: a convolution's images, a weight gradient's per-thread parts.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_serial(
     a: &impl PackA,
     b: &impl PackB,
-    (m, k, n): (usize, usize, usize),
+    (r0, r1): (usize, usize),
+    (k, n): (usize, usize),
     c: &mut [f32],
     accumulate: bool,
-    (abuf, bbuf): &mut (Vec<f32>, Vec<f32>),
+    abuf: &mut Vec<f32>,
+    bbuf: &mut Vec<f32>,
 ) {
     let t = tile();
     for j0 in (0..n).step_by(NC) {
@@ -759,14 +752,12 @@ pub(crate) fn gemm_serial(
             let kc = KC.min(k - p0);
             let bbuf = aligned(bbuf, nc.div_ceil(t.nr) * kc * t.nr);
             b.pack((p0, kc), (j0, nc), t.nr, bbuf);
-            for i0 in (0..m).step_by(MC) {
-                let mc = MC.min(m - i0);
-                let abuf = aligned(abuf, mc.div_ceil(t.mr) * t.mr * kc);
-                a.pack((i0, mc), (p0, kc), t.mr, abuf);
+            for i0 in (r0..r1).step_by(MC) {
+                let mc = MC.min(r1 - i0);
                 run_block(Block {
-                    apack: abuf,
+                    apack: a.panels((i0, mc), (p0, kc), t.mr, abuf),
                     bpack: bbuf,
-                    rows: &mut c[i0 * n..(i0 + mc) * n],
+                    rows: &mut c[(i0 - r0) * n..(i0 - r0 + mc) * n],
                     kc,
                     mc,
                     n,
@@ -796,7 +787,7 @@ pub(crate) fn aligned(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 /// Copy `N` values (a fixed size, so that it compiles to a few vector moves instead of a call
 /// to `memcpy`).
 #[inline(always)]
-pub(crate) fn copy_n<const N: usize>(dst: &mut [f32], src: &[f32]) {
+fn copy_n<const N: usize>(dst: &mut [f32], src: &[f32]) {
     let d: &mut [f32; N] = (&mut dst[..N]).try_into().expect("N values");
     *d = *<&[f32; N]>::try_from(&src[..N]).expect("N values");
 }
