@@ -149,51 +149,33 @@ fn token_cache_is_reused_and_invalidated_by_data_changes() {
     sp.max_eval = Some(50);
     let splits = load_splits(&sp).unwrap();
     let anchor = common::rotten_tomatoes();
-    let first = encode_splits(
-        &tok,
-        &splits,
-        None,
-        Some(tmp.path()),
-        [&anchor, &anchor, &anchor],
-    )
-    .unwrap();
+    let encode = |tok: &TextTokenizer, splits| {
+        encode_splits(
+            tok,
+            splits,
+            None,
+            Some(tmp.path()),
+            [&anchor, &anchor, &anchor],
+        )
+        .unwrap()
+    };
+    let first = encode(&tok, &splits);
     assert!(!first.from_cache);
     assert_eq!(first.labels.labels, vec!["fresh", "rotten"]);
     assert!(first
         .train
         .iter()
         .all(|e| e.ids[0] == 101 && *e.ids.last().unwrap() == 102 && e.ids.len() <= 64));
-    let second = encode_splits(
-        &tok,
-        &splits,
-        None,
-        Some(tmp.path()),
-        [&anchor, &anchor, &anchor],
-    )
-    .unwrap();
+    let second = encode(&tok, &splits);
     assert!(second.from_cache);
     assert_eq!(second.train, first.train);
     let mut changed = splits.clone();
     changed.train[0].text.push_str(" and more");
-    let third = encode_splits(
-        &tok,
-        &changed,
-        None,
-        Some(tmp.path()),
-        [&anchor, &anchor, &anchor],
-    )
-    .unwrap();
+    let third = encode(&tok, &changed);
     assert!(!third.from_cache, "changed data must not reuse the cache");
     let short =
         TextTokenizer::from_file(&common::minilm_dir().join("vocab.txt"), 16, true).unwrap();
-    let fourth = encode_splits(
-        &short,
-        &splits,
-        None,
-        Some(tmp.path()),
-        [&anchor, &anchor, &anchor],
-    )
-    .unwrap();
+    let fourth = encode(&short, &splits);
     assert!(!fourth.from_cache, "a new max-len must not reuse the cache");
     assert!(fourth.train.iter().all(|e| e.ids.len() <= 16));
 }

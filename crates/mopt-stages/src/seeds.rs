@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::record::write_json_atomic;
+use crate::record::{write_json_atomic, ModelFacts, ReferenceRecord, StageRecord};
 use crate::report::PipelineReport;
 use crate::StageError;
 
@@ -98,70 +98,66 @@ pub struct SeedSummary {
 
 /// Summarize `runs` (one report a seed, same recipe).
 pub fn summarize(runs: &[(u64, PipelineReport)]) -> SeedSummary {
-    let first = &runs[0].1;
-    let stages = first
+    let stages = runs[0]
+        .1
         .stages
         .iter()
         .filter_map(|st| {
-            let same: Vec<_> = runs
-                .iter()
-                .filter_map(|(_, r)| {
-                    r.stages
-                        .iter()
-                        .find(|s| s.index == st.index && s.name == st.name)
-                })
-                .collect();
-            (same.len() == runs.len()).then(|| {
-                let pick = |f: &dyn Fn(&crate::record::StageRecord) -> f64| {
-                    Spread::of(&same.iter().map(|s| f(s)).collect::<Vec<_>>())
-                };
-                let references = st
-                    .references
-                    .iter()
-                    .filter_map(|reference| {
-                        let pairs: Vec<_> = same
-                            .iter()
-                            .filter_map(|s| {
-                                let r = s.references.iter().find(|x| x.name == reference.name)?;
-                                Some((*s, r))
-                            })
-                            .collect();
-                        (pairs.len() == same.len()).then(|| {
-                            let diff = |f: &dyn Fn(&crate::record::ModelFacts) -> f64| {
-                                let d: Vec<f64> = pairs
-                                    .iter()
-                                    .map(|(s, r)| f(&s.model) - f(&r.model))
-                                    .collect();
-                                Spread::of(&d)
-                            };
-                            PairedReference {
-                                name: reference.name.clone(),
-                                test: Spread::of(
-                                    &pairs
-                                        .iter()
-                                        .map(|(_, r)| r.model.test.accuracy)
-                                        .collect::<Vec<_>>(),
-                                ),
-                                test_difference: diff(&|m| m.test.accuracy),
-                                valid_difference: diff(&|m| m.valid.accuracy),
-                            }
-                        })
-                    })
-                    .collect();
-                StageSpread {
-                    index: st.index,
-                    name: st.name.clone(),
-                    valid: pick(&|s| s.model.valid.accuracy),
-                    test: pick(&|s| s.model.test.accuracy),
-                    references,
-                }
-            })
+            let same = in_every(runs.iter().map(|(_, r)| &r.stages), |s: &StageRecord| {
+                s.index == st.index && s.name == st.name
+            })?;
+            Some(stage_spread(st, &same))
         })
         .collect();
     SeedSummary {
         seeds: runs.iter().map(|(s, _)| *s).collect(),
         runs: runs.iter().map(|(_, r)| r.run_dir.clone()).collect(),
         stages,
+    }
+}
+
+/// The item `matches` picks from each of `lists`, when every list has one.
+fn in_every<'a, T: 'a>(
+    lists: impl Iterator<Item = &'a Vec<T>>,
+    matches: impl Fn(&T) -> bool,
+) -> Option<Vec<&'a T>> {
+    lists.map(|l| l.iter().find(|x| matches(x))).collect()
+}
+
+/// The spread of `same` (one stage, one record a seed) and of its references, paired.
+fn stage_spread(st: &StageRecord, same: &[&StageRecord]) -> StageSpread {
+    let spread = |f: &dyn Fn(&ModelFacts) -> f64| {
+        Spread::of(&same.iter().map(|s| f(&s.model)).collect::<Vec<_>>())
+    };
+    let references = st
+        .references
+        .iter()
+        .filter_map(|reference| {
+            let refs = in_every(same.iter().map(|s| &s.references), |x: &ReferenceRecord| {
+                x.name == reference.name
+            })?;
+            let each = |f: &dyn Fn(&ModelFacts, &ModelFacts) -> f64| {
+                let v: Vec<f64> = same
+                    .iter()
+                    .zip(&refs)
+                    .map(|(s, r)| f(&s.model, &r.model))
+                    .collect();
+                Spread::of(&v)
+            };
+            Some(PairedReference {
+                name: reference.name.clone(),
+                test: each(&|_, r| r.test.accuracy),
+                test_difference: each(&|s, r| s.test.accuracy - r.test.accuracy),
+                valid_difference: each(&|s, r| s.valid.accuracy - r.valid.accuracy),
+            })
+        })
+        .collect();
+    StageSpread {
+        index: st.index,
+        name: st.name.clone(),
+        valid: spread(&|m| m.valid.accuracy),
+        test: spread(&|m| m.test.accuracy),
+        references,
     }
 }
 
