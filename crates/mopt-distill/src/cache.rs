@@ -3,7 +3,7 @@
 //! checkpoint, the token ids and the features. Any change to them gives a new key.
 
 use std::collections::BTreeMap;
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -214,9 +214,17 @@ fn get_u64(r: &mut impl Read) -> std::io::Result<u64> {
     Ok(u64::from_le_bytes(b))
 }
 
-fn get_f32s(r: &mut impl Read) -> std::io::Result<Vec<f32>> {
-    let n = get_u64(r)? as usize;
-    let mut bytes = vec![0u8; n * 4];
+/// A length-prefixed array of f32, refused when it claims more than the `limit` bytes the
+/// file holds (a damaged length must not ask for an absurd allocation).
+fn get_f32s(r: &mut impl Read, limit: u64) -> std::io::Result<Vec<f32>> {
+    let n = get_u64(r)?;
+    if n.saturating_mul(4) > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "an array longer than the file",
+        ));
+    }
+    let mut bytes = vec![0u8; n as usize * 4];
     r.read_exact(&mut bytes)?;
     Ok(bytes
         .chunks_exact(4)
@@ -224,10 +232,18 @@ fn get_f32s(r: &mut impl Read) -> std::io::Result<Vec<f32>> {
         .collect())
 }
 
-/// A writer that hashes what passes through it (the cache's sha256 trailer).
-struct Hashing<W: Write> {
-    inner: W,
+/// A writer or reader that hashes what passes through it (the cache's sha256 trailer).
+struct Hashing<T> {
+    inner: T,
     sha: Sha256,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.sha.update(&buf[..n]);
+        Ok(n)
+    }
 }
 
 impl<W: Write> Write for Hashing<W> {
@@ -285,27 +301,24 @@ impl TeacherCache {
     /// the ones written (the sha256 trailer), so a truncated or altered file is an error.
     pub fn load(path: &Path, needs: &TeacherNeeds) -> std::io::Result<Self> {
         let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
-        let bytes = std::fs::read(path)?;
-        let (data, sum) = bytes
-            .split_at_checked(bytes.len().saturating_sub(32))
-            .filter(|(d, _)| d.len() >= MAGIC.len())
-            .ok_or_else(|| bad("truncated"))?;
-        if &data[..MAGIC.len()] != MAGIC {
-            return Err(bad("not a mopt teacher cache of this version"));
-        }
-        if Sha256::digest(data).as_slice() != sum {
-            return Err(bad(
-                "its sha256 differs from the one written with it: truncated or altered",
-            ));
-        }
-        let mut r = std::io::Cursor::new(data);
+        // One streaming pass: parse while hashing, then compare with the trailer.
+        let len = std::fs::metadata(path)?.len();
+        let data_len = len.checked_sub(32).ok_or_else(|| bad("truncated"))?;
+        let file = BufReader::new(std::fs::File::open(path)?);
+        let mut r = Hashing {
+            inner: file.take(data_len),
+            sha: Sha256::new(),
+        };
         let mut magic = [0u8; 8];
         r.read_exact(&mut magic)?;
         if &magic != MAGIC {
-            return Err(bad("not a mopt teacher cache"));
+            return Err(bad("not a mopt teacher cache of this version"));
         }
-        let hl = get_u64(&mut r)? as usize;
-        let mut hb = vec![0u8; hl];
+        let hl = get_u64(&mut r)?;
+        if hl > data_len {
+            return Err(bad("a header longer than the file"));
+        }
+        let mut hb = vec![0u8; hl as usize];
         r.read_exact(&mut hb)?;
         let header: serde_json::Value =
             serde_json::from_slice(&hb).map_err(|e| bad(&e.to_string()))?;
@@ -324,10 +337,10 @@ impl TeacherCache {
         let mut examples = Vec::with_capacity(n);
         for _ in 0..n {
             let len = get_u64(&mut r)? as usize;
-            let logits = get_f32s(&mut r)?;
+            let logits = get_f32s(&mut r, data_len)?;
             let mut read = |k: usize| {
                 (0..k)
-                    .map(|_| get_f32s(&mut r))
+                    .map(|_| get_f32s(&mut r, data_len))
                     .collect::<std::io::Result<Vec<_>>>()
             };
             let hidden = read(nh)?;
@@ -340,6 +353,17 @@ impl TeacherCache {
                 attentions,
                 scores,
             });
+        }
+        // Everything up to the trailer must have been read and hash to it.
+        if std::io::copy(&mut r, &mut std::io::sink())? != 0 {
+            return Err(bad("bytes past the last example"));
+        }
+        let mut sum = [0u8; 32];
+        r.inner.into_inner().read_exact(&mut sum)?;
+        if r.sha.finalize().as_slice() != sum {
+            return Err(bad(
+                "its sha256 differs from the one written with it: truncated or altered",
+            ));
         }
         Ok(Self {
             needs: needs.clone(),
