@@ -35,16 +35,19 @@ fn append(extra: &'static str) -> Edit {
     })
 }
 
-/// The recipe reading `[data]` from a file written with `body` (csv with text/label columns
-/// unless `fmt` says otherwise).
+/// `good` with its `[data]` section replaced by `section`.
+fn with_data(good: &str, section: &str) -> String {
+    let start = good.find("[data]").unwrap();
+    let end = good.find("[train]").unwrap();
+    format!("{}{section}\n\n{}", &good[..start], &good[end..])
+}
+
+/// The recipe reading `[data]` through `section` (`{path}` in it: a file written with `body`).
 fn data_file(name: &'static str, body: &'static [u8], section: &'static str) -> Edit {
     Box::new(move |dir, good| {
         let p = dir.join(name);
         std::fs::write(&p, body).unwrap();
-        let start = good.find("[data]").unwrap();
-        let end = good.find("[train]").unwrap();
-        let section = section.replace("{path}", &p.display().to_string());
-        format!("{}{section}\n\n{}", &good[..start], &good[end..])
+        with_data(good, &section.replace("{path}", &p.display().to_string()))
     })
 }
 
@@ -130,21 +133,17 @@ fn cases() -> Vec<Case> {
         c("a folder where the data file belongs", Box::new(|dir, good| {
             let d = dir.join("data-dir");
             std::fs::create_dir_all(&d).unwrap();
-            let start = good.find("[data]").unwrap();
-            let end = good.find("[train]").unwrap();
-            format!("{}{}\n\n{}", &good[..start], CSV.replace("{path}", &d.display().to_string()), &good[end..])
+            with_data(good, &CSV.replace("{path}", &d.display().to_string()))
         }), &["data-dir"]),
         c("unknown label in a later split", Box::new(|dir, good| {
             let (train, test) = (dir.join("train.csv"), dir.join("test.csv"));
             std::fs::write(&train, good_rows()).unwrap();
             std::fs::write(&test, "text,label\nan odd film,neutral\na fine film,pos\n").unwrap();
-            let start = good.find("[data]").unwrap();
-            let end = good.find("[train]").unwrap();
             let section = format!(
                 "[data]\nformat = \"csv\"\ntrain = \"{}\"\ntest = \"{}\"\ntext-column = \"text\"\nlabel-column = \"label\"",
                 train.display(), test.display()
             );
-            format!("{}{section}\n\n{}", &good[..start], &good[end..])
+            with_data(good, &section)
         }), &["test.csv", "neutral"]),
         // Models and weights.
         c("hidden size not divisible by heads", config(r#"{"vocab_size": 30522, "hidden_size": 30, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 128, "type_vocab_size": 2}"#), &["bad-config.json", "30"]),

@@ -19,7 +19,10 @@
 
 use rayon::prelude::*;
 
-use crate::gemm::{copy_run, gemm_serial, Direct, PackA, PackB, PackedA, Strided, Table, View};
+use crate::gemm::{
+    aligned, copy_run, gemm_serial, Direct, PackA, PackB, PackedA, Strided, Table, View,
+};
+
 /// The geometry of one convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvShape {
@@ -212,14 +215,6 @@ fn zeroed(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
     v
 }
 
-/// The first `len` values of `v`, stale (for outputs a product overwrites).
-fn stale(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    if v.len() < len {
-        v.resize(len, 0.0);
-    }
-    &mut v[..len]
-}
-
 /// [`conv2d`] with the weights already packed (`[O, C·k·k]`).
 fn forward_packed(x: &[f32], w: &PackedA, s: &ConvShape) -> Vec<f32> {
     let (o, (oh, ow)) = (s.out_channels, s.out_hw());
@@ -289,7 +284,7 @@ fn forward_rows(
     with_scratch(|sc| {
         sc.prep.resize(g.len, 0.0);
         prepare(img, geo, &mut sc.prep);
-        let grid = stale(&mut sc.grid, rows * q);
+        let grid = aligned(&mut sc.grid, rows * q);
         match Direct::get() {
             // Weights packed, the input's shifted rows read in place.
             Some(direct) => {
@@ -411,7 +406,7 @@ fn input_grad_scatter(w: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
                         d[..ow].copy_from_slice(r);
                     }
                 }
-                let dcols = stale(&mut sc.cols, kk * q);
+                let dcols = aligned(&mut sc.cols, kk * q);
                 let gq = View::row_major(gq, o, q);
                 let (abuf, bbuf) = (&mut sc.abuf, &mut sc.bbuf);
                 gemm_serial(&wt, &gq, (0, kk), (o, q), dcols, false, abuf, bbuf);

@@ -774,7 +774,7 @@ pub(crate) fn gemm_serial(
 
 /// `len` values of `buf` starting on a 64-byte boundary (a packed panel's rows then never
 /// straddle cache lines: a split 64-byte load costs two), grown when short; the values are
-/// stale: packers write every one.
+/// stale: callers write every one (a packer, or a product that overwrites its output).
 pub(crate) fn aligned(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     const LANES: usize = 16;
     if buf.len() < len + LANES {
