@@ -108,10 +108,15 @@ fn run_spec(cx: &Scope, r: RawRun) -> Result<RunSpec, RecipeError> {
     })
 }
 
+/// The first value of `v` that appeared earlier in it.
+fn first_repeat<T: Ord>(v: &[T]) -> Option<&T> {
+    let mut seen = std::collections::BTreeSet::new();
+    v.iter().find(|x| !seen.insert(*x))
+}
+
 fn seeds(cx: &Scope, s: Option<Vec<u64>>) -> Result<Vec<u64>, RecipeError> {
     let s = s.unwrap_or_default();
-    let mut seen = std::collections::BTreeSet::new();
-    if let Some(dup) = s.iter().find(|&&x| !seen.insert(x)) {
+    if let Some(dup) = first_repeat(&s) {
         return Err(cx.err(
             "run.seeds",
             format!("seed {dup} is listed twice"),
@@ -130,8 +135,7 @@ fn seeds(cx: &Scope, s: Option<Vec<u64>>) -> Result<Vec<u64>, RecipeError> {
 
 fn devices(cx: &Scope, d: Option<Vec<usize>>) -> Result<Vec<usize>, RecipeError> {
     let d = d.unwrap_or_default();
-    let mut seen = std::collections::BTreeSet::new();
-    if let Some(dup) = d.iter().find(|&&i| !seen.insert(i)) {
+    if let Some(dup) = first_repeat(&d) {
         return Err(cx.err(
             "run.devices",
             format!("device {dup} is listed twice"),
