@@ -38,9 +38,17 @@ pub fn write_tiny_config(dir: &Path) -> PathBuf {
 }
 
 /// A tiny recipe on a slice of real Rotten Tomatoes data, written to `dir/tiny.toml`.
-/// `extra` is appended verbatim inside `[train]`.
+/// `extra` is appended verbatim inside `[train]`. The data file is copied into `dir/data`, so
+/// that the caches runs keep beside it (token ids, teacher outputs) belong to this test alone:
+/// with reproducible checkpoints, a cache left by another test or an earlier run would
+/// otherwise be hit.
 pub fn write_tiny_recipe(dir: &Path, name: &str, extra_train: &str) -> PathBuf {
     let cfg = write_tiny_config(dir);
+    let data = dir
+        .join("data")
+        .join(rotten_tomatoes().file_name().unwrap());
+    std::fs::create_dir_all(data.parent().unwrap()).unwrap();
+    std::fs::copy(rotten_tomatoes(), &data).unwrap();
     let text = format!(
         r#"[run]
 name = "{name}"
@@ -70,7 +78,7 @@ log-every = 2
         out = dir.join("runs").display(),
         cfg = cfg.display(),
         vocab = minilm_dir().join("vocab.txt").display(),
-        data = rotten_tomatoes().display(),
+        data = data.display(),
     );
     let p = dir.join("tiny.toml");
     std::fs::write(&p, text).unwrap();
