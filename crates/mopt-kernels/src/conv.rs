@@ -19,6 +19,8 @@
 
 use rayon::prelude::*;
 
+use crate::transpose::transpose;
+
 use crate::gemm::{
     aligned, copy_run, gemm_serial, Direct, PackA, PackB, PackedA, Strided, Table, View,
 };
@@ -429,12 +431,13 @@ fn input_grad_scatter(w: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
     dx
 }
 
-/// The shifted input rows of the weight gradient: `A[(ky, kx, c), d] = xt[off[r] + d·rs]`
-/// over the channels-last prepared batch (`d` a pixel of the batch's grid).
+/// The shifted input rows of the weight gradient: `A[(ky, kx, c), d] = xt[pos[d] + off[r]]`
+/// over the channels-last prepared batch (`d` an output pixel of the batch, `pos[d]` where its
+/// window starts).
 struct ShiftedCols<'a> {
     xt: &'a [f32],
     off: &'a [usize],
-    rs: usize,
+    pos: &'a [usize],
 }
 
 impl PackA for ShiftedCols<'_> {
@@ -452,8 +455,7 @@ impl PackA for ShiftedCols<'_> {
             if rows.len() < mr {
                 panel.fill(0.0);
             }
-            for (d, dst) in panel.chunks_exact_mut(mr).enumerate() {
-                let base = (p0 + d) * self.rs;
+            for (dst, &base) in panel.chunks_exact_mut(mr).zip(&self.pos[p0..p0 + kc]) {
                 for &(r, len, at) in &runs {
                     copy_run(&mut dst[r..], &self.xt[base + at..base + at + len]);
                 }
@@ -462,129 +464,49 @@ impl PackA for ShiftedCols<'_> {
     }
 }
 
-/// dW: with `X` the batch prepared channels-last (`[n, i, j, phase, c]`) and `G` the output
-/// gradient channels-last on the same grid (`[n, i, j, o]`, zero off the outputs),
-/// `dWᵀ[(ky, kx, c), o] = Σ_d X[d + shift(ky, kx), phase(ky, kx), c] · G[d, o]`: one product
-/// over every pixel `d` of the batch, the batch split over the threads and the parts added.
-fn weight_grad(x: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
-    let (grid, o, c, k) = (s.grid(), s.out_channels, s.channels, s.kernel);
-    let maps = s.maps(&grid);
-    let (oh, ow) = s.out_hw();
-    let (st, pix) = (s.stride, grid.hg * grid.wg);
-    let phases = st * st;
-    let mut off = Vec::with_capacity(k * k * c);
-    for ky in 0..k {
-        for kx in 0..k {
-            let shift = (ky / st) * grid.wg + kx / st;
-            let phase = (ky % st) * st + kx % st;
-            off.extend((0..c).map(|ci| (shift * phases + phase) * c + ci));
+/// The batch's images `n0..n0 + images` prepared channels-last (`[n, i, j, phase, c]`) into
+/// `xt`, and their output gradients channels-last over the output pixels (`[n, oy, ox, o]`)
+/// into `gt`.
+fn channels_last(
+    (x, g): (&[f32], &[f32]),
+    (n0, images): (usize, usize),
+    geo: &Geometry,
+    (xt, gt): (&mut [f32], &mut [f32]),
+) {
+    let (s, grid, maps) = (geo.s, &geo.grid, &geo.maps);
+    let (c, o, (oh, ow)) = (s.channels, s.out_channels, s.out_hw());
+    let (hw, rs) = (s.height * s.width, s.stride * s.stride * c);
+    let mut pixels = vec![0.0f32; hw * c];
+    for n in 0..images {
+        let img = &x[(n0 + n) * s.image()..][..s.image()];
+        let xt = &mut xt[n * grid.hg * grid.wg * rs..];
+        // The image transposed to `[y, x, c]`, then placed pixel by pixel.
+        transpose((img, hw), (c, hw), &mut pixels, c);
+        for (row, &at) in pixels.chunks_exact(s.width * c).zip(&maps.y_cl) {
+            for (px, &xa) in row.chunks_exact(c).zip(&maps.x_cl) {
+                xt[at + xa..at + xa + c].copy_from_slice(px);
+            }
         }
+        let gn = &g[(n0 + n) * o * oh * ow..][..o * oh * ow];
+        transpose((gn, oh * ow), (o, oh * ow), &mut gt[n * oh * ow * o..], o);
     }
+}
+
+/// dW: with `X` the batch prepared channels-last (`[n, i, j, phase, c]`) and `G` the output
+/// gradient channels-last (`[n, oy, ox, o]`), `dWᵀ[(ky, kx, c), o] = Σ_d X[pos(d) +
+/// shift(ky, kx), phase(ky, kx), c] · G[d, o]`: one product over every output pixel `d` of the
+/// batch (the grid's padding never multiplied), the batch split over the threads and the parts
+/// added.
+fn weight_grad(x: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
+    let geo = Geometry::new(s);
+    let (o, c, k) = (s.out_channels, s.channels, s.kernel);
     let threads = rayon::current_num_threads().max(1);
     let per = s.batch.div_ceil(threads);
     let parts: Vec<(Vec<f32>, bool)> = (0..s.batch.div_ceil(per))
         .into_par_iter()
         .map(|part| {
             let (n0, n1) = (part * per, ((part + 1) * per).min(s.batch));
-            let images = n1 - n0;
-            with_scratch(|sc| {
-                // Channels-last input, with a slack image of zeros for the shifted reads.
-                let xt = zeroed(&mut sc.prep, (images + 1) * pix * phases * c);
-                let gt = zeroed(&mut sc.grid, images * pix * o + Direct::NR);
-                for n in 0..images {
-                    let img = &x[(n0 + n) * s.image()..][..s.image()];
-                    let xt = &mut xt[n * pix * phases * c..];
-                    for (y, &at) in maps.y_cl.iter().enumerate() {
-                        let xt = &mut xt[at..];
-                        for ci in 0..c {
-                            let row = &img[(ci * s.height + y) * s.width..][..s.width];
-                            for (&v, &x) in row.iter().zip(&maps.x_cl) {
-                                xt[x + ci] = v;
-                            }
-                        }
-                    }
-                    let gn = &g[(n0 + n) * o * oh * ow..][..o * oh * ow];
-                    let gt = &mut gt[n * pix * o..];
-                    for oy in 0..oh {
-                        for oc in 0..o {
-                            let row = &gn[(oc * oh + oy) * ow..][..ow];
-                            for (ox, &v) in row.iter().enumerate() {
-                                gt[(oy * grid.wg + ox) * o + oc] = v;
-                            }
-                        }
-                    }
-                }
-                let depth = images * pix;
-                let rs = phases * c;
-                // Few output channels (G's rows short): dW = Gᵀ · X with both read in place,
-                // G's rows of 12 output channels `o` apart, X's rows of 32 channels of one
-                // kernel offset `rs` apart (measured faster at o = 32; from o = 64 the transposed form below is).
-                let direct = Direct::get().filter(|_| c % Direct::NR == 0 && o <= Direct::NR);
-                if let Some(direct) = direct {
-                    let mut dw = vec![0.0f32; o * k * k * c];
-                    for d0 in (0..depth).step_by(Direct::KC) {
-                        let kc = Direct::KC.min(depth - d0);
-                        let a_rows = |ip: usize| Strided {
-                            base: d0 * o + ip * Direct::MR,
-                            stride: o,
-                        };
-                        let b_rows = |jp: usize| {
-                            let col = jp * Direct::NR;
-                            let (kxy, c0) = (col / c, col % c);
-                            let (ky, kx) = (kxy / k, kxy % k);
-                            let shift = (ky / st) * grid.wg + kx / st;
-                            let phase = (ky % st) * st + kx % st;
-                            Strided {
-                                base: (d0 + shift) * rs + phase * c + c0,
-                                stride: rs,
-                            }
-                        };
-                        let dims = (o, k * k * c, kc);
-                        let (a, b): (&[f32], &[f32]) = (gt, xt);
-                        direct.block((a, &a_rows), (b, &b_rows), dims, &mut dw, k * k * c, d0 > 0);
-                    }
-                    return (dw, false);
-                }
-                if let Some(direct) = Direct::get().filter(|_| c >= Direct::MR) {
-                    // More output channels: dWᵀ per kernel offset, X's rows of 12 channels
-                    // `rs` apart against G's rows of 32 output channels `o` apart.
-                    let mut dwt = vec![0.0f32; k * k * c * o];
-                    for d0 in (0..depth).step_by(Direct::KC) {
-                        let kc = Direct::KC.min(depth - d0);
-                        for (kxy, out) in dwt.chunks_exact_mut(c * o).enumerate() {
-                            let (ky, kx) = (kxy / k, kxy % k);
-                            let shift = (ky / st) * grid.wg + kx / st;
-                            let phase = (ky % st) * st + kx % st;
-                            let a_rows = |ip: usize| Strided {
-                                base: (d0 + shift) * rs + phase * c + ip * Direct::MR,
-                                stride: rs,
-                            };
-                            let b_rows = |jp: usize| Strided {
-                                base: d0 * o + jp * Direct::NR,
-                                stride: o,
-                            };
-                            let (a, b): (&[f32], &[f32]) = (xt, gt);
-                            direct.block((a, &a_rows), (b, &b_rows), (c, o, kc), out, o, d0 > 0);
-                        }
-                    }
-                    return (dwt, true);
-                }
-                let a = ShiftedCols { xt, off: &off, rs };
-                let b = View::row_major(gt, depth, o);
-                let mut dwt = vec![0.0f32; k * k * c * o];
-                let (abuf, bbuf) = (&mut sc.abuf, &mut sc.bbuf);
-                gemm_serial(
-                    &a,
-                    &b,
-                    (0, k * k * c),
-                    (depth, o),
-                    &mut dwt,
-                    false,
-                    abuf,
-                    bbuf,
-                );
-                (dwt, true)
-            })
+            with_scratch(|sc| weight_grad_part((x, g), (n0, n1 - n0), &geo, sc))
         })
         .collect();
     // Sum the parts and reorder `[ky, kx, c, o]` (or `[o, ky, kx, c]`) → `[o, c, ky, kx]`.
@@ -600,6 +522,115 @@ fn weight_grad(x: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
         }
     }
     dw
+}
+
+/// Where kernel offset `(ky, kx)` reads in a channels-last prepared image, relative to the
+/// window's start: `(shift · phases + phase) · c`.
+fn offset_cl(s: &ConvShape, wg: usize, (ky, kx): (usize, usize)) -> usize {
+    let st = s.stride;
+    let shift = (ky / st) * wg + kx / st;
+    let phase = (ky % st) * st + kx % st;
+    (shift * st * st + phase) * s.channels
+}
+
+/// One thread's share of [`weight_grad`]: images `n0..n0 + images`; `true` when the result
+/// is `[ky, kx, c, o]`, `false` when `[o, ky, kx, c]`.
+fn weight_grad_part(
+    (x, g): (&[f32], &[f32]),
+    (n0, images): (usize, usize),
+    geo: &Geometry,
+    sc: &mut Scratch,
+) -> (Vec<f32>, bool) {
+    let (s, grid) = (geo.s, &geo.grid);
+    let (o, c, k, (oh, ow)) = (s.out_channels, s.channels, s.kernel, s.out_hw());
+    let rs = s.stride * s.stride * c;
+    let pix = grid.hg * grid.wg;
+    // Channels-last input, with a slack image of zeros for the reads past the last channel.
+    let xt = zeroed(&mut sc.prep, (images + 1) * pix * rs);
+    let gt = aligned(&mut sc.grid, images * oh * ow * o + Direct::NR);
+    channels_last((x, g), (n0, images), geo, (xt, gt));
+    // Where each output pixel's window starts in `xt`.
+    let pos: Vec<usize> = (0..images)
+        .flat_map(|n| (0..oh).flat_map(move |oy| (0..ow).map(move |ox| (n, oy, ox))))
+        .map(|(n, oy, ox)| (n * pix + oy * grid.wg + ox) * rs)
+        .collect();
+    let depth = pos.len();
+    let offsets: Vec<(usize, usize)> = (0..k)
+        .flat_map(|ky| (0..k).map(move |kx| (ky, kx)))
+        .collect();
+    // Few output channels (G's rows short): dW = Gᵀ · X with both read in place, G's rows of
+    // 12 output channels `o` apart, X's rows of 32 channels of one kernel offset (measured
+    // faster at o = 32; from o = 64 the transposed form below is).
+    if let Some(direct) = Direct::get().filter(|_| c % Direct::NR == 0 && o <= Direct::NR) {
+        let mut dw = vec![0.0f32; o * k * k * c];
+        for d0 in (0..depth).step_by(Direct::KC) {
+            let (kc, tab) = (Direct::KC.min(depth - d0), &pos[d0..]);
+            let a_rows = |ip: usize| Strided {
+                base: d0 * o + ip * Direct::MR,
+                stride: o,
+            };
+            let b_rows = |jp: usize| {
+                let col = jp * Direct::NR;
+                let add = offset_cl(s, grid.wg, (col / c / k, (col / c) % k)) + col % c;
+                Table { off: tab, add }
+            };
+            let (a, b): (&[f32], &[f32]) = (gt, xt);
+            direct.block(
+                (a, &a_rows),
+                (b, &b_rows),
+                (o, k * k * c, kc),
+                &mut dw,
+                k * k * c,
+                d0 > 0,
+            );
+        }
+        return (dw, false);
+    }
+    let mut dwt = vec![0.0f32; k * k * c * o];
+    if let Some(direct) = Direct::get().filter(|_| c >= Direct::MR) {
+        // More output channels: dWᵀ per kernel offset, X's rows of 12 channels against G's
+        // rows of 32 output channels `o` apart.
+        for d0 in (0..depth).step_by(Direct::KC) {
+            let (kc, tab) = (Direct::KC.min(depth - d0), &pos[d0..]);
+            for (&kxy, out) in offsets.iter().zip(dwt.chunks_exact_mut(c * o)) {
+                let add = offset_cl(s, grid.wg, kxy);
+                let a_rows = |ip: usize| Table {
+                    off: tab,
+                    add: add + ip * Direct::MR,
+                };
+                let b_rows = |jp: usize| Strided {
+                    base: d0 * o + jp * Direct::NR,
+                    stride: o,
+                };
+                let (a, b): (&[f32], &[f32]) = (xt, gt);
+                direct.block((a, &a_rows), (b, &b_rows), (c, o, kc), out, o, d0 > 0);
+            }
+        }
+        return (dwt, true);
+    }
+    let off: Vec<usize> = offsets
+        .iter()
+        .flat_map(|&kxy| (0..c).map(move |ci| (kxy, ci)))
+        .map(|(kxy, ci)| offset_cl(s, grid.wg, kxy) + ci)
+        .collect();
+    let a = ShiftedCols {
+        xt,
+        off: &off,
+        pos: &pos,
+    };
+    let b = View::row_major(gt, depth, o);
+    let (abuf, bbuf) = (&mut sc.abuf, &mut sc.bbuf);
+    gemm_serial(
+        &a,
+        &b,
+        (0, k * k * c),
+        (depth, o),
+        &mut dwt,
+        false,
+        abuf,
+        bbuf,
+    );
+    (dwt, true)
 }
 
 #[cfg(test)]

@@ -380,11 +380,11 @@ impl Direct {
                 fn with_simd<S: Simd>(self, _: S) {
                     let (m, n, kc) = self.dims;
                     let mut buf = [0.0f32; TILE_MAX];
-                    for jp in 0..n.div_ceil(NR_512) {
-                        let br = (self.b.1)(jp);
-                        let w = NR_512.min(n - jp * NR_512);
-                        for ip in 0..m.div_ceil(MR_512) {
-                            let ar = (self.a.1)(ip);
+                    for ip in 0..m.div_ceil(MR_512) {
+                        let ar = (self.a.1)(ip);
+                        for jp in 0..n.div_ceil(NR_512) {
+                            let br = (self.b.1)(jp);
+                            let w = NR_512.min(n - jp * NR_512);
                             micro_direct(self.v, (self.a.0, ar), (self.b.0, br), kc, &mut buf);
                             let h = MR_512.min(m - ip * MR_512);
                             let at = (ip * MR_512, jp * NR_512);

@@ -34,6 +34,7 @@ pub mod cpu;
 mod flex;
 pub mod gemm;
 pub mod reference;
+pub mod transpose;
 
 pub use adamw::FusedAdamW;
 
