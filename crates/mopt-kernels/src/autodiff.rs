@@ -326,28 +326,29 @@ pub fn conv2d<C: CheckpointStrategy>(x: Ad<C>, w: Ad<C>, stride: usize, pad: usi
     }
 }
 
-/// What a fused BatchNorm's backward keeps: input, gamma, batch mean and variance, and the
-/// output when it ended in ReLU.
+/// What a fused BatchNorm's backward keeps: input, gamma and beta, batch mean and variance,
+/// whether it ended in ReLU, and its output when a residual was added before the ReLU (the
+/// mask; without a residual the backward recomputes it from the input).
 type BnState = (
     FlexTensor,
-    FlexTensor,
-    Vec<f32>,
-    Vec<f32>,
+    (FlexTensor, FlexTensor),
+    (Vec<f32>, Vec<f32>),
+    bool,
     Option<FlexTensor>,
 );
 
 /// The fused BatchNorm's gradients for its parents `(x, gamma, beta[, residual])`.
 fn batch_norm_grads<const N: usize>(eps: f64, ops: Ops<BnState, N>, grads: &mut Gradients) {
-    let (x, gamma, mean, var, y) = ops.state;
+    let (x, (gamma, beta), (mean, var), relu, y) = ops.state;
     let g = grads.consume::<Flex>(&ops.node);
     let want_residual = N == 4 && ops.parents[3].is_some();
     let (dx, dgamma, dbeta, dres) = flex::batch_norm_train_backward(
         (&x, y.as_ref()),
-        &gamma,
+        (&gamma, &beta),
         (&mean, &var),
         eps,
         g,
-        want_residual,
+        (relu, want_residual),
     );
     let mut out = [Some(dx), Some(dgamma), Some(dbeta), dres];
     for (parent, grad) in ops.parents.into_iter().zip(out.iter_mut()) {
@@ -401,10 +402,12 @@ pub fn batch_norm_train<C: CheckpointStrategy>(
             relu,
         )
     };
+    let keep_output = relu && residual.is_some();
     let state = |y: &FlexTensor, mean: &Vec<f32>, var: &Vec<f32>| {
-        let kept = relu.then(|| y.clone());
-        let (xp, gp) = (x.primitive().clone(), gamma.primitive().clone());
-        (xp, gp, mean.clone(), var.clone(), kept)
+        let kept = keep_output.then(|| y.clone());
+        let xp = x.primitive().clone();
+        let gb = (gamma.primitive().clone(), beta.primitive().clone());
+        (xp, gb, (mean.clone(), var.clone()), relu, kept)
     };
     match residual {
         None => {

@@ -102,12 +102,8 @@ pub fn normalize(
     s: &BnShape,
 ) -> Vec<f32> {
     let mut y = vec![0.0f32; x.len()];
-    let coef: Vec<(f32, f32)> = (0..s.channels)
-        .map(|c| {
-            let a = gamma[c] / (var[c] + eps).sqrt();
-            (a, beta[c] - a * mean[c])
-        })
-        .collect();
+    // The backward's `Mask::Input` recomputes the sign of `a·x + b` with these same values.
+    let coef = coefficients((gamma, beta), (mean, var), eps, s.channels);
     let floor = if relu { 0.0 } else { f32::NEG_INFINITY };
     y.par_chunks_mut(s.plane)
         .zip(x.par_chunks(s.plane))
@@ -131,35 +127,59 @@ pub fn normalize(
     y
 }
 
+/// What masks the gradient of a BatchNorm that ended in ReLU.
+#[derive(Debug, Clone, Copy)]
+pub enum Mask<'a> {
+    /// No ReLU: nothing masked.
+    None,
+    /// `[y > 0]` from the forward output `y` (needed when a residual was added before the
+    /// ReLU).
+    Output(&'a [f32]),
+    /// `[γ·x̂ + β > 0]` recomputed from the input with the forward's own coefficients
+    /// (exactly its pre-activation when no residual was added): the output is never read.
+    Input,
+}
+
 /// Gradients of [`forward_fused`] from the output gradient `g`: `(dx, dγ, dβ)`, with
 /// `x̂ = (x − μ)·r`, `r = 1/√(σ² + ε)`, `dβ = Σ gm`, `dγ = Σ gm·x̂` and
-/// `dx = γ·r·(gm − dβ/M − x̂·dγ/M)` (M values a channel). With ReLU, `y` (the forward output)
-/// masks the gradient, `gm = g·[y > 0]`, and `g` is overwritten by `gm` (the residual's
-/// gradient): the mask is applied in the statistics' pass, and the input gradient's pass reads
-/// two arrays, with no second output to allocate.
-pub fn backward(
-    x: &[f32],
-    gamma: &[f32],
+/// `dx = γ·r·(gm − dβ/M − x̂·dγ/M)` (M values a channel, `gm` the gradient masked by `mask`).
+///
+/// Two passes. With `keep` (a residual needs `gm`), `g` is overwritten by `gm` in the first and
+/// `dx` is returned; without it, nothing is written in the first, and `g` is overwritten by
+/// `dx` in the second (`None` returned: no output to allocate).
+pub fn backward<'a>(
+    x: &'a [f32],
+    (gamma, beta): (&[f32], &[f32]),
     (mean, var): (&[f32], &[f32]),
     eps: f32,
-    (g, y): (&mut [f32], Option<&[f32]>),
+    (g, mask, keep): (&mut [f32], Mask<'a>, bool),
     s: &BnShape,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+) -> (Option<Vec<f32>>, Vec<f32>, Vec<f32>) {
     let plane = s.plane;
-    // Per-plane sums (Σ gm, Σ gm·(x − μ)), masking g on the way.
+    let coef = coefficients((gamma, beta), (mean, var), eps, s.channels);
+    // The mask's source for run `i` and the affine map whose sign decides it.
+    let pre = |i: usize, xp: &'a [f32]| -> Option<(&'a [f32], (f32, f32))> {
+        match mask {
+            Mask::None => None,
+            Mask::Output(y) => Some((&y[i * plane..(i + 1) * plane], (1.0, 0.0))),
+            Mask::Input => Some((xp, coef[i % s.channels])),
+        }
+    };
+    // Per-plane sums (Σ gm, Σ gm·(x − μ)), masking g on the way when it is kept.
     let partial: Vec<(f64, f64)> = g
         .par_chunks_mut(plane)
         .zip(x.par_chunks(plane))
         .enumerate()
         .map(|(i, (gp, xp))| {
-            if let Some(y) = y {
-                for (gv, &yv) in gp.iter_mut().zip(&y[i * plane..(i + 1) * plane]) {
-                    if yv <= 0.0 {
-                        *gv = 0.0;
-                    }
+            let m = mean[i % s.channels];
+            match pre(i, xp) {
+                None => gradient_sums(gp, xp, m),
+                Some((p, ab)) if keep => {
+                    apply_mask(gp, p, ab);
+                    gradient_sums(gp, xp, m)
                 }
+                Some((p, ab)) => masked_gradient_sums(gp, xp, m, (p, ab)),
             }
-            gradient_sums(gp, xp, mean[i % s.channels])
         })
         .collect();
     let inv: Vec<f32> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
@@ -175,19 +195,84 @@ pub fn backward(
         .collect();
     let dbeta: Vec<f32> = dbeta.iter().map(|&v| v as f32).collect();
     let m = s.count() as f32;
-    let mut dx = vec![0.0f32; x.len()];
-    let g: &[f32] = g;
-    dx.par_chunks_mut(plane).enumerate().for_each(|(i, d)| {
+    // dx = k·gm + (k·r·dγ/M)·(μ − x) − k·dβ/M, with k = γ·r.
+    let terms = |i: usize| {
         let c = i % s.channels;
         let k = gamma[c] * inv[c];
-        // dx = k·(gm − dβ/M − (x − μ)·r·dγ/M) = k·gm + (k·r·dγ/M)·(μ − x) − k·dβ/M
-        let (a, b) = (k * inv[c] * dgamma[c] / m, k * dbeta[c] / m);
-        let span = i * plane..(i + 1) * plane;
-        for ((o, &gv), &xv) in d.iter_mut().zip(&g[span.clone()]).zip(&x[span]) {
-            *o = k * gv + a * (mean[c] - xv) - b;
+        (k, k * inv[c] * dgamma[c] / m, k * dbeta[c] / m, mean[c])
+    };
+    if keep {
+        let mut dx = vec![0.0f32; x.len()];
+        let g: &[f32] = g;
+        dx.par_chunks_mut(plane).enumerate().for_each(|(i, d)| {
+            let span = i * plane..(i + 1) * plane;
+            input_grad(d, (&g[span.clone()], &x[span]), terms(i));
+        });
+        return (Some(dx), dgamma, dbeta);
+    }
+    g.par_chunks_mut(plane)
+        .zip(x.par_chunks(plane))
+        .enumerate()
+        .for_each(|(i, (gp, xp))| {
+            input_grad_in_place(gp, xp, terms(i), pre(i, xp));
+        });
+    (None, dgamma, dbeta)
+}
+
+/// The forward's per-channel affine map `(a, b)`: `γ·x̂ + β = a·x + b`.
+fn coefficients(
+    (gamma, beta): (&[f32], &[f32]),
+    (mean, var): (&[f32], &[f32]),
+    eps: f32,
+    channels: usize,
+) -> Vec<(f32, f32)> {
+    (0..channels)
+        .map(|c| {
+            let a = gamma[c] / (var[c] + eps).sqrt();
+            (a, beta[c] - a * mean[c])
+        })
+        .collect()
+}
+
+/// `g = 0` where `a·p + b ≤ 0` (or is NaN).
+#[inline(always)]
+fn apply_mask(g: &mut [f32], p: &[f32], (a, b): (f32, f32)) {
+    for (gv, &pv) in g.iter_mut().zip(p) {
+        if !(a * pv + b > 0.0) {
+            *gv = 0.0;
         }
-    });
-    (dx, dgamma, dbeta)
+    }
+}
+
+/// `dx = k·g + a·(μ − x) − b` over one run (`g` already masked).
+#[inline(always)]
+fn input_grad(d: &mut [f32], (g, x): (&[f32], &[f32]), (k, a, b, mean): (f32, f32, f32, f32)) {
+    for ((o, &gv), &xv) in d.iter_mut().zip(g).zip(x) {
+        *o = k * gv + a * (mean - xv) - b;
+    }
+}
+
+/// [`input_grad`] written over `g`, masking it on the way when `pre` is given.
+#[inline(always)]
+fn input_grad_in_place(
+    g: &mut [f32],
+    x: &[f32],
+    (k, a, b, mean): (f32, f32, f32, f32),
+    pre: Option<(&[f32], (f32, f32))>,
+) {
+    match pre {
+        None => {
+            for (gv, &xv) in g.iter_mut().zip(x) {
+                *gv = k * *gv + a * (mean - xv) - b;
+            }
+        }
+        Some((p, (pa, pb))) => {
+            for ((gv, &xv), &pv) in g.iter_mut().zip(x).zip(p) {
+                let gm = if pa * pv + pb > 0.0 { *gv } else { 0.0 };
+                *gv = k * gm + a * (mean - xv) - b;
+            }
+        }
+    }
 }
 
 /// `(Σ g, Σ g·(x − μ))` over one run, in 16 f32 lanes, returned in f64.
@@ -203,6 +288,34 @@ fn gradient_sums(g: &[f32], x: &[f32], mean: f32) -> (f64, f64) {
     }
     let (mut t1, mut t2) = (0.0f64, 0.0f64);
     for (&gv, &xv) in g[full..].iter().zip(&x[full..]) {
+        t1 += gv as f64;
+        t2 += gv as f64 * (xv - mean) as f64;
+    }
+    let sum = |a: [f32; 16]| a.iter().map(|&v| v as f64).sum::<f64>();
+    (sum(s1) + t1, sum(s2) + t2)
+}
+
+/// [`gradient_sums`] of `g` masked by `[a·p + b > 0]`, without writing it.
+#[inline(always)]
+fn masked_gradient_sums(
+    g: &[f32],
+    x: &[f32],
+    mean: f32,
+    (p, (a, b)): (&[f32], (f32, f32)),
+) -> (f64, f64) {
+    let (mut s1, mut s2) = ([0.0f32; 16], [0.0f32; 16]);
+    let full = g.len() / 16 * 16;
+    let chunks = g[..full].chunks_exact(16).zip(x[..full].chunks_exact(16));
+    for ((gc, xc), pc) in chunks.zip(p[..full].chunks_exact(16)) {
+        for l in 0..16 {
+            let gv = if a * pc[l] + b > 0.0 { gc[l] } else { 0.0 };
+            s1[l] += gv;
+            s2[l] += gv * (xc[l] - mean);
+        }
+    }
+    let (mut t1, mut t2) = (0.0f64, 0.0f64);
+    for ((&gv, &xv), &pv) in g[full..].iter().zip(&x[full..]).zip(&p[full..]) {
+        let gv = if a * pv + b > 0.0 { gv } else { 0.0 };
         t1 += gv as f64;
         t2 += gv as f64 * (xv - mean) as f64;
     }
@@ -262,9 +375,24 @@ mod tests {
         for (a, b) in y.iter().zip(&want) {
             assert!((*a as f64 - b).abs() < 1e-4, "{a} vs {b}");
         }
+        let mut kept = r.clone();
+        let gb = (gamma.as_slice(), beta.as_slice());
+        let (dx, dgamma, dbeta) = backward(
+            &x,
+            gb,
+            (&mean, &var),
+            1e-5,
+            (&mut kept, Mask::None, true),
+            &s,
+        );
+        let dx = dx.expect("kept: dx returned");
+        assert_eq!(kept, r, "without ReLU nothing is masked");
+        // Not kept: the same gradients, dx written over g.
         let mut g = r.clone();
-        let (dx, dgamma, dbeta) = backward(&x, &gamma, (&mean, &var), 1e-5, (&mut g, None), &s);
-        assert_eq!(g, r, "without ReLU nothing is masked");
+        let (none, dgamma2, dbeta2) =
+            backward(&x, gb, (&mean, &var), 1e-5, (&mut g, Mask::None, false), &s);
+        assert!(none.is_none());
+        assert_eq!((&g, &dgamma2, &dbeta2), (&dx, &dgamma, &dbeta));
         let h = 1e-3f32;
         for i in 0..n {
             let (mut xp, mut xm) = (x.clone(), x.clone());
@@ -325,8 +453,9 @@ mod tests {
         }
         assert!(y.contains(&0.0) && y.iter().any(|&v| v > 0.0));
         let mut dres = r.clone();
-        let (dx, dgamma, dbeta) =
-            backward(&x, &gamma, (&mean, &var), 1e-5, (&mut dres, Some(&y)), &s);
+        let mask = (dres.as_mut_slice(), Mask::Output(&y), true);
+        let (dx, dgamma, dbeta) = backward(&x, (&gamma, &beta), (&mean, &var), 1e-5, mask, &s);
+        let dx = dx.expect("kept: dx returned");
         let h = 1e-3f32;
         let loss =
             |x: &[f32], g: &[f32], b: &[f32], res: &[f32]| naive_act(x, (g, b), res, &s, &r).0;
@@ -361,6 +490,61 @@ mod tests {
             bm[c] -= h;
             let fd = (loss(&x, &gamma, &bp, &res) - loss(&x, &gamma, &bm, &res)) / (2.0 * h as f64);
             assert!((fd - dbeta[c] as f64).abs() < 3e-3, "dbeta[{c}]");
+        }
+    }
+
+    /// ReLU without a residual: the mask recomputed from the input (`y` never read, dx over
+    /// g) gives bit for bit what the output's mask gives, and both match the definition.
+    #[test]
+    fn relu_mask_from_the_input_matches_the_output_mask_and_the_definition() {
+        let s = BnShape {
+            batch: 2,
+            channels: 3,
+            plane: 37,
+        };
+        let n = s.batch * s.channels * s.plane;
+        let (x, r, zero) = (data(n, 6), data(n, 7), vec![0.0f32; n]);
+        let gamma = vec![0.9f32, -0.8, 1.3];
+        let beta = vec![0.3f32, 0.1, -0.5];
+        let gb = (gamma.as_slice(), beta.as_slice());
+        let (y, mean, var) = forward_fused(&x, gb, 1e-5, (None, true), &s);
+        assert!(y.contains(&0.0) && y.iter().any(|&v| v > 0.0));
+        let mut gm = r.clone();
+        let from_y = backward(
+            &x,
+            gb,
+            (&mean, &var),
+            1e-5,
+            (&mut gm, Mask::Output(&y), true),
+            &s,
+        );
+        let mut dx = r.clone();
+        let from_x = backward(
+            &x,
+            gb,
+            (&mean, &var),
+            1e-5,
+            (&mut dx, Mask::Input, false),
+            &s,
+        );
+        assert_eq!(from_y.0.as_ref(), Some(&dx));
+        assert_eq!((from_y.1, from_y.2), (from_x.1, from_x.2));
+        let (_, pre) = naive_act(&x, gb, &zero, &s, &r);
+        for (i, (&m, p)) in gm.iter().zip(&pre).enumerate() {
+            assert_eq!(m, if *p > 0.0 { r[i] } else { 0.0 }, "masked g[{i}]");
+        }
+        let h = 1e-3f32;
+        for i in 0..n {
+            let (mut xp, mut xm) = (x.clone(), x.clone());
+            xp[i] += h;
+            xm[i] -= h;
+            let fd = (naive_act(&xp, gb, &zero, &s, &r).0 - naive_act(&xm, gb, &zero, &s, &r).0)
+                / (2.0 * h as f64);
+            assert!(
+                (fd - dx[i] as f64).abs() < 3e-3,
+                "dx[{i}]: {fd} vs {}",
+                dx[i]
+            );
         }
     }
 }

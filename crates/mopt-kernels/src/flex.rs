@@ -330,38 +330,48 @@ pub fn batch_norm_eval(
     make(y, x.shape())
 }
 
-/// (dx, dgamma, dbeta, d residual) of [`batch_norm_train`]; `y` is its output when it ended
-/// in ReLU (the mask). `g` is masked in place when this holds it alone, and becomes the
-/// residual's gradient.
+/// (dx, dgamma, dbeta, d residual) of [`batch_norm_train`]. With `relu`, the gradient is
+/// masked by `y` (its output, kept when a residual was added before the ReLU) or by the sign
+/// of the pre-activation recomputed from `x` (no residual: `y` not kept). `g` is worked on in
+/// place when this holds it alone: it becomes the residual's (masked) gradient when one is
+/// wanted, `dx` otherwise.
 pub fn batch_norm_train_backward(
     (x, y): (&FlexTensor, Option<&FlexTensor>),
-    gamma: &FlexTensor,
+    (gamma, beta): (&FlexTensor, &FlexTensor),
     stats: (&[f32], &[f32]),
     eps: f64,
     g: FlexTensor,
-    want_residual: bool,
+    (relu, want_residual): (bool, bool),
 ) -> (FlexTensor, FlexTensor, FlexTensor, Option<FlexTensor>) {
-    let (x, gamma) = (contiguous(x.clone()), contiguous(gamma.clone()));
+    use crate::batchnorm::Mask;
+    let (x, gamma, beta) = (
+        contiguous(x.clone()),
+        contiguous(gamma.clone()),
+        contiguous(beta.clone()),
+    );
     let y = y.map(|y| contiguous(y.clone()));
     let s = bn_shape(&x);
+    let mask = match (&y, relu) {
+        (Some(y), _) => Mask::Output(f32s(y)),
+        (None, true) => Mask::Input,
+        (None, false) => Mask::None,
+    };
     let mut out = None;
-    let gm = in_place(g, |g| {
+    let g = in_place(g, |g| {
         out = Some(crate::batchnorm::backward(
             f32s(&x),
-            f32s(&gamma),
+            (f32s(&gamma), f32s(&beta)),
             stats,
             eps as f32,
-            (g, y.as_ref().map(f32s)),
+            (g, mask, want_residual),
             &s,
         ));
     });
     let (dx, dgamma, dbeta) = out.expect("the backward ran");
     let c = gamma.shape();
-    let dres = want_residual.then_some(gm);
-    (
-        make(dx, x.shape()),
-        make(dgamma, c.clone()),
-        make(dbeta, c),
-        dres,
-    )
+    let (dx, dres) = match dx {
+        Some(dx) => (make(dx, x.shape()), Some(g)),
+        None => (g, None),
+    };
+    (dx, make(dgamma, c.clone()), make(dbeta, c), dres)
 }

@@ -280,7 +280,7 @@ fn micro_v3(v: pulp::x86::V3, a: &[f32], b: &[f32]) -> [[f32; NR]; MR] {
 fn micro_v4(v: pulp::x86::V4, a: &[f32], b: &[f32], out: &mut [f32]) {
     let rows = |stride| Strided { base: 0, stride };
     let kc = a.len() / MR_512;
-    micro_direct(v, (a, rows(MR_512)), (b, rows(NR_512)), kc, out);
+    micro_direct::<MR_512>(v, (a, rows(MR_512)), (b, rows(NR_512)), kc, out);
 }
 
 /// Where the rows of an operand read in place start: row `k` of a panel is the `12` (A) or
@@ -382,11 +382,17 @@ impl Direct {
                     let mut buf = [0.0f32; TILE_MAX];
                     for ip in 0..m.div_ceil(MR_512) {
                         let ar = (self.a.1)(ip);
+                        let h = MR_512.min(m - ip * MR_512);
                         for jp in 0..n.div_ceil(NR_512) {
                             let br = (self.b.1)(jp);
                             let w = NR_512.min(n - jp * NR_512);
-                            micro_direct(self.v, (self.a.0, ar), (self.b.0, br), kc, &mut buf);
-                            let h = MR_512.min(m - ip * MR_512);
+                            let (a, b) = ((self.a.0, ar), (self.b.0, br));
+                            // A short last panel runs a tile of only the rows it has.
+                            match h {
+                                9.. => micro_direct::<MR_512>(self.v, a, b, kc, &mut buf),
+                                5..=8 => micro_direct::<8>(self.v, a, b, kc, &mut buf),
+                                _ => micro_direct::<4>(self.v, a, b, kc, &mut buf),
+                            }
                             let at = (ip * MR_512, jp * NR_512);
                             let tile = (&buf[..], NR_512);
                             store(self.c, self.ldc, at, tile, (h, w), 1.0, self.accumulate);
@@ -414,10 +420,11 @@ impl Direct {
 }
 
 /// [`micro_v4`] with its operands read in place: A's row `k` is the 12 values at
-/// `a_rows.at(k)`, B's the 32 at `b_rows.at(k)`.
+/// `a_rows.at(k)` (of which the first `R` are multiplied: `R` = 4 or 8 for a short last
+/// panel), B's the 32 at `b_rows.at(k)`. Writes `R` rows of 32 into `out`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn micro_direct(
+fn micro_direct<const R: usize>(
     v: pulp::x86::V4,
     (a, a_rows): (&[f32], impl Rows),
     (b, b_rows): (&[f32], impl Rows),
@@ -426,10 +433,10 @@ fn micro_direct(
 ) {
     use pulp::f32x16;
     let z = v.splat_f32x16(0.0);
-    let mut c = [[z; 2]; MR_512];
+    let mut c = [[z; 2]; R];
     for k in 0..kc {
         let bk = &b[b_rows.at(k)..][..NR_512];
-        let ak = &a[a_rows.at(k)..][..MR_512];
+        let ak = &a[a_rows.at(k)..][..R];
         let (lo, hi) = bk.split_at(16);
         let b0: f32x16 = pulp::bytemuck::cast(<[f32; 16]>::try_from(lo).expect("16 lanes"));
         let b1: f32x16 = pulp::bytemuck::cast(<[f32; 16]>::try_from(hi).expect("16 lanes"));
@@ -439,9 +446,10 @@ fn micro_direct(
             acc[1] = v.mul_add_f32x16(ar, b1, acc[1]);
         }
     }
-    let tile: [[f32; NR_512]; MR_512] = pulp::bytemuck::cast(c);
-    for (r, row) in tile.iter().enumerate() {
-        out[r * NR_512..(r + 1) * NR_512].copy_from_slice(row);
+    for (r, acc) in c.iter().enumerate() {
+        let row: [[f32; 16]; 2] = pulp::bytemuck::cast(*acc);
+        out[r * NR_512..r * NR_512 + 16].copy_from_slice(&row[0]);
+        out[r * NR_512 + 16..(r + 1) * NR_512].copy_from_slice(&row[1]);
     }
 }
 

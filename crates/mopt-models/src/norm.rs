@@ -123,45 +123,51 @@ mod tests {
         }
     }
 
-    /// `relu(bn(x) + r)` fused gives Burn's composition's output and gradients (x, the
-    /// residual, γ, β) through autodiff.
+    /// `relu(bn(x) + r)` and `relu(bn(x))` fused give Burn's composition's output and
+    /// gradients (x, the residual, γ, β) through autodiff (the second masks by the input's
+    /// recomputed pre-activation, the first by the output).
     #[test]
-    fn fused_residual_relu_has_burns_gradients() {
+    fn fused_relu_with_and_without_residual_has_burns_gradients() {
         let ad = Device::flex().autodiff();
         let normal = burn::tensor::Distribution::Normal(0.5, 1.5);
         let x0 = Tensor::<4>::random([3, 4, 5, 6], normal, &ad);
         let r0 = Tensor::<4>::random([3, 4, 5, 6], normal, &ad);
         let w = Tensor::<4>::random([3, 4, 5, 6], normal, &ad);
         let bn = BatchNormConfig::new(4).init(&ad);
-        let run = |fused: bool| {
-            let (x, r) = (x0.clone().require_grad(), r0.clone().require_grad());
-            let y = if fused {
-                batch_norm_act(&bn, x.clone(), Some(r.clone()), true)
-            } else {
-                burn::tensor::activation::relu(bn.forward(x.clone()) + r.clone())
+        for with_residual in [true, false] {
+            let run = |fused: bool| {
+                let (x, r) = (x0.clone().require_grad(), r0.clone().require_grad());
+                let res = with_residual.then(|| r.clone());
+                let y = match (fused, res) {
+                    (true, res) => batch_norm_act(&bn, x.clone(), res, true),
+                    (false, Some(r)) => burn::tensor::activation::relu(bn.forward(x.clone()) + r),
+                    (false, None) => burn::tensor::activation::relu(bn.forward(x.clone())),
+                };
+                let grads = (y.clone() * w.clone()).sum().backward();
+                let g = |t: &Tensor<4>| values(t.grad(&grads).expect("grad"));
+                let p = |t: &Tensor<1>| values(t.grad(&grads).expect("grad"));
+                let mut out = vec![g(&x), p(&bn.gamma.val()), p(&bn.beta.val())];
+                if with_residual {
+                    out.push(g(&r));
+                }
+                (values(y.inner()), out)
             };
-            let grads = (y.clone() * w.clone()).sum().backward();
-            let g = |t: &Tensor<4>| values(t.grad(&grads).expect("grad"));
-            let p = |t: &Tensor<1>| values(t.grad(&grads).expect("grad"));
-            (
-                values(y.inner()),
-                [g(&x), g(&r), p(&bn.gamma.val()), p(&bn.beta.val())],
-            )
-        };
-        let ((y1, g1), (y2, g2)) = (run(true), run(false));
-        let max = |a: &[f32], b: &[f32]| {
-            a.iter()
-                .zip(b)
-                .map(|(p, q)| (p - q).abs())
-                .fold(0.0, f32::max)
-        };
-        assert!(max(&y1, &y2) < 1e-5, "output");
-        assert!(
-            y1.iter().filter(|&&v| v == 0.0).count() > 10,
-            "ReLU clips some"
-        );
-        for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
-            assert!(max(a, b) < 1e-4, "gradient {i}: {}", max(a, b));
+            let ((y1, g1), (y2, g2)) = (run(true), run(false));
+            let max = |a: &[f32], b: &[f32]| {
+                a.iter()
+                    .zip(b)
+                    .map(|(p, q)| (p - q).abs())
+                    .fold(0.0, f32::max)
+            };
+            assert!(max(&y1, &y2) < 1e-5, "output (residual {with_residual})");
+            assert!(
+                y1.iter().filter(|&&v| v == 0.0).count() > 10,
+                "ReLU clips some"
+            );
+            for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
+                let err = max(a, b);
+                assert!(err < 1e-4, "gradient {i} (residual {with_residual}): {err}");
+            }
         }
     }
 
