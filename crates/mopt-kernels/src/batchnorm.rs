@@ -238,9 +238,7 @@ fn coefficients(
 #[inline(always)]
 fn apply_mask(g: &mut [f32], p: &[f32], (a, b): (f32, f32)) {
     for (gv, &pv) in g.iter_mut().zip(p) {
-        if !(a * pv + b > 0.0) {
-            *gv = 0.0;
-        }
+        *gv = if a * pv + b > 0.0 { *gv } else { 0.0 };
     }
 }
 
