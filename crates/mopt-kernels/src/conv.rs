@@ -509,18 +509,23 @@ fn weight_grad(x: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
             with_scratch(|sc| weight_grad_part((x, g), (n0, n1 - n0), &geo, sc))
         })
         .collect();
-    // Sum the parts and reorder `[ky, kx, c, o]` (or `[o, ky, kx, c]`) → `[o, c, ky, kx]`.
-    let mut dw = vec![0.0f32; o * c * k * k];
-    for (part, transposed) in &parts {
-        for (i, &v) in part.iter().enumerate() {
-            let (oc, kxy, ci) = if *transposed {
-                (i % o, i / (c * o), (i / o) % c)
-            } else {
-                (i / (k * k * c), (i / c) % (k * k), i % c)
-            };
-            dw[(oc * c + ci) * k * k + kxy] += v;
+    // Sum the parts and reorder `[ky, kx, c, o]` (or `[o, ky, kx, c]`) → `[o, c, ky, kx]`,
+    // an output channel a task.
+    let kk = k * k;
+    let mut dw = vec![0.0f32; o * c * kk];
+    dw.par_chunks_mut(c * kk).enumerate().for_each(|(oc, dwo)| {
+        for (part, transposed) in &parts {
+            for kxy in 0..kk {
+                for (ci, d) in dwo.iter_mut().skip(kxy).step_by(kk).enumerate() {
+                    *d += if *transposed {
+                        part[(kxy * c + ci) * o + oc]
+                    } else {
+                        part[(oc * kk + kxy) * c + ci]
+                    };
+                }
+            }
         }
-    }
+    });
     dw
 }
 
