@@ -22,7 +22,7 @@ use rayon::prelude::*;
 use crate::transpose::transpose;
 
 use crate::gemm::{
-    aligned, copy_run, gemm_serial, Direct, PackA, PackB, PackedA, Strided, Table, View,
+    aligned, copy_run, depth_blocks, gemm_serial, Direct, PackA, PackB, PackedA, Strided, Table, View,
 };
 
 /// The geometry of one convolution.
@@ -568,8 +568,8 @@ fn weight_grad_part(
     // faster at o = 32; from o = 64 the transposed form below is).
     if let Some(direct) = Direct::get().filter(|_| c % Direct::NR == 0 && o <= Direct::NR) {
         let mut dw = vec![0.0f32; o * k * k * c];
-        for d0 in (0..depth).step_by(Direct::KC) {
-            let (kc, tab) = (Direct::KC.min(depth - d0), &pos[d0..]);
+        for (d0, kc) in depth_blocks(depth) {
+            let tab = &pos[d0..];
             let a_rows = |ip: usize| Strided {
                 base: d0 * o + ip * Direct::MR,
                 stride: o,
@@ -595,8 +595,8 @@ fn weight_grad_part(
     if let Some(direct) = Direct::get().filter(|_| c >= Direct::MR) {
         // More output channels: dWᵀ per kernel offset, X's rows of 12 channels against G's
         // rows of 32 output channels `o` apart.
-        for d0 in (0..depth).step_by(Direct::KC) {
-            let (kc, tab) = (Direct::KC.min(depth - d0), &pos[d0..]);
+        for (d0, kc) in depth_blocks(depth) {
+            let tab = &pos[d0..];
             for (&kxy, out) in offsets.iter().zip(dwt.chunks_exact_mut(c * o)) {
                 let add = offset_cl(s, grid.wg, kxy);
                 let a_rows = |ip: usize| Table {

@@ -346,8 +346,6 @@ impl Direct {
     pub(crate) const MR: usize = MR_512;
     /// Columns of its tile.
     pub(crate) const NR: usize = NR_512;
-    /// Depth of a block (as packed panels).
-    pub(crate) const KC: usize = KC;
 
     /// `C (+)= A·B` over one depth block of `kc`: C is `m × n` (leading dimension `ldc`), A's
     /// panel `ip` (rows `12·ip..`) has its rows at `a_rows(ip)` in `a`, B's panel `jp`
@@ -584,8 +582,7 @@ fn sgemm_on(t: Tile, a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool
     let mut bstore = Vec::new();
     for j0 in (0..n).step_by(NC) {
         let nc = NC.min(n - j0);
-        for p0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - p0);
+        for (p0, kc) in depth_blocks(k) {
             let panels = nc.div_ceil(nr);
             let bpack = aligned(&mut bstore, panels * kc * nr);
             pack_b(&b, (p0, kc), (j0, nc), nr, bpack);
@@ -657,8 +654,7 @@ impl PackedA {
         let (rows, depth) = (a.rows, a.cols);
         let padded = rows.div_ceil(t.mr) * t.mr;
         let mut data = vec![0.0f32; padded * depth];
-        for p0 in (0..depth).step_by(KC) {
-            let kc = KC.min(depth - p0);
+        for (p0, kc) in depth_blocks(depth) {
             pack_a(
                 &a,
                 (0, rows),
@@ -681,10 +677,8 @@ impl PackedA {
     }
 
     /// The depth blocks `(p0, kc)` its panels are packed in.
-    pub(crate) fn depth_blocks(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
-        (0..self.depth)
-            .step_by(KC)
-            .map(|p0| (p0, KC.min(self.depth - p0)))
+    pub(crate) fn depth_blocks(&self) -> impl Iterator<Item = (usize, usize)> {
+        depth_blocks(self.depth)
     }
 
     /// Panels `[ip0, ip1)` of the depth block at `p0` (`kc` deep).
@@ -756,8 +750,7 @@ pub(crate) fn gemm_serial(
     let t = tile();
     for j0 in (0..n).step_by(NC) {
         let nc = NC.min(n - j0);
-        for p0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - p0);
+        for (p0, kc) in depth_blocks(k) {
             let bbuf = aligned(bbuf, nc.div_ceil(t.nr) * kc * t.nr);
             b.pack((p0, kc), (j0, nc), t.nr, bbuf);
             for i0 in (r0..r1).step_by(MC) {
@@ -778,6 +771,15 @@ pub(crate) fn gemm_serial(
             }
         }
     }
+}
+
+/// The depth blocks `(p0, kc)` of a product `depth` deep: as few as hold at most [`KC`] each,
+/// equally deep (to one), so that no short last block pays a pass over C for a few products
+/// (a 288-deep convolution ran 256 + 32).
+pub(crate) fn depth_blocks(depth: usize) -> impl Iterator<Item = (usize, usize)> {
+    let blocks = depth.div_ceil(KC).max(1);
+    let (base, extra) = (depth / blocks, depth % blocks);
+    (0..blocks).map(move |b| (b * base + b.min(extra), base + usize::from(b < extra)))
 }
 
 /// `len` values of `buf` starting on a 64-byte boundary (a packed panel's rows then never
