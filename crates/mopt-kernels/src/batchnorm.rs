@@ -20,6 +20,7 @@ pub struct BnShape {
 
 impl BnShape {
     /// The runs of channel `c`: `(start, len)` in the flat tensor, one an image.
+    #[cfg(test)]
     fn runs(&self, c: usize) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
         (0..self.batch).map(move |n| {
             let start = (n * self.channels + c) * self.plane;
@@ -56,22 +57,27 @@ fn shifted_sums(v: &[f32], shift: f32) -> (f64, f64) {
 }
 
 /// Per-channel (mean, biased variance) of `x`: one pass of shifted sums (shifted by the
-/// channel's first value, so that a large mean does not cancel the variance away), each
-/// image's run summed in f32 lanes and the runs in f64.
+/// channel's first value, so that a large mean does not cancel the variance away), in memory
+/// order (each image's run of a channel summed in f32 lanes, in parallel), the runs then added
+/// per channel in f64. (Channel by channel, the pass jumped between 64 runs far apart and ran
+/// at a third of the speed.)
 fn statistics(x: &[f32], s: &BnShape) -> (Vec<f32>, Vec<f32>) {
+    let shift: Vec<f32> = (0..s.channels).map(|c| x[c * s.plane]).collect();
+    let partial: Vec<(f64, f64)> = x
+        .par_chunks(s.plane)
+        .enumerate()
+        .map(|(i, run)| shifted_sums(run, shift[i % s.channels]))
+        .collect();
+    let (mut sum, mut sq) = (vec![0.0f64; s.channels], vec![0.0f64; s.channels]);
+    for (i, (a, b)) in partial.iter().enumerate() {
+        sum[i % s.channels] += a;
+        sq[i % s.channels] += b;
+    }
     (0..s.channels)
-        .into_par_iter()
         .map(|c| {
-            let shift = x[c * s.plane];
-            let (mut sum, mut sq) = (0.0f64, 0.0f64);
-            for r in s.runs(c) {
-                let (a, b) = shifted_sums(&x[r], shift);
-                sum += a;
-                sq += b;
-            }
-            let mean = sum / s.count();
-            let var = (sq / s.count() - mean * mean).max(0.0);
-            ((mean + shift as f64) as f32, var as f32)
+            let mean = sum[c] / s.count();
+            let var = (sq[c] / s.count() - mean * mean).max(0.0);
+            ((mean + shift[c] as f64) as f32, var as f32)
         })
         .unzip()
 }

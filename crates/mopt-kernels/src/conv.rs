@@ -22,7 +22,8 @@ use rayon::prelude::*;
 use crate::transpose::transpose;
 
 use crate::gemm::{
-    aligned, copy_run, depth_blocks, gemm_serial, Direct, PackA, PackB, PackedA, Strided, Table, View,
+    aligned, copy_run, depth_blocks, gemm_serial, Direct, PackA, PackB, PackedA, Strided, Table,
+    View,
 };
 
 /// The geometry of one convolution.
