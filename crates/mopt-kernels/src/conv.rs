@@ -184,8 +184,62 @@ impl PackB for Shifted<'_> {
 
 /// `y = conv(x, w)`: x `[batch, C, H, W]`, w `[O, C, k, k]` → `[batch, O, OH, OW]`.
 pub fn conv2d(x: &[f32], w: &[f32], s: &ConvShape) -> Vec<f32> {
+    if let Some(t) = s.pointwise_strided() {
+        return conv2d(&subsample(x, s), w, &t);
+    }
     let packed = PackedA::new(View::row_major(w, s.out_channels, s.patch()));
     forward_packed(x, &packed, s)
+}
+
+impl ConvShape {
+    /// A pointwise (1 × 1, unpadded) convolution of stride > 1 reads only every `stride`-th
+    /// pixel of every `stride`-th row: it is the stride-1 convolution of the input
+    /// subsampled ([`subsample`]), this shape, without a phase split or a padded grid.
+    fn pointwise_strided(&self) -> Option<ConvShape> {
+        let (oh, ow) = self.out_hw();
+        (self.kernel == 1 && self.pad == 0 && self.stride > 1).then_some(ConvShape {
+            height: oh,
+            width: ow,
+            stride: 1,
+            ..*self
+        })
+    }
+}
+
+/// The pixels a pointwise strided convolution reads: `[batch, C, OH, OW]` of `x`'s every
+/// `stride`-th.
+fn subsample(x: &[f32], s: &ConvShape) -> Vec<f32> {
+    let (oh, ow) = s.out_hw();
+    let mut out = vec![0.0f32; s.batch * s.channels * oh * ow];
+    out.par_chunks_mut(oh * ow)
+        .zip(x.par_chunks(s.height * s.width))
+        .for_each(|(o, plane)| {
+            for (oy, row) in o.chunks_exact_mut(ow).enumerate() {
+                let src = &plane[oy * s.stride * s.width..];
+                for (v, &x) in row.iter_mut().zip(src.iter().step_by(s.stride)) {
+                    *v = x;
+                }
+            }
+        });
+    out
+}
+
+/// The inverse placement of [`subsample`]: `d` (`[batch, C, OH, OW]`) at every `stride`-th
+/// pixel of a zero `[batch, C, H, W]`.
+fn unsubsample(d: &[f32], s: &ConvShape) -> Vec<f32> {
+    let (oh, ow) = s.out_hw();
+    let mut out = vec![0.0f32; s.batch * s.image()];
+    out.par_chunks_mut(s.height * s.width)
+        .zip(d.par_chunks(oh * ow))
+        .for_each(|(plane, src)| {
+            for (oy, row) in src.chunks_exact(ow).enumerate() {
+                let dst = &mut plane[oy * s.stride * s.width..];
+                for (v, &x) in dst.iter_mut().step_by(s.stride).zip(row) {
+                    *v = x;
+                }
+            }
+        });
+    out
 }
 
 /// Per-thread buffers, reused from call to call (a fresh megabyte a image would cost page
@@ -342,6 +396,11 @@ pub fn conv2d_backward(
     s: &ConvShape,
     (want_dx, want_dw): (bool, bool),
 ) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
+    if let Some(t) = s.pointwise_strided() {
+        let dx = want_dx.then(|| unsubsample(&input_grad_flipped(w, g, &t), s));
+        let dw = want_dw.then(|| weight_grad(&subsample(x, s), g, &t));
+        return (dx, dw);
+    }
     let dx = want_dx.then(|| {
         if s.stride == 1 && s.pad < s.kernel {
             input_grad_flipped(w, g, s)
@@ -718,6 +777,8 @@ mod tests {
             s(2, 32, 5, 14, 3, 1, 1),
             s(2, 32, 6, 13, 3, 2, 1),
             s(2, 16, 4, 40, 3, 1, 1),
+            // a pointwise projection of stride 3 (subsampled), 32 channels
+            s(2, 32, 7, 12, 1, 3, 0),
         ]
     }
 
