@@ -244,8 +244,15 @@ fn coefficients(
 #[inline(always)]
 fn apply_mask(g: &mut [f32], p: &[f32], (a, b): (f32, f32)) {
     for (gv, &pv) in g.iter_mut().zip(p) {
-        *gv = if a * pv + b > 0.0 { *gv } else { 0.0 };
+        *gv = keep_where(*gv, a * pv + b > 0.0);
     }
+}
+
+/// `v` where `on`, `+0.0` elsewhere, as a bitwise AND (a select of a float by a float
+/// comparison did not vectorize: the masked sums ran at a third of the unmasked ones' speed).
+#[inline(always)]
+fn keep_where(v: f32, on: bool) -> f32 {
+    f32::from_bits(v.to_bits() & u32::from(on).wrapping_neg())
 }
 
 /// `dx = k·g + a·(μ − x) − b` over one run (`g` already masked).
@@ -272,7 +279,7 @@ fn input_grad_in_place(
         }
         Some((p, (pa, pb))) => {
             for ((gv, &xv), &pv) in g.iter_mut().zip(x).zip(p) {
-                let gm = if pa * pv + pb > 0.0 { *gv } else { 0.0 };
+                let gm = keep_where(*gv, pa * pv + pb > 0.0);
                 *gv = k * gm + a * (mean - xv) - b;
             }
         }
@@ -312,14 +319,14 @@ fn masked_gradient_sums(
     let chunks = g[..full].chunks_exact(16).zip(x[..full].chunks_exact(16));
     for ((gc, xc), pc) in chunks.zip(p[..full].chunks_exact(16)) {
         for l in 0..16 {
-            let gv = if a * pc[l] + b > 0.0 { gc[l] } else { 0.0 };
+            let gv = keep_where(gc[l], a * pc[l] + b > 0.0);
             s1[l] += gv;
             s2[l] += gv * (xc[l] - mean);
         }
     }
     let (mut t1, mut t2) = (0.0f64, 0.0f64);
     for ((&gv, &xv), &pv) in g[full..].iter().zip(&x[full..]).zip(&p[full..]) {
-        let gv = if a * pv + b > 0.0 { gv } else { 0.0 };
+        let gv = keep_where(gv, a * pv + b > 0.0);
         t1 += gv as f64;
         t2 += gv as f64 * (xv - mean) as f64;
     }
