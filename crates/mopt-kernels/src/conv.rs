@@ -22,8 +22,8 @@ use rayon::prelude::*;
 use crate::transpose::transpose;
 
 use crate::gemm::{
-    aligned, copy_run, depth_blocks, gemm_serial, Direct, PackA, PackB, PackedA, Strided, Table,
-    View,
+    aligned, copy_run, copy_short, depth_blocks, gemm_serial, Direct, PackA, PackB, PackedA,
+    Strided, Table, View,
 };
 
 /// The geometry of one convolution.
@@ -144,18 +144,38 @@ struct Maps {
 /// Prepare image `img: [C, H, W]` into `out` ([`Grid::len`] values).
 fn prepare(img: &[f32], geo: &Geometry, out: &mut [f32]) {
     let (s, g, m) = (geo.s, &geo.grid, &geo.maps);
-    out.fill(0.0);
     let plane = g.hg * g.wg;
+    if s.stride == 1 {
+        // Only the padding is zeroed: between one row's values and the next's (and the
+        // planes' top and bottom rows, and the slack after the last).
+        let (p, w) = (s.pad, s.width);
+        for c in 0..s.channels {
+            let base = c * plane;
+            out[base..base + p * g.wg + p].fill(0.0);
+            for (y, row) in img[c * s.height * w..][..s.height * w]
+                .chunks_exact(w)
+                .enumerate()
+            {
+                let at = base + (p + y) * g.wg + p;
+                copy_short(&mut out[at..], row);
+                let next = if y + 1 < s.height {
+                    at + g.wg
+                } else {
+                    base + plane
+                };
+                out[at + w..next].fill(0.0);
+            }
+        }
+        out[s.channels * plane..].fill(0.0);
+        return;
+    }
+    out.fill(0.0);
     for c in 0..s.channels {
         for (y, &at) in m.y.iter().enumerate() {
             let row = &img[(c * s.height + y) * s.width..][..s.width];
             let out = &mut out[c * plane + at..];
-            if s.stride == 1 {
-                out[s.pad..s.pad + s.width].copy_from_slice(row);
-            } else {
-                for (&v, &x) in row.iter().zip(&m.x) {
-                    out[x] = v;
-                }
+            for (&v, &x) in row.iter().zip(&m.x) {
+                out[x] = v;
             }
         }
     }
@@ -381,7 +401,7 @@ fn forward_rows(
         }
         for (dst, src) in out.chunks_exact_mut(oh * ow).zip(grid.chunks_exact(q)) {
             for (d, r) in dst.chunks_exact_mut(ow).zip(src.chunks_exact(g.wg)) {
-                d.copy_from_slice(&r[..ow]);
+                copy_short(d, &r[..ow]);
             }
         }
     })
@@ -465,7 +485,7 @@ fn input_grad_scatter(w: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
                     .zip(g[n * o * oh * ow..].chunks_exact(oh * ow))
                 {
                     for (d, r) in dst.chunks_exact_mut(grid.wg).zip(src.chunks_exact(ow)) {
-                        d[..ow].copy_from_slice(r);
+                        copy_short(d, r);
                     }
                 }
                 let dcols = aligned(&mut sc.cols, kk * q);
@@ -536,15 +556,37 @@ fn channels_last(
     let (s, grid, maps) = (geo.s, &geo.grid, &geo.maps);
     let (c, o, (oh, ow)) = (s.channels, s.out_channels, s.out_hw());
     let (hw, rs) = (s.height * s.width, s.stride * s.stride * c);
+    let (pix, w, p) = (grid.hg * grid.wg, s.width, s.pad);
+    if s.stride > 1 {
+        xt.fill(0.0);
+    } else {
+        xt[images * pix * c..].fill(0.0);
+    }
     let mut pixels = vec![0.0f32; hw * c];
     for n in 0..images {
         let img = &x[(n0 + n) * s.image()..][..s.image()];
-        let xt = &mut xt[n * grid.hg * grid.wg * rs..];
-        // The image transposed to `[y, x, c]`, then placed pixel by pixel.
+        let xt = &mut xt[n * pix * rs..];
+        // The image transposed to `[y, x, c]`, then placed: a row at a time at stride 1
+        // (its pixels are consecutive there; only the padding between rows is zeroed), pixel
+        // by pixel into the phases otherwise.
         transpose((img, hw), (c, hw), &mut pixels, c);
-        for (row, &at) in pixels.chunks_exact(s.width * c).zip(&maps.y_cl) {
-            for (px, &xa) in row.chunks_exact(c).zip(&maps.x_cl) {
-                xt[at + xa..at + xa + c].copy_from_slice(px);
+        if s.stride == 1 {
+            xt[..(p * grid.wg + p) * c].fill(0.0);
+            for (y, row) in pixels.chunks_exact(w * c).enumerate() {
+                let at = ((p + y) * grid.wg + p) * c;
+                xt[at..at + w * c].copy_from_slice(row);
+                let next = if y + 1 < s.height {
+                    at + grid.wg * c
+                } else {
+                    pix * c
+                };
+                xt[at + w * c..next].fill(0.0);
+            }
+        } else {
+            for (row, &at) in pixels.chunks_exact(w * c).zip(&maps.y_cl) {
+                for (px, &xa) in row.chunks_exact(c).zip(&maps.x_cl) {
+                    copy_short(&mut xt[at + xa..], px);
+                }
             }
         }
         let gn = &g[(n0 + n) * o * oh * ow..][..o * oh * ow];
@@ -610,8 +652,11 @@ fn weight_grad_part(
     let (o, c, k, (oh, ow)) = (s.out_channels, s.channels, s.kernel, s.out_hw());
     let rs = s.stride * s.stride * c;
     let pix = grid.hg * grid.wg;
-    // Channels-last input, with a slack image of zeros for the reads past the last channel.
-    let xt = zeroed(&mut sc.prep, (images + 1) * pix * rs);
+    // Channels-last input, with a slack image of zeros for the reads past the last channel
+    // (every value written by `channels_last`).
+    let len = (images + 1) * pix * rs;
+    sc.prep.resize(len, 0.0);
+    let xt = &mut sc.prep[..len];
     let gt = aligned(&mut sc.grid, images * oh * ow * o + Direct::NR);
     channels_last((x, g), (n0, images), geo, (xt, gt));
     // Where each output pixel's window starts in `xt`.

@@ -815,6 +815,33 @@ pub(crate) fn copy_run(dst: &mut [f32], src: &[f32]) {
     }
 }
 
+/// Copy `src` into the front of `dst`, inline whatever its length (a convolution's rows and
+/// pixels are 7-128 values: through `memcpy` each paid a call).
+#[inline(always)]
+pub(crate) fn copy_short(dst: &mut [f32], src: &[f32]) {
+    let n = src.len();
+    let (dst, mut i) = (&mut dst[..n], 0);
+    while i + 16 <= n {
+        copy_n::<16>(&mut dst[i..], &src[i..]);
+        i += 16;
+    }
+    if i + 8 <= n {
+        copy_n::<8>(&mut dst[i..], &src[i..]);
+        i += 8;
+    }
+    if i + 4 <= n {
+        copy_n::<4>(&mut dst[i..], &src[i..]);
+        i += 4;
+    }
+    if i + 2 <= n {
+        copy_n::<2>(&mut dst[i..], &src[i..]);
+        i += 2;
+    }
+    if i < n {
+        dst[i] = src[i];
+    }
+}
+
 /// Run one block with its tile's kernel.
 fn run_block(block: Block) {
     match block.tile.kernel {
