@@ -103,6 +103,8 @@ fn cases() -> Vec<Case> {
         c("negative seed", replace("seed = 7", "seed = -1"), &["seed", "tiny.toml"]),
         c("one seed in seeds", replace("seed = 7", "seeds = [7]"), &["run.seeds", "two seeds"]),
         c("a seed listed twice", replace("seed = 7", "seeds = [7, 1, 7]"), &["run.seeds", "twice"]),
+        c("augment on text", replace("max-eval = 40", "max-eval = 40\n[data.augment]\nflip = true"), &["data.augment", "only images"]),
+        c("augment unknown key", replace("max-eval = 40", "max-eval = 40\n[data.augment]\nrotate = 15"), &["rotate", "tiny.toml"]),
         c("valid fraction 1.5", replace("max-eval = 40", "max-eval = 40\nvalid-fraction = 1.5"), &["valid-fraction", "tiny.toml"]),
         // Stages: kinds, names, gates, and every kind's own ranges.
         c("unknown stage kind", append("[[stage]]\nkind = \"sparsify\""), &["sparsify", "finetune"]),

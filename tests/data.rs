@@ -19,6 +19,7 @@ fn spec(format: DataFormat, source: DataSource) -> DataSpec {
         max_eval: None,
         labels: None,
         pixel_max: 255.0,
+        augment: Default::default(),
     }
 }
 

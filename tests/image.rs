@@ -173,6 +173,10 @@ fn image_recipes_that_cannot_work_fail_before_a_run_folder_exists() {
             "text-column = \"pixels\"\n".to_string(),
             "images have no columns to name",
         ),
+        (
+            "\n[data.augment]\ncrop = 9\n".to_string(),
+            "data.augment.crop",
+        ),
     ];
     for (extra, want) in cases {
         let recipe = write_recipe(dir.path(), &extra);
@@ -259,6 +263,88 @@ config = "{}"
         .as_f64()
         .unwrap();
     assert!((again_acc - acc).abs() < 0.1, "{again_acc} vs {acc}");
+}
+
+/// `[data.augment]`: the teacher trains on cropped and flipped digits, the distillation runs its
+/// teacher live on the same augmented batches (no logit cache), a prune stage whose KD would
+/// read cached logits is refused at `--check`, and a crop too large for 8×8 images names the
+/// key before a run folder exists.
+#[test]
+fn augmented_digits_train_a_teacher_and_distil_it_with_the_teacher_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let augment = "\n[data.augment]\ncrop = 1\n";
+    let teacher = write_recipe(dir.path(), augment);
+    let student = write_student(dir.path());
+    let stages = format!(
+        "[[stage]]\nkind = \"distill\"\nname = \"student\"\nalpha = 0.5\nbaseline = true\n\n[stage.student]\narch = \"resnet\"\nconfig = \"{}\"\n",
+        student.display()
+    );
+    let recipe = write_from_teacher(dir.path(), "digits-aug", &teacher, (8, 3e-3), &stages);
+    let with_augment = |p: &Path| {
+        let text = std::fs::read_to_string(p).unwrap().replace(
+            "test-fraction = 0.2\n",
+            &format!("test-fraction = 0.2\n{augment}"),
+        );
+        std::fs::write(p, text).unwrap();
+    };
+    with_augment(&recipe);
+    let check = mopt(&["--check", recipe.to_str().unwrap()]);
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        stderr(&check)
+    );
+    assert!(
+        shown.contains("teacher runs live on the augmented batches"),
+        "{shown}"
+    );
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("the teacher running live"), "{err}");
+    assert!(
+        !err.contains("teacher pass"),
+        "no logit cache is computed: {err}"
+    );
+    let report = read_json(&dir.path().join("runs/digits-aug/report.json"));
+    let stages = report["stages"].as_array().unwrap();
+    let acc = |i: usize| stages[i]["model"]["test"]["accuracy"].as_f64().unwrap();
+    assert!(
+        acc(0) > 0.7,
+        "teacher trained on augmented digits: {}",
+        acc(0)
+    );
+    assert!(acc(1) > 0.5, "student distilled live: {}", acc(1));
+    // A prune stage's KD reads cached logits: refused, naming the key and the fix.
+    let prune = write_from_teacher(
+        dir.path(),
+        "digits-aug-prune",
+        &teacher,
+        (1, 1e-3),
+        "[[stage]]\nkind = \"prune\"\ntargets = [\"channels\"]\ntarget = 0.25\nstep = 0.25\n",
+    );
+    with_augment(&prune);
+    let out = mopt(&["--check", prune.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("distill") && err.contains("set `distill = false`"),
+        "{err}"
+    );
+    // 3 pixels of padding on 8×8 digits: more than a quarter of the side.
+    let big = write_recipe(dir.path(), "\n[data.augment]\ncrop = 3\n");
+    let text = std::fs::read_to_string(&big)
+        .unwrap()
+        .replace("name = \"digits\"", "name = \"digits-big\"");
+    std::fs::write(&big, text).unwrap();
+    let out = mopt(&[big.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("crop = 3 pads more than a quarter"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!dir.path().join("runs/digits-big").exists());
 }
 
 #[test]

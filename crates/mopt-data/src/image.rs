@@ -9,6 +9,7 @@ use burn::prelude::*;
 use mopt_core::{Examples, Labeled};
 use mopt_recipe::{DataSource, DataSpec};
 
+use crate::augment::Augmentation;
 use crate::error::DataError;
 use crate::labels::LabelMap;
 use crate::rng::SplitMix64;
@@ -70,6 +71,8 @@ pub struct ImageSplit {
     pub pixels: Vec<f32>,
     /// Each image's label id.
     pub labels: Vec<usize>,
+    /// Crops and flips drawn for every batch (the training split's, when the recipe asks).
+    pub augment: Option<Augmentation>,
 }
 
 impl ImageSplit {
@@ -80,6 +83,7 @@ impl ImageSplit {
             shape: self.shape,
             pixels: self.pixels[..n * self.shape.len()].to_vec(),
             labels: self.labels[..n].to_vec(),
+            augment: self.augment,
         }
     }
 
@@ -104,8 +108,18 @@ impl Examples for ImageSplit {
     fn batch(&self, indices: &[usize], device: &Device) -> ImageBatch {
         let s = self.shape;
         let mut values = Vec::with_capacity(indices.len() * s.len());
-        for &i in indices {
-            values.extend_from_slice(self.image(i));
+        match &self.augment {
+            None => {
+                for &i in indices {
+                    values.extend_from_slice(self.image(i));
+                }
+            }
+            Some(a) => {
+                let mut rng = a.batch_rng(indices);
+                for &i in indices {
+                    a.apply(self.image(i), s, &mut rng, &mut values);
+                }
+            }
         }
         let labels: Vec<i64> = indices.iter().map(|&i| self.labels[i] as i64).collect();
         ImageBatch {
@@ -476,6 +490,7 @@ fn normalized(
             .map(|&p| (p as f32 / 255.0 - n.mean) / n.std)
             .collect(),
         labels: ids,
+        augment: None,
     })
 }
 

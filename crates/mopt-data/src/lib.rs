@@ -6,6 +6,7 @@
 //! split, normalisation by the training split's statistics.
 
 #![deny(missing_docs)]
+mod augment;
 mod batch;
 mod error;
 mod examples;
@@ -15,6 +16,7 @@ mod rng;
 mod text;
 mod tokenize;
 
+pub use augment::Augmentation;
 pub use batch::{epoch_order, Batcher, TextBatch};
 pub use error::DataError;
 pub use examples::{TextExamples, TextSplit};

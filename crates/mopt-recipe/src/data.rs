@@ -115,6 +115,8 @@ pub struct DataSpec {
     /// Images: the largest grey value (255 for 8-bit pixels, 16 for scikit-learn's digits);
     /// pixels are scaled by it before the training split's mean and deviation normalise them.
     pub pixel_max: f64,
+    /// Images: random crops and flips of the training batches (`[data.augment]`).
+    pub augment: Augment,
 }
 
 impl DataSpec {
@@ -143,6 +145,24 @@ impl DataSpec {
                 train, valid, test, ..
             } => [train, valid.as_deref().unwrap_or(train), test],
         }
+    }
+}
+
+/// Augmentation of the training images (`[data.augment]`), drawn afresh for every batch:
+/// nothing by default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Augment {
+    /// Zero-pad each side by this many pixels and crop back to the image's size at a random
+    /// offset (the CIFAR recipe's "pad 4, crop 32"); 0: no cropping.
+    pub crop: usize,
+    /// Mirror left-right with probability ½.
+    pub flip: bool,
+}
+
+impl Augment {
+    /// Whether any augmentation is on.
+    pub fn is_on(&self) -> bool {
+        self.crop > 0 || self.flip
     }
 }
 
@@ -200,6 +220,30 @@ pub fn data_spec(cx: &Scope, d: RawData) -> Result<DataSpec, RecipeError> {
             ))
         }
         (m, _) => m.unwrap_or(255.0),
+    };
+    let augment = match (d.augment, format.is_image()) {
+        (None, _) => Augment::default(),
+        (Some(_), false) => {
+            return Err(cx.err(
+                "data.augment",
+                "only images are cropped and flipped",
+                "remove `[data.augment]` (or use `format = \"idx\"` / `\"pixels-csv\"`)",
+            ))
+        }
+        (Some(a), true) => {
+            let crop = a.crop.unwrap_or(0);
+            if crop > 8 {
+                return Err(cx.err(
+                    "data.augment.crop",
+                    format!("{crop} pixels of padding is more than a small image keeps"),
+                    "at most 8; 2 for 28×28 Fashion-MNIST, 4 for 32×32 images",
+                ));
+            }
+            Augment {
+                crop,
+                flip: a.flip.unwrap_or(false),
+            }
+        }
     };
     if format == DataFormat::Idx && d.path.is_some() {
         return Err(cx.err(
@@ -305,5 +349,6 @@ pub fn data_spec(cx: &Scope, d: RawData) -> Result<DataSpec, RecipeError> {
         max_eval: d.max_eval,
         labels: d.labels,
         pixel_max,
+        augment,
     })
 }

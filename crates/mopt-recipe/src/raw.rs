@@ -108,6 +108,14 @@ pub struct RawData {
     pub max_eval: Option<usize>,
     pub labels: Option<Vec<String>>,
     pub pixel_max: Option<f64>,
+    pub augment: Option<RawAugment>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawAugment {
+    pub crop: Option<usize>,
+    pub flip: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

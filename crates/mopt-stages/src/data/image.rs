@@ -3,7 +3,9 @@
 use std::path::Path;
 
 use mopt_core::Examples;
-use mopt_data::{load_image_splits, ImageBatch, ImageShape, ImageSplit, LabelMap, Normalize};
+use mopt_data::{
+    load_image_splits, Augmentation, ImageBatch, ImageShape, ImageSplit, LabelMap, Normalize,
+};
 use mopt_recipe::Recipe;
 use mopt_train::TrainError;
 
@@ -34,7 +36,28 @@ impl ImageData {
         labels: Option<LabelMap>,
         golden: usize,
     ) -> Result<Self, StageError> {
-        let s = load_image_splits(&recipe.data, labels).map_err(TrainError::from)?;
+        let mut s = load_image_splits(&recipe.data, labels).map_err(TrainError::from)?;
+        let a = recipe.data.augment;
+        if a.is_on() {
+            let side = s.train.shape.side;
+            if 4 * a.crop > side {
+                let why = format!(
+                    "[data.augment] crop = {} pads more than a quarter of these {side}×{side} images",
+                    a.crop
+                );
+                let e = mopt_data::DataError::Format {
+                    path: recipe.data.anchor().to_path_buf(),
+                    message: why,
+                    hint: format!("at most {} here", side / 4),
+                };
+                return Err(TrainError::from(e).into());
+            }
+            s.train.augment = Some(Augmentation {
+                spec: a,
+                seed: recipe.run.seed,
+                fill: -s.normalize.mean / s.normalize.std,
+            });
+        }
         Ok(Self {
             golden: s.valid.head(golden),
             train: s.train,

@@ -291,6 +291,9 @@ impl<M: ImageModel> Family for ImageFamily<M> {
         let mut plan = kd_student::plan(stage, entry, (input, student), cx.size())?;
         if !matches.is_empty() {
             plan.settings.push(kd_maps::describe(&matches));
+        } else if cx.data.augment.is_on() {
+            plan.settings
+                .push("the teacher runs live on the augmented batches (no logit cache)".into());
         }
         Ok(plan)
     }
@@ -304,7 +307,8 @@ impl<M: ImageModel> Family for ImageFamily<M> {
         let student = student_config::<M>(stage, &cx.data.labels().labels)?;
         let teacher = M::Shape::from_file(&input.join("config.json")).map_err(fault)?;
         let matches = kd_maps::resolve::<M>(stage, &teacher, &student)?;
-        if matches.is_empty() {
+        // Cached logits are of the unaugmented images: augmented batches need the teacher live.
+        if matches.is_empty() && !cx.data_spec.augment.is_on() {
             kd_student::run::<M>(stage, input, cx, &student)
         } else {
             kd_student::run_maps::<M>(stage, input, cx, &student, matches)

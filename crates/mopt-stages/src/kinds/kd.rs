@@ -37,6 +37,27 @@ pub fn kd_settings(
     Ok((alpha, temperature))
 }
 
+/// A compressing stage's KD (between prune rounds, in QAT) reads the baseline's logits cached
+/// once over the unaugmented training images; with `[data.augment]` the student's batches are
+/// cropped and flipped and would not match them: refused at plan time, naming the fix.
+pub fn check_kd_augment(
+    entry: &mopt_recipe::StageEntry,
+    distill: bool,
+    data: &mopt_recipe::DataSpec,
+) -> Result<(), StageError> {
+    if distill && data.augment.is_on() {
+        return Err(entry
+            .scope
+            .err(
+                "distill",
+                "this stage's KD reads the teacher's cached logits of unaugmented images, which the `[data.augment]` batches would not match",
+                "set `distill = false` on this stage (hard labels), or give `[data.augment]` only to the recipes that train the teacher and distill (the `distill` stage runs its teacher live on the augmented batches)",
+            )
+            .into());
+    }
+    Ok(())
+}
+
 /// The objective of a compressing stage for any model family: `kd = Some((alpha,
 /// temperature))`: KD on logits against the run's baseline (loaded as an `M`), its logits on
 /// the training split computed once (size-sorted batches of the stage's eval batch size);

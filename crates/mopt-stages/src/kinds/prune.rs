@@ -599,6 +599,7 @@ impl PruneStage {
         self.check_ratios::<M>(entry, input)?;
         self.check_criteria::<M>(entry, input)?;
         self.check_limits::<M>(entry, input)?;
+        crate::kinds::kd::check_kd_augment(entry, self.distill, cx.data)?;
         if input.is_quantized() {
             return Err(entry
                 .scope

@@ -486,6 +486,7 @@ impl QuantStage {
         // Listing the layers builds a model: once per plan.
         let paths = M::linear_paths(input);
         self.check_patterns(entry, &paths)?;
+        crate::kinds::kd::check_kd_augment(entry, self.train && self.distill, cx.data)?;
         if M::quantization(input).is_some() {
             return Err(entry
                 .scope
