@@ -912,6 +912,34 @@ pub(crate) mod tests {
         t
     }
 
+    /// Depth blocks cover the depth once, in order, each at most `KC` deep and within one of
+    /// the others; `copy_short` copies every length exactly and nothing past it.
+    #[test]
+    fn depth_blocks_are_even_and_short_copies_exact() {
+        for depth in [1, 31, 255, 256, 257, 288, 576, 1152, 1537] {
+            let blocks: Vec<(usize, usize)> = depth_blocks(depth).collect();
+            assert_eq!(blocks.len(), depth.div_ceil(KC));
+            let mut at = 0;
+            for &(p0, kc) in &blocks {
+                assert_eq!(p0, at, "{depth}: contiguous");
+                assert!(kc <= KC && kc > 0);
+                at += kc;
+            }
+            assert_eq!(at, depth);
+            let (lo, hi) = blocks
+                .iter()
+                .fold((usize::MAX, 0), |(a, b), &(_, k)| (a.min(k), b.max(k)));
+            assert!(hi - lo <= 1, "{depth}: {blocks:?}");
+        }
+        for n in 0..70 {
+            let src: Vec<f32> = (0..n).map(|v| v as f32 + 1.0).collect();
+            let mut dst = vec![-1.0f32; n + 3];
+            copy_short(&mut dst, &src);
+            assert_eq!(&dst[..n], &src[..]);
+            assert!(dst[n..].iter().all(|&v| v == -1.0), "{n}");
+        }
+    }
+
     #[test]
     fn matches_the_naive_product_for_odd_shapes_and_transposes() {
         // Shapes that straddle MR, NR, KC, MC and NC boundaries.
