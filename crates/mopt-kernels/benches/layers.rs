@@ -114,9 +114,23 @@ fn batch_norm() {
     }
 }
 
+/// mopt's GEMM beside Burn Flex's matmul (the `gemm` crate) on the same shapes: the square
+/// product and the BERT layers' (tokens × hidden × FFN both ways) and a conv-sized one.
 fn products() {
-    println!("GEMM (GFLOP/s, path {}):", mopt_kernels::gemm::path());
-    for (m, k, n) in [(2048, 2048, 2048), (2048, 384, 1536), (2048, 1536, 384)] {
+    use burn::prelude::*;
+    println!(
+        "GEMM (GFLOP/s, mopt path {} | Burn Flex matmul):",
+        mopt_kernels::gemm::path()
+    );
+    let device = Device::flex();
+    let shapes = [
+        (2048, 2048, 2048),
+        (2048, 384, 1536),
+        (2048, 1536, 384),
+        (2048, 384, 384),
+        (128, 1152, 3136),
+    ];
+    for (m, k, n) in shapes {
         let (a, b) = (values(m * k, 17), values(k * n, 13));
         let mut c = vec![0.0f32; m * n];
         let ms = time(5, || {
@@ -128,10 +142,13 @@ fn products() {
                 false,
             )
         });
-        println!(
-            "  {m} x {k} x {n}: {:.1}",
-            2.0 * (m * k * n) as f64 / ms / 1e6
-        );
+        let ta = Tensor::<2>::from_data(TensorData::new(a.clone(), [m, k]), &device);
+        let tb = Tensor::<2>::from_data(TensorData::new(b.clone(), [k, n]), &device);
+        let burn_ms = time(5, || {
+            let _ = ta.clone().matmul(tb.clone()).into_data();
+        });
+        let rate = |ms: f64| 2.0 * (m * k * n) as f64 / ms / 1e6;
+        println!("  {m} x {k} x {n}: {:.1} | {:.1}", rate(ms), rate(burn_ms));
     }
 }
 
