@@ -255,11 +255,17 @@ fn keep_where(v: f32, on: bool) -> f32 {
     f32::from_bits(v.to_bits() & u32::from(on).wrapping_neg())
 }
 
-/// `dx = k·g + a·(μ − x) − b` over one run (`g` already masked).
+/// One input gradient: `k·gm + a·(μ − x) − b` with `terms = (k, a, b, μ)`.
 #[inline(always)]
-fn input_grad(d: &mut [f32], (g, x): (&[f32], &[f32]), (k, a, b, mean): (f32, f32, f32, f32)) {
+fn dx_of(gm: f32, xv: f32, (k, a, b, mean): (f32, f32, f32, f32)) -> f32 {
+    k * gm + a * (mean - xv) - b
+}
+
+/// [`dx_of`] over one run into `d` (`g` already masked).
+#[inline(always)]
+fn input_grad(d: &mut [f32], (g, x): (&[f32], &[f32]), terms: (f32, f32, f32, f32)) {
     for ((o, &gv), &xv) in d.iter_mut().zip(g).zip(x) {
-        *o = k * gv + a * (mean - xv) - b;
+        *o = dx_of(gv, xv, terms);
     }
 }
 
@@ -268,19 +274,18 @@ fn input_grad(d: &mut [f32], (g, x): (&[f32], &[f32]), (k, a, b, mean): (f32, f3
 fn input_grad_in_place(
     g: &mut [f32],
     x: &[f32],
-    (k, a, b, mean): (f32, f32, f32, f32),
+    terms: (f32, f32, f32, f32),
     pre: Option<(&[f32], (f32, f32))>,
 ) {
     match pre {
         None => {
             for (gv, &xv) in g.iter_mut().zip(x) {
-                *gv = k * *gv + a * (mean - xv) - b;
+                *gv = dx_of(*gv, xv, terms);
             }
         }
         Some((p, (pa, pb))) => {
             for ((gv, &xv), &pv) in g.iter_mut().zip(x).zip(p) {
-                let gm = keep_where(*gv, pa * pv + pb > 0.0);
-                *gv = k * gm + a * (mean - xv) - b;
+                *gv = dx_of(keep_where(*gv, pa * pv + pb > 0.0), xv, terms);
             }
         }
     }

@@ -146,25 +146,10 @@ fn prepare(img: &[f32], geo: &Geometry, out: &mut [f32]) {
     let (s, g, m) = (geo.s, &geo.grid, &geo.maps);
     let plane = g.hg * g.wg;
     if s.stride == 1 {
-        // Only the padding is zeroed: between one row's values and the next's (and the
-        // planes' top and bottom rows, and the slack after the last).
-        let (p, w) = (s.pad, s.width);
-        for c in 0..s.channels {
-            let base = c * plane;
-            out[base..base + p * g.wg + p].fill(0.0);
-            for (y, row) in img[c * s.height * w..][..s.height * w]
-                .chunks_exact(w)
-                .enumerate()
-            {
-                let at = base + (p + y) * g.wg + p;
-                copy_short(&mut out[at..], row);
-                let next = if y + 1 < s.height {
-                    at + g.wg
-                } else {
-                    base + plane
-                };
-                out[at + w..next].fill(0.0);
-            }
+        let rows =
+            |c: usize| img[c * s.height * s.width..][..s.height * s.width].chunks_exact(s.width);
+        for (c, plane) in out.chunks_exact_mut(plane).take(s.channels).enumerate() {
+            place_padded(plane, rows(c), (s.pad, g.wg, 1));
         }
         out[s.channels * plane..].fill(0.0);
         return;
@@ -179,6 +164,24 @@ fn prepare(img: &[f32], geo: &Geometry, out: &mut [f32]) {
             }
         }
     }
+}
+
+/// `rows` (each `w·unit` values) into `plane`, a zero-padded plane of rows `wg·unit` values
+/// wide: row `y` at padded row `pad + y`, after `pad·unit` values of left padding. Only the
+/// padding is written with zeros (each value once); `plane` is exactly the plane.
+fn place_padded<'a>(
+    plane: &mut [f32],
+    rows: impl Iterator<Item = &'a [f32]>,
+    (pad, wg, unit): (usize, usize, usize),
+) {
+    let mut end = 0;
+    for (y, row) in rows.enumerate() {
+        let at = ((pad + y) * wg + pad) * unit;
+        plane[end..at].fill(0.0);
+        copy_short(&mut plane[at..], row);
+        end = at + row.len();
+    }
+    plane[end..].fill(0.0);
 }
 
 /// The patch rows of a prepared image, as GEMM panels: `B[k, q] = img[off[k] + q]`.
@@ -571,17 +574,11 @@ fn channels_last(
         // by pixel into the phases otherwise.
         transpose((img, hw), (c, hw), &mut pixels, c);
         if s.stride == 1 {
-            xt[..(p * grid.wg + p) * c].fill(0.0);
-            for (y, row) in pixels.chunks_exact(w * c).enumerate() {
-                let at = ((p + y) * grid.wg + p) * c;
-                xt[at..at + w * c].copy_from_slice(row);
-                let next = if y + 1 < s.height {
-                    at + grid.wg * c
-                } else {
-                    pix * c
-                };
-                xt[at + w * c..next].fill(0.0);
-            }
+            place_padded(
+                &mut xt[..pix * c],
+                pixels.chunks_exact(w * c),
+                (p, grid.wg, c),
+            );
         } else {
             for (row, &at) in pixels.chunks_exact(w * c).zip(&maps.y_cl) {
                 for (px, &xa) in row.chunks_exact(c).zip(&maps.x_cl) {
