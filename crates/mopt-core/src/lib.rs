@@ -30,6 +30,7 @@
 mod data;
 mod error;
 pub mod features;
+mod ids;
 pub mod manifest;
 mod memory;
 mod model;
@@ -41,6 +42,7 @@ pub mod taps;
 pub use data::{Examples, Labeled};
 pub use error::ModelFault;
 pub use features::FeatureMaps;
+pub use ids::renumber_params;
 pub use memory::MemoryEstimate;
 pub use model::{Checkpoint, Classifier, ModelConfig};
 pub use prune::Prunable;

@@ -9,29 +9,13 @@ use burn::store::{BurnpackStore, ModuleSnapshot};
 
 use crate::ModelError;
 
-/// Renumbers parameters in traversal order: Burn draws a random id for every parameter, and
-/// burnpack stores it, so the same weights would otherwise give different files.
-#[derive(Default)]
-struct Renumber(u64);
-
-impl burn::module::ModuleMapper for Renumber {
-    fn map_float<const D: usize>(
-        &mut self,
-        param: burn::module::Param<burn::prelude::Tensor<D>>,
-    ) -> burn::module::Param<burn::prelude::Tensor<D>> {
-        self.0 += 1;
-        let (_, value, mapper) = param.consume();
-        burn::module::Param::from_mapped_value(self.0.into(), value, mapper)
-    }
-}
-
 /// Write `model`'s tensors (BatchNorm statistics included) to `path`, replacing it. The same
 /// weights give the same bytes (parameter ids are renumbered in order in the written copy).
 pub fn save_burnpack<M: Module>(model: &M, path: &Path) -> Result<(), ModelError> {
     let mut store = BurnpackStore::from_file(path)
         .auto_extension(false)
         .overwrite(true);
-    let model = model.clone().map(&mut Renumber::default());
+    let model = mopt_core::renumber_params(model.clone());
     model.save_into(&mut store).map_err(|e| ModelError::Save {
         path: path.to_path_buf(),
         message: e.to_string(),

@@ -137,6 +137,7 @@ pub struct RawTrain {
     pub log_every: Option<usize>,
     pub gradient_checkpointing: Option<bool>,
     pub max_nonfinite_steps: Option<usize>,
+    pub state_every: Option<usize>,
     pub precision: Option<String>,
     pub loss_scale_init: Option<f64>,
     pub loss_scale_growth_interval: Option<usize>,

@@ -93,6 +93,9 @@ impl Default for LossScaleSpec {
 /// `[train] max-nonfinite-steps` when the recipe leaves it out.
 pub const DEFAULT_MAX_NONFINITE_STEPS: usize = 10;
 
+/// `[train] state-every` when the recipe leaves it out.
+pub const DEFAULT_STATE_EVERY: usize = 200;
+
 /// `[train]`: optimisation.
 #[derive(Debug, Clone)]
 pub struct TrainSpec {
@@ -135,6 +138,9 @@ pub struct TrainSpec {
     /// Optimizer steps in a row with a non-finite loss or gradient (each skipped) before the
     /// run stops (fp32/bf16; fp16 backs its loss scale off instead).
     pub max_nonfinite_steps: usize,
+    /// Optimizer steps between saves of the resumable training state (weights, optimizer
+    /// moments, data position, logs' lengths); it is also saved at every epoch's end.
+    pub state_every: usize,
 }
 
 impl Default for TrainSpec {
@@ -161,6 +167,7 @@ impl Default for TrainSpec {
             precision: Precision::Fp32,
             loss_scale: None,
             max_nonfinite_steps: DEFAULT_MAX_NONFINITE_STEPS,
+            state_every: DEFAULT_STATE_EVERY,
         }
     }
 }
@@ -263,6 +270,7 @@ pub fn train_spec(cx: &Scope, t: RawTrain) -> Result<TrainSpec, RecipeError> {
             t.max_nonfinite_steps,
             DEFAULT_MAX_NONFINITE_STEPS,
         )?,
+        state_every: cx.positive("state-every", t.state_every, DEFAULT_STATE_EVERY)?,
     })
 }
 

@@ -272,6 +272,7 @@ impl Pipeline {
         let train_opts = TrainOptions {
             max_steps: opts.max_steps,
             replicas: opts.replicas.clone(),
+            resume: opts.resume,
         };
         let device = opts.device.device();
 
@@ -587,7 +588,9 @@ impl RunShared<'_> {
     ) -> Result<Finished, StageError> {
         let (recipe, opts) = (&self.pipeline.recipe, self.opts);
         let dir = self.run_dir.join(entry.dir_name());
-        if dir.exists() {
+        // Resuming, an interrupted stage keeps its folder: its training goes on from the last
+        // saved state, and what it computes before training is computed again, the same.
+        if dir.exists() && !opts.resume {
             std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
         }
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;

@@ -43,23 +43,37 @@ impl CheckpointExtras for TextExtras<'_> {
     }
 }
 
-/// Save a complete checkpoint folder atomically: write `<dir>.tmp` with a `manifest.json` of
-/// its files' sha256 (checked whenever the weights are read back), flush it to disk, then swap
-/// it in: the previous folder is renamed to `<dir>.old` first and removed last, so a crash at
-/// any moment leaves a complete checkpoint at `dir` or at `<dir>.old`.
+/// Save a complete checkpoint folder atomically (see [`write_folder`]): a crash at any moment
+/// leaves a complete checkpoint at `dir` or at `<dir>.old`, and a `manifest.json` of its files'
+/// sha256 is checked whenever the weights are read back.
 pub fn save_checkpoint_dir<C: Checkpoint>(
     model: &C,
     config: &C::Config,
     extras: &dyn CheckpointExtras,
     dir: &Path,
 ) -> Result<(), TrainError> {
-    let (tmp, old) = (dir.with_extension("tmp"), dir.with_extension("old"));
+    write_folder(dir, None, |tmp| {
+        model.save(config, tmp)?;
+        extras.write(tmp)
+    })
+}
+
+/// Write the folder `dir` atomically: `fill` writes `<dir>.tmp`, which gets a `manifest.json`
+/// of its files' sha256 and is flushed to disk, then swapped in. The folder it replaces is
+/// renamed to `previous` (kept: an older good copy to fall back on) or, without one, to
+/// `<dir>.old` and removed last.
+pub(crate) fn write_folder(
+    dir: &Path,
+    previous: Option<&Path>,
+    fill: impl FnOnce(&Path) -> Result<(), TrainError>,
+) -> Result<(), TrainError> {
+    let tmp = dir.with_extension("tmp");
+    let old = previous.map_or_else(|| dir.with_extension("old"), Path::to_path_buf);
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
     }
     std::fs::create_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
-    model.save(config, &tmp)?;
-    extras.write(&tmp)?;
+    fill(&tmp)?;
     mopt_core::manifest::write(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
     sync_folder(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
     if dir.exists() {
@@ -72,7 +86,7 @@ pub fn save_checkpoint_dir<C: Checkpoint>(
     if let Some(parent) = dir.parent() {
         let _ = std::fs::File::open(parent).and_then(|f| f.sync_all());
     }
-    if old.exists() {
+    if previous.is_none() && old.exists() {
         std::fs::remove_dir_all(&old).map_err(|e| TrainError::io(&old, e))?;
     }
     Ok(())

@@ -21,8 +21,10 @@ pub mod parallel;
 pub mod rundir;
 pub mod schedule;
 pub mod setup;
+mod state;
 pub mod step;
 mod task;
+pub mod tensorboard;
 pub mod trainer;
 
 pub use backend::DeviceSpec;

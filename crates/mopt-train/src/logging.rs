@@ -7,28 +7,82 @@ use std::path::Path;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use tensorboard_rs::summary_writer::SummaryWriter;
 
 use crate::error::TrainError;
+use crate::tensorboard::EventWriter;
 
 /// Writes every metric to `metrics.jsonl` and TensorBoard (`events/`).
 pub struct RunLogger {
     jsonl: File,
-    tb: SummaryWriter,
+    tb: EventWriter,
+}
+
+/// How far the logs had been written when a training state was saved: `metrics.jsonl`'s length
+/// and each TensorBoard event file's, so that a resumed run cuts what came after and neither
+/// duplicates nor misses a step.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LogPosition {
+    /// Bytes of `metrics.jsonl`.
+    pub metrics: u64,
+    /// Event files (names in `events/`) and their bytes.
+    pub events: Vec<(String, u64)>,
 }
 
 impl RunLogger {
     /// A writer of `metrics.jsonl` and TensorBoard events in `run_dir`.
     pub fn create(run_dir: &Path) -> Result<Self, TrainError> {
+        Self::reopen(run_dir, &LogPosition::default())
+    }
+
+    /// Continue the logs of `run_dir` from `at` (from nothing: [`create`](Self::create)): both files cut back to where they were, event
+    /// files begun since removed, new points appended (TensorBoard reads a new event file after
+    /// the old ones).
+    pub fn reopen(run_dir: &Path, at: &LogPosition) -> Result<Self, TrainError> {
         let path = run_dir.join("metrics.jsonl");
-        let jsonl = File::create(&path).map_err(|e| TrainError::io(&path, e))?;
+        let cut = |p: &Path, len: u64| -> Result<File, TrainError> {
+            let f = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(p)
+                .map_err(|e| TrainError::io(p, e))?;
+            f.set_len(len).map_err(|e| TrainError::io(p, e))?;
+            Ok(f)
+        };
+        let jsonl = cut(&path, at.metrics)?;
         let events = run_dir.join("events");
         std::fs::create_dir_all(&events).map_err(|e| TrainError::io(&events, e))?;
-        Ok(Self {
-            jsonl,
-            tb: SummaryWriter::new(&events),
-        })
+        for entry in std::fs::read_dir(&events).map_err(|e| TrainError::io(&events, e))? {
+            let p = entry.map_err(|e| TrainError::io(&events, e))?.path();
+            let name = p.file_name().map(|n| n.to_string_lossy().to_string());
+            match at.events.iter().find(|(n, _)| Some(n) == name.as_ref()) {
+                Some((_, len)) => drop(cut(&p, *len)?),
+                None => std::fs::remove_file(&p).map_err(|e| TrainError::io(&p, e))?,
+            }
+        }
+        let tb = EventWriter::create(&events).map_err(|e| TrainError::io(&events, e))?;
+        Ok(Self { jsonl, tb })
+    }
+
+    /// Flush both files and say how long they are.
+    pub fn position(&mut self, run_dir: &Path) -> Result<LogPosition, TrainError> {
+        self.flush();
+        let len = |p: &Path| {
+            std::fs::metadata(p)
+                .map(|m| m.len())
+                .map_err(|e| TrainError::io(p, e))
+        };
+        let metrics = len(&run_dir.join("metrics.jsonl"))?;
+        let dir = run_dir.join("events");
+        let mut events = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(|e| TrainError::io(&dir, e))? {
+            let p = entry.map_err(|e| TrainError::io(&dir, e))?.path();
+            let name = p.file_name().map(|n| n.to_string_lossy().to_string());
+            events.push((name.unwrap_or_default(), len(&p)?));
+        }
+        events.sort();
+        Ok(LogPosition { metrics, events })
     }
 
     /// Log `scalars` under `split/…` at `step` (TensorBoard tag `split/name`) and one JSON line
@@ -37,8 +91,13 @@ impl RunLogger {
         let mut obj = json!({ "split": split, "step": step });
         for (name, v) in scalars {
             obj[*name] = json!(v);
-            self.tb
-                .add_scalar(&format!("{split}/{name}"), *v as f32, step);
+            let written = self.tb.scalar(&format!("{split}/{name}"), *v as f32, step);
+            if let Err(e) = written {
+                eprintln!(
+                    "warning: cannot append to {}: {e}",
+                    self.tb.path().display()
+                );
+            }
         }
         if let Value::Object(m) = extra {
             for (k, v) in m {
@@ -53,7 +112,9 @@ impl RunLogger {
 
     /// Flush both files.
     pub fn flush(&mut self) {
-        self.tb.flush();
+        if let Err(e) = self.tb.flush() {
+            eprintln!("warning: cannot write {}: {e}", self.tb.path().display());
+        }
         let _ = self.jsonl.flush();
     }
 }

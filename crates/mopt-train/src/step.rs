@@ -28,6 +28,21 @@ pub struct Stepper {
     pub nonfinite_skipped: usize,
 }
 
+/// The stepper's state besides the optimizer's moments (saved with the training state).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StepperState {
+    /// Optimizer steps applied (the LR schedule's position).
+    pub applied: usize,
+    /// LR of the last applied step.
+    pub lr: f64,
+    /// Non-finite steps skipped in a row.
+    pub nonfinite_in_row: usize,
+    /// Non-finite steps skipped so far.
+    pub nonfinite_skipped: usize,
+    /// The loss scaler (fp16).
+    pub scaler: Option<LossScaler>,
+}
+
 /// What one optimizer step did.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepResult {
@@ -70,6 +85,43 @@ impl Stepper {
             nonfinite_in_row: 0,
             nonfinite_skipped: 0,
         }
+    }
+
+    /// Its state after `applied` optimizer steps (the optimizer's moments: [`save_optimizer`](Self::save_optimizer)).
+    pub fn state(&self, applied: usize) -> StepperState {
+        StepperState {
+            applied,
+            lr: self.lr,
+            nonfinite_in_row: self.nonfinite_in_row,
+            nonfinite_skipped: self.nonfinite_skipped,
+            scaler: self.scaler.clone(),
+        }
+    }
+
+    /// Write the optimizer's state (AdamW's moments and step counts, a burnpack file).
+    pub fn save_optimizer(&self, path: &std::path::Path) -> Result<(), String> {
+        self.optim.save(path).map_err(|e| e.to_string())
+    }
+
+    /// This stepper where `state` left it: the optimizer's moments read from `optimizer` and
+    /// the LR schedule advanced by the steps applied (the schedule is a pure function of them).
+    pub fn restore(
+        self,
+        state: &StepperState,
+        optimizer: &std::path::Path,
+    ) -> Result<Self, String> {
+        let mut s = Self {
+            optim: self.optim.load(optimizer).map_err(|e| e.to_string())?,
+            ..self
+        };
+        for _ in 0..state.applied {
+            s.sched.step();
+        }
+        s.lr = state.lr;
+        s.nonfinite_in_row = state.nonfinite_in_row;
+        s.nonfinite_skipped = state.nonfinite_skipped;
+        s.scaler = state.scaler.clone();
+        Ok(s)
     }
 
     /// Multiplier of the loss before `backward` (the loss scale; 1 without scaling).

@@ -23,6 +23,7 @@ use crate::logging::{Progress, RunLogger};
 use crate::memory::peak_rss_bytes;
 use crate::metrics::EvalMetrics;
 use crate::parallel::{weighted, DataParallel, ShardSettings};
+use crate::state::{EpochSums, Fingerprint, Position, WindowSums};
 use crate::step::Stepper;
 
 pub use crate::checkpoint::{save_checkpoint_dir, CheckpointExtras, Golden, NoExtras, TextExtras};
@@ -37,10 +38,13 @@ pub struct TrainOptions {
     /// Data-parallel replicas beside the main device (`[run] devices` minus the first): each
     /// micro-batch of `batch-size × (1 + replicas)` examples is split across the devices.
     pub replicas: Vec<DeviceSpec>,
+    /// Continue from the run folder's training state (`--resume`): a fit that finished returns
+    /// its report, one interrupted goes on from its last saved state.
+    pub resume: bool,
 }
 
 /// Per-epoch record in the report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct EpochRecord {
     /// Epoch (1-based).
     pub epoch: usize,
@@ -57,16 +61,16 @@ pub struct EpochRecord {
 }
 
 /// `report.json` of a fine-tuning run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct TrainReport {
     /// The run's name.
     pub run: String,
     /// The device trained on.
     pub device: String,
     /// mopt's version.
-    pub mopt_version: &'static str,
+    pub mopt_version: String,
     /// Burn's version.
-    pub burn_version: &'static str,
+    pub burn_version: String,
     /// Parameters.
     pub params: usize,
     /// Training examples.
@@ -82,7 +86,7 @@ pub struct TrainReport {
     /// Every epoch.
     pub epochs: Vec<EpochRecord>,
     /// The validation metric the best epoch is chosen by.
-    pub best_metric: &'static str,
+    pub best_metric: String,
     /// The best epoch (1-based).
     pub best_epoch: usize,
     /// Its validation metrics.
@@ -100,7 +104,7 @@ pub struct TrainReport {
     /// Whether the tokenized data came from the cache.
     pub token_cache_hit: bool,
     /// `fp32`, `bf16` or `fp16` (matrix products; weights and optimizer state stay f32).
-    pub precision: &'static str,
+    pub precision: String,
     /// fp16 only: the loss scaler's final state (scale, skipped steps).
     pub loss_scale: Option<LossScaler>,
 }
@@ -188,44 +192,37 @@ impl<E: Copy, K> Copy for RunContext<'_, E, K> {}
 
 /// Running means of the logged quantities between two log points.
 struct Window {
-    loss: f64,
-    components: Parts,
-    n: usize,
-    samples: usize,
+    sums: WindowSums,
     start: Instant,
 }
 
-impl Default for Window {
-    fn default() -> Self {
+impl Window {
+    fn new(sums: WindowSums) -> Self {
         Self {
-            loss: 0.0,
-            components: Vec::new(),
-            n: 0,
-            samples: 0,
+            sums,
             start: Instant::now(),
         }
     }
-}
 
-impl Window {
     fn add(&mut self, loss: f64, components: &[(&'static str, f64)], samples: usize) {
-        self.loss += loss;
+        let s = &mut self.sums;
+        s.loss += loss;
         for (name, v) in components {
-            match self.components.iter_mut().find(|(n, _)| n == name) {
+            match s.components.iter_mut().find(|(n, _)| n == name) {
                 Some((_, acc)) => *acc += v,
-                None => self.components.push((name, *v)),
+                None => s.components.push((name.to_string(), *v)),
             }
         }
-        self.n += 1;
-        self.samples += samples;
+        s.n += 1;
+        s.samples += samples;
     }
 
     fn mean_loss(&self) -> f64 {
-        self.loss / self.n.max(1) as f64
+        self.sums.loss / self.sums.n.max(1) as f64
     }
 
     fn samples_per_s(&self) -> f64 {
-        self.samples as f64 / self.start.elapsed().as_secs_f64().max(1e-9)
+        self.sums.samples as f64 / self.start.elapsed().as_secs_f64().max(1e-9)
     }
 }
 
@@ -362,6 +359,12 @@ struct Fit<'c, 'a, T: Task, E> {
     step: usize,
     train_time: f64,
     train_samples: usize,
+    /// What a saved state must agree with.
+    fingerprint: Fingerprint,
+    /// Wall time of the fit before this process resumed it.
+    wall_before: f64,
+    /// When this process began (or resumed) it.
+    started: Instant,
     best: Option<(usize, EvalMetrics)>,
     epochs: Vec<EpochRecord>,
 }
@@ -376,21 +379,39 @@ struct EpochEnd {
 
 type FitConfig<T> = <<T as Task>::Classifier as Checkpoint>::Config;
 
-/// Train `model` with `task` under the recipe's `[train]` settings.
+/// Train `model` with `task` under the recipe's `[train]` settings. With `ctx.opts.resume` a
+/// fit that finished in `ctx.run_dir` returns its report, and one that was interrupted goes on
+/// from its last saved training state (see `state`), to the same final bytes.
 pub fn fit<T, E>(
     ctx: &RunContext<E, FitConfig<T>>,
     task: T,
-    mut model: T::Model,
+    model: T::Model,
 ) -> Result<TrainReport, TrainError>
 where
     T: Task,
     E: Examples<Batch = BatchOf<T>> + Copy,
 {
+    if ctx.opts.resume {
+        if let Some(report) = finished(ctx.run_dir) {
+            eprintln!(
+                "{}: training finished earlier ({} steps), best checkpoint verified",
+                ctx.name, report.steps
+            );
+            return Ok(report);
+        }
+    }
     let wall = Instant::now();
-    let mut fit = Fit::new(ctx, task)?;
-    for epoch in 0..ctx.train.epochs {
+    // Ids in traversal order: the optimizer's saved state is keyed by them.
+    let model = mopt_core::renumber_params(model);
+    let (mut fit, mut model, resumed) = Fit::start(ctx, task, model)?;
+    let first = resumed.as_ref().map_or(0, |p| p.epoch);
+    let mut sums = resumed.map(|p| p.sums);
+    for epoch in first..ctx.train.epochs {
+        if ctx.opts.max_steps.is_some_and(|m| fit.step >= m) {
+            break;
+        }
         let epoch_start = Instant::now();
-        let (next, end) = fit.train_epoch(model, epoch)?;
+        let (next, end) = fit.train_epoch(model, epoch, sums.take().unwrap_or_default())?;
         model = next;
         fit.end_epoch(&model, epoch, &end, epoch_start)?;
         if end.stopped {
@@ -400,47 +421,129 @@ where
     fit.finish(wall)
 }
 
+/// The report of a fit that finished in `run_dir`, when its best checkpoint still verifies.
+fn finished(run_dir: &Path) -> Option<TrainReport> {
+    let text = std::fs::read_to_string(run_dir.join("report.json")).ok()?;
+    let report: TrainReport = serde_json::from_str(&text).ok()?;
+    let weights = report.checkpoint.join("model.bpk");
+    (weights.is_file() && mopt_core::manifest::verify(&weights).is_ok()).then_some(report)
+}
+
+/// Micro-batches an epoch, optimizer steps an epoch, optimizer steps in all.
+fn schedule<E: Examples, K>(ctx: &RunContext<E, K>) -> (usize, usize, usize) {
+    let t = ctx.train;
+    let micro_per_epoch = ctx
+        .data
+        .train
+        .len()
+        .div_ceil(t.batch_size * (1 + ctx.opts.replicas.len()));
+    let steps_per_epoch = micro_per_epoch.div_ceil(t.grad_accum_steps);
+    let mut total_steps = steps_per_epoch * t.epochs;
+    if let Some(m) = ctx.opts.max_steps {
+        total_steps = total_steps.min(m);
+    }
+    (micro_per_epoch, steps_per_epoch, total_steps)
+}
+
 impl<'c, 'a, T, E> Fit<'c, 'a, T, E>
 where
     T: Task,
     E: Examples<Batch = BatchOf<T>> + Copy,
 {
-    fn new(ctx: &'c RunContext<'a, E, FitConfig<T>>, task: T) -> Result<Self, TrainError> {
-        let t = ctx.train;
-        let ad_device = ctx.device_spec.train_device(t);
+    /// The fit, its model and, when resuming from a saved state, the position it restored.
+    fn start(
+        ctx: &'c RunContext<'a, E, FitConfig<T>>,
+        task: T,
+        model: T::Model,
+    ) -> Result<(Self, T::Model, Option<Position>), TrainError> {
+        let (micro_per_epoch, steps_per_epoch, total_steps) = schedule(ctx);
+        let stepper = Stepper::new(ctx.train, total_steps);
+        let fingerprint = Fingerprint {
+            seed: ctx.seed,
+            train_examples: ctx.data.train.len(),
+            micro_per_epoch,
+            total_steps,
+            params: ctx.config.num_params(),
+        };
+        let (model, stepper, position) = if ctx.opts.resume {
+            match crate::state::load(ctx.run_dir, model, stepper, &fingerprint)? {
+                Ok((m, s, p)) => (m, s, Some(p)),
+                Err((m, s)) => (m, s, None),
+            }
+        } else {
+            crate::state::clear(ctx.run_dir)?;
+            (model, stepper, None)
+        };
+        let logs = position
+            .as_ref()
+            .map(|p| p.logs.clone())
+            .unwrap_or_default();
+        let ad_device = ctx.device_spec.train_device(ctx.train);
         // Dropout masks (and anything else random in training) follow the run's seed.
         ad_device.seed(ctx.seed);
-        let micro_per_epoch = ctx
-            .data
-            .train
-            .len()
-            .div_ceil(t.batch_size * (1 + ctx.opts.replicas.len()));
-        let steps_per_epoch = micro_per_epoch.div_ceil(t.grad_accum_steps);
-        let mut total_steps = steps_per_epoch * t.epochs;
-        if let Some(m) = ctx.opts.max_steps {
-            total_steps = total_steps.min(m);
-        }
-        let parallel = data_parallel(&task, ctx, &ad_device)?;
-        Ok(Self {
+        let mut fit = Self {
             ctx,
+            parallel: data_parallel(&task, ctx, &ad_device)?,
             task,
-            parallel,
-            stepper: Stepper::new(t, total_steps),
-            logger: RunLogger::create(ctx.run_dir)?,
+            stepper,
+            logger: RunLogger::reopen(ctx.run_dir, &logs)?,
             device: ctx.device_spec.device(),
             ad_device,
-            compute: amp::compute_dtype(t.precision),
+            compute: amp::compute_dtype(ctx.train.precision),
             micro_per_epoch,
             steps_per_epoch,
             total_steps,
+            fingerprint,
             step: 0,
             train_time: 0.0,
             train_samples: 0,
+            wall_before: 0.0,
+            started: Instant::now(),
             best: None,
             epochs: Vec::new(),
-        })
+        };
+        if let Some(p) = &position {
+            eprintln!(
+                "{}: resuming from its training state at step {} (epoch {}, micro-batch {})",
+                ctx.name,
+                p.step,
+                p.epoch + 1,
+                p.sums.micro
+            );
+            fit.step = p.step;
+            fit.train_time = p.train_time;
+            fit.train_samples = p.train_samples;
+            fit.wall_before = p.wall_s;
+            fit.best = p.best;
+            fit.epochs = p.epochs.clone();
+        }
+        Ok((fit, model, position))
     }
 
+    /// Save the training state at an optimizer-step boundary: `epoch` in progress with `sums`
+    /// (an epoch's end: the next epoch, nothing summed yet).
+    fn save_state(
+        &mut self,
+        model: &T::Model,
+        epoch: usize,
+        sums: &EpochSums,
+    ) -> Result<(), TrainError> {
+        let run_dir = self.ctx.run_dir;
+        let position = Position {
+            fingerprint: self.fingerprint.clone(),
+            epoch,
+            sums: sums.clone(),
+            step: self.step,
+            stepper: self.stepper.state(self.step),
+            train_time: self.train_time,
+            train_samples: self.train_samples,
+            wall_s: self.wall_before + self.started.elapsed().as_secs_f64(),
+            best: self.best,
+            epochs: self.epochs.clone(),
+            logs: self.logger.position(run_dir)?,
+        };
+        crate::state::save(run_dir, model, &self.stepper, &position)
+    }
     fn best_dir(&self) -> PathBuf {
         self.ctx.run_dir.join("best")
     }
@@ -450,11 +553,13 @@ where
         self.ctx.train.batch_size * (1 + self.ctx.opts.replicas.len())
     }
 
-    /// One pass over the training split in the epoch's seeded order.
+    /// The training split's epoch `epoch` in its seeded order, from where `sums` stands (a
+    /// resumed epoch skips the micro-batches it had consumed).
     fn train_epoch(
         &mut self,
         mut model: T::Model,
         epoch: usize,
+        mut sums: EpochSums,
     ) -> Result<(T::Model, EpochEnd), TrainError> {
         let (ctx, t) = (self.ctx, self.ctx.train);
         self.task.begin_epoch(epoch + 1);
@@ -464,39 +569,41 @@ where
         let epoch_start = Instant::now();
         let order = epoch_order(ctx.data.train.len(), ctx.seed, epoch);
         let mut accum = GradientsAccumulator::new();
-        let (mut pending, mut loss_sum, mut loss_n) = (0usize, 0.0f64, 0usize);
-        let mut window = Window::default();
+        let mut pending = 0usize;
+        let mut window = Window::new(std::mem::take(&mut sums.window));
         let label = format!("epoch {}/{}", epoch + 1, t.epochs);
         let mut progress = Progress::new(&label, self.steps_per_epoch);
-        let (mut steps, mut boundaries, mut stopped) = (0usize, 0usize, false);
+        let mut stopped = false;
         // A non-finite fp16 loss skips its optimizer step instead of failing the run.
         let mut overflowed = false;
-        for (mi, chunk) in order.chunks(self.micro_size()).enumerate() {
+        let chunks = order.chunks(self.micro_size()).enumerate();
+        for (mi, chunk) in chunks.skip(sums.micro) {
             let (loss_value, components, grads) = self.micro_step(&model, chunk, epoch, mi)?;
             match grads {
                 Some(grads) => {
                     for g in grads {
                         accum.accumulate(&model, g);
                     }
-                    loss_sum += loss_value as f64;
-                    loss_n += 1;
+                    sums.loss_sum += loss_value as f64;
+                    sums.loss_n += 1;
                     window.add(loss_value as f64, &components, chunk.len());
                 }
                 None => overflowed = true,
             }
             pending += 1;
+            sums.micro = mi + 1;
             self.train_samples += chunk.len();
             if pending < t.grad_accum_steps && mi + 1 < self.micro_per_epoch {
                 continue;
             }
             pending = 0;
-            boundaries += 1;
+            sums.boundaries += 1;
             let (next, result) = self
                 .stepper
                 .step(model, accum.grads(), std::mem::take(&mut overflowed))
                 .map_err(TrainError::Failed)?;
             model = next;
-            progress.update(boundaries, &self.progress_line(&window));
+            progress.update(sums.boundaries, &self.progress_line(&window));
             if !result.applied {
                 if self.stepper.scaler.is_none() {
                     eprintln!(
@@ -508,17 +615,22 @@ where
                 continue;
             }
             self.step += 1;
-            steps += 1;
+            sums.steps += 1;
             if self.step % t.log_every == 0 || self.step == self.total_steps {
                 self.log_window(&window, result.grad_norm, epoch);
-                window = Window::default();
+                window = Window::new(WindowSums::default());
             }
             if ctx.opts.max_steps.is_some_and(|m| self.step >= m) {
                 stopped = true;
                 break;
             }
+            // Mid-epoch states (an epoch's end saves its own after validation).
+            if self.step % t.state_every == 0 && mi + 1 < self.micro_per_epoch {
+                sums.window = window.sums.clone();
+                self.save_state(&model, epoch, &sums)?;
+            }
         }
-        let train_loss = loss_sum / loss_n.max(1) as f64;
+        let train_loss = sums.loss_sum / sums.loss_n.max(1) as f64;
         if stopped {
             progress.finish(&format!("stopped at --max-steps {}", self.step));
         } else {
@@ -527,7 +639,7 @@ where
         self.train_time += epoch_start.elapsed().as_secs_f64();
         let end = EpochEnd {
             train_loss,
-            steps,
+            steps: sums.steps,
             stopped,
         };
         Ok((model, end))
@@ -543,6 +655,14 @@ where
         mi: usize,
     ) -> Result<MicroOut, TrainError> {
         let ctx = self.ctx;
+        // Every micro-batch's dropout masks follow its own seed stream (each shard's, data
+        // parallel), a function of the seed and the position alone: a resumed run draws the
+        // masks the uninterrupted one drew. Burn's own random ops read the device's RNG,
+        // reseeded from the same stream.
+        let stream = ctx.seed ^ ((epoch as u64) << 40) ^ ((mi as u64) << 8).wrapping_mul(0x9E37);
+        if self.parallel.is_none() {
+            self.ad_device.seed(stream);
+        }
         let micro = MicroBatch {
             chunk,
             examples: &ctx.data.train,
@@ -552,10 +672,7 @@ where
                 // The loss scale (fp16) and the accumulation mean.
                 multiplier: self.stepper.loss_multiplier(),
                 accum_steps: ctx.train.grad_accum_steps,
-                // Data parallel: each shard's dropout masks follow its own seed stream.
-                stream: self.parallel.is_some().then(|| {
-                    ctx.seed ^ ((epoch as u64) << 40) ^ ((mi as u64) << 8).wrapping_mul(0x9E37)
-                }),
+                stream: Some(stream),
             },
         };
         let out = micro.run(
@@ -597,8 +714,8 @@ where
             scalars.push(("loss_scale", s.scale));
             scalars.push(("skipped_steps", s.skipped_steps as f64));
         }
-        for (name, v) in &window.components {
-            scalars.push((name, v / window.n.max(1) as f64));
+        for (name, v) in &window.sums.components {
+            scalars.push((name, v / window.sums.n.max(1) as f64));
         }
         self.logger
             .log("train", self.step, &scalars, json!({ "epoch": epoch + 1 }));
@@ -656,7 +773,7 @@ where
             epoch_time_s: epoch_time,
             samples_per_s: sps,
         });
-        Ok(())
+        self.save_state(model, epoch + 1, &EpochSums::default())
     }
 
     fn log_epoch(
@@ -729,8 +846,8 @@ where
         let report = TrainReport {
             run: ctx.name.to_string(),
             device: ctx.device_spec.name().to_string(),
-            mopt_version: env!("CARGO_PKG_VERSION"),
-            burn_version: "0.22.1",
+            mopt_version: env!("CARGO_PKG_VERSION").into(),
+            burn_version: "0.22.1".into(),
             params: ctx.config.num_params(),
             train_examples: ctx.data.train.len(),
             valid_examples: ctx.data.valid.len(),
@@ -738,21 +855,26 @@ where
             labels: ctx.labels.to_vec(),
             steps: self.step,
             epochs: self.epochs,
-            best_metric: t.best_metric.name(),
+            best_metric: t.best_metric.name().into(),
             best_epoch,
             best_valid,
             test: test.metrics,
-            wall_time_s: wall.elapsed().as_secs_f64(),
+            wall_time_s: self.wall_before + wall.elapsed().as_secs_f64(),
             train_samples_per_s: self.train_samples as f64 / self.train_time.max(1e-9),
             peak_rss_bytes: peak_rss_bytes(),
             checkpoint: best_dir,
             token_cache_hit: ctx.cache_hit,
-            precision: t.precision.name(),
+            precision: t.precision.name().into(),
             loss_scale: self.stepper.scaler.clone(),
         };
+        // Written whole or not at all: a resumed run takes a fit with a report as finished.
         let path = ctx.run_dir.join("report.json");
-        std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json"))
-            .map_err(|e| TrainError::io(&path, e))?;
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(&report).expect("json"))
+            .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+            .map_err(|e| TrainError::io(&tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| TrainError::io(&path, e))?;
+        crate::state::clear(ctx.run_dir)?;
         Ok(report)
     }
 }

@@ -431,12 +431,18 @@ impl PruneStage {
         let train = cx.splits::<M::Batch>()?.train;
         let order = epoch_order(train.len(), self.seed ^ cx.seed, 0);
         let mut acc = ParamTable::default();
-        for chunk in order
+        // Dropout seeds from the stage's seeds alone, not from whatever ran before in this
+        // process: a resumed stage scores its rounds as the uninterrupted one did.
+        let stream = (self.seed ^ cx.seed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        for (i, chunk) in order
             .chunks(cx.entry.train.batch_size)
             .take(self.taylor_batches)
+            .enumerate()
         {
             let b = train.batch(chunk, ad);
-            let (loss, _) = task.loss(&model, &b, chunk, 0.0);
+            let (loss, _) = mopt_kernels::with_seed_stream(stream.wrapping_add(i as u64), || {
+                task.loss(&model, &b, chunk, 0.0)
+            });
             let grads = loss.backward();
             acc.add(&ParamTable::gradients(&model, &grads));
         }

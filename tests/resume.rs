@@ -1,0 +1,389 @@
+//! Exact resume: the real binary, killed with SIGKILL at random moments (and right after states
+//! of the distillation twin, a pruning round and QAT were saved) of tiny runs that hold every
+//! stage kind, and resumed until it finishes, ends with the bytes, metrics and TensorBoard
+//! points of the same run never interrupted. Set `MOPT_KILL_SEED` to replay a failure's kills.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use common::{read_json, write_tiny_recipe};
+
+/// The tiny recipe with a state saved after every optimizer step, then `stages`.
+fn chain_recipe(dir: &Path, name: &str, stages: &str) -> PathBuf {
+    let p = write_tiny_recipe(dir, name, "state-every = 1");
+    let text = std::fs::read_to_string(&p).unwrap()
+        + "\n[evaluation]\nlatency-warmup = 1\nlatency-runs = 2\nlatency-seq-len = 16\nanalysis = false\n\n"
+        + stages;
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+const TRAINING_CHAIN: &str = "[[stage]]\nkind = \"finetune\"\n\n\
+[[stage]]\nkind = \"distill\"\nalpha = 0.5\ntemperature = 2.0\nbaseline = true\n[stage.student]\nconfig = \"{cfg}\"\ninit-from-teacher-layers = [0, 1]\n\n\
+[[stage]]\nkind = \"prune\"\ncriterion = \"taylor\"\ntarget = 0.5\nstep = 0.25\nffn-multiple = 4\n[stage.train]\nepochs = 1\n\n\
+[[stage]]\nkind = \"qat\"\ncalibration-samples = 32\n[stage.train]\nepochs = 1\nlr = 1e-4\n\n\
+[[stage]]\nkind = \"export\"\nsamples = 40\nreference = \"finetune\"\n";
+
+const PTQ_CHAIN: &str = "[[stage]]\nkind = \"finetune\"\n[stage.train]\nepochs = 1\n\n\
+[[stage]]\nkind = \"ptq\"\nobserver = \"percentile\"\npercentile = 99.9\ncalibration-samples = 32\nmax-fallback = 2\n\n\
+[[stage]]\nkind = \"export\"\nsamples = 40\n";
+
+/// When to kill a run.
+#[derive(Debug, Clone)]
+enum Kill {
+    /// After this long.
+    After(Duration),
+    /// This long after this file (in the run folder) is written by the run being watched.
+    When(&'static str, Duration),
+}
+
+/// SplitMix64 over a seed: the kill moments.
+struct Rng(u64);
+
+impl Rng {
+    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        lo + (hi - lo) * (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn kill_seed() -> u64 {
+    std::env::var("MOPT_KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
+}
+
+/// Run `recipe` (`--no-reuse`: every stage computed here) with `extra` flags, stderr appended to
+/// `log`; kill it at `kill`. True when it finished (successfully) before the kill.
+fn run(recipe: &Path, run_dir: &Path, extra: &[&str], kill: Option<&Kill>, log: &Path) -> bool {
+    let err = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let started = SystemTime::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mopt-train"))
+        .arg(recipe)
+        .arg("--no-reuse")
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(err)
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    // When the watched file was first seen written by this run.
+    let mut seen: Option<Instant> = None;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            assert!(status.success(), "the run failed: {text}");
+            return true;
+        }
+        let due = match kill {
+            None => false,
+            Some(Kill::After(d)) => t0.elapsed() >= *d,
+            Some(Kill::When(file, d)) => {
+                let written = std::fs::metadata(run_dir.join(file))
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|m| m > started);
+                if written && seen.is_none() {
+                    seen = Some(Instant::now());
+                }
+                seen.is_some_and(|s| s.elapsed() >= *d)
+            }
+        };
+        assert!(
+            t0.elapsed() < Duration::from_secs(600),
+            "the run never ended"
+        );
+        if due {
+            child.kill().unwrap(); // SIGKILL
+            child.wait().unwrap();
+            let mut f = std::fs::OpenOptions::new().append(true).open(log).unwrap();
+            std::io::Write::write_all(&mut f, format!("--- killed: {kill:?}\n").as_bytes())
+                .unwrap();
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Kill `recipe`'s run at each of `kills` in turn (resuming after each), then let it finish.
+fn killed_run(recipe: &Path, run_dir: &Path, kills: &[Kill], log: &Path) {
+    let mut first = true;
+    for k in kills {
+        let flags: &[&str] = if first { &[] } else { &["--resume"] };
+        first = false;
+        if run(recipe, run_dir, flags, Some(k), log) {
+            return;
+        }
+    }
+    let flags: &[&str] = if first { &[] } else { &["--resume"] };
+    run(recipe, run_dir, flags, None, log);
+}
+
+fn files_named(dir: &Path, name: &str, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            files_named(&p, name, out);
+        } else if p.file_name().is_some_and(|n| n == name) {
+            out.push(p);
+        }
+    }
+}
+
+/// Keys that time the run rather than compute it.
+const TIMING: [&str; 4] = ["samples_per_s", "time_s", "peak_rss_mb", "wall_time_s"];
+
+/// A metrics.jsonl without its timing fields.
+fn metrics(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            for k in TIMING {
+                v.as_object_mut().unwrap().remove(k);
+            }
+            v
+        })
+        .collect()
+}
+
+/// Every TensorBoard scalar (but timings) of each events folder, as TensorBoard reads them:
+/// `{folder: {tag: [[step, value], …]}}`.
+fn tensorboard(dirs: &[PathBuf]) -> serde_json::Value {
+    let script = r#"
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+out = {}
+for d in sys.argv[1:]:
+    acc = EventAccumulator(d); acc.Reload()
+    out[d] = {t: [[e.step, e.value] for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]
+              if not any(t.endswith(k) for k in ("samples_per_s", "time_s", "peak_rss_mb"))}
+print(json.dumps(out))
+"#;
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(dirs)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "TensorBoard could not read the events (pip install -r requirements-test.txt): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The killed run `b` against the uninterrupted run `a`: the same bytes in every checkpoint and
+/// ONNX file, the same metrics lines and TensorBoard points (each step once), the same report.
+fn assert_same_runs(a: &Path, b: &Path, log: &Path, (min_files, min_logs): (usize, usize)) {
+    let why = || std::fs::read_to_string(log).unwrap_or_default();
+    let mut compared = 0;
+    for name in ["model.bpk", "config.json", "model.onnx"] {
+        let mut files = Vec::new();
+        files_named(a, name, &mut files);
+        for f in files {
+            let rel = f.strip_prefix(a).unwrap();
+            let other = std::fs::read(b.join(rel))
+                .unwrap_or_else(|e| panic!("{}: {e}\n{}", b.join(rel).display(), why()));
+            assert!(
+                std::fs::read(&f).unwrap() == other,
+                "{} differs after the kills\n{}",
+                rel.display(),
+                why()
+            );
+            compared += 1;
+        }
+    }
+    assert!(compared >= min_files, "only {compared} files compared");
+    let mut logs = Vec::new();
+    files_named(a, "metrics.jsonl", &mut logs);
+    assert!(logs.len() >= min_logs, "{logs:?}");
+    let mut events = Vec::new();
+    for f in &logs {
+        let rel = f.strip_prefix(a).unwrap();
+        assert_eq!(
+            metrics(f),
+            metrics(&b.join(rel)),
+            "{} differs after the kills\n{}",
+            rel.display(),
+            why()
+        );
+        let dir = f.parent().unwrap().join("events");
+        events.push(dir.clone());
+        events.push(b.join(dir.strip_prefix(a).unwrap()));
+    }
+    let tb = tensorboard(&events);
+    for pair in events.chunks(2) {
+        let (x, y) = (
+            &tb[pair[0].to_str().unwrap()],
+            &tb[pair[1].to_str().unwrap()],
+        );
+        assert!(!x.as_object().unwrap().is_empty());
+        assert_eq!(
+            x,
+            y,
+            "{} vs {}\n{}",
+            pair[0].display(),
+            pair[1].display(),
+            why()
+        );
+    }
+    let stages = |r: &Path| -> Vec<(serde_json::Value, serde_json::Value, serde_json::Value)> {
+        read_json(&r.join("report.json"))["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["model"]["valid"].clone(),
+                    s["model"]["test"].clone(),
+                    s["steps"].clone(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(stages(a), stages(b), "{}", why());
+}
+
+/// Both runs of one chain: uninterrupted into `runs/<name>`, killed into `runs/<name>-killed`.
+fn check_chain(
+    tmp: &Path,
+    (name, stages): (&str, &str),
+    kills: impl Fn(Duration) -> Vec<Kill>,
+    min: (usize, usize),
+) {
+    let cfg = common::write_tiny_config(tmp);
+    let stages = stages.replace("{cfg}", cfg.to_str().unwrap());
+    let whole = chain_recipe(tmp, name, &stages);
+    let killed_name = format!("{name}-killed");
+    let killed = chain_recipe(tmp, &killed_name, &stages);
+    let (a, b) = (
+        tmp.join("runs").join(name),
+        tmp.join("runs").join(&killed_name),
+    );
+    let log = tmp.join(format!("{name}.log"));
+    let t0 = Instant::now();
+    run(
+        &whole,
+        &a,
+        &[],
+        None,
+        &tmp.join(format!("{name}-whole.log")),
+    );
+    let kills = kills(t0.elapsed());
+    killed_run(&killed, &b, &kills, &log);
+    let text = std::fs::read_to_string(&log).unwrap();
+    eprintln!("{name}: kills {kills:?}");
+    assert!(text.contains("--- killed"), "no kill landed: {text}");
+    assert_same_runs(&a, &b, &log, min);
+}
+
+#[test]
+fn killed_training_stages_resume_to_the_same_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let seed = kill_seed();
+    eprintln!("MOPT_KILL_SEED={seed}");
+    let chain = ("chain", TRAINING_CHAIN);
+    check_chain(
+        tmp.path(),
+        chain,
+        |whole| {
+            let mut rng = Rng(seed);
+            let mut ms = |hi: f64| Duration::from_secs_f64(rng.uniform(0.0, hi));
+            // In stage order, each a random moment after a state of that fit was written, then
+            // anywhere.
+            let mut kills = vec![
+                Kill::When("02-distill/twin/state/position.json", ms(0.2)),
+                Kill::When("03-prune/round-2/state/position.json", ms(0.1)),
+                Kill::When("04-qat/state/position.json", ms(0.1)),
+            ];
+            for _ in 0..3 {
+                kills.push(Kill::After(whole.mul_f64(ms(0.5).as_secs_f64())));
+            }
+            kills
+        },
+        (20, 6),
+    );
+    let log = std::fs::read_to_string(tmp.path().join("chain.log")).unwrap();
+    // The watched kills landed inside training: those fits went on from their saved states.
+    for stage in ["distill", "prune", "qat"] {
+        let resumed = log
+            .lines()
+            .any(|l| l.starts_with(stage) && l.contains("resuming from its training state"));
+        assert!(resumed, "{stage} never resumed from a state: {log}");
+    }
+}
+
+#[test]
+fn killed_ptq_and_export_stages_resume_to_the_same_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let seed = kill_seed();
+    eprintln!("MOPT_KILL_SEED={seed}");
+    let kills = |whole: Duration| {
+        let mut rng = Rng(seed ^ 1);
+        (0..4)
+            .map(|_| Kill::After(whole.mul_f64(rng.uniform(0.2, 0.8))))
+            .collect()
+    };
+    check_chain(tmp.path(), ("ptq", PTQ_CHAIN), kills, (6, 1));
+}
+
+/// A corrupted training state is named and passed over for the one before it, and the run still
+/// ends with the uninterrupted run's bytes.
+#[test]
+fn a_corrupt_training_state_is_named_and_the_previous_one_used() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stages = "[[stage]]\nkind = \"finetune\"\n[stage.train]\nepochs = 3\n";
+    let whole = chain_recipe(tmp.path(), "whole", stages);
+    let cut = chain_recipe(tmp.path(), "cut", stages);
+    let (a, b) = (tmp.path().join("runs/whole"), tmp.path().join("runs/cut"));
+    let log = tmp.path().join("cut.log");
+    run(&whole, &a, &[], None, &tmp.path().join("whole.log"));
+    // Killed once two states are on disk.
+    let when = Kill::When("01-finetune/state.prev/position.json", Duration::ZERO);
+    assert!(
+        !run(&cut, &b, &[], Some(&when), &log),
+        "finished before the kill"
+    );
+    let state = b.join("01-finetune/state");
+    let weights = state.join("model.bpk");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 0x40;
+    std::fs::write(&weights, bytes).unwrap();
+    run(&cut, &b, &["--resume"], None, &log);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(&format!("training state {} not used", state.display()))
+            && text.contains(&format!("{} is corrupt", weights.display())),
+        "{text}"
+    );
+    assert!(
+        text.contains("resuming from its training state at step"),
+        "{text}"
+    );
+    assert_same_runs(&a, &b, &log, (4, 1));
+    assert!(
+        !b.join("01-finetune/state").exists() && !b.join("01-finetune/state.prev").exists(),
+        "a finished fit removes its states"
+    );
+}
