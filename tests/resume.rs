@@ -387,3 +387,172 @@ fn a_corrupt_training_state_is_named_and_the_previous_one_used() {
         "a finished fit removes its states"
     );
 }
+
+/// Whether this process runs as root (which writes through file permissions).
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}
+
+/// The binary on `args`, without the capabilities that let root write through permissions.
+fn mopt_unprivileged(args: &[&str]) -> std::process::Output {
+    let bin = env!("CARGO_BIN_EXE_mopt-train");
+    let mut cmd = if is_root() {
+        let mut c = Command::new("setpriv");
+        c.args([
+            "--bounding-set=-dac_override,-dac_read_search,-fowner",
+            "--",
+            bin,
+        ]);
+        c
+    } else {
+        Command::new(bin)
+    };
+    cmd.args(args)
+        .output()
+        .expect("run mopt-train (and setpriv when root)")
+}
+
+/// Every file under `dir` with its bytes.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.clone(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn set_writable(dir: &Path, writable: bool) {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |is_dir: bool| match (is_dir, writable) {
+        (true, true) => 0o755,
+        (true, false) => 0o555,
+        (false, true) => 0o644,
+        (false, false) => 0o444,
+    };
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode(true))).unwrap();
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode(false))).unwrap();
+            }
+        }
+    }
+}
+
+/// A read-only output folder: a new run is refused with the folder named and nothing made; a
+/// killed run resumed into a read-only run folder fails naming the file it could not write and
+/// changes nothing, and once writable again it resumes to the uninterrupted run's bytes.
+#[test]
+fn a_read_only_output_folder_fails_cleanly_and_loses_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stages = "[[stage]]\nkind = \"finetune\"\n[stage.train]\nepochs = 3\n";
+    let whole = chain_recipe(tmp.path(), "whole", stages);
+    let cut = chain_recipe(tmp.path(), "cut", stages);
+    let (a, b) = (tmp.path().join("runs/whole"), tmp.path().join("runs/cut"));
+    run(&whole, &a, &[], None, &tmp.path().join("whole.log"));
+
+    // A fresh run into a read-only output folder.
+    let runs = tmp.path().join("runs");
+    set_writable(&runs, false);
+    let out = mopt_unprivileged(&[cut.to_str().unwrap(), "--no-reuse"]);
+    set_writable(&runs, true);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(matches!(out.status.code(), Some(1 | 2)), "{err}");
+    assert!(
+        err.contains(&b.display().to_string()) && err.contains("ermission denied"),
+        "{err}"
+    );
+    assert!(!b.exists(), "nothing made");
+
+    // Killed inside its training, then resumed into a read-only run folder.
+    let log = tmp.path().join("cut.log");
+    let when = Kill::When("01-finetune/state/position.json", Duration::from_millis(30));
+    assert!(
+        !run(&cut, &b, &[], Some(&when), &log),
+        "finished before the kill"
+    );
+    let before = snapshot(&b);
+    set_writable(&b, false);
+    let out = mopt_unprivileged(&[cut.to_str().unwrap(), "--no-reuse", "--resume"]);
+    set_writable(&b, true);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(matches!(out.status.code(), Some(1 | 2)), "{err}");
+    assert!(
+        err.contains(&b.display().to_string()) && err.contains("ermission denied"),
+        "{err}"
+    );
+    assert!(
+        snapshot(&b) == before,
+        "the read-only run folder changed: {err}"
+    );
+    run(&cut, &b, &["--resume"], None, &log);
+    assert_same_runs(&a, &b, &log, (4, 1));
+}
+
+/// A write that fails mid-file (a full disk, simulated by a file-size limit: a file cannot grow
+/// past 2 MiB, so the next checkpoint or state cannot be written) stops the run with an error
+/// naming the file and the fix; the last good state and checkpoints stay as they were, and a
+/// resume once there is room ends with the uninterrupted run's bytes.
+#[test]
+fn a_failed_write_keeps_the_last_good_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stages = "[[stage]]\nkind = \"finetune\"\n[stage.train]\nepochs = 3\n";
+    let whole = chain_recipe(tmp.path(), "whole", stages);
+    let cut = chain_recipe(tmp.path(), "cut", stages);
+    let (a, b) = (tmp.path().join("runs/whole"), tmp.path().join("runs/cut"));
+    run(&whole, &a, &[], None, &tmp.path().join("whole.log"));
+    let log = tmp.path().join("cut.log");
+    let when = Kill::When("01-finetune/state.prev/position.json", Duration::ZERO);
+    assert!(
+        !run(&cut, &b, &[], Some(&when), &log),
+        "finished before the kill"
+    );
+    let stage = b.join("01-finetune");
+    let kept = |d: &Path| {
+        snapshot(&d.join("state"))
+            .into_iter()
+            .chain(snapshot(&d.join("state.prev")))
+    };
+    let before: Vec<_> = kept(&stage).collect();
+    // SIGXFSZ ignored (kept across exec): a write past the limit fails with EFBIG instead.
+    let script = format!(
+        "trap '' XFSZ; ulimit -f 2048; exec '{}' '{}' --no-reuse --resume",
+        env!("CARGO_BIN_EXE_mopt-train"),
+        cut.display()
+    );
+    let out = Command::new("bash").args(["-c", &script]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the disk is full") && err.contains("--resume"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&stage.display().to_string()),
+        "names the file: {err}"
+    );
+    let after: Vec<_> = kept(&stage).collect();
+    assert!(before == after, "the saved states changed: {err}");
+    assert!(
+        !stage.join("state.tmp").exists(),
+        "no half-written state left"
+    );
+    run(&cut, &b, &["--resume"], None, &log);
+    assert_same_runs(&a, &b, &log, (4, 1));
+}

@@ -73,9 +73,14 @@ pub(crate) fn write_folder(
         std::fs::remove_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
     }
     std::fs::create_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
-    fill(&tmp)?;
-    mopt_core::manifest::write(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
-    sync_folder(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
+    let written = fill(&tmp)
+        .and_then(|()| mopt_core::manifest::write(&tmp).map_err(|e| TrainError::io(&tmp, e)))
+        .and_then(|()| sync_folder(&tmp).map_err(|e| TrainError::io(&tmp, e)));
+    if let Err(e) = written {
+        // A full disk or a failed write: the half-written folder goes, the one in place stays.
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
     if dir.exists() {
         if old.exists() {
             std::fs::remove_dir_all(&old).map_err(|e| TrainError::io(&old, e))?;

@@ -104,7 +104,7 @@ pub(crate) fn save<M: Module>(
 }
 
 fn failed(path: &Path, e: impl std::fmt::Display) -> TrainError {
-    TrainError::Failed(format!("{}: {e}", path.display()))
+    TrainError::from_message(path, &e.to_string())
 }
 
 /// A state restored: the model, the stepper and the position.
