@@ -32,6 +32,111 @@ const PTQ_CHAIN: &str = "[[stage]]\nkind = \"finetune\"\n[stage.train]\nepochs =
 [[stage]]\nkind = \"ptq\"\nobserver = \"percentile\"\npercentile = 99.9\ncalibration-samples = 32\nmax-fallback = 2\n\n\
 [[stage]]\nkind = \"export\"\nsamples = 40\n";
 
+/// A writer of the tiny text recipe with `stages` (`{cfg}`: the tiny BERT config).
+fn text_recipe(stages: &'static str) -> impl Fn(&Path, &str) -> PathBuf {
+    move |dir, name| {
+        let cfg = common::write_tiny_config(dir);
+        chain_recipe(dir, name, &stages.replace("{cfg}", cfg.to_str().unwrap()))
+    }
+}
+
+/// The image chain: a tiny ResNet on the 8×8 digits with random crops and flips, fine-tuned,
+/// distilled into a smaller ResNet (teacher live, beside its twin), pruned in two rounds,
+/// trained with fake-quant and exported.
+fn image_recipe(dir: &Path, name: &str) -> PathBuf {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/data/digits/digits.csv.gz");
+    assert!(data.is_file(), "run `datasets/fetch.sh --small` first");
+    let shape = |file: &str, json: &str| {
+        let p = dir.join(file);
+        std::fs::write(&p, json).unwrap();
+        p
+    };
+    let teacher = shape(
+        "resnet.json",
+        r#"{"channels": 1, "image_size": 8, "stages": [{"width": 8, "blocks": [8]}, {"width": 16, "blocks": [16]}]}"#,
+    );
+    let student = shape(
+        "student.json",
+        r#"{"channels": 1, "image_size": 8, "stages": [{"width": 4, "blocks": [4]}, {"width": 8, "blocks": [4]}]}"#,
+    );
+    let text = format!(
+        r#"[run]
+name = "{name}"
+output-dir = "{out}"
+seed = 7
+
+[model]
+arch = "resnet"
+config = "{teacher}"
+
+[data]
+format = "pixels-csv"
+path = "{data}"
+pixel-max = 16
+valid-fraction = 0.1
+test-fraction = 0.2
+
+[data.augment]
+crop = 1
+flip = true
+
+[train]
+epochs = 2
+batch-size = 64
+lr = 3e-3
+state-every = 1
+
+[evaluation]
+golden-samples = 64
+latency-runs = 0
+
+[[stage]]
+kind = "finetune"
+
+[[stage]]
+kind = "distill"
+name = "student"
+alpha = 0.5
+baseline = true
+[stage.student]
+arch = "resnet"
+config = "{student}"
+
+[[stage]]
+kind = "prune"
+targets = ["channels"]
+criterion = "taylor"
+target = 0.5
+step = 0.25
+taylor-batches = 2
+hidden-multiple = 2
+distill = false
+[stage.train]
+epochs = 1
+
+[[stage]]
+kind = "qat"
+calibration-samples = 64
+distill = false
+[stage.train]
+epochs = 1
+lr = 1e-4
+
+[[stage]]
+kind = "export"
+samples = 32
+latency-runs = 0
+"#,
+        out = dir.join("runs").display(),
+        teacher = teacher.display(),
+        student = student.display(),
+        data = data.display(),
+    );
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
 /// When to kill a run.
 #[derive(Debug, Clone)]
 enum Kill {
@@ -264,18 +369,17 @@ fn assert_same_runs(a: &Path, b: &Path, log: &Path, (min_files, min_logs): (usiz
     assert_eq!(stages(a), stages(b), "{}", why());
 }
 
-/// Both runs of one chain: uninterrupted into `runs/<name>`, killed into `runs/<name>-killed`.
+/// Both runs of one chain, the recipe written by `recipe(dir, run name)`: uninterrupted into
+/// `runs/<name>`, killed into `runs/<name>-killed`.
 fn check_chain(
     tmp: &Path,
-    (name, stages): (&str, &str),
+    (name, recipe): (&str, &dyn Fn(&Path, &str) -> PathBuf),
     kills: impl Fn(Duration) -> Vec<Kill>,
     min: (usize, usize),
 ) {
-    let cfg = common::write_tiny_config(tmp);
-    let stages = stages.replace("{cfg}", cfg.to_str().unwrap());
-    let whole = chain_recipe(tmp, name, &stages);
+    let whole = recipe(tmp, name);
     let killed_name = format!("{name}-killed");
-    let killed = chain_recipe(tmp, &killed_name, &stages);
+    let killed = recipe(tmp, &killed_name);
     let (a, b) = (
         tmp.join("runs").join(name),
         tmp.join("runs").join(&killed_name),
@@ -302,7 +406,8 @@ fn killed_training_stages_resume_to_the_same_bytes() {
     let tmp = tempfile::tempdir().unwrap();
     let seed = kill_seed();
     eprintln!("MOPT_KILL_SEED={seed}");
-    let chain = ("chain", TRAINING_CHAIN);
+    let recipe = text_recipe(TRAINING_CHAIN);
+    let chain: (&str, &dyn Fn(&Path, &str) -> PathBuf) = ("chain", &recipe);
     check_chain(
         tmp.path(),
         chain,
@@ -344,7 +449,26 @@ fn killed_ptq_and_export_stages_resume_to_the_same_bytes() {
             .map(|_| Kill::After(whole.mul_f64(rng.uniform(0.2, 0.8))))
             .collect()
     };
-    check_chain(tmp.path(), ("ptq", PTQ_CHAIN), kills, (6, 1));
+    check_chain(tmp.path(), ("ptq", &text_recipe(PTQ_CHAIN)), kills, (6, 1));
+}
+
+#[test]
+fn killed_image_stages_resume_to_the_same_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let seed = kill_seed();
+    eprintln!("MOPT_KILL_SEED={seed}");
+    let kills = |whole: Duration| {
+        let mut rng = Rng(seed ^ 2);
+        let mut kills = vec![Kill::When(
+            "02-student/twin/state/position.json",
+            Duration::from_secs_f64(rng.uniform(0.0, 0.2)),
+        )];
+        for _ in 0..4 {
+            kills.push(Kill::After(whole.mul_f64(rng.uniform(0.05, 0.5))));
+        }
+        kills
+    };
+    check_chain(tmp.path(), ("image", &image_recipe), kills, (16, 6));
 }
 
 /// A corrupted training state is named and passed over for the one before it, and the run still

@@ -1,9 +1,29 @@
-//! Parameter ids in traversal order. Burn draws a random id for every parameter, keys optimizer
-//! state and gradients by it, and burnpack files store it: renumbered, the same weights give the
-//! same file, and a model read back from one has the ids its optimizer state was saved under.
+//! Parameter ids. Burn draws a random id for every parameter (and BatchNorm running statistic)
+//! and keys optimizer state and gradients by it. A model renumbered in traversal order has the
+//! same ids in every process, so optimizer state saved by one matches the model of the next;
+//! files are written without ids ([`WithoutIds`]), so the same weights give the same bytes and a
+//! model read back keeps the ids it had.
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::prelude::Tensor;
+use burn::store::burn_pack::Tensor as PackTensor;
+use burn::store::{ModuleAdapter, ModuleContext};
+
+/// A store adapter that writes tensors without their parameter ids (running statistics keep a
+/// random id that no mapper can change; a file with ids would differ run to run).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WithoutIds;
+
+impl ModuleAdapter for WithoutIds {
+    fn adapt(&self, mut tensor: PackTensor, _ctx: ModuleContext<'_>) -> PackTensor {
+        tensor.param_id = None;
+        tensor
+    }
+
+    fn clone_box(&self) -> Box<dyn ModuleAdapter> {
+        Box::new(*self)
+    }
+}
 
 struct Renumber(u64);
 

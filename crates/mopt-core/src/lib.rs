@@ -42,7 +42,7 @@ pub mod taps;
 pub use data::{Examples, Labeled};
 pub use error::ModelFault;
 pub use features::FeatureMaps;
-pub use ids::renumber_params;
+pub use ids::{renumber_params, WithoutIds};
 pub use memory::MemoryEstimate;
 pub use model::{Checkpoint, Classifier, ModelConfig};
 pub use prune::Prunable;

@@ -10,12 +10,12 @@ use burn::store::{BurnpackStore, ModuleSnapshot};
 use crate::ModelError;
 
 /// Write `model`'s tensors (BatchNorm statistics included) to `path`, replacing it. The same
-/// weights give the same bytes (parameter ids are renumbered in order in the written copy).
+/// weights give the same bytes (no parameter ids are written: see [`mopt_core::WithoutIds`]).
 pub fn save_burnpack<M: Module>(model: &M, path: &Path) -> Result<(), ModelError> {
     let mut store = BurnpackStore::from_file(path)
         .auto_extension(false)
-        .overwrite(true);
-    let model = mopt_core::renumber_params(model.clone());
+        .overwrite(true)
+        .with_to_adapter(mopt_core::WithoutIds);
     model.save_into(&mut store).map_err(|e| ModelError::Save {
         path: path.to_path_buf(),
         message: e.to_string(),

@@ -89,8 +89,13 @@ pub(crate) fn save<M: Module>(
     let previous = run_dir.join(PREVIOUS);
     write_folder(&run_dir.join(STATE), Some(&previous), |tmp| {
         let weights = tmp.join("model.bpk");
-        let mut store = BurnpackStore::from_file(&weights).auto_extension(false);
-        mopt_core::renumber_params(model.clone())
+        let mut store = BurnpackStore::from_file(&weights)
+            .auto_extension(false)
+            .with_to_adapter(mopt_core::WithoutIds);
+        // `valid()` first: BatchNorm's running statistics hold their latest update per thread
+        // until they are synced.
+        model
+            .valid()
             .save_into(&mut store)
             .map_err(|e| failed(&weights, e))?;
         let optimizer = tmp.join("optimizer.bpk");
