@@ -2,8 +2,8 @@
 //! read) for every training example, computed once and stored on disk, keyed by the teacher
 //! checkpoint, the token ids and the features. Any change to them gives a new key.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,9 +13,8 @@ use mopt_core::{Tapped, Taps};
 use mopt_data::{Batcher, Encoded, TextBatch};
 use sha2::{Digest, Sha256};
 
+use crate::cache_file::{self, CacheFile, Header};
 use crate::matching::{TeacherBatch, TeacherNeeds};
-
-const MAGIC: &[u8; 8] = b"MOPTTC2\n";
 
 /// Teacher features of one example, unpadded (`len` tokens).
 #[derive(Debug, Clone, PartialEq)]
@@ -38,7 +37,7 @@ pub struct TeacherCache {
     hidden_size: usize,
     /// Heads of each needed attention layer (1-based layer → heads).
     heads: BTreeMap<usize, usize>,
-    examples: Arc<Vec<ExampleOutputs>>,
+    store: Store,
     /// Loaded from disk rather than computed.
     pub hit: bool,
     /// Seconds spent in teacher forward passes (0 on a hit).
@@ -47,6 +46,13 @@ pub struct TeacherCache {
     pub teacher_forwards: usize,
     /// The cache file read or written, if any.
     pub file: Option<PathBuf>,
+}
+
+/// Where the outputs are: just computed, in memory; or in the cache file, read per batch.
+#[derive(Clone)]
+enum Store {
+    Memory(Arc<Vec<ExampleOutputs>>),
+    File(Arc<CacheFile>),
 }
 
 /// Cache key of a teacher checkpoint folder, the examples and the features.
@@ -115,11 +121,11 @@ pub fn compute<M: Tapped<Batch = TextBatch>>(
         num_labels: shapes.num_labels,
         hidden_size: shapes.hidden_size,
         heads: shapes.heads,
-        examples: Arc::new(
+        store: Store::Memory(Arc::new(
             out.into_iter()
                 .map(|e| e.expect("every example computed"))
                 .collect(),
-        ),
+        )),
         hit: false,
         build_s: start.elapsed().as_secs_f64(),
         teacher_forwards: examples.len(),
@@ -200,177 +206,54 @@ fn split_batch(
         .collect()
 }
 
-fn put_f32s(w: &mut impl Write, v: &[f32]) -> std::io::Result<()> {
-    w.write_all(&(v.len() as u64).to_le_bytes())?;
-    for x in v {
-        w.write_all(&x.to_le_bytes())?;
-    }
-    Ok(())
-}
-
-fn get_u64(r: &mut impl Read) -> std::io::Result<u64> {
-    let mut b = [0u8; 8];
-    r.read_exact(&mut b)?;
-    Ok(u64::from_le_bytes(b))
-}
-
-/// A length-prefixed array of f32, refused when it claims more than the `limit` bytes the
-/// file holds (a damaged length must not ask for an absurd allocation).
-fn get_f32s(r: &mut impl Read, limit: u64) -> std::io::Result<Vec<f32>> {
-    let n = get_u64(r)?;
-    if n.saturating_mul(4) > limit {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "an array longer than the file",
-        ));
-    }
-    let mut bytes = vec![0u8; n as usize * 4];
-    r.read_exact(&mut bytes)?;
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
-}
-
-/// A writer or reader that hashes what passes through it (the cache's sha256 trailer).
-struct Hashing<T> {
-    inner: T,
-    sha: Sha256,
-}
-
-impl<R: Read> Read for Hashing<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.sha.update(&buf[..n]);
-        Ok(n)
-    }
-}
-
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.sha.update(&buf[..n]);
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
+impl ExampleOutputs {
+    /// The features as the cache file stores them: hidden states, attentions, scores.
+    fn record(&self) -> Vec<f32> {
+        let parts = self
+            .hidden
+            .iter()
+            .chain(&self.attentions)
+            .chain(&self.scores);
+        parts.flatten().copied().collect()
     }
 }
 
 impl TeacherCache {
-    /// Write the cache atomically (temporary file, then rename), with a sha256 trailer over
-    /// everything before it.
+    /// Write the cache as safetensors (see [`crate::cache_file`]), atomically.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        // A per-process temporary name: concurrent runs never write the same file.
-        let tmp = path.with_extension(format!("{}.part", std::process::id()));
-        {
-            let mut w = Hashing {
-                inner: BufWriter::new(std::fs::File::create(&tmp)?),
-                sha: Sha256::new(),
-            };
-            w.write_all(MAGIC)?;
-            let header = serde_json::json!({
-                "num_labels": self.num_labels,
-                "hidden_size": self.hidden_size,
-                "heads": self.heads.iter().map(|(k, v)| (k.to_string(), v)).collect::<BTreeMap<_, _>>(),
-                "examples": self.examples.len(),
-                "counts": [self.needs.hidden.len(), self.needs.attentions.len(), self.needs.scores.len()],
-            });
-            let hb = serde_json::to_vec(&header).expect("json");
-            w.write_all(&(hb.len() as u64).to_le_bytes())?;
-            w.write_all(&hb)?;
-            for e in self.examples.iter() {
-                w.write_all(&(e.len as u64).to_le_bytes())?;
-                put_f32s(&mut w, &e.logits)?;
-                for v in e.hidden.iter().chain(&e.attentions).chain(&e.scores) {
-                    put_f32s(&mut w, v)?;
-                }
-            }
-            let sum = w.sha.finalize();
-            w.inner.write_all(&sum)?;
-            w.inner.flush()?;
-        }
-        std::fs::rename(&tmp, path)
+        let n = self.len();
+        let lengths: Vec<usize> = (0..n).map(|i| self.example(i).len).collect();
+        let logits: Vec<f32> = (0..n)
+            .flat_map(|i| self.example(i).logits.clone())
+            .collect();
+        let header = Header {
+            num_labels: self.num_labels,
+            hidden_size: self.hidden_size,
+            heads: self.heads.clone(),
+            counts: counts(&self.needs),
+        };
+        cache_file::write(path, &header, &logits, &lengths, &|i| {
+            self.example(i).record()
+        })
     }
 
-    /// Read a cache written by [`save`](Self::save) for the same `needs`; its bytes must be
-    /// the ones written (the sha256 trailer), so a truncated or altered file is an error.
+    /// Open a cache written by [`save`](Self::save) for the same `needs`: its bytes must be the
+    /// ones written (a sha256 in its header), so a truncated or altered file is an error. The
+    /// features stay in the file and each batch reads its own.
     pub fn load(path: &Path, needs: &TeacherNeeds) -> std::io::Result<Self> {
-        let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
-        // One streaming pass: parse while hashing, then compare with the trailer.
-        let len = std::fs::metadata(path)?.len();
-        let data_len = len.checked_sub(32).ok_or_else(|| bad("truncated"))?;
-        let file = BufReader::new(std::fs::File::open(path)?);
-        let mut r = Hashing {
-            inner: file.take(data_len),
-            sha: Sha256::new(),
-        };
-        let mut magic = [0u8; 8];
-        r.read_exact(&mut magic)?;
-        if &magic != MAGIC {
-            return Err(bad("not a mopt teacher cache of this version"));
-        }
-        let hl = get_u64(&mut r)?;
-        if hl > data_len {
-            return Err(bad("a header longer than the file"));
-        }
-        let mut hb = vec![0u8; hl as usize];
-        r.read_exact(&mut hb)?;
-        let header: serde_json::Value =
-            serde_json::from_slice(&hb).map_err(|e| bad(&e.to_string()))?;
-        let n = header["examples"].as_u64().ok_or_else(|| bad("header"))? as usize;
-        let heads: BTreeMap<usize, usize> = header["heads"]
-            .as_object()
-            .ok_or_else(|| bad("header"))?
-            .iter()
-            .map(|(k, v)| (k.parse().unwrap_or(0), v.as_u64().unwrap_or(0) as usize))
-            .collect();
-        let (nh, na, ns) = (
-            needs.hidden.len(),
-            needs.attentions.len(),
-            needs.scores.len(),
-        );
-        let mut examples = Vec::with_capacity(n);
-        for _ in 0..n {
-            let len = get_u64(&mut r)? as usize;
-            let logits = get_f32s(&mut r, data_len)?;
-            let mut read = |k: usize| {
-                (0..k)
-                    .map(|_| get_f32s(&mut r, data_len))
-                    .collect::<std::io::Result<Vec<_>>>()
-            };
-            let hidden = read(nh)?;
-            let attentions = read(na)?;
-            let scores = read(ns)?;
-            examples.push(ExampleOutputs {
-                len,
-                logits,
-                hidden,
-                attentions,
-                scores,
-            });
-        }
-        // Everything up to the trailer must have been read and hash to it.
-        if std::io::copy(&mut r, &mut std::io::sink())? != 0 {
-            return Err(bad("bytes past the last example"));
-        }
-        let mut sum = [0u8; 32];
-        r.inner.into_inner().read_exact(&mut sum)?;
-        if r.sha.finalize().as_slice() != sum {
-            return Err(bad(
-                "its sha256 differs from the one written with it: truncated or altered",
+        let f = CacheFile::open(path)?;
+        if f.header.counts != counts(needs) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "it holds other features than the matches read",
             ));
         }
         Ok(Self {
             needs: needs.clone(),
-            num_labels: header["num_labels"].as_u64().unwrap_or(0) as usize,
-            hidden_size: header["hidden_size"].as_u64().unwrap_or(0) as usize,
-            heads,
-            examples: Arc::new(examples),
+            num_labels: f.header.num_labels,
+            hidden_size: f.header.hidden_size,
+            heads: f.header.heads.clone(),
+            store: Store::File(Arc::new(f)),
             hit: true,
             build_s: 0.0,
             teacher_forwards: 0,
@@ -378,14 +261,71 @@ impl TeacherCache {
         })
     }
 
+    /// This cache read from the file it was saved to (its outputs leave memory), keeping how
+    /// it was built.
+    pub fn reopened(self, path: &Path) -> std::io::Result<Self> {
+        let loaded = Self::load(path, &self.needs)?;
+        Ok(Self {
+            hit: self.hit,
+            build_s: self.build_s,
+            teacher_forwards: self.teacher_forwards,
+            ..loaded
+        })
+    }
+
+    /// Example `i`'s outputs (read from the file when it is file-backed).
+    fn example(&self, i: usize) -> Cow<'_, ExampleOutputs> {
+        match &self.store {
+            Store::Memory(m) => Cow::Borrowed(&m[i]),
+            Store::File(f) => {
+                let record = f.features(i).unwrap_or_else(|e| {
+                    panic!("teacher cache {} could not be read: {e}", f.path.display())
+                });
+                Cow::Owned(self.split(i, f, record))
+            }
+        }
+    }
+
+    /// Example `i`'s record cut back into its features.
+    fn split(&self, i: usize, f: &CacheFile, record: Vec<f32>) -> ExampleOutputs {
+        let len = f.lengths[i];
+        let c = self.num_labels;
+        let mut at = 0;
+        let mut take = |n: usize| {
+            let v = record[at..at + n].to_vec();
+            at += n;
+            v
+        };
+        let hidden = (0..self.needs.hidden.len())
+            .map(|_| take(len * self.hidden_size))
+            .collect();
+        let mut attn = |set: &std::collections::BTreeSet<usize>| {
+            set.iter()
+                .map(|l| take(self.heads[l] * len * len))
+                .collect::<Vec<_>>()
+        };
+        let attentions = attn(&self.needs.attentions);
+        let scores = attn(&self.needs.scores);
+        ExampleOutputs {
+            len,
+            logits: f.logits[i * c..(i + 1) * c].to_vec(),
+            hidden,
+            attentions,
+            scores,
+        }
+    }
+
     /// Number of examples.
     pub fn len(&self) -> usize {
-        self.examples.len()
+        match &self.store {
+            Store::Memory(m) => m.len(),
+            Store::File(f) => f.lengths.len(),
+        }
     }
 
     /// Whether it holds no examples.
     pub fn is_empty(&self) -> bool {
-        self.examples.is_empty()
+        self.len() == 0
     }
 
     /// Teacher features of the examples at `indices`, zero-padded to `seq` tokens, on `device`.
@@ -407,8 +347,19 @@ impl TeacherCache {
         let c = self.num_labels;
         let mut logits = Vec::with_capacity(b * c);
         for &i in indices {
-            logits.extend_from_slice(&self.examples[i].logits);
+            match &self.store {
+                Store::Memory(m) => logits.extend_from_slice(&m[i].logits),
+                Store::File(f) => logits.extend_from_slice(&f.logits[i * c..(i + 1) * c]),
+            }
         }
+        // Each example read once (from the file, when file-backed) for all its features.
+        let wanted =
+            !needs.hidden.is_empty() || !needs.attentions.is_empty() || !needs.scores.is_empty();
+        let examples: Vec<Cow<ExampleOutputs>> = if wanted {
+            indices.iter().map(|&i| self.example(i)).collect()
+        } else {
+            Vec::new()
+        };
         let h = self.hidden_size;
         let hidden = needs
             .hidden
@@ -416,8 +367,8 @@ impl TeacherCache {
             .enumerate()
             .map(|(k, &idx)| {
                 let mut v = vec![0f32; b * seq * h];
-                for (r, &i) in indices.iter().enumerate() {
-                    let src = &self.examples[i].hidden[k];
+                for (r, e) in examples.iter().enumerate() {
+                    let src = &e.hidden[k];
                     v[r * seq * h..r * seq * h + src.len()].copy_from_slice(src);
                 }
                 (
@@ -434,8 +385,7 @@ impl TeacherCache {
                 .map(|(k, &layer)| {
                     let heads = self.heads[&layer];
                     let mut v = vec![0f32; b * heads * seq * seq];
-                    for (r, &i) in indices.iter().enumerate() {
-                        let e = &self.examples[i];
+                    for (r, e) in examples.iter().enumerate() {
                         let src = &pick(e)[k];
                         for hd in 0..heads {
                             for q in 0..e.len {
@@ -460,6 +410,15 @@ impl TeacherCache {
             word_rows: None,
         }
     }
+}
+
+/// Matched hidden states, attention layers and score layers (a cache holds exactly these).
+fn counts(needs: &TeacherNeeds) -> [usize; 3] {
+    [
+        needs.hidden.len(),
+        needs.attentions.len(),
+        needs.scores.len(),
+    ]
 }
 
 /// Teacher features of a batch straight from the teacher (no cache).
@@ -497,44 +456,88 @@ pub fn live_batch<M: Tapped<Batch = TextBatch>>(
 mod tests {
     use super::*;
 
-    /// A cache round-trips exactly; a truncated or altered file (one bit of one hidden state)
-    /// is refused with the reason, never read as features.
-    #[test]
-    fn teacher_cache_round_trips_and_corruption_is_caught() {
+    fn example_cache() -> (TeacherCache, TeacherNeeds) {
         let needs = TeacherNeeds {
             hidden: [1].into_iter().collect(),
+            attentions: [2].into_iter().collect(),
             ..Default::default()
+        };
+        let ex = |len: usize, base: f32| ExampleOutputs {
+            len,
+            logits: vec![base, -base],
+            hidden: vec![(0..len * 3).map(|k| base + k as f32).collect()],
+            attentions: vec![(0..2 * len * len).map(|k| base * 0.5 + k as f32).collect()],
+            scores: Vec::new(),
         };
         let cache = TeacherCache {
             needs: needs.clone(),
             num_labels: 2,
             hidden_size: 3,
-            heads: BTreeMap::new(),
-            examples: Arc::new(vec![ExampleOutputs {
-                len: 2,
-                logits: vec![0.5, -1.0],
-                hidden: vec![vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]],
-                attentions: Vec::new(),
-                scores: Vec::new(),
-            }]),
+            heads: [(2, 2)].into_iter().collect(),
+            store: Store::Memory(Arc::new(vec![ex(2, 0.5), ex(3, -1.25), ex(1, 7.0)])),
             hit: false,
             build_s: 0.0,
-            teacher_forwards: 1,
+            teacher_forwards: 3,
             file: None,
         };
+        (cache, needs)
+    }
+
+    /// A cache round-trips exactly through its file, which any safetensors reader opens; a
+    /// truncated or altered file (one bit of one feature) is refused with the reason, never
+    /// read as features.
+    #[test]
+    fn teacher_cache_round_trips_and_corruption_is_caught() {
+        let (cache, needs) = example_cache();
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("teacher-x.bin");
+        let path = dir.path().join("teacher-x.safetensors");
         cache.save(&path).unwrap();
         let back = TeacherCache::load(&path, &needs).unwrap();
-        assert_eq!(back.examples, cache.examples);
+        assert!(matches!(back.store, Store::File(_)), "read from the file");
+        assert_eq!(back.len(), 3);
+        for i in 0..3 {
+            assert_eq!(*back.example(i), *cache.example(i), "example {i}");
+        }
+        // Batches from memory and from the file are the same tensors.
+        let device = Default::default();
+        let (a, b) = (
+            cache.batch(&[2, 0], 4, &device),
+            back.batch(&[2, 0], 4, &device),
+        );
+        assert_eq!(a.logits.into_data(), b.logits.into_data());
+        assert_eq!(
+            a.hidden[&1].clone().into_data(),
+            b.hidden[&1].clone().into_data()
+        );
+        assert_eq!(
+            a.attentions[&2].clone().into_data(),
+            b.attentions[&2].clone().into_data()
+        );
+        // A standard safetensors file.
         let bytes = std::fs::read(&path).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        assert_eq!(st.tensor("logits").unwrap().shape(), [3, 2]);
+        let lens = st.tensor("lengths").unwrap();
+        assert_eq!(
+            lens.data(),
+            [2i64, 3, 1]
+                .iter()
+                .flat_map(|l| l.to_le_bytes())
+                .collect::<Vec<u8>>()
+        );
+        // Features: 2·3 + 2·2·2, 3·3 + 2·3·3, 1·3 + 2·1·1 floats.
+        assert_eq!(st.tensor("features").unwrap().shape(), [14 + 27 + 5]);
         let mut altered = bytes.clone();
-        let at = bytes.len() - 32 - 4;
+        let at = bytes.len() - 4;
         altered[at] ^= 0x01;
         std::fs::write(&path, &altered).unwrap();
         let err = TeacherCache::load(&path, &needs).err().unwrap().to_string();
         assert!(err.contains("altered"), "{err}");
         std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
-        assert!(TeacherCache::load(&path, &needs).is_err(), "truncated");
+        let err = TeacherCache::load(&path, &needs).err().unwrap().to_string();
+        assert!(err.contains("truncated"), "{err}");
+        let other = TeacherNeeds::default();
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(TeacherCache::load(&path, &other).is_err(), "other features");
     }
 }

@@ -12,6 +12,7 @@
 
 #![deny(missing_docs)]
 pub mod cache;
+mod cache_file;
 pub mod features;
 pub mod kd;
 pub mod latency;

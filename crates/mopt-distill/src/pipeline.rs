@@ -90,7 +90,7 @@ pub fn teacher_source<M: Tapped<Batch = TextBatch>>(
     }
     let key = cache_key(t.teacher_dir, t.train, &plan.needs)
         .map_err(|e| TrainError::Failed(format!("teacher cache key: {e}")))?;
-    let file = cache_dir(t.data).map(|d| d.join(format!("teacher-{key}.bin")));
+    let file = cache_dir(t.data).map(|d| d.join(format!("teacher-{key}.safetensors")));
     let cached = file
         .as_ref()
         .filter(|f| f.exists())
@@ -130,8 +130,16 @@ pub fn teacher_source<M: Tapped<Batch = TextBatch>>(
                 device,
             );
             if let Some(f) = &file {
+                // Saved, the outputs are read back from the file batch by batch: training
+                // does not hold them in memory.
                 match c.save(f) {
-                    Ok(()) => c.file = Some(f.clone()),
+                    Ok(()) => match c.clone().reopened(f) {
+                        Ok(r) => c = r,
+                        Err(e) => eprintln!(
+                            "warning: teacher cache {} unreadable after saving: {e}",
+                            f.display()
+                        ),
+                    },
                     Err(e) => eprintln!("warning: teacher cache not saved ({}): {e}", f.display()),
                 }
             }

@@ -15,7 +15,8 @@ pub const CACHE_DIR: &str = ".mopt-cache";
 pub enum CacheKind {
     /// Token ids of a data set under one tokenizer and max length (`<key>.json`).
     Tokens,
-    /// A text teacher's outputs for distillation (`teacher-<key>.bin`).
+    /// A text teacher's outputs for distillation (`teacher-<key>.safetensors`; `.bin`: the
+    /// format of earlier mopt versions, no longer read).
     Teacher,
     /// A teacher's logits on a data set (`logits-<sha256>.bin`).
     Logits,
