@@ -13,7 +13,12 @@ use common::{read_json, write_tiny_recipe};
 
 /// The tiny recipe with a state saved after every optimizer step, then `stages`.
 fn chain_recipe(dir: &Path, name: &str, stages: &str) -> PathBuf {
-    let p = write_tiny_recipe(dir, name, "state-every = 1");
+    chain_recipe_with(dir, name, "", stages)
+}
+
+/// [`chain_recipe`] with `extra` lines in `[train]`.
+fn chain_recipe_with(dir: &Path, name: &str, extra: &str, stages: &str) -> PathBuf {
+    let p = write_tiny_recipe(dir, name, &format!("state-every = 1\n{extra}"));
     let text = std::fs::read_to_string(&p).unwrap()
         + "\n[evaluation]\nlatency-warmup = 1\nlatency-runs = 2\nlatency-seq-len = 16\nanalysis = false\n\n"
         + stages;
@@ -469,6 +474,35 @@ fn killed_image_stages_resume_to_the_same_bytes() {
         kills
     };
     check_chain(tmp.path(), ("image", &image_recipe), kills, (16, 6));
+}
+
+/// fp16 with dynamic loss scaling: the scaler's state (scale, clean steps, skips) is part of the
+/// training state, so a resumed run scales and skips exactly as the uninterrupted one.
+#[test]
+fn a_killed_fp16_run_resumes_with_its_loss_scale() {
+    let tmp = tempfile::tempdir().unwrap();
+    let seed = kill_seed();
+    eprintln!("MOPT_KILL_SEED={seed}");
+    let stages = "[[stage]]\nkind = \"finetune\"\n[stage.train]\nepochs = 3\n";
+    // A low growth interval, so that the scale changes inside the run.
+    let extra = "precision = \"fp16\"\nloss-scale-growth-interval = 3";
+    let recipe = |dir: &Path, name: &str| chain_recipe_with(dir, name, extra, stages);
+    let kills = |whole: Duration| {
+        let mut rng = Rng(seed ^ 3);
+        vec![
+            Kill::When(
+                "01-finetune/state/position.json",
+                Duration::from_secs_f64(rng.uniform(0.0, 0.1)),
+            ),
+            Kill::After(whole.mul_f64(rng.uniform(0.1, 0.6))),
+        ]
+    };
+    check_chain(tmp.path(), ("fp16", &recipe), kills, (4, 1));
+    let report = read_json(&tmp.path().join("runs/fp16-killed/01-finetune/report.json"));
+    assert!(
+        report["loss_scale"]["scale"].as_f64().unwrap() > 65536.0,
+        "{report}"
+    );
 }
 
 /// A corrupted training state is named and passed over for the one before it, and the run still
