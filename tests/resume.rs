@@ -142,6 +142,9 @@ latency-runs = 0
     p
 }
 
+/// A run name and the writer of its recipe into a folder.
+type Chain<'a> = (&'a str, &'a dyn Fn(&Path, &str) -> PathBuf);
+
 /// When to kill a run.
 #[derive(Debug, Clone)]
 enum Kill {
@@ -378,7 +381,7 @@ fn assert_same_runs(a: &Path, b: &Path, log: &Path, (min_files, min_logs): (usiz
 /// `runs/<name>`, killed into `runs/<name>-killed`.
 fn check_chain(
     tmp: &Path,
-    (name, recipe): (&str, &dyn Fn(&Path, &str) -> PathBuf),
+    (name, recipe): Chain,
     kills: impl Fn(Duration) -> Vec<Kill>,
     min: (usize, usize),
 ) {
@@ -412,7 +415,7 @@ fn killed_training_stages_resume_to_the_same_bytes() {
     let seed = kill_seed();
     eprintln!("MOPT_KILL_SEED={seed}");
     let recipe = text_recipe(TRAINING_CHAIN);
-    let chain: (&str, &dyn Fn(&Path, &str) -> PathBuf) = ("chain", &recipe);
+    let chain: Chain = ("chain", &recipe);
     check_chain(
         tmp.path(),
         chain,

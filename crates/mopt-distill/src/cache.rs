@@ -219,7 +219,9 @@ impl ExampleOutputs {
 }
 
 impl TeacherCache {
-    /// Write the cache as safetensors (see [`crate::cache_file`]), atomically.
+    /// Write the cache as safetensors, atomically: `logits` `[n, classes]`, `lengths` `[n]`,
+    /// `offsets` `[n + 1]` and `features` (each example's matched features, cropped to its
+    /// length, at `features[offsets[i]..offsets[i + 1]]`), the data's sha256 in the header.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         let n = self.len();
         let lengths: Vec<usize> = (0..n).map(|i| self.example(i).len).collect();

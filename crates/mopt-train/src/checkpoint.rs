@@ -43,9 +43,9 @@ impl CheckpointExtras for TextExtras<'_> {
     }
 }
 
-/// Save a complete checkpoint folder atomically (see [`write_folder`]): a crash at any moment
-/// leaves a complete checkpoint at `dir` or at `<dir>.old`, and a `manifest.json` of its files'
-/// sha256 is checked whenever the weights are read back.
+/// Save a complete checkpoint folder atomically: written as `<dir>.tmp` with a `manifest.json`
+/// of its files' sha256 (checked whenever the weights are read back), flushed to disk, then
+/// swapped in; a crash at any moment leaves a complete checkpoint at `dir` or at `<dir>.old`.
 pub fn save_checkpoint_dir<C: Checkpoint>(
     model: &C,
     config: &C::Config,
