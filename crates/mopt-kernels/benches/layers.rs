@@ -157,7 +157,20 @@ fn main() {
         return;
     }
     println!("{} threads", rayon::current_num_threads());
-    convolutions();
-    batch_norm();
-    products();
+    // `--only products` (or `convolutions`, `batch-norm`): one group.
+    let args: Vec<String> = std::env::args().collect();
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1));
+    let run = |name: &str| only.is_none_or(|o| o == name);
+    if run("convolutions") {
+        convolutions();
+    }
+    if run("batch-norm") {
+        batch_norm();
+    }
+    if run("products") {
+        products();
+    }
 }

@@ -579,41 +579,53 @@ fn sgemm_on(t: Tile, a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool
     } else {
         MC.div_ceil(mr) * mr
     };
+    let blocks: Vec<(usize, usize)> = depth_blocks(k).collect();
     let mut bstore = Vec::new();
     for j0 in (0..n).step_by(NC) {
         let nc = NC.min(n - j0);
-        for (p0, kc) in depth_blocks(k) {
-            let panels = nc.div_ceil(nr);
-            let bpack = aligned(&mut bstore, panels * kc * nr);
-            pack_b(&b, (p0, kc), (j0, nc), nr, bpack);
-            let accumulate = beta_one || p0 > 0;
-            let bp = &*bpack;
-            // Row blocks of C in parallel; each owns its rows of C.
-            c[..m * n]
-                .par_chunks_mut(mc_rows * n)
-                .enumerate()
-                .for_each(|(ib, rows)| {
-                    let i0 = ib * mc_rows;
-                    let mc = mc_rows.min(m - i0);
-                    let mut astore = Vec::new();
+        let panels = nc.div_ceil(nr);
+        // Every depth block of these columns of B packed once, the block at `p0` at
+        // `p0 · panels · nr`: each row block of C below then runs all its depth blocks while
+        // its rows of C stay in cache. (Depth blocks outermost passed over all of C once a
+        // block: a 1,536-deep product read and wrote its 3 MB of C six times.)
+        let bpack = aligned(&mut bstore, panels * k * nr);
+        for &(p0, kc) in &blocks {
+            let at = p0 * panels * nr;
+            pack_b(
+                &b,
+                (p0, kc),
+                (j0, nc),
+                nr,
+                &mut bpack[at..at + kc * panels * nr],
+            );
+        }
+        let bp = &*bpack;
+        c[..m * n]
+            .par_chunks_mut(mc_rows * n)
+            .enumerate()
+            .for_each(|(ib, rows)| {
+                let i0 = ib * mc_rows;
+                let mc = mc_rows.min(m - i0);
+                let mut astore = Vec::new();
+                for &(p0, kc) in &blocks {
                     let apack = aligned(&mut astore, mc.div_ceil(mr) * mr * kc);
                     pack_a(&a, (i0, mc), (p0, kc), mr, apack);
-                    let block = Block {
+                    let at = p0 * panels * nr;
+                    run_block(Block {
                         apack,
-                        bpack: bp,
-                        rows,
+                        bpack: &bp[at..at + kc * panels * nr],
+                        rows: &mut *rows,
                         kc,
                         mc,
                         n,
                         j0,
                         nc,
                         alpha,
-                        accumulate,
+                        accumulate: beta_one || p0 > 0,
                         tile: t,
-                    };
-                    run_block(block);
-                });
-        }
+                    });
+                }
+            });
     }
 }
 
@@ -950,6 +962,8 @@ pub(crate) mod tests {
             (25, 40, 65),
             (97, 257, 20),
             (6, 16, 2050),
+            // Several row blocks, each through three depth blocks.
+            (250, 700, 45),
         ] {
             let ad = data(m * k, 1);
             let bd = data(k * n, 2);
