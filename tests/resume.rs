@@ -508,6 +508,37 @@ fn a_killed_fp16_run_resumes_with_its_loss_scale() {
     );
 }
 
+/// Data parallel over two CPU replicas with dropout: each shard's dropout seeds follow from
+/// the seed and the position, so a resumed run draws the masks the uninterrupted one drew.
+#[test]
+fn a_killed_data_parallel_run_resumes_to_the_same_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let seed = kill_seed();
+    eprintln!("MOPT_KILL_SEED={seed}");
+    let stages = "[[stage]]\nkind = \"finetune\"\n[stage.train]\nepochs = 3\nbatch-size = 8\n";
+    let recipe = |dir: &Path, name: &str| {
+        let p = chain_recipe(dir, name, stages);
+        let text = std::fs::read_to_string(&p)
+            .unwrap()
+            .replace("seed = 7\n", "seed = 7\ndevices = [0, 1]\n");
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let kills = |whole: Duration| {
+        let mut rng = Rng(seed ^ 4);
+        vec![
+            Kill::When(
+                "01-finetune/state/position.json",
+                Duration::from_secs_f64(rng.uniform(0.0, 0.1)),
+            ),
+            Kill::After(whole.mul_f64(rng.uniform(0.1, 0.6))),
+        ]
+    };
+    check_chain(tmp.path(), ("parallel", &recipe), kills, (4, 1));
+    let log = std::fs::read_to_string(tmp.path().join("parallel.log")).unwrap();
+    assert!(log.contains("resuming from its training state"), "{log}");
+}
+
 /// A corrupted training state is named and passed over for the one before it, and the run still
 /// ends with the uninterrupted run's bytes.
 #[test]
