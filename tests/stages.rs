@@ -520,6 +520,38 @@ fn qat_trains_through_fake_quant_and_exports_as_qdq() {
     // The float reference exported beside it has no quantization section.
     let reference = read_json(&run.join("03-export/finetune-onnx/model-card.json"));
     assert!(reference.get("quantization").is_none());
+    // A fair baseline: the float reference is timed on the graph a deployment runs, ONNX
+    // Runtime's transformer optimizer applied (fused Attention), interleaved with the INT8 model.
+    let fused = run.join("03-export/finetune-onnx/model.fused.onnx");
+    assert!(fused.is_file(), "the fused float graph is kept");
+    let r = read_json(&run.join("report.json"));
+    let rows = r["stages"][3]["facts"]["ort_latency"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0]["model"], "model");
+    assert!(rows[0]["graph"]
+        .as_str()
+        .unwrap()
+        .starts_with("ORT_ENABLE_ALL"));
+    assert!(
+        !run.join("03-export/onnx/model.fused.onnx").exists(),
+        "no fusion for QDQ"
+    );
+    assert_eq!(rows[1]["model"], "finetune");
+    assert!(rows[1]["graph"]
+        .as_str()
+        .unwrap()
+        .contains("transformer optimizer"));
+    assert_eq!(rows[1]["file"], fused.display().to_string());
+    for row in &rows {
+        let l = row["latency"].as_array().unwrap();
+        assert_eq!(l.len(), 2, "batch 1 and 32: {row}");
+        assert!(l.iter().all(|b| b["p50_ms"].as_f64().unwrap() > 0.0));
+    }
+    let md = std::fs::read_to_string(run.join("report.md")).unwrap();
+    assert!(md.contains("interleaved in the same run"), "{md}");
 }
 
 /// The tiny pipeline run as `teacher` in `dir` (its best model in `dir/runs/teacher/best`): the

@@ -6,6 +6,9 @@
   optimized-ops MODEL OUT             ORT graph optimisation (ORT_ENABLE_ALL) saved to OUT; op-type counts
   bench MODEL FEEDS_JSON WARMUP RUNS  latency p50/p90/p99 (ms); feeds: [{"batch", "seq_len", "feed"}]
                                       (RUNS timed runs, 4x at batch 1)
+  bench-many SPEC_JSON WARMUP RUNS    several models' latency, interleaved: spec [{"name", "model",
+                                      "feeds"}]; each timed run of one model is followed by one of
+                                      the next, so that they share the machine's drift
 """
 import json
 import sys
@@ -30,6 +33,40 @@ def session(path, optimized_out=None, level="all"):
     if optimized_out:
         so.optimized_model_filepath = optimized_out
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def feeds_of(sess, entry):
+    types = {i.name: i.type for i in sess.get_inputs()}
+    return {k: np.asarray(v, dtype=np.int64 if "int64" in types[k] else np.float32) for k, v in entry["feed"].items()}
+
+
+def percentiles(times):
+    times = sorted(times)
+    pct = lambda p: times[min(len(times), max(1, int(np.ceil(p / 100 * len(times))))) - 1]
+    return {"p50_ms": pct(50), "p90_ms": pct(90), "p99_ms": pct(99), "mean_ms": float(np.mean(times))}
+
+
+def bench_many(spec, warmup, runs):
+    """Every model's sessions first, then per batch: warm-up, then timed runs round-robin."""
+    sessions = [session(m["model"]) for m in spec]
+    rows = [[] for _ in spec]
+    for b in range(len(spec[0]["feeds"])):
+        feeds = [feeds_of(s, m["feeds"][b]) for s, m in zip(sessions, spec)]
+        for s, f in zip(sessions, feeds):
+            for _ in range(warmup):
+                s.run(None, f)
+        entry = spec[0]["feeds"][b]
+        n = runs * 4 if entry["batch"] == 1 else runs
+        times = [[] for _ in spec]
+        for _ in range(n):
+            for i, (s, f) in enumerate(zip(sessions, feeds)):
+                t = time.perf_counter()
+                s.run(None, f)
+                times[i].append((time.perf_counter() - t) * 1e3)
+        for i, m in enumerate(spec):
+            e = m["feeds"][b]
+            rows[i].append({"batch": e["batch"], "seq_len": e["seq_len"], "runs": n, **percentiles(times[i])})
+    return [{"name": m["name"], "latency": r} for m, r in zip(spec, rows)]
 
 
 def main(argv):
@@ -69,6 +106,9 @@ def main(argv):
 
         session(argv[1], optimized_out=argv[2])
         print(json.dumps({"ok": True, "ops": op_counts(onnx.load(argv[2]))}))
+    elif cmd == "bench-many":
+        spec, warmup, runs = json.load(open(argv[1])), int(argv[2]), int(argv[3])
+        print(json.dumps({"ok": True, "latency": bench_many(spec, warmup, runs)}))
     elif cmd == "bench":
         path, feeds, warmup, runs = argv[1], json.load(open(argv[2])), int(argv[3]), int(argv[4])
         sess = session(path)

@@ -282,15 +282,27 @@ fn dim_name(d: &Dim) -> String {
     }
 }
 
+/// The float graph with ONNX Runtime's transformer optimizer applied (fused Attention,
+/// SkipLayerNormalization, BiasGelu…), written beside `model.onnx` where the family declares
+/// that fusion: what a deployment of the float model runs, so latency is timed on it.
+pub const FUSED: &str = "model.fused.onnx";
+
 /// The op types of ONNX Runtime's optimised graph: its transformer optimizer with `fusion`
-/// (float BERT: Attention, SkipLayerNormalization, BiasGelu…), otherwise its own graph
-/// optimisation (which turns QDQ into integer kernels).
+/// (float BERT; the fused graph is kept as [`FUSED`]), otherwise its own graph optimisation
+/// (which turns QDQ into integer kernels).
 fn fused_ops(
     onnx: &Path,
     fusion: Option<crate::contract::OrtFusion>,
     dir: &Path,
 ) -> Result<serde_json::Value, ExportError> {
-    let fused_path = dir.join("fused.onnx.tmp");
+    let kept = dir.join(FUSED);
+    if kept.exists() {
+        std::fs::remove_file(&kept).map_err(|e| ExportError::Io(kept.display().to_string(), e))?;
+    }
+    let fused_path = match fusion {
+        Some(_) => kept,
+        None => dir.join("fused.onnx.tmp"),
+    };
     let (onnx, fused) = (onnx.display().to_string(), fused_path.display().to_string());
     let ops = match fusion {
         Some(f) => python::tool(&[
@@ -303,7 +315,9 @@ fn fused_ops(
         ])?,
         None => python::tool(&["optimized-ops", &onnx, &fused])?,
     };
-    let _ = std::fs::remove_file(&fused_path);
+    if !fused_path.ends_with(FUSED) {
+        let _ = std::fs::remove_file(&fused_path);
+    }
     Ok(ops)
 }
 
@@ -332,32 +346,80 @@ fn copy_side_files(ckpt: &Path, dir: &Path) -> Result<BTreeMap<String, String>, 
     Ok(sha256)
 }
 
-/// ONNX Runtime latency (p50/p90/p99 at [`Exportable::bench_batches`]) of the model at `onnx`, on
-/// [`Exportable::bench_feed`] inputs of size `size`; `None` when the model declares none.
-pub fn ort_latency<M: Exportable>(
-    onnx: &Path,
-    config: &M::Config,
-    size: usize,
-    (warmup, runs): (usize, usize),
-    work: &Path,
-) -> Result<Option<serde_json::Value>, ExportError> {
+/// The benchmark inputs of a model of `config` at `size` (tokens, or ignored), one per batch
+/// of [`Exportable::bench_batches`]; `None` when the model declares none.
+pub fn bench_feeds<M: Exportable>(config: &M::Config, size: usize) -> Option<serde_json::Value> {
     let mut feeds = Vec::new();
     for batch in M::bench_batches() {
-        let Some(feed) = M::bench_feed(config, batch, size) else {
-            return Ok(None);
-        };
+        let feed = M::bench_feed(config, batch, size)?;
         feeds.push(serde_json::json!({ "batch": batch, "seq_len": size, "feed": feed }));
     }
-    let path = work.join("ort-bench-feeds.json");
-    std::fs::write(&path, serde_json::to_vec(&feeds).expect("json"))
+    Some(serde_json::Value::Array(feeds))
+}
+
+/// A graph to time: its name in the report, the exported `model.onnx` and its inputs
+/// ([`bench_feeds`]).
+#[derive(Debug, Clone)]
+pub struct BenchModel {
+    /// Its name in the report.
+    pub name: String,
+    /// The exported `model.onnx` ([`FUSED`] beside it is timed instead when present).
+    pub onnx: std::path::PathBuf,
+    /// Its inputs, one per batch size.
+    pub feeds: serde_json::Value,
+}
+
+/// ONNX Runtime latency of `models`, interleaved: each timed run of one model is followed by
+/// one of the next, so that every model meets the same drift of a shared machine. Each float
+/// model runs its fused graph ([`FUSED`]) when the export wrote one, as a deployment would;
+/// every session has ORT's full graph optimisation. One row per model: `{"model", "graph",
+/// "file", "latency": [{"batch", "seq_len", "runs", "p50_ms", "p90_ms", "p99_ms", "mean_ms"}]}`.
+pub fn ort_latency_interleaved(
+    models: &[BenchModel],
+    (warmup, runs): (usize, usize),
+    work: &Path,
+) -> Result<Vec<serde_json::Value>, ExportError> {
+    if models.is_empty() {
+        return Ok(Vec::new());
+    }
+    let graph = |m: &BenchModel| {
+        let fused = m.onnx.with_file_name(FUSED);
+        if fused.is_file() {
+            (fused, "ORT transformer optimizer (fused Attention, SkipLayerNormalization, BiasGelu) + ORT_ENABLE_ALL")
+        } else {
+            (
+                m.onnx.clone(),
+                "ORT_ENABLE_ALL (QDQ runs as integer kernels)",
+            )
+        }
+    };
+    let spec: Vec<serde_json::Value> = models
+        .iter()
+        .map(|m| serde_json::json!({ "name": m.name, "model": graph(m).0, "feeds": m.feeds }))
+        .collect();
+    let path = work.join("ort-bench-spec.json");
+    std::fs::write(&path, serde_json::to_vec(&spec).expect("json"))
         .map_err(|e| ExportError::Io(path.display().to_string(), e))?;
     let v = python::tool(&[
-        "bench",
-        &onnx.display().to_string(),
+        "bench-many",
         &path.display().to_string(),
         &warmup.to_string(),
         &runs.to_string(),
     ]);
     let _ = std::fs::remove_file(&path);
-    Ok(Some(v?["latency"].clone()))
+    let v = v?;
+    let rows = v["latency"].as_array().cloned().unwrap_or_default();
+    Ok(models
+        .iter()
+        .zip(rows)
+        .map(|(m, r)| {
+            let (file, graph) = graph(m);
+            serde_json::json!({
+                "model": m.name,
+                "graph": graph,
+                "file": file.display().to_string(),
+                "latency": r["latency"],
+            })
+        })
+        .collect())
 }

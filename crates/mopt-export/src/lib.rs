@@ -20,4 +20,7 @@ pub use contract::{
     parity, tensor_json, write_checked, Exportable, InputSpec, InputType, OrtFusion, Parity,
 };
 pub use error::ExportError;
-pub use export::{export_checkpoint, ort_latency, ExportOptions, ModelCard};
+pub use export::{
+    bench_feeds, export_checkpoint, ort_latency_interleaved, BenchModel, ExportOptions, ModelCard,
+    FUSED,
+};

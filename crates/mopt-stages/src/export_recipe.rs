@@ -18,6 +18,8 @@ use crate::family::recipe_family;
 pub struct OrtLatency {
     /// Which model (`student`, `teacher`).
     pub model: String,
+    /// The graph timed and ONNX Runtime's optimisations of it.
+    pub graph: String,
     /// Its latency rows.
     pub latency: serde_json::Value,
 }
@@ -130,16 +132,19 @@ pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSumma
                 out.join("teacher/model.onnx"),
             ));
         }
-        for (name, ckpt, path) in models {
-            eprintln!("benchmarking {name} in ONNX Runtime");
-            let e = &recipe.evaluation;
-            let runs = (e.latency_warmup, opts.latency_runs);
-            if let Some(l) = fam.ort_latency(&ckpt, &path, e.latency_seq_len, runs)? {
-                latency.push(OrtLatency {
-                    model: name,
-                    latency: l,
-                });
-            }
+        eprintln!("benchmarking in ONNX Runtime, interleaved");
+        let e = &recipe.evaluation;
+        let settings = (e.latency_seq_len, (e.latency_warmup, opts.latency_runs));
+        let mut notes = Vec::new();
+        for r in crate::family::ort_latency(fam, &models, settings, &mut notes)? {
+            latency.push(OrtLatency {
+                model: r["model"].as_str().unwrap_or("").to_string(),
+                graph: r["graph"].as_str().unwrap_or("").to_string(),
+                latency: r["latency"].clone(),
+            });
+        }
+        for n in notes {
+            eprintln!("{n}");
         }
     }
     if !latency.is_empty() {
@@ -177,6 +182,10 @@ fn latency_markdown(latency: &[OrtLatency]) -> String {
                 row["p99_ms"].as_f64().unwrap_or(f64::NAN)
             );
         }
+    }
+    md += "\nModels timed interleaved (one run of each in turn), each on its deployment graph:\n";
+    for l in latency {
+        md += &format!("- {}: {}\n", l.model, l.graph);
     }
     md
 }

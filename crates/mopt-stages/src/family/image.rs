@@ -18,7 +18,7 @@ use mopt_recipe::{ModelSpec, Recipe, RecipeError, Scope, StageEntry, TokenizerSp
 use mopt_train::trainer::save_checkpoint_dir;
 use mopt_train::TrainError;
 
-use super::{checkpoint_accuracy, export_split, ort_latency_of, Family};
+use super::{checkpoint_accuracy, export_split, Family};
 use crate::data::image::ImageData;
 use crate::data::{RunData, Split};
 use crate::error::StageError;
@@ -330,15 +330,13 @@ impl<M: ImageModel> Family for ImageFamily<M> {
         export_split::<M>(ckpt, out, data, samples, opts)
     }
 
-    fn ort_latency(
+    fn bench_feeds(
         &self,
         ckpt: &Path,
-        onnx: &Path,
         size: usize,
-        warmup_runs: (usize, usize),
     ) -> Result<Option<serde_json::Value>, StageError> {
         let config = M::Shape::from_file(&ckpt.join("config.json")).map_err(fault)?;
-        ort_latency_of::<M>(onnx, &config, size, warmup_runs)
+        Ok(mopt_export::bench_feeds::<M>(&config, size))
     }
 }
 

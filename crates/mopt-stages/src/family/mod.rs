@@ -225,14 +225,13 @@ pub trait Family: Sync {
         Err(self.lacks("export", "an ONNX exporter", "declares none"))
     }
 
-    /// ONNX Runtime latency of the graph at `onnx` exported from `ckpt`, on synthetic inputs
-    /// of `size` tokens; `None` (the default) when the family declares no benchmark input.
-    fn ort_latency(
+    /// The synthetic inputs (`size` tokens, or ignored) that ONNX Runtime latency is timed on
+    /// for the model saved at `ckpt`, one per batch size; `None` (the default) when the family
+    /// declares no benchmark input.
+    fn bench_feeds(
         &self,
         _ckpt: &Path,
-        _onnx: &Path,
         _size: usize,
-        _warmup_runs: (usize, usize),
     ) -> Result<Option<serde_json::Value>, StageError> {
         Ok(None)
     }
@@ -345,19 +344,33 @@ where
     )?)
 }
 
-/// ONNX Runtime latency of the graph at `onnx` exported from a model shaped `config`, the
-/// work files beside the graph (what a family's [`Family::ort_latency`] calls).
-pub fn ort_latency_of<M: mopt_export::Exportable>(
-    onnx: &Path,
-    config: &M::Config,
-    size: usize,
-    warmup_runs: (usize, usize),
-) -> Result<Option<serde_json::Value>, StageError> {
-    let work = onnx.parent().unwrap_or(Path::new("."));
-    Ok(mopt_export::ort_latency::<M>(
-        onnx,
-        config,
-        size,
+/// ONNX Runtime latency of `models` (name, checkpoint, exported graph), interleaved, with
+/// `family`'s benchmark inputs; models without inputs are left out and named in `notes`.
+pub fn ort_latency(
+    family: &dyn Family,
+    models: &[(String, std::path::PathBuf, std::path::PathBuf)],
+    (size, warmup_runs): (usize, (usize, usize)),
+    notes: &mut Vec<String>,
+) -> Result<Vec<serde_json::Value>, StageError> {
+    let mut bench = Vec::new();
+    for (name, ckpt, onnx) in models {
+        match family.bench_feeds(ckpt, size)? {
+            Some(feeds) => bench.push(mopt_export::BenchModel {
+                name: name.clone(),
+                onnx: onnx.clone(),
+                feeds,
+            }),
+            None => notes.push(format!(
+                "No ONNX Runtime latency for the {name}: its family declares no benchmark input."
+            )),
+        }
+    }
+    let work = models
+        .first()
+        .and_then(|m| m.2.parent())
+        .unwrap_or(Path::new("."));
+    Ok(mopt_export::ort_latency_interleaved(
+        &bench,
         warmup_runs,
         work,
     )?)

@@ -265,8 +265,9 @@ impl ExportStage {
     }
 }
 
-/// ONNX Runtime latency of every exported model (`runs` timed runs), a note per row and the
-/// speed-up of the first model over each other one in `notes`.
+/// ONNX Runtime latency of every exported model (`runs` timed runs, interleaved, float
+/// models on their fused graphs), a note per row and the speed-up of the first model over each
+/// other one in `notes`.
 fn latency(
     models: &[Exported],
     cx: &StageContext,
@@ -274,35 +275,39 @@ fn latency(
     notes: &mut Vec<String>,
 ) -> Result<Vec<serde_json::Value>, StageError> {
     let e = cx.evaluation;
-    let mut rows = Vec::new();
-    for m in models {
-        eprintln!("export: ONNX Runtime latency of the {}", m.name);
-        let warmup_runs = (e.latency_warmup, runs);
-        let Some(l) =
-            cx.family
-                .ort_latency(&m.checkpoint, &m.onnx, e.latency_seq_len, warmup_runs)?
-        else {
-            notes.push(format!(
-                "No ONNX Runtime latency for the {}: its family declares no benchmark input.",
-                m.name
-            ));
-            continue;
-        };
-        for row in l.as_array().into_iter().flatten() {
+    eprintln!(
+        "export: ONNX Runtime latency of {}, interleaved",
+        models
+            .iter()
+            .map(|m| m.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let list: Vec<_> = models
+        .iter()
+        .map(|m| (m.name.clone(), m.checkpoint.clone(), m.onnx.clone()))
+        .collect();
+    let settings = (e.latency_seq_len, (e.latency_warmup, runs));
+    let rows = crate::family::ort_latency(cx.family, &list, settings, notes)?;
+    for r in &rows {
+        let name = r["model"].as_str().unwrap_or("");
+        notes.push(format!(
+            "ONNX Runtime graph of the {name}: {}.",
+            r["graph"].as_str().unwrap_or("")
+        ));
+        for row in r["latency"].as_array().into_iter().flatten() {
             let size = match row["seq_len"].as_u64() {
                 Some(n) if n > 0 => format!(" x {n}"),
                 _ => String::new(),
             };
             notes.push(format!(
-                "ONNX Runtime CPU latency, {}, batch {}{size}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms.",
-                m.name,
+                "ONNX Runtime CPU latency, {name}, batch {}{size}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms.",
                 row["batch"],
                 row["p50_ms"].as_f64().unwrap_or(f64::NAN),
                 row["p90_ms"].as_f64().unwrap_or(f64::NAN),
                 row["p99_ms"].as_f64().unwrap_or(f64::NAN)
             ));
         }
-        rows.push(json!({ "model": m.name, "latency": l }));
     }
     let p50 = |name: &str, batch: u64| {
         rows.iter().find(|r| r["model"] == name)?["latency"]
@@ -330,7 +335,7 @@ fn latency(
             .collect();
         if !parts.is_empty() {
             notes.push(format!(
-                "ONNX Runtime p50 speed-up of this model over the {}, same run: {}.",
+                "ONNX Runtime p50 speed-up of this model over the {}, interleaved in the same run: {}.",
                 m.name,
                 parts.join(", ")
             ));

@@ -15,7 +15,7 @@ use mopt_train::trainer::save_checkpoint_dir;
 pub mod analysis;
 pub mod distill;
 
-use super::{checkpoint_accuracy, export_split, ort_latency_of, Family};
+use super::{checkpoint_accuracy, export_split, Family};
 use crate::data::text::TextData;
 use crate::data::{RunData, Split};
 use crate::error::StageError;
@@ -230,14 +230,12 @@ impl Family for Bert {
         export_split::<Model>(ckpt, out, data, samples, opts)
     }
 
-    fn ort_latency(
+    fn bench_feeds(
         &self,
         ckpt: &Path,
-        onnx: &Path,
         size: usize,
-        warmup_runs: (usize, usize),
     ) -> Result<Option<serde_json::Value>, StageError> {
         let config = BertConfig::from_file(&ckpt.join("config.json"))?;
-        ort_latency_of::<Model>(onnx, &config, size, warmup_runs)
+        Ok(mopt_export::bench_feeds::<Model>(&config, size))
     }
 }
