@@ -479,6 +479,19 @@ fn killed_image_stages_resume_to_the_same_bytes() {
     check_chain(tmp.path(), ("image", &image_recipe), kills, (16, 6));
 }
 
+/// Kills for a one-stage finetune run: a random moment just after its first state was written,
+/// then one anywhere in the first 60% of the run's length.
+fn finetune_kills(seed: u64, whole: Duration) -> Vec<Kill> {
+    let mut rng = Rng(seed);
+    vec![
+        Kill::When(
+            "01-finetune/state/position.json",
+            Duration::from_secs_f64(rng.uniform(0.0, 0.1)),
+        ),
+        Kill::After(whole.mul_f64(rng.uniform(0.1, 0.6))),
+    ]
+}
+
 /// fp16 with dynamic loss scaling: the scaler's state (scale, clean steps, skips) is part of the
 /// training state, so a resumed run scales and skips exactly as the uninterrupted one.
 #[test]
@@ -490,16 +503,7 @@ fn a_killed_fp16_run_resumes_with_its_loss_scale() {
     // A low growth interval, so that the scale changes inside the run.
     let extra = "precision = \"fp16\"\nloss-scale-growth-interval = 3";
     let recipe = |dir: &Path, name: &str| chain_recipe_with(dir, name, extra, stages);
-    let kills = |whole: Duration| {
-        let mut rng = Rng(seed ^ 3);
-        vec![
-            Kill::When(
-                "01-finetune/state/position.json",
-                Duration::from_secs_f64(rng.uniform(0.0, 0.1)),
-            ),
-            Kill::After(whole.mul_f64(rng.uniform(0.1, 0.6))),
-        ]
-    };
+    let kills = |whole: Duration| finetune_kills(seed ^ 3, whole);
     check_chain(tmp.path(), ("fp16", &recipe), kills, (4, 1));
     let report = read_json(&tmp.path().join("runs/fp16-killed/01-finetune/report.json"));
     assert!(
@@ -524,16 +528,7 @@ fn a_killed_data_parallel_run_resumes_to_the_same_bytes() {
         std::fs::write(&p, text).unwrap();
         p
     };
-    let kills = |whole: Duration| {
-        let mut rng = Rng(seed ^ 4);
-        vec![
-            Kill::When(
-                "01-finetune/state/position.json",
-                Duration::from_secs_f64(rng.uniform(0.0, 0.1)),
-            ),
-            Kill::After(whole.mul_f64(rng.uniform(0.1, 0.6))),
-        ]
-    };
+    let kills = |whole: Duration| finetune_kills(seed ^ 4, whole);
     check_chain(tmp.path(), ("parallel", &recipe), kills, (4, 1));
     let log = std::fs::read_to_string(tmp.path().join("parallel.log")).unwrap();
     assert!(log.contains("resuming from its training state"), "{log}");

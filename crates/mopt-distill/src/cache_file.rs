@@ -72,16 +72,7 @@ pub(crate) fn write(
             sha.update(b);
         }
     }
-    // The data section: logits, lengths, offsets, features; hashed in that order.
-    let mut head = Sha256::new();
-    le_f32(logits).for_each(|b| head.update(b));
-    lengths
-        .iter()
-        .for_each(|&l| head.update((l as i64).to_le_bytes()));
-    offsets
-        .iter()
-        .for_each(|&o| head.update((o as i64).to_le_bytes()));
-    head.update(sha.finalize());
+    let data_sha256 = framed_sha256(logits, lengths, &offsets, sha);
     let (nl, nx) = (logits.len() as u64 * 4, offsets[n] * 4);
     let (nlen, noff) = (n as u64 * 8, (n as u64 + 1) * 8);
     let tensor = |dtype: &str, shape: Vec<u64>, from: u64, len: u64| json!({ "dtype": dtype, "shape": shape, "data_offsets": [from, from + len] });
@@ -92,7 +83,7 @@ pub(crate) fn write(
         "hidden_size": header.hidden_size.to_string(),
         "heads": serde_json::to_string(&header.heads).expect("json"),
         "counts": serde_json::to_string(&header.counts).expect("json"),
-        "data_sha256": format!("{:x}", head.finalize()),
+        "data_sha256": data_sha256,
     });
     let classes = (logits.len() / n.max(1)) as u64;
     let h = json!({
@@ -208,18 +199,7 @@ impl CacheFile {
             sha.update(&buf[..len]);
             at += len as u64;
         }
-        // Hash the values in the same framing as `write`: the logits, lengths, offsets, then the
-        // features' own sha256.
-        let mut framed = Sha256::new();
-        le_f32(&logits).for_each(|b| framed.update(b));
-        lengths
-            .iter()
-            .for_each(|&l| framed.update((l as i64).to_le_bytes()));
-        offsets
-            .iter()
-            .for_each(|&o| framed.update((o as i64).to_le_bytes()));
-        framed.update(sha.finalize());
-        if meta["data_sha256"].as_str() != Some(&format!("{:x}", framed.finalize())) {
+        if meta["data_sha256"].as_str() != Some(&framed_sha256(&logits, &lengths, &offsets, sha)) {
             return Err(bad(
                 "its sha256 differs from the one written with it: truncated or altered",
             ));
@@ -262,6 +242,21 @@ impl CacheFile {
             .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
             .collect())
     }
+}
+
+/// The data section's sha256 as the header records it: the logits, lengths and offsets, then
+/// the sha256 of the features (hashed while they stream past).
+fn framed_sha256(logits: &[f32], lengths: &[usize], offsets: &[u64], features: Sha256) -> String {
+    let mut h = Sha256::new();
+    le_f32(logits).for_each(|b| h.update(b));
+    lengths
+        .iter()
+        .for_each(|&l| h.update((l as i64).to_le_bytes()));
+    offsets
+        .iter()
+        .for_each(|&o| h.update((o as i64).to_le_bytes()));
+    h.update(features.finalize());
+    format!("{:x}", h.finalize())
 }
 
 #[cfg(unix)]
