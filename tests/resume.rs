@@ -249,15 +249,30 @@ fn killed_run(recipe: &Path, run_dir: &Path, kills: &[Kill], log: &Path) {
     run(recipe, run_dir, flags, None, log);
 }
 
-fn files_named(dir: &Path, name: &str, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            files_named(&p, name, out);
-        } else if p.file_name().is_some_and(|n| n == name) {
-            out.push(p);
+/// `dir` and everything under it (folders before their contents), sorted.
+fn tree(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    let mut i = 0;
+    while i < out.len() {
+        if out[i].is_dir() {
+            let mut inner: Vec<PathBuf> = std::fs::read_dir(&out[i])
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            out.append(&mut inner);
         }
+        i += 1;
     }
+    out.sort();
+    out
+}
+
+/// The files called `name` under `dir`.
+fn files_named(dir: &Path, name: &str) -> Vec<PathBuf> {
+    tree(dir)
+        .into_iter()
+        .filter(|p| p.is_file() && p.file_name().is_some_and(|n| n == name))
+        .collect()
 }
 
 /// Keys that time the run rather than compute it.
@@ -311,9 +326,7 @@ fn assert_same_runs(a: &Path, b: &Path, log: &Path, (min_files, min_logs): (usiz
     let why = || std::fs::read_to_string(log).unwrap_or_default();
     let mut compared = 0;
     for name in ["model.bpk", "config.json", "model.onnx"] {
-        let mut files = Vec::new();
-        files_named(a, name, &mut files);
-        for f in files {
+        for f in files_named(a, name) {
             let rel = f.strip_prefix(a).unwrap();
             let other = std::fs::read(b.join(rel))
                 .unwrap_or_else(|e| panic!("{}: {e}\n{}", b.join(rel).display(), why()));
@@ -327,8 +340,7 @@ fn assert_same_runs(a: &Path, b: &Path, log: &Path, (min_files, min_logs): (usiz
         }
     }
     assert!(compared >= min_files, "only {compared} files compared");
-    let mut logs = Vec::new();
-    files_named(a, "metrics.jsonl", &mut logs);
+    let logs = files_named(a, "metrics.jsonl");
     assert!(logs.len() >= min_logs, "{logs:?}");
     let mut events = Vec::new();
     for f in &logs {
@@ -534,22 +546,50 @@ fn a_killed_data_parallel_run_resumes_to_the_same_bytes() {
     assert!(log.contains("resuming from its training state"), "{log}");
 }
 
+/// A one-stage finetune (3 epochs) run whole into `runs/whole` (`a`), and the same recipe as
+/// `cut` to run into `runs/cut` (`b`), its stderr to `log`.
+struct Cut {
+    cut: PathBuf,
+    a: PathBuf,
+    b: PathBuf,
+    log: PathBuf,
+}
+
+fn whole_then_cut(dir: &Path) -> Cut {
+    let stages = "[[stage]]\nkind = \"finetune\"\n[stage.train]\nepochs = 3\n";
+    let whole = chain_recipe(dir, "whole", stages);
+    let a = dir.join("runs/whole");
+    run(&whole, &a, &[], None, &dir.join("whole.log"));
+    Cut {
+        cut: chain_recipe(dir, "cut", stages),
+        a,
+        b: dir.join("runs/cut"),
+        log: dir.join("cut.log"),
+    }
+}
+
+/// Run `recipe` into `run_dir` and kill it `after` the run first wrote `file`.
+fn cut_at(recipe: &Path, run_dir: &Path, file: &'static str, after: Duration, log: &Path) {
+    let when = Kill::When(file, after);
+    assert!(
+        !run(recipe, run_dir, &[], Some(&when), log),
+        "finished before the kill"
+    );
+}
+
 /// A corrupted training state is named and passed over for the one before it, and the run still
 /// ends with the uninterrupted run's bytes.
 #[test]
 fn a_corrupt_training_state_is_named_and_the_previous_one_used() {
     let tmp = tempfile::tempdir().unwrap();
-    let stages = "[[stage]]\nkind = \"finetune\"\n[stage.train]\nepochs = 3\n";
-    let whole = chain_recipe(tmp.path(), "whole", stages);
-    let cut = chain_recipe(tmp.path(), "cut", stages);
-    let (a, b) = (tmp.path().join("runs/whole"), tmp.path().join("runs/cut"));
-    let log = tmp.path().join("cut.log");
-    run(&whole, &a, &[], None, &tmp.path().join("whole.log"));
+    let Cut { cut, a, b, log } = whole_then_cut(tmp.path());
     // Killed once two states are on disk.
-    let when = Kill::When("01-finetune/state.prev/position.json", Duration::ZERO);
-    assert!(
-        !run(&cut, &b, &[], Some(&when), &log),
-        "finished before the kill"
+    cut_at(
+        &cut,
+        &b,
+        "01-finetune/state.prev/position.json",
+        Duration::ZERO,
+        &log,
     );
     let state = b.join("01-finetune/state");
     let weights = state.join("model.bpk");
@@ -604,20 +644,14 @@ fn mopt_unprivileged(args: &[&str]) -> std::process::Output {
 
 /// Every file under `dir` with its bytes.
 fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push((p.clone(), std::fs::read(&p).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
+    tree(dir)
+        .into_iter()
+        .filter(|p| p.is_file())
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect()
 }
 
 fn set_writable(dir: &Path, writable: bool) {
@@ -628,17 +662,10 @@ fn set_writable(dir: &Path, writable: bool) {
         (false, true) => 0o644,
         (false, false) => 0o444,
     };
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode(true))).unwrap();
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode(false))).unwrap();
-            }
-        }
+    // Permissions need ownership, not a writable folder: any order will do.
+    for p in tree(dir) {
+        let m = std::fs::Permissions::from_mode(mode(p.is_dir()));
+        std::fs::set_permissions(&p, m).unwrap();
     }
 }
 
@@ -648,42 +675,35 @@ fn set_writable(dir: &Path, writable: bool) {
 #[test]
 fn a_read_only_output_folder_fails_cleanly_and_loses_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let stages = "[[stage]]\nkind = \"finetune\"\n[stage.train]\nepochs = 3\n";
-    let whole = chain_recipe(tmp.path(), "whole", stages);
-    let cut = chain_recipe(tmp.path(), "cut", stages);
-    let (a, b) = (tmp.path().join("runs/whole"), tmp.path().join("runs/cut"));
-    run(&whole, &a, &[], None, &tmp.path().join("whole.log"));
+    let Cut { cut, a, b, log } = whole_then_cut(tmp.path());
+    // The run with `flags` while `folder` is read-only: refused, naming the run folder.
+    let refused = |folder: &Path, flags: &[&str]| {
+        set_writable(folder, false);
+        let out = mopt_unprivileged(&[&[cut.to_str().unwrap(), "--no-reuse"], flags].concat());
+        set_writable(folder, true);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(matches!(out.status.code(), Some(1 | 2)), "{err}");
+        assert!(
+            err.contains(&b.display().to_string()) && err.contains("ermission denied"),
+            "{err}"
+        );
+        err
+    };
 
     // A fresh run into a read-only output folder.
-    let runs = tmp.path().join("runs");
-    set_writable(&runs, false);
-    let out = mopt_unprivileged(&[cut.to_str().unwrap(), "--no-reuse"]);
-    set_writable(&runs, true);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(matches!(out.status.code(), Some(1 | 2)), "{err}");
-    assert!(
-        err.contains(&b.display().to_string()) && err.contains("ermission denied"),
-        "{err}"
-    );
+    refused(&tmp.path().join("runs"), &[]);
     assert!(!b.exists(), "nothing made");
 
     // Killed inside its training, then resumed into a read-only run folder.
-    let log = tmp.path().join("cut.log");
-    let when = Kill::When("01-finetune/state/position.json", Duration::from_millis(30));
-    assert!(
-        !run(&cut, &b, &[], Some(&when), &log),
-        "finished before the kill"
+    cut_at(
+        &cut,
+        &b,
+        "01-finetune/state/position.json",
+        Duration::from_millis(30),
+        &log,
     );
     let before = snapshot(&b);
-    set_writable(&b, false);
-    let out = mopt_unprivileged(&[cut.to_str().unwrap(), "--no-reuse", "--resume"]);
-    set_writable(&b, true);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(matches!(out.status.code(), Some(1 | 2)), "{err}");
-    assert!(
-        err.contains(&b.display().to_string()) && err.contains("ermission denied"),
-        "{err}"
-    );
+    let err = refused(&b, &["--resume"]);
     assert!(
         snapshot(&b) == before,
         "the read-only run folder changed: {err}"
@@ -699,16 +719,13 @@ fn a_read_only_output_folder_fails_cleanly_and_loses_nothing() {
 #[test]
 fn a_failed_write_keeps_the_last_good_state() {
     let tmp = tempfile::tempdir().unwrap();
-    let stages = "[[stage]]\nkind = \"finetune\"\n[stage.train]\nepochs = 3\n";
-    let whole = chain_recipe(tmp.path(), "whole", stages);
-    let cut = chain_recipe(tmp.path(), "cut", stages);
-    let (a, b) = (tmp.path().join("runs/whole"), tmp.path().join("runs/cut"));
-    run(&whole, &a, &[], None, &tmp.path().join("whole.log"));
-    let log = tmp.path().join("cut.log");
-    let when = Kill::When("01-finetune/state.prev/position.json", Duration::ZERO);
-    assert!(
-        !run(&cut, &b, &[], Some(&when), &log),
-        "finished before the kill"
+    let Cut { cut, a, b, log } = whole_then_cut(tmp.path());
+    cut_at(
+        &cut,
+        &b,
+        "01-finetune/state.prev/position.json",
+        Duration::ZERO,
+        &log,
     );
     let stage = b.join("01-finetune");
     let kept = |d: &Path| {
