@@ -124,72 +124,63 @@ pub(crate) fn load<M: Module>(
     stepper: Stepper,
     fingerprint: &Fingerprint,
 ) -> Result<Result<Restored<M>, (M, Stepper)>, TrainError> {
-    let mut stepper = Some(stepper);
     for dir in [run_dir.join(STATE), run_dir.join(PREVIOUS)] {
         if !dir.join("position.json").exists() {
             continue;
         }
-        let s = stepper.take().expect("given back after each failed try");
-        match try_load(&dir, model.clone(), s, fingerprint) {
-            Ok(Ok(restored)) => return Ok(Ok(restored)),
-            Ok(Err((why, s))) => {
-                eprintln!("warning: training state {} not used: {why}", dir.display());
-                stepper = Some(s);
+        match try_load(&dir, model.clone(), fingerprint)? {
+            Ok((model, position)) => {
+                let optimizer = dir.join("optimizer.bpk");
+                let stepper = stepper
+                    .restore(&position.stepper, &optimizer)
+                    .map_err(|e| failed(&optimizer, e))?;
+                return Ok(Ok((model, stepper, position)));
             }
-            Err(e) => return Err(e),
+            Err(why) => eprintln!("warning: training state {} not used: {why}", dir.display()),
         }
     }
-    Ok(Err((model, stepper.expect("not taken"))))
+    Ok(Err((model, stepper)))
 }
 
-type Attempt<M> = Result<Result<Restored<M>, (String, Stepper)>, TrainError>;
-
+/// The state in `dir` loaded into `model` with its position, or why it cannot be used (a
+/// missing or corrupt file, another run's shape). Every file is checked against the manifest
+/// before any is read, the optimizer's included.
 fn try_load<M: Module>(
     dir: &Path,
     mut model: M,
-    stepper: Stepper,
     want: &Fingerprint,
-) -> Attempt<M> {
+) -> Result<Result<(M, Position), String>, TrainError> {
     let files: Vec<PathBuf> = ["position.json", "model.bpk", "optimizer.bpk"]
         .iter()
         .map(|f| dir.join(f))
         .collect();
     if !dir.join(mopt_core::manifest::MANIFEST).is_file() {
-        return Ok(Err((
-            "it has no manifest.json (an unfinished write)".into(),
-            stepper,
-        )));
+        return Ok(Err("it has no manifest.json (an unfinished write)".into()));
     }
     for f in &files {
         if !f.is_file() {
-            return Ok(Err((format!("{} is missing", f.display()), stepper)));
+            return Ok(Err(format!("{} is missing", f.display())));
         }
         if let Err(why) = mopt_core::manifest::verify(f) {
-            return Ok(Err((why, stepper)));
+            return Ok(Err(why));
         }
     }
     let text = std::fs::read_to_string(&files[0]).map_err(|e| TrainError::io(&files[0], e))?;
     let position: Position = match serde_json::from_str(&text) {
         Ok(p) => p,
-        Err(e) => return Ok(Err((format!("{}: {e}", files[0].display()), stepper))),
+        Err(e) => return Ok(Err(format!("{}: {e}", files[0].display()))),
     };
     if position.fingerprint != *want {
-        return Ok(Err((
-            format!(
-                "it was saved for another run shape ({:?}, now {want:?})",
-                position.fingerprint
-            ),
-            stepper,
+        return Ok(Err(format!(
+            "it was saved for another run shape ({:?}, now {want:?})",
+            position.fingerprint
         )));
     }
     let mut store = BurnpackStore::from_file(&files[1]).auto_extension(false);
     if let Err(e) = model.load_from(&mut store) {
-        return Ok(Err((format!("{}: {e}", files[1].display()), stepper)));
+        return Ok(Err(format!("{}: {e}", files[1].display())));
     }
-    let stepper = stepper
-        .restore(&position.stepper, &files[2])
-        .map_err(|e| failed(&files[2], e))?;
-    Ok(Ok((model, stepper, position)))
+    Ok(Ok((model, position)))
 }
 
 /// Remove the states of `run_dir` (a fit that finished, or one starting afresh).
