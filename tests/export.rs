@@ -235,6 +235,50 @@ fn int8_bert_exports_as_qdq_runs_on_integer_kernels_and_agrees_with_mopt() {
 }
 
 #[test]
+fn int8_embedding_tables_are_gathered_from_int8_and_match_the_snapped_model() {
+    use mopt_core::Quantizable;
+    let tmp = tempfile::tempdir().unwrap();
+    let base = quantized_checkpoint(&tmp.path().join("ckpt"), 7);
+    let dev = Device::flex();
+    let (mut m, c) = weights::load_checkpoint(&tmp.path().join("ckpt"), &dev).unwrap();
+    let mut q = c.mopt_quant.clone().unwrap();
+    q.embeddings = BertForSequenceClassification::embedding_paths(&c);
+    assert_eq!(
+        q.embeddings,
+        [
+            "bert.embeddings.word_embeddings",
+            "bert.embeddings.position_embeddings"
+        ]
+    );
+    m.snap_embeddings(&q);
+    let qc = BertConfig {
+        mopt_quant: Some(q),
+        ..base
+    };
+    weights::save_checkpoint(&m, &qc, &tmp.path().join("ckpt8")).unwrap();
+    let export = |ckpt: &str, out: &str| {
+        let (ckpt, out) = (tmp.path().join(ckpt), tmp.path().join(out));
+        let card = export_checkpoint(&ckpt, &out, &samples(200, 30522, 3), &opts()).unwrap();
+        let bytes = std::fs::metadata(out.join("model.onnx")).unwrap().len() as i64;
+        (card, bytes)
+    };
+    let (card, int8_bytes) = export("ckpt8", "export8");
+    let (_, float_bytes) = export("ckpt", "export");
+    // The snapped model is what the int8 tables give: agreement as for the other QDQ layers.
+    assert!(card.parity.agreement >= 0.995, "{:?}", card.parity);
+    assert!(card.parity.max_abs_err < 0.05, "{:?}", card.parity);
+    // (30522 + 128) rows x 32: 4 bytes a value become 1, plus a float scale a row.
+    let (rows, h) = (30522 + 128, 32);
+    // The graph gains a few named nodes (Cast, the scales' Gather, Mul): under 2 KB.
+    let saved = float_bytes - int8_bytes;
+    let expected = (rows * h * 3 - rows * 4) as i64;
+    assert!(
+        (expected - 2048..=expected).contains(&saved),
+        "{float_bytes} -> {int8_bytes}: {saved} bytes saved, {expected} expected"
+    );
+}
+
+#[test]
 fn parity_gate_rejects_and_writes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let c = BertConfig::tiny(30522, 2);

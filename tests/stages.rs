@@ -500,7 +500,7 @@ fn ptq_stage_calibrates_ranks_layers_and_falls_back_to_float() {
 #[test]
 fn qat_trains_through_fake_quant_and_exports_as_qdq() {
     let tmp = tempfile::tempdir().unwrap();
-    let stage = "[[stage]]\nkind = \"qat\"\ncalibration-samples = 32\nlearned-scales = true\n[stage.train]\nepochs = 1\nlr = 1e-4\n\n[[stage]]\nkind = \"export\"\nsamples = 40\nreference = \"finetune\"\n";
+    let stage = "[[stage]]\nkind = \"qat\"\ncalibration-samples = 32\nlearned-scales = true\nembeddings = true\n[stage.train]\nepochs = 1\nlr = 1e-4\n\n[[stage]]\nkind = \"export\"\nsamples = 40\nreference = \"finetune\"\n";
     let recipe = write_pipeline(tmp.path(), "qat", stage);
     let out = mopt(&[recipe.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -509,7 +509,15 @@ fn qat_trains_through_fake_quant_and_exports_as_qdq() {
     let qat = &r["stages"][2];
     assert!(qat["steps"].as_u64().unwrap() > 0, "{qat}");
     assert!(qat["facts"]["qat_valid_accuracy"].as_f64().is_some());
+    // The tables trained off their int8 grid and were put back on it: the output is `final/`.
+    assert!(run.join("02-qat/final/model.bpk").is_file());
     let card = read_json(&run.join("03-export/onnx/model-card.json"));
+    let tables = &card["quantization"]["config"]["embeddings"];
+    assert_eq!(tables.as_array().map(Vec::len), Some(2), "{tables}");
+    // Float tables would be 4 bytes a value: the INT8 file is far below the float reference.
+    let size = |d: &str| std::fs::metadata(run.join(d).join("model.onnx")).unwrap().len();
+    let (int8, float) = (size("03-export/onnx"), size("03-export/finetune-onnx"));
+    assert!(int8 * 3 < float, "{int8} vs {float}");
     assert!(
         card["parity"]["agreement"].as_f64().unwrap() >= 0.995,
         "{}",

@@ -163,6 +163,43 @@ pub trait Quantizable: Checkpoint {
         Self::init(&float, &Device::flex()).quant_paths()
     }
 
+    /// The embedding tables a deployment can store as int8 with one scale per row (`[rows,
+    /// dim]`), by module path; none by default. A `ptq` / `qat` stage with `embeddings = true`
+    /// keeps them on that grid ([`Quantizable::snap_embeddings`]) and records them in
+    /// [`QuantConfig::embeddings`]; the family's exporter writes them as int8.
+    fn embedding_tables(&mut self) -> Vec<(String, &mut Param<Tensor<2>>)> {
+        Vec::new()
+    }
+
+    /// The paths of [`embedding_tables`](Quantizable::embedding_tables) of a model shaped
+    /// `config`.
+    fn embedding_paths(config: &Self::Config) -> Vec<String> {
+        let float = Self::with_quantization(config, None);
+        let mut m = Self::init(&float, &Device::flex());
+        m.embedding_tables().into_iter().map(|(p, _)| p).collect()
+    }
+
+    /// Every table `q.embeddings` lists replaced by its int8 values
+    /// ([`mopt_quant::fake::fake_quant_rows`]): the model then computes what the deployed
+    /// int8 tables give.
+    fn snap_embeddings(&mut self, q: &QuantConfig) {
+        for (path, table) in self.embedding_tables() {
+            if !q.embeddings.contains(&path) {
+                continue;
+            }
+            let t = table.val();
+            let [rows, cols] = t.dims();
+            let values = t
+                .to_data()
+                .convert::<f32>()
+                .try_to_vec::<f32>()
+                .expect("f32 table");
+            let snapped = mopt_quant::fake::fake_quant_rows(&values, cols);
+            let data = TensorData::new(snapped, [rows, cols]).convert_dtype(t.dtype());
+            *table = Param::from_tensor(Tensor::from_data(data, &t.device()));
+        }
+    }
+
     /// Every quantizable linear layer, in forward order.
     fn quant_slots(&mut self) -> Vec<QuantSlot<'_>>;
 

@@ -258,7 +258,7 @@ where
         quantization: quantization.as_ref().map(|q| {
             serde_json::json!({
                 "config": q,
-                "format": "QDQ: QuantizeLinear/DequantizeLinear on inputs, int8 weights with per-channel DequantizeLinear",
+                "format": qdq_format(q),
                 "min_agreement": QDQ_MIN_AGREEMENT,
                 "onnxruntime_optimized_ops": fused,
             })
@@ -273,6 +273,25 @@ where
     )
     .map_err(|e| ExportError::Io(card_path.display().to_string(), e))?;
     Ok(card)
+}
+
+/// The card's description of a QDQ graph's formats: which kernels its weights suit.
+fn qdq_format(q: &QuantConfig) -> String {
+    let weights = match q.weight.format.bits {
+        8 => "full-range 8-bit weights (ONNX Runtime's u8·s8 kernels: for CPUs with VNNI)",
+        7 => "7-bit weights in int8 (ONNX Runtime's u8·s8 kernels without VNNI: no int16 saturation)",
+        _ => "int8 weights",
+    };
+    let mut s = format!(
+        "QDQ: QuantizeLinear/DequantizeLinear on inputs, {weights} with per-channel DequantizeLinear"
+    );
+    if !q.embeddings.is_empty() {
+        s += &format!(
+            "; embedding tables int8 with one float scale per row, gathered as Cast(Gather(int8)) * Gather(scale): {}",
+            q.embeddings.join(", ")
+        );
+    }
+    s
 }
 
 fn dim_name(d: &Dim) -> String {

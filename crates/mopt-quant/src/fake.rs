@@ -30,6 +30,34 @@ pub fn fake_quant_value(x: f32, scale: f32, zero_point: i32, qmin: i32, qmax: i3
     )
 }
 
+/// An embedding table's rows as int8, one symmetric scale per row (`max |row| / 127`, zero
+/// point 0; an all-zero row gets scale 1): what a deployment stores and gathers. Returns the
+/// int8 values (row-major, like `values`) and the `rows` scales.
+///
+/// # Shapes
+/// - values: `[rows, cols]` row-major; output: `[rows, cols]` int8 and `[rows]` scales
+pub fn quantize_rows(values: &[f32], cols: usize) -> (Vec<i8>, Vec<f32>) {
+    assert!(cols > 0 && values.len() % cols == 0, "rows of {cols} values");
+    let mut q = Vec::with_capacity(values.len());
+    let mut scales = Vec::with_capacity(values.len() / cols);
+    for row in values.chunks(cols) {
+        let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = if max > 0.0 { max / 127.0 } else { 1.0 };
+        q.extend(row.iter().map(|&v| quantize(v, s, 0, -127, 127) as i8));
+        scales.push(s);
+    }
+    (q, scales)
+}
+
+/// [`quantize_rows`] then back to float: the values a deployment's int8 table gives.
+pub fn fake_quant_rows(values: &[f32], cols: usize) -> Vec<f32> {
+    let (q, scales) = quantize_rows(values, cols);
+    q.chunks(cols)
+        .zip(&scales)
+        .flat_map(|(row, &s)| row.iter().map(move |&v| dequantize(v as i32, s, 0)))
+        .collect()
+}
+
 /// Quantize → dequantize of a tensor with the straight-through estimator (see the module docs).
 ///
 /// # Shapes
@@ -62,6 +90,21 @@ mod tests {
 
     fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+    }
+
+    #[test]
+    fn rows_get_their_own_scale_and_round_half_to_even() {
+        // Row 0: max 1.27 → scale 0.01; 0.005 / 0.01 = 0.5 rounds to 0, 0.015 to 2. Row 1:
+        // all zero → scale 1, zeros. Row 2: max 2.54 → scale 0.02, -2.54 → -127.
+        let v = [1.27, 0.005, 0.015, -0.5, 0.0, 0.0, 0.0, 0.0, 0.3, -2.54, 0.01, 1.0];
+        let (q, s) = quantize_rows(&v, 4);
+        assert_eq!(q, [127, 0, 2, -50, 0, 0, 0, 0, 15, -127, 0, 50]);
+        assert_eq!(s.len(), 3);
+        assert!((s[0] - 0.01).abs() < 1e-8 && s[1] == 1.0 && (s[2] - 0.02).abs() < 1e-8);
+        let back = fake_quant_rows(&v, 4);
+        assert!((back[2] - 0.02).abs() < 1e-7 && back[1] == 0.0 && back[4] == 0.0);
+        // Snapped values are a fixed point: quantizing them again changes nothing.
+        assert_eq!(fake_quant_rows(&back, 4), back);
     }
 
     #[test]

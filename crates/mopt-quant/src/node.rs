@@ -264,6 +264,11 @@ pub struct QuantConfig {
     /// rebuilds them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outputs: Vec<String>,
+    /// Module paths of the embedding tables stored as int8, one scale per row
+    /// ([`crate::fake::quantize_rows`]); their float values are kept on that grid. None by
+    /// default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub embeddings: Vec<String>,
 }
 
 impl QuantConfig {
@@ -289,6 +294,7 @@ impl QuantConfig {
             observer: ObserverKind::MinMax,
             layers,
             outputs: Vec::new(),
+            embeddings: Vec::new(),
         }
     }
 

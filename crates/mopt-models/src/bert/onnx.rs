@@ -12,8 +12,12 @@
 //! weight is stored as int8 `[in, out]` with a per-output-channel `DequantizeLinear` (axis 1),
 //! the bias stays float. ONNX Runtime's QDQ transformer turns `DQ(x), DQ(W) → MatMul` into
 //! integer kernels (`MatMulIntegerToFloat`); LayerNorm, softmax, GELU stay float, as in mopt.
+//! Embedding tables the quantization lists ([`QuantConfig::embeddings`]) are stored as int8
+//! with one scale per row and gathered as `Cast(Gather(int8)) · Gather(scale)`.
 
+use super::quant::{POSITION_EMBEDDINGS, WORD_EMBEDDINGS};
 use super::{BertConfig, BertForSequenceClassification, MASK_BIAS};
+use mopt_quant::fake::quantize_rows;
 use burn::module::Param;
 use burn::nn::{LayerNorm, Linear};
 use burn::prelude::*;
@@ -96,20 +100,37 @@ fn gelu(g: &mut GraphBuilder, x: &str, name: &str) -> String {
     g.op("Mul", &[&m, &half], vec![], &format!("{name}.out"))
 }
 
-fn embedding(g: &mut GraphBuilder, weight: &Param<Tensor<2>>, ids: &str, name: &str) -> String {
-    let w = g.f32s(&format!("{name}.weight"), &dims(weight), &data(weight));
-    g.op(
-        "Gather",
-        &[&w, ids],
-        vec![int("axis", 0)],
-        &format!("{name}.out"),
-    )
+/// `Gather` from an embedding table; an int8 table (`int8`) is stored as int8 with one scale per
+/// row and gathered as `Cast(Gather(table)) · Gather(scales)`.
+fn embedding(
+    g: &mut GraphBuilder,
+    weight: &Param<Tensor<2>>,
+    ids: &str,
+    name: &str,
+    int8: bool,
+) -> String {
+    let axis0 = || vec![int("axis", 0)];
+    let shape = dims(weight);
+    if !int8 {
+        let w = g.f32s(&format!("{name}.weight"), &shape, &data(weight));
+        return g.op("Gather", &[&w, ids], axis0(), &format!("{name}.out"));
+    }
+    let (q, scales) = quantize_rows(&data(weight), shape[1]);
+    let w = g.i8s(&format!("{name}.weight_quantized"), &shape, &q);
+    let s = g.f32s(&format!("{name}.weight_scale"), &[shape[0], 1], &scales);
+    let rows = g.op("Gather", &[&w, ids], axis0(), &format!("{name}.gather_q"));
+    let to_float = vec![int("to", dtype::FLOAT as i64)];
+    let rows = g.op("Cast", &[&rows], to_float, &format!("{name}.cast"));
+    let s = g.op("Gather", &[&s, ids], axis0(), &format!("{name}.gather_scale"));
+    g.op("Mul", &[&rows, &s], vec![], &format!("{name}.out"))
 }
 
 /// The graph being written: the builder and the shared QDQ inputs.
 struct Writer {
     g: GraphBuilder,
     cache: QdqCache,
+    /// The embedding tables written as int8 ([`QuantConfig::embeddings`]).
+    int8_tables: Vec<String>,
 }
 
 impl Writer {
@@ -120,6 +141,8 @@ impl Writer {
 
     /// Word + position (0..seq) + token-type embeddings, then LayerNorm.
     fn embeddings(&mut self, model: &BertForSequenceClassification, eps: f64) -> String {
+        let int8 = |path: &str| self.int8_tables.iter().any(|t| t == path);
+        let (int8_words, int8_positions) = (int8(WORD_EMBEDDINGS), int8(POSITION_EMBEDDINGS));
         let g = &mut self.g;
         let (ids, types) = (INPUTS[0], INPUTS[2]);
         let emb = &model.bert.embeddings;
@@ -127,7 +150,8 @@ impl Writer {
             g,
             &emb.word_embeddings.weight,
             ids,
-            "bert.embeddings.word_embeddings",
+            WORD_EMBEDDINGS,
+            int8_words,
         );
         let shape = g.op("Shape", &[ids], vec![], "ids_shape");
         let one_idx = g.i64s("const_index_1", &[], &[1]);
@@ -151,13 +175,15 @@ impl Writer {
             g,
             &emb.position_embeddings.weight,
             &positions,
-            "bert.embeddings.position_embeddings",
+            POSITION_EMBEDDINGS,
+            int8_positions,
         );
         let tt = embedding(
             g,
             &emb.token_type_embeddings.weight,
             types,
             "bert.embeddings.token_type_embeddings",
+            false,
         );
         let sum = g.op("Add", &[&words, &pos], vec![], "emb_add");
         let sum = g.op("Add", &[&sum, &tt], vec![], "emb_add");
@@ -309,6 +335,10 @@ pub fn export_bert(
     let mut w = Writer {
         g: GraphBuilder::default(),
         cache: QdqCache::new(),
+        int8_tables: config
+            .mopt_quant
+            .as_ref()
+            .map_or(Vec::new(), |q| q.embeddings.clone()),
     };
     let eps = config.layer_norm_eps;
     let mut x = w.embeddings(model, eps);

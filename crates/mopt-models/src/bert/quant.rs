@@ -1,8 +1,11 @@
 //! Quantizers on BERT's linear layers. Each quantizable `Linear` has an
 //! `Option<LinearQuant>` beside it (`query` → `query_quant`); [`slots`] lists them by path
 //! (`bert.encoder.layer.0.attention.self_attn.query`) so that placement patterns, calibration
-//! and export see one list. LayerNorm, softmax, GELU and the embeddings stay float.
+//! and export see one list. LayerNorm, softmax and GELU stay float; the word and position
+//! embedding tables can be stored as int8 with one scale per row
+//! ([`Quantizable::embedding_tables`]).
 
+use burn::module::Param;
 use burn::prelude::*;
 use mopt_core::quant::{QuantSlot as Slot, QuantSlotRef as SlotRef};
 use mopt_core::Quantizable;
@@ -34,7 +37,21 @@ impl Quantizable for BertForSequenceClassification {
     fn quant_slots_ref(&self) -> Vec<SlotRef<'_>> {
         slots_ref(self)
     }
+
+    /// The word and position tables (the token-type table has two rows).
+    fn embedding_tables(&mut self) -> Vec<(String, &mut Param<Tensor<2>>)> {
+        let e = &mut self.bert.embeddings;
+        vec![
+            (WORD_EMBEDDINGS.into(), &mut e.word_embeddings.weight),
+            (POSITION_EMBEDDINGS.into(), &mut e.position_embeddings.weight),
+        ]
+    }
 }
+
+/// The word embedding table's module path.
+pub const WORD_EMBEDDINGS: &str = "bert.embeddings.word_embeddings";
+/// The position embedding table's module path.
+pub const POSITION_EMBEDDINGS: &str = "bert.embeddings.position_embeddings";
 
 /// Every quantizable linear layer of `model`, in forward order.
 pub fn slots(model: &mut BertForSequenceClassification) -> Vec<Slot<'_>> {

@@ -11,7 +11,7 @@
 //! baseline teacher, at a reduced LR. The quantization config is saved in the checkpoint's
 //! `config.json` (`mopt_quant`), the scales in its weights.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use mopt_core::quant::calibrate;
 use mopt_core::{Labeled, ModelConfig, Quantizable};
@@ -40,7 +40,7 @@ pub struct Qat;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawQuant {
-    weight_bits: Option<u32>,
+    weight_bits: Option<Bits>,
     weight_granularity: Option<String>,
     activation_bits: Option<u32>,
     activation_symmetric: Option<bool>,
@@ -53,9 +53,58 @@ struct RawQuant {
     sensitivity: Option<bool>,
     max_fallback: Option<usize>,
     learned_scales: Option<bool>,
+    embeddings: Option<bool>,
     distill: Option<bool>,
     alpha: Option<f64>,
     temperature: Option<f64>,
+}
+
+/// `weight-bits`: a number, or `"auto"`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Bits {
+    Number(u32),
+    Name(String),
+}
+
+/// Whether this CPU has VNNI (AVX-512 VNNI or AVX-VNNI): ONNX Runtime's u8·s8 kernels then
+/// take full-range 8-bit weights; without it they sum pairs of products in int16 and need the
+/// 7-bit range.
+pub fn cpu_has_vnni() -> bool {
+    crate::env::Environment::detect()
+        .simd
+        .iter()
+        .any(|f| f == "avx512_vnni" || f == "avx_vnni")
+}
+
+/// `weight-bits`: 8, 7 or 4; `"auto"` is 8 on a CPU with VNNI and 7 without.
+fn parse_weight_bits(cx: &Scope, bits: Option<&Bits>) -> Result<u32, RecipeError> {
+    let bits = match bits {
+        None => 7,
+        Some(Bits::Number(n)) => *n,
+        Some(Bits::Name(n)) if n == "auto" => {
+            if cpu_has_vnni() {
+                8
+            } else {
+                7
+            }
+        }
+        Some(Bits::Name(n)) => {
+            return Err(cx.err(
+                "weight-bits",
+                format!("`{n}` is not a bit width"),
+                "use 8, 7, 4 or \"auto\" (8 where the CPU has VNNI, 7 otherwise)",
+            ))
+        }
+    };
+    if ![4, 7, 8].contains(&bits) {
+        return Err(cx.err(
+            "weight-bits",
+            format!("{bits} bits are not supported"),
+            "use 8, 7 (the 8-bit type's reduced range, which ONNX Runtime's u8·s8 kernels need on CPUs without VNNI), 4, or \"auto\"",
+        ));
+    }
+    Ok(bits)
 }
 
 /// A quantization stage, validated.
@@ -71,6 +120,11 @@ pub struct QuantStage {
     pub exclude: Vec<String>,
     /// Training examples calibration reads.
     pub calibration_samples: usize,
+    /// `weight-bits = "auto"`: the width was chosen for this CPU ([`cpu_has_vnni`]).
+    pub auto_bits: bool,
+    /// Store the family's embedding tables as int8, one scale per row
+    /// ([`mopt_core::Quantizable::embedding_tables`]).
+    pub embeddings: bool,
     /// Rank layers by sensitivity (ptq).
     pub sensitivity: bool,
     /// Float fallbacks at most (ptq).
@@ -174,14 +228,7 @@ fn parse(
     let cx: &Scope = &entry.scope;
     let r: RawQuant = cx.deserialize(entry.settings.clone())?;
     check_kind_keys(cx, &r, train)?;
-    let weight_bits = r.weight_bits.unwrap_or(7);
-    if ![4, 7, 8].contains(&weight_bits) {
-        return Err(cx.err(
-            "weight-bits",
-            format!("{weight_bits} bits are not supported"),
-            "use 8, 7 (the 8-bit type's reduced range, which ONNX Runtime's u8·s8 kernels need on CPUs without VNNI) or 4",
-        ));
-    }
+    let weight_bits = parse_weight_bits(cx, r.weight_bits.as_ref())?;
     let granularity = match r.weight_granularity.as_deref().unwrap_or("per-channel") {
         "per-channel" => Granularity::PerChannel(1),
         "per-tensor" => Granularity::PerTensor,
@@ -229,12 +276,15 @@ fn parse(
             observer,
             layers: Vec::new(),
             outputs: Vec::new(),
+            embeddings: Vec::new(),
         },
         include: r.include.unwrap_or_else(|| vec!["*".into()]),
         // The family's default float layers (BERT: the pooler and classifier, tiny and right
         // before the logits).
         exclude: r.exclude.unwrap_or_else(|| family.quant_default_exclude()),
         calibration_samples: cx.positive("calibration-samples", r.calibration_samples, 512)?,
+        embeddings: r.embeddings.unwrap_or(false),
+        auto_bits: matches!(&r.weight_bits, Some(Bits::Name(_))),
         // on-fail = "retry" is the float fallback, which needs the ranking.
         sensitivity: r.sensitivity.unwrap_or(
             entry
@@ -306,9 +356,10 @@ impl QuantStage {
         }
     }
 
-    /// The quantization config for an `M` whose quantizable layers are `paths`: the
-    /// included, not excluded ones (and the outputs the family quantizes among them).
-    fn config_for<M: Quantizable>(&self, paths: &[String]) -> QuantConfig {
+    /// The quantization config for an `M` shaped `config` whose quantizable layers are
+    /// `paths`: the included, not excluded ones (and the outputs the family quantizes among
+    /// them), and its embedding tables when `embeddings` is set.
+    fn config_for<M: Quantizable>(&self, paths: &[String], config: &M::Config) -> QuantConfig {
         let layers: Vec<String> = paths
             .iter()
             .filter(|p| self.include.iter().any(|g| mopt_prune::glob(g, p)))
@@ -318,14 +369,24 @@ impl QuantStage {
         QuantConfig {
             outputs: M::quantized_outputs(&layers),
             layers,
+            embeddings: if self.embeddings {
+                M::embedding_paths(config)
+            } else {
+                Vec::new()
+            },
             ..self.base.clone()
         }
     }
 
     fn scheme_line(&self) -> String {
         let q = &self.base;
+        let auto = match (self.auto_bits, cpu_has_vnni()) {
+            (false, _) => "",
+            (true, true) => ", chosen for this CPU: it has VNNI",
+            (true, false) => ", chosen for this CPU: it lacks VNNI",
+        };
         format!(
-            "weights int{} ({}), symmetric, {}; activations {} {} per tensor; observer {}; learned scales (LSQ) {}",
+            "weights int{} ({}{auto}), symmetric, {}; activations {} {} per tensor; observer {}; learned scales (LSQ) {}",
             q.weight.format.bits,
             if q.weight.format.bits == 7 { "the 8-bit type's 7-bit range [-64, 63]" } else { "full range" },
             match q.weight.granularity {
@@ -348,7 +409,7 @@ impl QuantStage {
         let device = cx.device.device();
         let (model, config) = M::load(input, &device)?;
         let (model, config) = model.fold_for_quantization(&config);
-        let q = self.config_for::<M>(&M::linear_paths(&config));
+        let q = self.config_for::<M>(&M::linear_paths(&config), &config);
         let train = cx.splits::<M::Batch>()?.train;
         let order = epoch_order(train.len(), cx.seed ^ 0x9a7, 0);
         let n = self.calibration_samples.min(order.len());
@@ -359,11 +420,12 @@ impl QuantStage {
             q.observer.name()
         );
         let model = model.valid();
-        let (m, unseen) = calibrate(model, &q, &device, |m| {
+        let (mut m, unseen) = calibrate(model, &q, &device, |m| {
             for chunk in order[..n].chunks(cx.entry.train.eval_batch_size) {
                 let _ = m.logits(&train.batch(chunk, &device));
             }
         });
+        m.snap_embeddings(&q);
         let qc = M::with_quantization(&config, Some(q));
         Ok((m, qc, unseen))
     }
@@ -497,7 +559,17 @@ impl QuantStage {
                 )
                 .into());
         }
-        let q = self.config_for::<M>(&paths);
+        let q = self.config_for::<M>(&paths, input);
+        if self.embeddings && q.embeddings.is_empty() {
+            return Err(entry
+                .scope
+                .err(
+                    "embeddings",
+                    "this model has no embedding table to store as int8",
+                    "remove `embeddings`, or list the family's tables in `Quantizable::embedding_tables`",
+                )
+                .into());
+        }
         if q.layers.is_empty() {
             return Err(entry
                 .scope
@@ -518,6 +590,12 @@ impl QuantStage {
                 self.calibration_samples.min(cx.train_examples)
             ),
         ];
+        if !q.embeddings.is_empty() {
+            settings.push(format!(
+                "embedding tables stored as int8, one scale per row: {}",
+                q.embeddings.join(", ")
+            ));
+        }
         if self.train {
             settings.push(format!(
                 "then QAT: straight-through estimator{}, distill = {} (alpha = {}, temperature = {})",
@@ -594,7 +672,10 @@ impl QuantStage {
             });
         }
         // QAT: train the calibrated model (fake-quant in the forward pass, STE in the backward).
-        let report = self.qat::<M>(input, &out, &qc, cx)?;
+        let mut report = self.qat::<M>(input, &out, &qc, cx)?;
+        if M::quantization(&qc).is_some_and(|q| !q.embeddings.is_empty()) {
+            report.checkpoint = Self::snapped::<M>(&report.checkpoint, cx)?;
+        }
         notes.push(format!(
             "QAT: {} steps; best validation accuracy {:.4} (calibrated {:.4}).",
             report.steps, report.best_valid.accuracy, valid.accuracy
@@ -609,6 +690,21 @@ impl QuantStage {
             logit_error_vs_input: None,
             artifacts,
         })
+    }
+
+    /// The trained checkpoint at `best` with its embedding tables put back on their int8 grid
+    /// (training moved them off it), saved as `final/`: the stage's output.
+    fn snapped<M: Quantizable<Batch: Labeled>>(
+        best: &Path,
+        cx: &StageContext,
+    ) -> Result<PathBuf, StageError> {
+        let (mut m, config) = M::load(best, &cx.device.device())?;
+        if let Some(q) = M::quantization(&config) {
+            m.snap_embeddings(q);
+        }
+        let out = cx.dir.join("final");
+        save_checkpoint_dir(&m, &config, cx.data, &out)?;
+        Ok(out)
     }
 
     /// Train the calibrated `M` saved at `calibrated` with fake-quant (STE), KD from the
