@@ -22,6 +22,8 @@
 //!    shapes ([`TapLayout`]): unlocks distillation with intermediate matches (text).
 //! 8. [`FeatureMaps`]: its feature maps (a CNN's stem and stage outputs): unlocks distillation
 //!    with feature-map matches (FitNets with 1×1-convolution projections, attention transfer).
+//! 9. [`VocabPrunable`]: its token-embedding table can lose rows: unlocks `vocab` stages
+//!    (vocabulary pruning to a corpus).
 //!
 //! Each capability beyond these unlocks more stage kinds; a stage that needs one the model
 //! lacks says so in `--check`.
@@ -38,6 +40,7 @@ pub mod prune;
 pub mod quant;
 mod table;
 pub mod taps;
+pub mod vocab;
 
 pub use data::{Examples, Labeled};
 pub use error::ModelFault;
@@ -49,3 +52,4 @@ pub use prune::Prunable;
 pub use quant::Quantizable;
 pub use table::{Array, ParamTable};
 pub use taps::{TapLayout, TapRequest, Tapped, Taps};
+pub use vocab::VocabPrunable;

@@ -92,6 +92,19 @@ impl TextTokenizer {
             })
     }
 
+    /// Id of `token` in the vocabulary, if it has one.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Ids of the special tokens (`[PAD]`, `[UNK]`, `[CLS]`, `[SEP]`, `[MASK]`) the vocabulary has.
+    pub fn special_ids(&self) -> Vec<u32> {
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+            .iter()
+            .filter_map(|t| self.token_id(t))
+            .collect()
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

@@ -23,6 +23,7 @@ pub fn kinds() -> &'static [&'static dyn StageKind] {
         &crate::kinds::checkpoint::Checkpoint,
         &crate::kinds::distill::Distill,
         &crate::kinds::prune::Prune,
+        &crate::kinds::vocab::Vocab,
         &crate::kinds::quantize::Ptq,
         &crate::kinds::quantize::Qat,
         &crate::kinds::export::Export,

@@ -66,6 +66,10 @@ pub struct BertConfig {
     /// Quantized models: where and how (the scales are in the weights file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mopt_quant: Option<mopt_quant::node::QuantConfig>,
+    /// Vocabulary-pruned models: the word-table row of every token id the tokenizer gives (its
+    /// length is the tokenizer's vocabulary; `vocab_size` is the rows kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mopt_vocab_map: Option<Vec<u32>>,
 }
 
 fn default_max_pos() -> usize {
@@ -130,6 +134,7 @@ impl BertConfig {
             num_labels,
             mopt_labels: None,
             mopt_quant: None,
+            mopt_vocab_map: None,
         }
     }
 
@@ -147,6 +152,12 @@ impl BertConfig {
     /// FFN width of every layer.
     pub fn layer_ffn(&self) -> Vec<usize> {
         (0..self.num_hidden_layers).map(|i| self.ffn(i)).collect()
+    }
+
+    /// Token ids the model reads: the tokenizer's vocabulary (`vocab_size` unless the
+    /// vocabulary was pruned: then `mopt_vocab_map`'s length).
+    pub fn input_vocab(&self) -> usize {
+        self.mopt_vocab_map.as_ref().map_or(self.vocab_size, Vec::len)
     }
 
     /// Heads of layer `i`.
@@ -194,6 +205,14 @@ impl BertConfig {
                         self.num_hidden_layers
                     ));
                 }
+            }
+        }
+        if let Some(map) = &self.mopt_vocab_map {
+            if let Some(&row) = map.iter().find(|&&r| r as usize >= self.vocab_size) {
+                return Err(format!(
+                    "mopt_vocab_map sends an id to row {row} but vocab_size is {}",
+                    self.vocab_size
+                ));
             }
         }
         if self.num_labels < 1 {

@@ -8,6 +8,7 @@ pub mod prune;
 pub mod quant;
 pub mod setup;
 pub mod student;
+mod vocab;
 pub mod weights;
 
 pub use config::BertConfig;

@@ -135,6 +135,10 @@ pub struct BertEmbeddings {
     pub dropout: Dropout,
     /// LayerNorm epsilon (`layer_norm_eps` of the config).
     pub eps: f64,
+    /// A vocabulary-pruned model's row of every token id (`mopt_vocab_map`); rebuilt from the
+    /// config, not saved with the weights.
+    #[module(skip)]
+    pub vocab_map: Option<std::sync::Arc<Vec<i64>>>,
 }
 
 impl BertEmbeddings {
@@ -148,6 +152,10 @@ impl BertEmbeddings {
                 .init(device),
             dropout: DropoutConfig::new(dropout).init(),
             eps: c.layer_norm_eps,
+            vocab_map: c
+                .mopt_vocab_map
+                .as_ref()
+                .map(|m| std::sync::Arc::new(m.iter().map(|&r| r as i64).collect())),
         }
     }
 
@@ -160,6 +168,13 @@ impl BertEmbeddings {
         let positions = Tensor::<1, Int>::arange(0..seq as i64, &device)
             .reshape([1, seq])
             .expand([batch, seq]);
+        let input_ids = match &self.vocab_map {
+            Some(map) => {
+                let map = Tensor::<1, Int>::from_data(TensorData::new(map.to_vec(), [map.len()]), &device);
+                map.select(0, input_ids.reshape([batch * seq])).reshape([batch, seq])
+            }
+            None => input_ids,
+        };
         let table = |e: &Embedding, ids| mopt_kernels::embedding(e.weight.val(), ids);
         let x = table(&self.word_embeddings, input_ids)
             + table(&self.position_embeddings, positions)

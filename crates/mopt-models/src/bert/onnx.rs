@@ -131,6 +131,8 @@ struct Writer {
     cache: QdqCache,
     /// The embedding tables written as int8 ([`QuantConfig::embeddings`]).
     int8_tables: Vec<String>,
+    /// A pruned vocabulary's row of every id (`mopt_vocab_map`).
+    vocab_map: Option<Vec<u32>>,
 }
 
 impl Writer {
@@ -146,10 +148,19 @@ impl Writer {
         let g = &mut self.g;
         let (ids, types) = (INPUTS[0], INPUTS[2]);
         let emb = &model.bert.embeddings;
+        // A pruned vocabulary: every id to its row (a dropped token to [UNK]'s).
+        let rows = match &self.vocab_map {
+            Some(map) => {
+                let map: Vec<i32> = map.iter().map(|&r| r as i32).collect();
+                let m = g.i32s("bert.embeddings.vocab_map", &[map.len()], &map);
+                g.op("Gather", &[&m, ids], vec![int("axis", 0)], "word_rows")
+            }
+            None => ids.to_string(),
+        };
         let words = embedding(
             g,
             &emb.word_embeddings.weight,
-            ids,
+            &rows,
             WORD_EMBEDDINGS,
             int8_words,
         );
@@ -339,6 +350,7 @@ pub fn export_bert(
             .mopt_quant
             .as_ref()
             .map_or(Vec::new(), |q| q.embeddings.clone()),
+        vocab_map: config.mopt_vocab_map.clone(),
     };
     let eps = config.layer_norm_eps;
     let mut x = w.embeddings(model, eps);

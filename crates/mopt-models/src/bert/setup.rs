@@ -54,12 +54,12 @@ pub fn model_config(
             "make the overrides consistent with each other and with config.json",
         )
     })?;
-    if vocab_size > c.vocab_size {
+    if vocab_size > c.input_vocab() {
         return Err(bad(
             "config",
             format!(
-                "the tokenizer has {vocab_size} tokens but the model's vocab_size is {}",
-                c.vocab_size
+                "the tokenizer has {vocab_size} tokens but the model reads {} token ids",
+                c.input_vocab()
             ),
             "use the tokenizer that belongs to the model's checkpoint ([tokenizer] path), or a config with its vocabulary",
         ));

@@ -219,6 +219,12 @@ pub fn save_hf(
             message: "this model is quantized (its config has mopt_quant): transformers has no place for its scales and zero points, and float weights alone would not be the model that was evaluated; nothing was written. Export it to ONNX (QDQ, integer kernels in ONNX Runtime): `mopt-train export RECIPE --checkpoint DIR` or an `export` stage".into(),
         });
     }
+    if config.mopt_vocab_map.is_some() {
+        return Err(ModelError::Config {
+            path: dir.to_path_buf(),
+            message: "this model's vocabulary was pruned (its config has mopt_vocab_map): transformers would read the tokenizer's ids as rows of the smaller table; nothing was written. Export it to ONNX, which maps the ids".into(),
+        });
+    }
     // transformers builds every layer from `num_attention_heads` x (hidden / heads) and
     // `intermediate_size`: a pruned shape (per-layer heads or FFN widths, or heads x head size
     // != hidden) cannot be expressed, and it ignores `pruned_heads` on load.

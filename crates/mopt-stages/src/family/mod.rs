@@ -26,6 +26,7 @@ use crate::error::StageError;
 use crate::kinds::distill::DistillStage;
 use crate::kinds::prune::PruneStage;
 use crate::kinds::quantize::QuantStage;
+use crate::kinds::vocab::VocabStage;
 use crate::record::{EvalSettings, ModelFacts};
 use crate::shape::Shape;
 use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
@@ -168,6 +169,27 @@ pub trait Family: Sync {
             "a quantizable model",
             "declares no quantizable layers",
         ))
+    }
+
+    /// Plan a `vocab` stage ([`VocabStage::plan`]).
+    fn plan_vocab(
+        &self,
+        _stage: &VocabStage,
+        _entry: &StageEntry,
+        _input: &Shape,
+        _cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        Err(self.lacks("vocab", "a token-embedding table", "declares none"))
+    }
+
+    /// Run a `vocab` stage ([`VocabStage::run`] with the run's token ids).
+    fn prune_vocab(
+        &self,
+        _stage: &VocabStage,
+        _input: &Path,
+        _cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        Err(self.lacks("vocab", "a token-embedding table", "declares none"))
     }
 
     /// Plan a `distill` stage (BERT's: `family::bert::distill::plan`).

@@ -9,3 +9,4 @@ pub mod kd_maps;
 pub mod kd_student;
 pub mod prune;
 pub mod quantize;
+pub mod vocab;

@@ -49,7 +49,7 @@ pub fn check_compat(
             "give the student the teacher's vocabulary (its config.json's vocab_size and its tokenizer)",
         )));
     }
-    if tokenizer_vocab > teacher.vocab_size {
+    if tokenizer_vocab > teacher.input_vocab() {
         return Err(TrainError::Recipe(scx.err(
             "config",
             "the [tokenizer] is larger than the teacher's vocabulary",

@@ -22,6 +22,7 @@ use crate::error::StageError;
 use crate::kinds::distill::DistillStage;
 use crate::kinds::prune::PruneStage;
 use crate::kinds::quantize::QuantStage;
+use crate::kinds::vocab::{Corpus, VocabStage};
 use crate::predict::TextClassifier;
 use crate::record::{measure_checkpoint, EvalSettings, ModelFacts};
 use crate::shape::Shape;
@@ -166,6 +167,41 @@ impl Family for Bert {
 
     fn quant_default_exclude(&self) -> Vec<String> {
         Model::default_float_paths()
+    }
+
+    fn plan_vocab(
+        &self,
+        stage: &VocabStage,
+        entry: &StageEntry,
+        input: &Shape,
+        _cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        stage.plan::<Model>(entry, input)
+    }
+
+    fn prune_vocab(
+        &self,
+        stage: &VocabStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        let text: &TextData = cx.data.get()?;
+        fn ids(s: &mopt_data::TextSplit) -> Vec<&[u32]> {
+            s.examples.iter().map(|e| e.ids.as_slice()).collect()
+        }
+        let unk = text.tokenizer.token_id("[UNK]").ok_or_else(|| {
+            StageError::Unsupported(format!(
+                "kind `vocab`: the tokenizer {} has no [UNK] token for dropped tokens to read",
+                text.tokenizer.path.display()
+            ))
+        })?;
+        let corpus = Corpus {
+            train: ids(&text.train),
+            valid: ids(&text.valid),
+            special: text.tokenizer.special_ids(),
+            unk,
+        };
+        stage.run::<Model>(input, &corpus, cx)
     }
 
     fn plan_quantize(
