@@ -515,7 +515,11 @@ fn qat_trains_through_fake_quant_and_exports_as_qdq() {
     let tables = &card["quantization"]["config"]["embeddings"];
     assert_eq!(tables.as_array().map(Vec::len), Some(2), "{tables}");
     // Float tables would be 4 bytes a value: the INT8 file is far below the float reference.
-    let size = |d: &str| std::fs::metadata(run.join(d).join("model.onnx")).unwrap().len();
+    let size = |d: &str| {
+        std::fs::metadata(run.join(d).join("model.onnx"))
+            .unwrap()
+            .len()
+    };
     let (int8, float) = (size("03-export/onnx"), size("03-export/finetune-onnx"));
     assert!(int8 * 3 < float, "{int8} vs {float}");
     assert!(
@@ -790,26 +794,45 @@ fn vocab_stage_keeps_the_training_tokens_and_any_text_still_classifies() {
     let run = tmp.path().join("runs/vocab");
     let r = read_json(&run.join("report.json"));
     let facts = &r["stages"][2]["facts"];
-    let (before, kept) = (facts["rows_before"].as_u64().unwrap(), facts["rows_kept"].as_u64().unwrap());
+    let (before, kept) = (
+        facts["rows_before"].as_u64().unwrap(),
+        facts["rows_kept"].as_u64().unwrap(),
+    );
     // 96 short training sentences use a few hundred of the 30522 WordPiece tokens.
     assert_eq!(before, 30522, "{facts}");
     assert!((100..3000).contains(&kept), "{facts}");
     let to_unk = facts["valid_tokens_to_unk"].as_u64().unwrap();
-    assert!(to_unk > 0 && to_unk < facts["valid_tokens"].as_u64().unwrap(), "{facts}");
+    assert!(
+        to_unk > 0 && to_unk < facts["valid_tokens"].as_u64().unwrap(),
+        "{facts}"
+    );
     // The float export maps ids in the graph: ONNX Runtime matches mopt to float precision, and
     // the file lost the dropped rows (4 bytes x 32 a row) less the map (4 bytes an id).
     let card = read_json(&run.join("03-export/onnx/model-card.json"));
-    assert!(card["parity"]["max_abs_err"].as_f64().unwrap() < 1e-4, "{}", card["parity"]);
-    let size = |d: &str| std::fs::metadata(run.join(d).join("model.onnx")).unwrap().len() as i64;
+    assert!(
+        card["parity"]["max_abs_err"].as_f64().unwrap() < 1e-4,
+        "{}",
+        card["parity"]
+    );
+    let size = |d: &str| {
+        std::fs::metadata(run.join(d).join("model.onnx"))
+            .unwrap()
+            .len() as i64
+    };
     let saved = size("03-export/finetune-onnx") - size("03-export/onnx");
     let expected = (before - kept) as i64 * 32 * 4 - 30522 * 4;
-    assert!((expected - 4096..=expected).contains(&saved), "{saved} vs {expected}");
+    assert!(
+        (expected - 4096..=expected).contains(&saved),
+        "{saved} vs {expected}"
+    );
     // A training sentence reads the same rows as before; words the training split never used
     // read [UNK] and the text still classifies.
     let recipe = mopt_recipe::load(&recipe).unwrap();
     let pruned = mopt_stages::Predictor::load(&recipe, &run.join("02-vocab/model")).unwrap();
     let full = mopt_stages::Predictor::load(&recipe, &run.join("01-finetune/best")).unwrap();
-    let seen = mopt_data::load_splits(&recipe.data).unwrap().train[0].text.clone();
+    let seen = mopt_data::load_splits(&recipe.data).unwrap().train[0]
+        .text
+        .clone();
     let p = |m: &mopt_stages::Predictor, t: &str| m.predict(&[t]).unwrap()[0].probabilities.clone();
     assert_eq!(p(&pruned, &seen), p(&full, &seen));
     let odd = "a quixotic zeppelin of xylophones";

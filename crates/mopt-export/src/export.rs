@@ -243,18 +243,34 @@ where
         onnxruntime_checked_with: ort_version(),
         opset: OPSET,
         ir_version: IR_VERSION,
-        inputs: M::inputs(config).iter().map(|i| TensorSpec {
-            name: i.name.clone(),
-            dtype: match i.dtype { InputType::Float => "float32", InputType::Int64 => "int64" }.into(),
-            shape: i.dims.iter().map(dim_name).collect(),
-        }).collect(),
-        outputs: vec![TensorSpec { name: OUTPUT.into(), dtype: "float32".into(), shape: vec!["batch".into(), config.num_labels().to_string()] }],
+        inputs: M::inputs(config)
+            .iter()
+            .map(|i| TensorSpec {
+                name: i.name.clone(),
+                dtype: match i.dtype {
+                    InputType::Float => "float32",
+                    InputType::Int64 => "int64",
+                }
+                .into(),
+                shape: i.dims.iter().map(dim_name).collect(),
+            })
+            .collect(),
+        outputs: vec![TensorSpec {
+            name: OUTPUT.into(),
+            dtype: "float32".into(),
+            shape: vec!["batch".into(), config.num_labels().to_string()],
+        }],
         padding: opts.input_notes.clone(),
         labels: opts.labels.clone(),
         architecture: M::card_facts(config),
         params: config.num_params(),
         accuracy_at_export: opts.accuracy,
-        parity: Parity { samples, max_abs_err, tolerance: opts.tolerance, agreement },
+        parity: Parity {
+            samples,
+            max_abs_err,
+            tolerance: opts.tolerance,
+            agreement,
+        },
         quantization: quantization.as_ref().map(|q| {
             serde_json::json!({
                 "config": q,
@@ -279,7 +295,9 @@ where
 fn qdq_format(q: &QuantConfig) -> String {
     let weights = match q.weight.format.bits {
         8 => "full-range 8-bit weights (ONNX Runtime's u8·s8 kernels: for CPUs with VNNI)",
-        7 => "7-bit weights in int8 (ONNX Runtime's u8·s8 kernels without VNNI: no int16 saturation)",
+        7 => {
+            "7-bit weights in int8 (ONNX Runtime's u8·s8 kernels without VNNI: no int16 saturation)"
+        }
         _ => "int8 weights",
     };
     let mut s = format!(

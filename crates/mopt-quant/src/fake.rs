@@ -37,7 +37,10 @@ pub fn fake_quant_value(x: f32, scale: f32, zero_point: i32, qmin: i32, qmax: i3
 /// # Shapes
 /// - values: `[rows, cols]` row-major; output: `[rows, cols]` int8 and `[rows]` scales
 pub fn quantize_rows(values: &[f32], cols: usize) -> (Vec<i8>, Vec<f32>) {
-    assert!(cols > 0 && values.len() % cols == 0, "rows of {cols} values");
+    assert!(
+        cols > 0 && values.len() % cols == 0,
+        "rows of {cols} values"
+    );
     let mut q = Vec::with_capacity(values.len());
     let mut scales = Vec::with_capacity(values.len() / cols);
     for row in values.chunks(cols) {
@@ -96,7 +99,9 @@ mod tests {
     fn rows_get_their_own_scale_and_round_half_to_even() {
         // Row 0: max 1.27 → scale 0.01; 0.005 / 0.01 = 0.5 rounds to 0, 0.015 to 2. Row 1:
         // all zero → scale 1, zeros. Row 2: max 2.54 → scale 0.02, -2.54 → -127.
-        let v = [1.27, 0.005, 0.015, -0.5, 0.0, 0.0, 0.0, 0.0, 0.3, -2.54, 0.01, 1.0];
+        let v = [
+            1.27, 0.005, 0.015, -0.5, 0.0, 0.0, 0.0, 0.0, 0.3, -2.54, 0.01, 1.0,
+        ];
         let (q, s) = quantize_rows(&v, 4);
         assert_eq!(q, [127, 0, 2, -50, 0, 0, 0, 0, 15, -127, 0, 50]);
         assert_eq!(s.len(), 3);

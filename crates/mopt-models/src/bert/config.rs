@@ -157,7 +157,9 @@ impl BertConfig {
     /// Token ids the model reads: the tokenizer's vocabulary (`vocab_size` unless the
     /// vocabulary was pruned: then `mopt_vocab_map`'s length).
     pub fn input_vocab(&self) -> usize {
-        self.mopt_vocab_map.as_ref().map_or(self.vocab_size, Vec::len)
+        self.mopt_vocab_map
+            .as_ref()
+            .map_or(self.vocab_size, Vec::len)
     }
 
     /// Heads of layer `i`.

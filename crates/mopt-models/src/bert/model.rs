@@ -170,8 +170,12 @@ impl BertEmbeddings {
             .expand([batch, seq]);
         let input_ids = match &self.vocab_map {
             Some(map) => {
-                let map = Tensor::<1, Int>::from_data(TensorData::new(map.to_vec(), [map.len()]), &device);
-                map.select(0, input_ids.reshape([batch * seq])).reshape([batch, seq])
+                let map = Tensor::<1, Int>::from_data(
+                    TensorData::new(map.to_vec(), [map.len()]),
+                    &device,
+                );
+                map.select(0, input_ids.reshape([batch * seq]))
+                    .reshape([batch, seq])
             }
             None => input_ids,
         };

@@ -17,10 +17,10 @@
 
 use super::quant::{POSITION_EMBEDDINGS, WORD_EMBEDDINGS};
 use super::{BertConfig, BertForSequenceClassification, MASK_BIAS};
-use mopt_quant::fake::quantize_rows;
 use burn::module::Param;
 use burn::nn::{LayerNorm, Linear};
 use burn::prelude::*;
+use mopt_quant::fake::quantize_rows;
 use mopt_quant::node::LinearQuant;
 
 use mopt_data::TextBatch;
@@ -121,7 +121,12 @@ fn embedding(
     let rows = g.op("Gather", &[&w, ids], axis0(), &format!("{name}.gather_q"));
     let to_float = vec![int("to", dtype::FLOAT as i64)];
     let rows = g.op("Cast", &[&rows], to_float, &format!("{name}.cast"));
-    let s = g.op("Gather", &[&s, ids], axis0(), &format!("{name}.gather_scale"));
+    let s = g.op(
+        "Gather",
+        &[&s, ids],
+        axis0(),
+        &format!("{name}.gather_scale"),
+    );
     g.op("Mul", &[&rows, &s], vec![], &format!("{name}.out"))
 }
 

@@ -43,7 +43,10 @@ impl Quantizable for BertForSequenceClassification {
         let e = &mut self.bert.embeddings;
         vec![
             (WORD_EMBEDDINGS.into(), &mut e.word_embeddings.weight),
-            (POSITION_EMBEDDINGS.into(), &mut e.position_embeddings.weight),
+            (
+                POSITION_EMBEDDINGS.into(),
+                &mut e.position_embeddings.weight,
+            ),
         ]
     }
 }

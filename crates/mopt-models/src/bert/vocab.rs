@@ -31,16 +31,12 @@ impl VocabPrunable for BertForSequenceClassification {
         }
     }
 
-    fn keep_vocab(
-        mut self,
-        c: &BertConfig,
-        keep: &[u32],
-        map: Vec<u32>,
-    ) -> (Self, BertConfig) {
+    fn keep_vocab(mut self, c: &BertConfig, keep: &[u32], map: Vec<u32>) -> (Self, BertConfig) {
         let e = &mut self.bert.embeddings;
         let table = e.word_embeddings.weight.val();
         let rows: Vec<i64> = keep.iter().map(|&id| id as i64).collect();
-        let rows = Tensor::<1, Int>::from_data(TensorData::new(rows, [keep.len()]), &table.device());
+        let rows =
+            Tensor::<1, Int>::from_data(TensorData::new(rows, [keep.len()]), &table.device());
         e.word_embeddings.weight = Param::from_tensor(table.select(0, rows));
         e.vocab_map = Some(Arc::new(map.iter().map(|&r| r as i64).collect()));
         let config = Self::with_vocab_map(c, map);
@@ -76,10 +72,16 @@ mod tests {
         let map = vocab_map(200, &keep, 100);
         let (pruned, pc) = full.clone().keep_vocab(&c, &keep, map);
         assert_eq!((pc.vocab_size, pc.input_vocab()), (6, 200));
-        assert_eq!(pruned.bert.embeddings.word_embeddings.weight.dims(), [6, 32]);
+        assert_eq!(
+            pruned.bert.embeddings.word_embeddings.weight.dims(),
+            [6, 32]
+        );
         // Kept ids: identical logits.
         let kept = vec![101, 5, 150, 17, 102];
-        assert_eq!(logits(&pruned, kept.clone(), &dev), logits(&full, kept, &dev));
+        assert_eq!(
+            logits(&pruned, kept.clone(), &dev),
+            logits(&full, kept, &dev)
+        );
         // A dropped id (42) is the full model reading [UNK] there, not the full model's own
         // row for it.
         let dropped = logits(&pruned, vec![101, 5, 42, 102], &dev);

@@ -82,13 +82,7 @@ fn parse_weight_bits(cx: &Scope, bits: Option<&Bits>) -> Result<u32, RecipeError
     let bits = match bits {
         None => 7,
         Some(Bits::Number(n)) => *n,
-        Some(Bits::Name(n)) if n == "auto" => {
-            if cpu_has_vnni() {
-                8
-            } else {
-                7
-            }
-        }
+        Some(Bits::Name(n)) if n == "auto" => 7 + u32::from(cpu_has_vnni()),
         Some(Bits::Name(n)) => {
             return Err(cx.err(
                 "weight-bits",

@@ -146,14 +146,15 @@ impl VocabStage {
         let keep = kept_ids(corpus.train.iter().copied(), n, self.min_count, &always);
         let map = vocab_map(n, &keep, corpus.unk);
         let unk_row = map[corpus.unk as usize];
-        let (valid_tokens, valid_unk) = corpus
-            .valid
-            .iter()
-            .flat_map(|ids| ids.iter())
-            .fold((0usize, 0usize), |(t, u), &id| {
-                let dropped = map.get(id as usize) == Some(&unk_row) && id != corpus.unk;
-                (t + 1, u + dropped as usize)
-            });
+        let (valid_tokens, valid_unk) =
+            corpus
+                .valid
+                .iter()
+                .flat_map(|ids| ids.iter())
+                .fold((0usize, 0usize), |(t, u), &id| {
+                    let dropped = map.get(id as usize) == Some(&unk_row) && id != corpus.unk;
+                    (t + 1, u + dropped as usize)
+                });
         let before = M::table_rows(&config);
         let (model, config) = model.keep_vocab(&config, &keep, map);
         let out = cx.dir.join("model");
