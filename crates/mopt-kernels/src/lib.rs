@@ -201,12 +201,17 @@ pub fn layer_norm<const D: usize>(
 /// # Shapes
 /// - x: `[m, k]`; w: `[k, n]` (Burn's `Linear.weight` layout); b: `[n]` → `[m, n]`
 ///
-/// Inside an [`autocast::scope`] the product runs in the scope's compute type instead (Burn's
-/// matmul) and comes back as f32.
+/// Inside an [`autocast::scope`] operands and product are rounded to the scope's compute type
+/// around the same f32 kernel ([`autocast`]).
 pub fn linear(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> {
     if let Some(low) = autocast::compute_dtype() {
         return autocast::linear(x, w, b, low);
     }
+    linear_f32(x, w, b)
+}
+
+/// [`linear`] outside autocast: the fused f32 kernel where the tensors allow it.
+pub(crate) fn linear_f32(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> {
     let fallback = |x: Tensor<2>, w: Tensor<2>, b: Tensor<1>| reference::linear(x, w, b);
     if w.dtype() != DType::F32 || b.dtype() != DType::F32 {
         return fallback(x, w, b);
