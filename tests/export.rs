@@ -218,11 +218,23 @@ fn int8_bert_exports_as_qdq_runs_on_integer_kernels_and_agrees_with_mopt() {
     assert!(card.parity.max_abs_err < 0.05, "{:?}", card.parity);
     let q = card.quantization.as_ref().unwrap();
     let ops = &q["onnxruntime_optimized_ops"];
-    // ONNX Runtime turned every encoder DQ → MatMul ← DQ (2 layers x 6) into an integer kernel;
-    // the pooler and classifier (2-D, fused into Gemm first) run on dequantized weights.
-    assert_eq!(ops["MatMulIntegerToFloat"].as_u64(), Some(12), "{ops}");
+    // The graph ONNX Runtime runs is mopt's fusion of the QDQ graph (model.fused.onnx): every
+    // DQ → MatMul ← DQ with its bias is one integer kernel (2 layers x 6, the pooler and the
+    // classifier), each residual sum + LayerNorm one SkipLayerNormalization, each attention core
+    // one MultiHeadAttention.
+    assert_eq!(ops["MatMulIntegerToFloat"].as_u64(), Some(14), "{ops}");
+    assert_eq!(ops["SkipLayerNormalization"].as_u64(), Some(4), "{ops}");
+    assert_eq!(ops["MultiHeadAttention"].as_u64(), Some(2), "{ops}");
+    assert!(
+        ops.get("Transpose").is_none() && ops.get("DequantizeLinear").is_none(),
+        "{ops}"
+    );
     // Q, K and V share one QuantizeLinear: 2 layers x 4 + pooler + classifier.
     assert_eq!(ops["QuantizeLinear"].as_u64(), Some(10), "{ops}");
+    // The fused graph is checked against mopt like model.onnx.
+    let fused = card.fused_graph.as_ref().expect("a fused graph");
+    assert!(fused["agreement"].as_f64().unwrap() >= 0.995, "{fused}");
+    assert!(fused["max_abs_err"].as_f64().unwrap() < 0.05, "{fused}");
     // INT4 weights have no QDQ export here, and nothing is written.
     let four = tmp.path().join("four");
     quantized_checkpoint(&four, 4);

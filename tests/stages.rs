@@ -546,11 +546,9 @@ fn qat_trains_through_fake_quant_and_exports_as_qdq() {
     assert!(rows[0]["graph"]
         .as_str()
         .unwrap()
-        .starts_with("ORT_ENABLE_ALL"));
-    assert!(
-        !run.join("03-export/onnx/model.fused.onnx").exists(),
-        "no fusion for QDQ"
-    );
+        .contains("MatMulIntegerToFloat"));
+    // The INT8 model is timed on mopt's fusion of its QDQ graph into ORT's integer kernels.
+    assert!(run.join("03-export/onnx/model.fused.onnx").is_file());
     assert_eq!(rows[1]["model"], "finetune");
     assert!(rows[1]["graph"]
         .as_str()

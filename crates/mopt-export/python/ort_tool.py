@@ -4,6 +4,10 @@
   run MODEL INPUTS_JSON OUT_JSON      run ONNX Runtime; inputs: {"feeds": [{name: nested list}, ...]}
   fuse MODEL TYPE HEADS HIDDEN OUT    ORT transformer optimizer (model_type=TYPE); op-type counts
   optimized-ops MODEL OUT             ORT graph optimisation (ORT_ENABLE_ALL) saved to OUT; op-type counts
+  fuse-qdq MODEL OUT                  a QDQ transformer for ONNX Runtime's CPU kernels: every
+                                      DQ(x) . DQ(W) (+ bias) as one MatMulIntegerToFloat with the
+                                      bias inside, every residual Add + LayerNormalization as one
+                                      SkipLayerNormalization; op-type counts after ORT's own pass
   bench MODEL FEEDS_JSON WARMUP RUNS  latency p50/p90/p99 (ms); feeds: [{"batch", "seq_len", "feed"}]
                                       (RUNS timed runs, 4x at batch 1)
   bench-many SPEC_JSON WARMUP RUNS    several models' latency, interleaved: spec [{"name", "model",
@@ -69,6 +73,122 @@ def bench_many(spec, warmup, runs):
     return [{"name": m["name"], "latency": r} for m, r in zip(spec, rows)]
 
 
+def attention_core(softmax, producer, users, inits, g):
+    """The attention core around `softmax` as mopt's exporter writes it (Reshape -> Transpose of
+    Q, K, V; MatMul -> Div -> Add(mask) -> Softmax -> MatMul -> Transpose -> Reshape): its Q, K,
+    V projections, head count and final Reshape, or None when the pattern differs."""
+    from onnx import numpy_helper
+
+    def up(name, op):
+        n = producer.get(name)
+        return n if n is not None and n.op_type == op else None
+
+    def down(name, op):
+        u = users.get(name, [])
+        return u[0] if len(u) == 1 and u[0].op_type == op else None
+
+    add = up(softmax.input[0], "Add")
+    div = add and up(add.input[0], "Div")
+    mm = div and up(div.input[0], "MatMul")
+    if mm is None:
+        return None
+    heads_of = lambda t: t and up(t.input[0], "Reshape")
+    qr, kr = heads_of(up(mm.input[0], "Transpose")), heads_of(up(mm.input[1], "Transpose"))
+    pv = down(softmax.output[0], "MatMul")
+    vr = pv and heads_of(up(pv.input[1], "Transpose"))
+    tr = pv and down(pv.output[0], "Transpose")
+    merge = tr and down(tr.output[0], "Reshape")
+    if not (qr and kr and vr and merge) or qr.input[1] not in inits:
+        return None
+    split = next(i for i in g.initializer if i.name == qr.input[1])
+    heads = int(numpy_helper.to_array(split)[2])
+    return qr.input[0], kr.input[0], vr.input[0], heads, merge
+
+
+def fuse_qdq(src, dst):
+    """QDQ graph -> ONNX Runtime contrib ops (com.microsoft): MatMulIntegerToFloat with its bias,
+    SkipLayerNormalization for the residual sums mopt's exporter names `*residual*`, one
+    MultiHeadAttention per attention core (key padding mask from `attention_mask`). The integer
+    arithmetic is unchanged (same uint8 inputs, int8 weights, scales and zero points)."""
+    import onnx
+    from onnx import helper
+
+    m = onnx.load(src)
+    g = m.graph
+    inits = {i.name for i in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    users = {}
+    for n in g.node:
+        for i in n.input:
+            users.setdefault(i, []).append(n)
+    replace, drop = {}, set()
+    for n in g.node:
+        if n.op_type != "MatMul":
+            continue
+        a, b = (producer.get(i) for i in n.input)
+        if not (a and b and a.op_type == "DequantizeLinear" and b.op_type == "DequantizeLinear" and b.input[0] in inits):
+            continue
+        zp = lambda d: d.input[2] if len(d.input) > 2 else ""
+        inputs = [a.input[0], b.input[0], a.input[1], b.input[1], zp(a), zp(b)]
+        out = n.output[0]
+        after = users.get(out, [])
+        if len(after) == 1 and after[0].op_type == "Add" and any(i in inits for i in after[0].input):
+            add = after[0]
+            inputs.append(next(i for i in add.input if i in inits))
+            out = add.output[0]
+            drop.add(id(add))
+        replace[id(n)] = helper.make_node("MatMulIntegerToFloat", inputs, [out], name=n.name + "_int8", domain="com.microsoft")
+    for n in g.node:
+        if n.op_type != "Add" or "residual" not in n.output[0]:
+            continue
+        after = users.get(n.output[0], [])
+        if len(after) != 1 or after[0].op_type != "LayerNormalization":
+            continue
+        ln = after[0]
+        eps = next((a.f for a in ln.attribute if a.name == "epsilon"), 1e-5)
+        replace[id(n)] = helper.make_node(
+            "SkipLayerNormalization", [n.input[0], n.input[1], ln.input[1], ln.input[2]], [ln.output[0]],
+            name=n.name + "_skipln", domain="com.microsoft", epsilon=eps)
+        drop.add(id(ln))
+    mask = None
+    for sm in [n for n in g.node if n.op_type == "Softmax"]:
+        core = attention_core(sm, producer, users, inits, g)
+        if core is None:
+            continue
+        q, k, v, heads, merge = core
+        ctx = merge.output[0]
+        drop.add(id(merge))
+        if mask is None:
+            mask = "attention_mask_int32"
+            g.node.insert(0, helper.make_node("Cast", ["attention_mask"], [mask], name="mask_to_int32", to=6))
+        replace[id(sm)] = helper.make_node(
+            "MultiHeadAttention", [q, k, v, "", mask], [ctx], name=sm.name + "_mha", domain="com.microsoft", num_heads=heads)
+    nodes = [replace.get(id(n), n) for n in g.node if id(n) not in drop]
+    # The DequantizeLinear nodes the integer kernels replaced are dead now.
+    needed = {o.name for o in g.output}
+    kept = []
+    for n in reversed(nodes):
+        if any(o in needed for o in n.output):
+            kept.append(n)
+            needed.update(n.input)
+    nodes = kept[::-1]
+    del g.node[:]
+    g.node.extend(nodes)
+    used = [i for i in g.initializer if i.name in needed]
+    del g.initializer[:]
+    g.initializer.extend(used)
+    if not any(o.domain == "com.microsoft" for o in m.opset_import):
+        m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(m, dst)
+    tmp = dst + ".opt.tmp"
+    session(dst, optimized_out=tmp)
+    ops = op_counts(onnx.load(tmp))
+    import os
+
+    os.remove(tmp)
+    return ops
+
+
 def main(argv):
     cmd = argv[0]
     if cmd == "version":
@@ -101,6 +221,8 @@ def main(argv):
         opt = optimizer.optimize_model(argv[1], model_type=argv[2], num_heads=int(argv[3]), hidden_size=int(argv[4]), opt_level=0)
         opt.save_model_to_file(argv[5])
         print(json.dumps({"ok": True, "ops": op_counts(opt.model)}))
+    elif cmd == "fuse-qdq":
+        print(json.dumps({"ok": True, "ops": fuse_qdq(argv[1], argv[2])}))
     elif cmd == "optimized-ops":
         import onnx
 

@@ -94,8 +94,12 @@ pub struct ModelCard {
     /// of ONNX Runtime's optimised graph (integer kernels such as `MatMulIntegerToFloat`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantization: Option<serde_json::Value>,
-    /// Op types after ONNX Runtime's BERT optimizer (Attention, SkipLayerNormalization, BiasGelu…).
+    /// Op types of the graph ONNX Runtime runs: the [`FUSED`] graph's where one was written
+    /// (Attention, SkipLayerNormalization, BiasGelu…; for QDQ, MatMulIntegerToFloat…).
     pub fused_ops: BTreeMap<String, u64>,
+    /// The [`FUSED`] graph's parity with mopt (`file`, `agreement`, `max_abs_err`), when written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fused_graph: Option<serde_json::Value>,
     /// sha256 of every file of the export folder.
     pub sha256: BTreeMap<String, String>,
 }
@@ -212,30 +216,34 @@ where
     let p = parity(model, &onnx_path, examples, PARITY_BATCH, at.device, at.dir)?;
     let (max_abs_err, agreement, samples) = (p.max_abs_diff, p.agreement, p.examples);
     let quantization = M::quantization(config);
-    if quantization.is_some() {
-        if agreement < QDQ_MIN_AGREEMENT || max_abs_err.is_nan() {
-            return Err(ExportError::Agreement {
-                agreement,
-                min: QDQ_MIN_AGREEMENT,
-                max_abs_err,
-                samples,
-            });
-        }
-    } else if max_abs_err > opts.tolerance || max_abs_err.is_nan() {
-        return Err(ExportError::Parity {
-            max_abs_err,
-            tolerance: opts.tolerance,
-            samples,
-        });
-    }
+    check_parity(&p, quantization.is_some(), opts.tolerance)?;
     let fused = python::ops(&fused_ops(
         &onnx_path,
-        quantization
-            .is_none()
-            .then(|| M::ort_fusion(config))
-            .flatten(),
+        M::ort_fusion(config),
+        quantization.is_some(),
         at.dir,
     )?);
+    // The fused graph is the one timed and deployed: checked like `model.onnx`.
+    let fused_path = at.dir.join(FUSED);
+    let fused_parity = match fused_path.is_file() {
+        true => {
+            let p = parity(
+                model,
+                &fused_path,
+                examples,
+                PARITY_BATCH,
+                at.device,
+                at.dir,
+            )?;
+            check_parity(&p, quantization.is_some(), opts.tolerance)?;
+            Some(serde_json::json!({
+                "file": FUSED,
+                "agreement": p.agreement,
+                "max_abs_err": p.max_abs_diff,
+            }))
+        }
+        false => None,
+    };
     let sha256 = copy_side_files(at.ckpt, at.dir)?;
     let card = ModelCard {
         mopt_version: env!("CARGO_PKG_VERSION"),
@@ -280,6 +288,7 @@ where
             })
         }),
         fused_ops: fused,
+        fused_graph: fused_parity,
         sha256,
     };
     let card_path = at.dir.join("model-card.json");
@@ -312,6 +321,32 @@ fn qdq_format(q: &QuantConfig) -> String {
     s
 }
 
+/// A quantized graph must agree with mopt on the predicted class ([`QDQ_MIN_AGREEMENT`]), a
+/// float one match its logits within `tolerance`.
+fn check_parity(
+    p: &crate::contract::Parity,
+    quantized: bool,
+    tolerance: f64,
+) -> Result<(), ExportError> {
+    let (max_abs_err, samples) = (p.max_abs_diff, p.examples);
+    if quantized && (p.agreement < QDQ_MIN_AGREEMENT || max_abs_err.is_nan()) {
+        return Err(ExportError::Agreement {
+            agreement: p.agreement,
+            min: QDQ_MIN_AGREEMENT,
+            max_abs_err,
+            samples,
+        });
+    }
+    if !quantized && (max_abs_err > tolerance || max_abs_err.is_nan()) {
+        return Err(ExportError::Parity {
+            max_abs_err,
+            tolerance,
+            samples,
+        });
+    }
+    Ok(())
+}
+
 fn dim_name(d: &Dim) -> String {
     match d {
         Dim::Fixed(v) => v.to_string(),
@@ -319,17 +354,20 @@ fn dim_name(d: &Dim) -> String {
     }
 }
 
-/// The float graph with ONNX Runtime's transformer optimizer applied (fused Attention,
-/// SkipLayerNormalization, BiasGelu…), written beside `model.onnx` where the family declares
-/// that fusion: what a deployment of the float model runs, so latency is timed on it.
+/// The graph a deployment on ONNX Runtime's CPU runs, written beside `model.onnx` where the
+/// family declares a transformer fusion: for a float model, ORT's transformer optimizer applied
+/// (fused Attention, SkipLayerNormalization, BiasGelu…); for a QDQ model, mopt's rewrite into
+/// ORT's contrib ops (`MatMulIntegerToFloat` with its bias, `SkipLayerNormalization`,
+/// `MultiHeadAttention`; the same integer arithmetic, checked for parity like `model.onnx`).
+/// Latency is timed on it.
 pub const FUSED: &str = "model.fused.onnx";
 
-/// The op types of ONNX Runtime's optimised graph: its transformer optimizer with `fusion`
-/// (float BERT; the fused graph is kept as [`FUSED`]), otherwise its own graph optimisation
-/// (which turns QDQ into integer kernels).
+/// The op types of ONNX Runtime's optimised graph: with `fusion`, the [`FUSED`] graph's (kept),
+/// otherwise ORT's own graph optimisation of `model.onnx` (which turns QDQ into integer kernels).
 fn fused_ops(
     onnx: &Path,
     fusion: Option<crate::contract::OrtFusion>,
+    quantized: bool,
     dir: &Path,
 ) -> Result<serde_json::Value, ExportError> {
     let kept = dir.join(FUSED);
@@ -342,6 +380,7 @@ fn fused_ops(
     };
     let (onnx, fused) = (onnx.display().to_string(), fused_path.display().to_string());
     let ops = match fusion {
+        Some(_) if quantized => python::tool(&["fuse-qdq", &onnx, &fused])?,
         Some(f) => python::tool(&[
             "fuse",
             &onnx,
@@ -406,6 +445,14 @@ pub struct BenchModel {
     pub feeds: serde_json::Value,
 }
 
+/// Whether the export at `onnx` is quantized (its model card says so).
+fn is_quantized_export(onnx: &Path) -> bool {
+    std::fs::read(onnx.with_file_name("model-card.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .is_some_and(|c| c.get("quantization").is_some_and(|q| !q.is_null()))
+}
+
 /// ONNX Runtime latency of `models`, interleaved: each timed run of one model is followed by
 /// one of the next, so that every model meets the same drift of a shared machine. Each float
 /// model runs its fused graph ([`FUSED`]) when the export wrote one, as a deployment would;
@@ -421,7 +468,9 @@ pub fn ort_latency_interleaved(
     }
     let graph = |m: &BenchModel| {
         let fused = m.onnx.with_file_name(FUSED);
-        if fused.is_file() {
+        if fused.is_file() && is_quantized_export(&m.onnx) {
+            (fused, "mopt's QDQ fusion for ORT (MatMulIntegerToFloat with bias, SkipLayerNormalization, MultiHeadAttention) + ORT_ENABLE_ALL")
+        } else if fused.is_file() {
             (fused, "ORT transformer optimizer (fused Attention, SkipLayerNormalization, BiasGelu) + ORT_ENABLE_ALL")
         } else {
             (

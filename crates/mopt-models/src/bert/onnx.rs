@@ -434,11 +434,20 @@ impl Exportable for BertForSequenceClassification {
         c.mopt_quant.clone()
     }
 
+    /// Heads and hidden size when every layer has `num_attention_heads` heads spanning the
+    /// hidden size; 0 and 0 (the optimizer reads them off the graph) for pruned shapes.
     fn ort_fusion(c: &BertConfig) -> Option<OrtFusion> {
+        let uniform =
+            c.mopt_layer_heads.is_none() && c.num_attention_heads * c.head_size() == c.hidden_size;
+        let (heads, hidden) = if uniform {
+            (c.num_attention_heads, c.hidden_size)
+        } else {
+            (0, 0)
+        };
         Some(OrtFusion {
             model_type: "bert",
-            heads: c.num_attention_heads,
-            hidden: c.hidden_size,
+            heads,
+            hidden,
         })
     }
 }
