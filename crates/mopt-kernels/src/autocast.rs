@@ -56,6 +56,9 @@ pub fn compute_dtype() -> Option<DType> {
 
 /// `t` rounded to `low` (to nearest, ties to even), in its own dtype.
 fn round_to<const D: usize>(t: Tensor<D>, low: DType) -> Tensor<D> {
+    if low == DType::BF16 {
+        return crate::round_bf16(t);
+    }
     let out = t.dtype();
     t.cast(low).cast(out)
 }

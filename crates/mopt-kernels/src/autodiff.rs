@@ -231,6 +231,29 @@ pub fn dropout<C: CheckpointStrategy>(x: Ad<C>, seed: u64, keep: f32) -> Ad<C> {
     }
 }
 
+/// Rounding to bf16 as a cast to bf16 and back differentiates: the gradient rounded too.
+#[derive(Debug)]
+struct RoundBf16Backward;
+
+impl Backward<Flex, 1> for RoundBf16Backward {
+    type State = ();
+
+    fn backward(self, ops: Ops<(), 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        unary::<Flex, _>(ops.parents, ops.node, grads, flex::round_bf16);
+    }
+}
+
+pub fn round_bf16<C: CheckpointStrategy>(x: Ad<C>) -> Ad<C> {
+    match RoundBf16Backward
+        .prepare::<C>([x.node()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish((), flex::round_bf16(x.primitive().clone())),
+        OpsKind::UnTracked(prep) => prep.finish(flex::round_bf16(x.into_primitive())),
+    }
+}
+
 #[derive(Debug)]
 struct AttentionBackward {
     shape: crate::cpu::Attn,

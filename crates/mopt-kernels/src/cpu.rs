@@ -806,9 +806,68 @@ pub fn scale(x: &mut [f32], factor: f32) {
     });
 }
 
+/// `x ← bf16(x)` in place, kept in f32: round to nearest, ties to even, on the top 16 bits (what
+/// `half::bf16::from_f32` gives: overflow to ±inf, NaN stays NaN).
+pub fn round_bf16(x: &mut [f32]) {
+    x.par_chunks_mut(GRAIN).for_each(|c| {
+        simd(|| {
+            for v in c.iter_mut() {
+                let b = v.to_bits();
+                let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000;
+                let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
+                *v = f32::from_bits(if nan { b | 0x0040_0000 } else { rounded });
+            }
+        })
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bf16_rounding_matches_burns_cast_on_ties_infinities_and_nan() {
+        let mut vals: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            1.0,
+            1.0 + 1.0 / 256.0,
+            1.0 + 3.0 / 256.0,
+            1.0 + 1.0 / 512.0,
+            -2.5e-39,
+            3.3895e38,
+            3.4e38,
+            f32::MAX,
+            f32::INFINITY,
+            -f32::INFINITY,
+            1e-40,
+        ];
+        let mut state = 9u64;
+        vals.extend((0..10_000).map(|_| {
+            state = crate::splitmix64(state);
+            f32::from_bits(state as u32)
+        }));
+        // The reference: Burn's cast to bf16 and back (the `half` crate's conversion).
+        let n = vals.len();
+        let t = burn::prelude::Tensor::<1>::from_data(
+            burn::prelude::TensorData::new(vals.clone(), [n]),
+            &burn::prelude::Device::flex(),
+        );
+        let want: Vec<f32> = t
+            .cast(burn::tensor::DType::BF16)
+            .cast(burn::tensor::DType::F32)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let mut got = vals.clone();
+        round_bf16(&mut got);
+        for ((g, w), v) in got.iter().zip(&want).zip(&vals) {
+            assert!(
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                "{v:e}: {g:e} vs {w:e}"
+            );
+        }
+    }
 
     fn erf64(x: f64) -> f64 {
         // Abramowitz–Stegun 7.1.26 is too coarse for a reference; integrate instead.

@@ -175,6 +175,11 @@ pub fn linear_backward(
     )
 }
 
+/// `x` rounded to bf16, kept in f32 ([`cpu::round_bf16`]).
+pub fn round_bf16(x: FlexTensor) -> FlexTensor {
+    in_place(x, cpu::round_bf16)
+}
+
 pub fn dropout(x: FlexTensor, seed: u64, keep: f32) -> FlexTensor {
     let x = contiguous(x);
     let mut out = vec![0.0f32; x.shape().num_elements()];

@@ -610,6 +610,26 @@ pub fn dropout_seeded<const D: usize>(x: Tensor<D>, prob: f64, seed: u64) -> Ten
     }
 }
 
+/// `x` rounded to bf16 and kept in its dtype: `x.cast(BF16).cast(F32)` in one pass (the
+/// gradient rounded likewise), on mopt's kernel where the tensor allows it.
+pub fn round_bf16<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    let fallback = |x: Tensor<D>| x.cast(DType::BF16).cast(DType::F32);
+    match route(x) {
+        Route::Flex(p) => Tensor::from_primitive::<Flex>(flex::round_bf16(p)),
+        Route::Autodiff(p) => {
+            Tensor::from_primitive::<Ad>(autodiff::round_bf16::<NoCheckpointing>(p))
+        }
+        Route::Checkpointed(p) => {
+            Tensor::from_primitive::<AdCk>(autodiff::round_bf16::<BalancedCheckpointing>(p))
+        }
+        Route::Other(x) if x.dtype() == DType::F32 => fallback(x),
+        Route::Other(x) => {
+            let out = x.dtype();
+            x.cast(DType::BF16).cast(out)
+        }
+    }
+}
+
 /// Embedding lookup: rows `ids` of `table`. Its gradient is a scatter-add of the output
 /// gradient into the touched rows of a zeroed table.
 ///

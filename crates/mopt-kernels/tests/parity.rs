@@ -425,3 +425,23 @@ fn batch_norm_train_matches_burn_for_input_gamma_and_beta_and_statistics() {
     let (y, _, _) = mopt_kernels::batch_norm_train(x.clone(), gamma.clone(), beta.clone(), 1e-5);
     assert_close("batch_norm (plain)", values(y), b.0, 1e-5);
 }
+
+#[test]
+fn bf16_rounding_is_a_cast_to_bf16_and_back_in_values_and_gradients() {
+    let dev = ad();
+    dev.seed(21);
+    let x = Tensor::<2>::random([64, 97], Distribution::Normal(0.0, 3.0), &dev);
+    let w = Tensor::<2>::random([64, 97], Distribution::Normal(0.0, 1.0), &dev);
+    let (y, g) = value_and_grad(&x, &w, mopt_kernels::round_bf16);
+    let (y_ref, g_ref) = value_and_grad(&x, &w, |t| {
+        t.cast(burn::tensor::DType::BF16)
+            .cast(burn::tensor::DType::F32)
+    });
+    // Bit for bit: the same rounding, forward and backward.
+    assert_eq!(y, y_ref);
+    assert_eq!(g, g_ref);
+    assert_ne!(y, values(x.clone()), "values were rounded");
+    // On the plain device too.
+    let p = Tensor::<2>::from_data(x.to_data(), &Device::flex());
+    assert_eq!(values(mopt_kernels::round_bf16(p)), y_ref);
+}
