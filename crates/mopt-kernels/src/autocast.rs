@@ -56,11 +56,13 @@ pub fn compute_dtype() -> Option<DType> {
 
 /// `t` rounded to `low` (to nearest, ties to even), in its own dtype.
 fn round_to<const D: usize>(t: Tensor<D>, low: DType) -> Tensor<D> {
-    if low == DType::BF16 {
-        return crate::round_bf16(t);
+    match low {
+        DType::BF16 | DType::F16 => crate::round_half(t, low),
+        _ => {
+            let out = t.dtype();
+            t.cast(low).cast(out)
+        }
     }
-    let out = t.dtype();
-    t.cast(low).cast(out)
 }
 
 /// `a · b` (batched over leading dimensions), in the compute type inside a [`scope`]: operands

@@ -231,26 +231,27 @@ pub fn dropout<C: CheckpointStrategy>(x: Ad<C>, seed: u64, keep: f32) -> Ad<C> {
     }
 }
 
-/// Rounding to bf16 as a cast to bf16 and back differentiates: the gradient rounded too.
+/// Rounding to bf16 or f16 differentiates as a cast there and back: the gradient rounded too.
 #[derive(Debug)]
-struct RoundBf16Backward;
+struct RoundHalfBackward {
+    f16: bool,
+}
 
-impl Backward<Flex, 1> for RoundBf16Backward {
+impl Backward<Flex, 1> for RoundHalfBackward {
     type State = ();
 
     fn backward(self, ops: Ops<(), 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        unary::<Flex, _>(ops.parents, ops.node, grads, flex::round_bf16);
+        unary::<Flex, _>(ops.parents, ops.node, grads, |g| {
+            flex::round_half(g, self.f16)
+        });
     }
 }
 
-pub fn round_bf16<C: CheckpointStrategy>(x: Ad<C>) -> Ad<C> {
-    match RoundBf16Backward
-        .prepare::<C>([x.node()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish((), flex::round_bf16(x.primitive().clone())),
-        OpsKind::UnTracked(prep) => prep.finish(flex::round_bf16(x.into_primitive())),
+pub fn round_half<C: CheckpointStrategy>(x: Ad<C>, f16: bool) -> Ad<C> {
+    let op = RoundHalfBackward { f16 };
+    match op.prepare::<C>([x.node()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((), flex::round_half(x.primitive().clone(), f16)),
+        OpsKind::UnTracked(prep) => prep.finish(flex::round_half(x.into_primitive(), f16)),
     }
 }
 

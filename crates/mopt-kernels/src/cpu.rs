@@ -821,9 +821,90 @@ pub fn round_bf16(x: &mut [f32]) {
     });
 }
 
+/// `x ← f16(x)` in place, kept in f32: round to nearest, ties to even, to 11 significant bits
+/// in f16's normal range, to multiples of 2^-24 below it (f16's subnormals), ±inf from 65520 up
+/// (what `half::f16::from_f32` gives; NaN stays NaN).
+pub fn round_f16(x: &mut [f32]) {
+    x.par_chunks_mut(GRAIN).for_each(|c| {
+        simd(|| {
+            for v in c.iter_mut() {
+                let b = v.to_bits();
+                let sign = b & 0x8000_0000;
+                let a = f32::from_bits(b & 0x7FFF_FFFF);
+                let normal = (b & 0x7FFF_FFFF).wrapping_add(0xFFF + ((b >> 13) & 1)) & 0x7FFF_E000;
+                // Below 2^-14, f32's own rounding of a + 0.5 lands on a multiple of 2^-24.
+                let sub = ((a + 0.5) - 0.5).to_bits();
+                let mag = if a.is_nan() {
+                    (b & 0x7FFF_FFFF) | 0x0040_0000
+                } else if a >= 65520.0 {
+                    0x7F80_0000
+                } else if a < 6.103_515_6e-5 {
+                    sub
+                } else {
+                    normal
+                };
+                *v = f32::from_bits(sign | mag);
+            }
+        })
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn f16_rounding_matches_burns_cast_on_subnormals_overflow_and_nan() {
+        let mut vals: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            1.0,
+            1.0 + 1.0 / 2048.0,
+            1.0 + 3.0 / 2048.0,
+            65504.0,
+            65519.0,
+            65520.0,
+            -70000.0,
+            6.1035156e-5,
+            6.1e-5,
+            2.9802322e-8,
+            5.9604645e-8,
+            8.9406967e-8,
+            1e-9,
+            f32::INFINITY,
+            -f32::INFINITY,
+        ];
+        let mut state = 11u64;
+        vals.extend((0..20_000).map(|i| {
+            state = crate::splitmix64(state);
+            // Random bits, and random values around f16's range.
+            if i % 2 == 0 {
+                f32::from_bits(state as u32)
+            } else {
+                let e = (state >> 40) as i32 % 44 - 28;
+                (state as u32 as f32 / u32::MAX as f32 - 0.5) * 2f32.powi(e)
+            }
+        }));
+        let n = vals.len();
+        let t = burn::prelude::Tensor::<1>::from_data(
+            burn::prelude::TensorData::new(vals.clone(), [n]),
+            &burn::prelude::Device::flex(),
+        );
+        let want: Vec<f32> = t
+            .cast(burn::tensor::DType::F16)
+            .cast(burn::tensor::DType::F32)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let mut got = vals.clone();
+        round_f16(&mut got);
+        for ((g, w), v) in got.iter().zip(&want).zip(&vals) {
+            assert!(
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                "{v:e}: {g:e} vs {w:e}"
+            );
+        }
+    }
 
     #[test]
     fn bf16_rounding_matches_burns_cast_on_ties_infinities_and_nan() {

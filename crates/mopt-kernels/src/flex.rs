@@ -175,9 +175,9 @@ pub fn linear_backward(
     )
 }
 
-/// `x` rounded to bf16, kept in f32 ([`cpu::round_bf16`]).
-pub fn round_bf16(x: FlexTensor) -> FlexTensor {
-    in_place(x, cpu::round_bf16)
+/// `x` rounded to bf16 (`f16`: to f16), kept in f32 ([`cpu::round_bf16`], [`cpu::round_f16`]).
+pub fn round_half(x: FlexTensor, f16: bool) -> FlexTensor {
+    in_place(x, if f16 { cpu::round_f16 } else { cpu::round_bf16 })
 }
 
 pub fn dropout(x: FlexTensor, seed: u64, keep: f32) -> FlexTensor {

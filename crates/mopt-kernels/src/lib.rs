@@ -610,22 +610,28 @@ pub fn dropout_seeded<const D: usize>(x: Tensor<D>, prob: f64, seed: u64) -> Ten
     }
 }
 
-/// `x` rounded to bf16 and kept in its dtype: `x.cast(BF16).cast(F32)` in one pass (the
-/// gradient rounded likewise), on mopt's kernel where the tensor allows it.
-pub fn round_bf16<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    let fallback = |x: Tensor<D>| x.cast(DType::BF16).cast(DType::F32);
+/// `x` rounded to `low` (bf16 or f16) and kept in its dtype: `x.cast(low).cast(dtype)` in one
+/// vectorised pass (the gradient rounded likewise), on mopt's kernel where the tensor allows it.
+///
+/// # Panics
+/// On a `low` other than bf16 or f16.
+pub fn round_half<const D: usize>(x: Tensor<D>, low: DType) -> Tensor<D> {
+    let f16 = match low {
+        DType::BF16 => false,
+        DType::F16 => true,
+        other => panic!("round_half rounds to bf16 or f16, not {other:?}"),
+    };
     match route(x) {
-        Route::Flex(p) => Tensor::from_primitive::<Flex>(flex::round_bf16(p)),
+        Route::Flex(p) => Tensor::from_primitive::<Flex>(flex::round_half(p, f16)),
         Route::Autodiff(p) => {
-            Tensor::from_primitive::<Ad>(autodiff::round_bf16::<NoCheckpointing>(p))
+            Tensor::from_primitive::<Ad>(autodiff::round_half::<NoCheckpointing>(p, f16))
         }
         Route::Checkpointed(p) => {
-            Tensor::from_primitive::<AdCk>(autodiff::round_bf16::<BalancedCheckpointing>(p))
+            Tensor::from_primitive::<AdCk>(autodiff::round_half::<BalancedCheckpointing>(p, f16))
         }
-        Route::Other(x) if x.dtype() == DType::F32 => fallback(x),
         Route::Other(x) => {
             let out = x.dtype();
-            x.cast(DType::BF16).cast(out)
+            x.cast(low).cast(out)
         }
     }
 }

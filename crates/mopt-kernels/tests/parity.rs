@@ -427,21 +427,27 @@ fn batch_norm_train_matches_burn_for_input_gamma_and_beta_and_statistics() {
 }
 
 #[test]
-fn bf16_rounding_is_a_cast_to_bf16_and_back_in_values_and_gradients() {
+fn rounding_to_bf16_and_f16_is_a_cast_there_and_back_in_values_and_gradients() {
+    use burn::tensor::DType;
     let dev = ad();
     dev.seed(21);
-    let x = Tensor::<2>::random([64, 97], Distribution::Normal(0.0, 3.0), &dev);
+    // Spread wide enough for f16's overflow and subnormals.
+    let x = Tensor::<2>::random([64, 97], Distribution::Normal(0.0, 3.0), &dev)
+        * Tensor::<2>::random([64, 97], Distribution::Uniform(-12.0, 12.0), &dev).exp();
     let w = Tensor::<2>::random([64, 97], Distribution::Normal(0.0, 1.0), &dev);
-    let (y, g) = value_and_grad(&x, &w, mopt_kernels::round_bf16);
-    let (y_ref, g_ref) = value_and_grad(&x, &w, |t| {
-        t.cast(burn::tensor::DType::BF16)
-            .cast(burn::tensor::DType::F32)
-    });
-    // Bit for bit: the same rounding, forward and backward.
-    assert_eq!(y, y_ref);
-    assert_eq!(g, g_ref);
-    assert_ne!(y, values(x.clone()), "values were rounded");
-    // On the plain device too.
-    let p = Tensor::<2>::from_data(x.to_data(), &Device::flex());
-    assert_eq!(values(mopt_kernels::round_bf16(p)), y_ref);
+    for low in [DType::BF16, DType::F16] {
+        let (y, g) = value_and_grad(&x, &w, |t| mopt_kernels::round_half(t, low));
+        let (y_ref, g_ref) = value_and_grad(&x, &w, |t| t.cast(low).cast(DType::F32));
+        // Bit for bit: the same rounding, forward and backward (NaN-free inputs).
+        assert_eq!(y, y_ref, "{low:?}");
+        assert_eq!(g, g_ref, "{low:?}");
+        assert_ne!(y, values(x.clone()), "{low:?}: values were rounded");
+        // On the plain device too.
+        let p = Tensor::<2>::from_data(x.to_data(), &Device::flex());
+        assert_eq!(values(mopt_kernels::round_half(p, low)), y_ref);
+    }
+    assert!(
+        values(x.clone()).iter().any(|v| v.abs() > 65520.0),
+        "overflow covered"
+    );
 }
