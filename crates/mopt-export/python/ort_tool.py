@@ -151,7 +151,8 @@ def fuse_qdq(src, dst):
             name=n.name + "_skipln", domain="com.microsoft", epsilon=eps)
         drop.add(id(ln))
     mask = None
-    for sm in [n for n in g.node if n.op_type == "Softmax"]:
+    has_mask = any(i.name == "attention_mask" for i in g.input)
+    for sm in [n for n in g.node if n.op_type == "Softmax" and has_mask]:
         core = attention_core(sm, producer, users, inits, g)
         if core is None:
             continue
