@@ -453,8 +453,10 @@ fn is_quantized_export(onnx: &Path) -> bool {
         .is_some_and(|c| c.get("quantization").is_some_and(|q| !q.is_null()))
 }
 
-/// ONNX Runtime latency of `models`, interleaved: each timed run of one model is followed by
-/// one of the next, so that every model meets the same drift of a shared machine. Each float
+/// ONNX Runtime latency of `models`, interleaved in rounds: each round times a block of
+/// back-to-back runs of every model in turn (after two untimed runs), so that every model is
+/// timed hot, as a deployment serving requests runs it, and meets the same drift of a shared
+/// machine (`ort_tool.py`'s `bench_many`). Each float
 /// model runs its fused graph ([`FUSED`]) when the export wrote one, as a deployment would;
 /// every session has ORT's full graph optimisation. One row per model: `{"model", "graph",
 /// "file", "latency": [{"batch", "seq_len", "runs", "p50_ms", "p90_ms", "p99_ms", "mean_ms"}]}`.

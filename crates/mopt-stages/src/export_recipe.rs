@@ -183,7 +183,7 @@ fn latency_markdown(latency: &[OrtLatency]) -> String {
             );
         }
     }
-    md += "\nModels timed interleaved (one run of each in turn), each on its deployment graph:\n";
+    md += "\nModels timed interleaved in rounds (a block of back-to-back runs of each in turn), each on its deployment graph:\n";
     for l in latency {
         md += &format!("- {}: {}\n", l.model, l.graph);
     }
