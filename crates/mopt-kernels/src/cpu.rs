@@ -853,6 +853,33 @@ pub fn round_f16(x: &mut [f32]) {
 mod tests {
     use super::*;
 
+    /// `round` on `vals` is bit for bit Burn's cast to `low` and back (the `half` crate's
+    /// conversion), NaN for NaN.
+    fn assert_rounds_like_burns_cast(
+        vals: &[f32],
+        round: fn(&mut [f32]),
+        low: burn::tensor::DType,
+    ) {
+        let t = burn::prelude::Tensor::<1>::from_data(
+            burn::prelude::TensorData::new(vals.to_vec(), [vals.len()]),
+            &burn::prelude::Device::flex(),
+        );
+        let want: Vec<f32> = t
+            .cast(low)
+            .cast(burn::tensor::DType::F32)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let mut got = vals.to_vec();
+        round(&mut got);
+        for ((g, w), v) in got.iter().zip(&want).zip(vals) {
+            assert!(
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                "{low:?} {v:e}: {g:e} vs {w:e}"
+            );
+        }
+    }
+
     #[test]
     fn f16_rounding_matches_burns_cast_on_subnormals_overflow_and_nan() {
         let mut vals: Vec<f32> = vec![
@@ -885,25 +912,7 @@ mod tests {
                 (state as u32 as f32 / u32::MAX as f32 - 0.5) * 2f32.powi(e)
             }
         }));
-        let n = vals.len();
-        let t = burn::prelude::Tensor::<1>::from_data(
-            burn::prelude::TensorData::new(vals.clone(), [n]),
-            &burn::prelude::Device::flex(),
-        );
-        let want: Vec<f32> = t
-            .cast(burn::tensor::DType::F16)
-            .cast(burn::tensor::DType::F32)
-            .into_data()
-            .try_to_vec::<f32>()
-            .unwrap();
-        let mut got = vals.clone();
-        round_f16(&mut got);
-        for ((g, w), v) in got.iter().zip(&want).zip(&vals) {
-            assert!(
-                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-                "{v:e}: {g:e} vs {w:e}"
-            );
-        }
+        assert_rounds_like_burns_cast(&vals, round_f16, burn::tensor::DType::F16);
     }
 
     #[test]
@@ -928,26 +937,7 @@ mod tests {
             state = crate::splitmix64(state);
             f32::from_bits(state as u32)
         }));
-        // The reference: Burn's cast to bf16 and back (the `half` crate's conversion).
-        let n = vals.len();
-        let t = burn::prelude::Tensor::<1>::from_data(
-            burn::prelude::TensorData::new(vals.clone(), [n]),
-            &burn::prelude::Device::flex(),
-        );
-        let want: Vec<f32> = t
-            .cast(burn::tensor::DType::BF16)
-            .cast(burn::tensor::DType::F32)
-            .into_data()
-            .try_to_vec::<f32>()
-            .unwrap();
-        let mut got = vals.clone();
-        round_bf16(&mut got);
-        for ((g, w), v) in got.iter().zip(&want).zip(&vals) {
-            assert!(
-                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-                "{v:e}: {g:e} vs {w:e}"
-            );
-        }
+        assert_rounds_like_burns_cast(&vals, round_bf16, burn::tensor::DType::BF16);
     }
 
     fn erf64(x: f64) -> f64 {
