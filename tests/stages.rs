@@ -812,6 +812,9 @@ fn vocab_stage_keeps_the_training_tokens_and_any_text_still_classifies() {
         "{}",
         card["parity"]
     );
+    // The card says how the vocabulary was pruned.
+    assert_eq!(card["vocabulary"]["token_ids"], 30522);
+    assert_eq!(card["vocabulary"]["rows_kept"].as_u64(), Some(kept));
     let size = |d: &str| {
         std::fs::metadata(run.join(d).join("model.onnx"))
             .unwrap()

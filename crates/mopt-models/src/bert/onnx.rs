@@ -427,6 +427,13 @@ impl Exportable for BertForSequenceClassification {
         m.insert("heads_per_layer".into(), heads.into());
         let ffn: Vec<usize> = (0..n).map(|i| c.ffn(i)).collect();
         m.insert("ffn_per_layer".into(), ffn.into());
+        if c.mopt_vocab_map.is_some() {
+            // A pruned vocabulary: the tokenizer's ids, the rows kept, the rest read [UNK].
+            m.insert(
+                "vocabulary".into(),
+                serde_json::json!({ "token_ids": c.input_vocab(), "rows_kept": c.vocab_size }),
+            );
+        }
         m
     }
 
