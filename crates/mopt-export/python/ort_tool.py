@@ -7,12 +7,12 @@
   fuse-qdq MODEL OUT                  a QDQ transformer for ONNX Runtime's CPU kernels: every
                                       DQ(x) . DQ(W) (+ bias) as one MatMulIntegerToFloat with the
                                       bias inside, every residual Add + LayerNormalization as one
-                                      SkipLayerNormalization; op-type counts after ORT's own pass
-  bench MODEL FEEDS_JSON WARMUP RUNS  latency p50/p90/p99 (ms); feeds: [{"batch", "seq_len", "feed"}]
-                                      (RUNS timed runs, 4x at batch 1)
-  bench-many SPEC_JSON WARMUP RUNS    several models' latency, interleaved in rounds: spec [{"name",
-                                      "model", "feeds"}]; each round times a block of back-to-back
-                                      runs of every model in turn (see bench_many)
+                                      SkipLayerNormalization, every attention core as one
+                                      MultiHeadAttention; op-type counts after ORT's own pass
+  bench-many SPEC_JSON WARMUP RUNS    several models' latency p50/p90/p99 (ms), interleaved in
+                                      rounds: spec [{"name", "model", "feeds": [{"batch", "seq_len",
+                                      "feed"}]}]; RUNS timed runs (4x at batch 1) in blocks of
+                                      back-to-back runs of every model in turn (see bench_many)
 """
 import json
 import sys
@@ -247,26 +247,6 @@ def main(argv):
     elif cmd == "bench-many":
         spec, warmup, runs = json.load(open(argv[1])), int(argv[2]), int(argv[3])
         print(json.dumps({"ok": True, "latency": bench_many(spec, warmup, runs)}))
-    elif cmd == "bench":
-        path, feeds, warmup, runs = argv[1], json.load(open(argv[2])), int(argv[3]), int(argv[4])
-        sess = session(path)
-        types = {i.name: i.type for i in sess.get_inputs()}
-        res = []
-        for entry in feeds:
-            batch, seq = entry["batch"], entry["seq_len"]
-            n = runs * 4 if batch == 1 else runs
-            feed = {k: np.asarray(v, dtype=np.int64 if "int64" in types[k] else np.float32) for k, v in entry["feed"].items()}
-            for _ in range(warmup):
-                sess.run(None, feed)
-            times = []
-            for _ in range(n):
-                t = time.perf_counter()
-                sess.run(None, feed)
-                times.append((time.perf_counter() - t) * 1e3)
-            times.sort()
-            pct = lambda p: times[min(len(times), max(1, int(np.ceil(p / 100 * len(times))))) - 1]
-            res.append({"batch": batch, "seq_len": seq, "runs": n, "p50_ms": pct(50), "p90_ms": pct(90), "p99_ms": pct(99), "mean_ms": float(np.mean(times))})
-        print(json.dumps({"ok": True, "latency": res}))
     else:
         raise SystemExit(f"unknown command {cmd}")
 

@@ -225,24 +225,23 @@ where
     )?);
     // The fused graph is the one timed and deployed: checked like `model.onnx`.
     let fused_path = at.dir.join(FUSED);
-    let fused_parity = match fused_path.is_file() {
-        true => {
-            let p = parity(
-                model,
-                &fused_path,
-                examples,
-                PARITY_BATCH,
-                at.device,
-                at.dir,
-            )?;
-            check_parity(&p, quantization.is_some(), opts.tolerance)?;
-            Some(serde_json::json!({
-                "file": FUSED,
-                "agreement": p.agreement,
-                "max_abs_err": p.max_abs_diff,
-            }))
-        }
-        false => None,
+    let fused_parity = if fused_path.is_file() {
+        let p = parity(
+            model,
+            &fused_path,
+            examples,
+            PARITY_BATCH,
+            at.device,
+            at.dir,
+        )?;
+        check_parity(&p, quantization.is_some(), opts.tolerance)?;
+        Some(serde_json::json!({
+            "file": FUSED,
+            "agreement": p.agreement,
+            "max_abs_err": p.max_abs_diff,
+        }))
+    } else {
+        None
     };
     let sha256 = copy_side_files(at.ckpt, at.dir)?;
     let card = ModelCard {
@@ -374,9 +373,12 @@ fn fused_ops(
     if kept.exists() {
         std::fs::remove_file(&kept).map_err(|e| ExportError::Io(kept.display().to_string(), e))?;
     }
-    let fused_path = match fusion {
-        Some(_) => kept,
-        None => dir.join("fused.onnx.tmp"),
+    // Without a fusion the optimised graph is only read for its op types, then removed.
+    let temporary = fusion.is_none();
+    let fused_path = if temporary {
+        dir.join("fused.onnx.tmp")
+    } else {
+        kept
     };
     let (onnx, fused) = (onnx.display().to_string(), fused_path.display().to_string());
     let ops = match fusion {
@@ -391,7 +393,7 @@ fn fused_ops(
         ])?,
         None => python::tool(&["optimized-ops", &onnx, &fused])?,
     };
-    if !fused_path.ends_with(FUSED) {
+    if temporary {
         let _ = std::fs::remove_file(&fused_path);
     }
     Ok(ops)
@@ -456,9 +458,9 @@ fn is_quantized_export(onnx: &Path) -> bool {
 /// ONNX Runtime latency of `models`, interleaved in rounds: each round times a block of
 /// back-to-back runs of every model in turn (after two untimed runs), so that every model is
 /// timed hot, as a deployment serving requests runs it, and meets the same drift of a shared
-/// machine (`ort_tool.py`'s `bench_many`). Each float
-/// model runs its fused graph ([`FUSED`]) when the export wrote one, as a deployment would;
-/// every session has ORT's full graph optimisation. One row per model: `{"model", "graph",
+/// machine (`ort_tool.py`'s `bench_many`). Each model runs its fused graph ([`FUSED`]) when
+/// the export wrote one (float and QDQ transformers), as a deployment would; every session has
+/// ORT's full graph optimisation. One row per model: `{"model", "graph",
 /// "file", "latency": [{"batch", "seq_len", "runs", "p50_ms", "p90_ms", "p99_ms", "mean_ms"}]}`.
 pub fn ort_latency_interleaved(
     models: &[BenchModel],

@@ -141,6 +141,13 @@ pub struct BertEmbeddings {
     pub vocab_map: Option<std::sync::Arc<Vec<i64>>>,
 }
 
+/// The word-table row of every token id of a vocabulary-pruned config (`mopt_vocab_map`), as
+/// the embeddings gather it.
+pub(crate) fn id_rows(c: &BertConfig) -> Option<std::sync::Arc<Vec<i64>>> {
+    let map = c.mopt_vocab_map.as_ref()?;
+    Some(std::sync::Arc::new(map.iter().map(|&r| r as i64).collect()))
+}
+
 impl BertEmbeddings {
     fn new(c: &BertConfig, dropout: f64, device: &Device) -> Self {
         Self {
@@ -152,10 +159,7 @@ impl BertEmbeddings {
                 .init(device),
             dropout: DropoutConfig::new(dropout).init(),
             eps: c.layer_norm_eps,
-            vocab_map: c
-                .mopt_vocab_map
-                .as_ref()
-                .map(|m| std::sync::Arc::new(m.iter().map(|&r| r as i64).collect())),
+            vocab_map: id_rows(c),
         }
     }
 

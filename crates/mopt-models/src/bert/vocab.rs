@@ -2,8 +2,6 @@
 //! tokenizer is unchanged and every id it gives goes through `mopt_vocab_map` (a dropped token
 //! reads `[UNK]`'s row). Position and token-type tables are untouched.
 
-use std::sync::Arc;
-
 use burn::module::Param;
 use burn::prelude::*;
 use mopt_core::VocabPrunable;
@@ -38,8 +36,8 @@ impl VocabPrunable for BertForSequenceClassification {
         let rows =
             Tensor::<1, Int>::from_data(TensorData::new(rows, [keep.len()]), &table.device());
         e.word_embeddings.weight = Param::from_tensor(table.select(0, rows));
-        e.vocab_map = Some(Arc::new(map.iter().map(|&r| r as i64).collect()));
         let config = Self::with_vocab_map(c, map);
+        e.vocab_map = super::model::id_rows(&config);
         (self, config)
     }
 }
