@@ -119,8 +119,9 @@ fn batch_norm() {
 fn products() {
     use burn::prelude::*;
     println!(
-        "GEMM (GFLOP/s, mopt path {} | Burn Flex matmul):",
-        mopt_kernels::gemm::path()
+        "GEMM (GFLOP/s, mopt path {} | Burn Flex matmul | mopt bf16 path {}):",
+        mopt_kernels::gemm::path(),
+        mopt_kernels::bf16::path()
     );
     let device = Device::flex();
     let shapes = [
@@ -147,8 +148,21 @@ fn products() {
         let burn_ms = time(5, || {
             let _ = ta.clone().matmul(tb.clone()).into_data();
         });
+        let bf16_ms = time(5, || {
+            mopt_kernels::bf16::gemm(
+                View::row_major(&a, m, k),
+                View::row_major(&b, k, n),
+                &mut c,
+                false,
+            )
+        });
         let rate = |ms: f64| 2.0 * (m * k * n) as f64 / ms / 1e6;
-        println!("  {m} x {k} x {n}: {:.1} | {:.1}", rate(ms), rate(burn_ms));
+        println!(
+            "  {m} x {k} x {n}: {:.1} | {:.1} | bf16 {:.1}",
+            rate(ms),
+            rate(burn_ms),
+            rate(bf16_ms)
+        );
     }
 }
 

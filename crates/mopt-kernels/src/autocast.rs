@@ -77,10 +77,18 @@ pub fn matmul<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
     }
 }
 
-/// `x · w + b` in `low`: operands and output rounded to it, the product on mopt's f32 linear
-/// kernel (f32 accumulation, the bias added in f32 as oneDNN's bf16 kernels add it).
+/// `x · w + b` in `low`: operands and output rounded to it, f32 accumulation, the bias added
+/// in f32 as oneDNN's bf16 kernels add it. In bf16 where the CPU multiplies bf16 natively
+/// ([`crate::bf16::native`]), the linear kernel rounds x and w while packing them, and its
+/// backward products round their operands, the output gradient included, as PyTorch's
+/// autocast backward does; elsewhere x and w are rounded in the graph and the product runs on
+/// mopt's f32 kernel (the output gradient stays f32).
 pub(crate) fn linear(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>, low: DType) -> Tensor<2> {
-    let y = crate::linear_f32(round_to(x, low), round_to(w, low), round_to(b, low));
+    let y = if low == DType::BF16 && crate::bf16::native() {
+        crate::linear_on(x, w, round_to(b, low), true)
+    } else {
+        crate::linear_f32(round_to(x, low), round_to(w, low), round_to(b, low))
+    };
     round_to(y, low)
 }
 

@@ -158,8 +158,11 @@ pub fn embedding<C: CheckpointStrategy>(
     }
 }
 
+/// With `bf16`, the backward products round their operands to bf16 as the forward did.
 #[derive(Debug)]
-struct LinearBackward;
+struct LinearBackward {
+    bf16: bool,
+}
 
 impl Backward<Flex, 3> for LinearBackward {
     /// (input, weight)
@@ -175,7 +178,7 @@ impl Backward<Flex, 3> for LinearBackward {
         let g = grads.consume::<Flex>(&ops.node);
         let [px, pw, pb] = ops.parents;
         let want = (px.is_some(), pw.is_some(), pb.is_some());
-        let (dx, dw, db) = flex::linear_backward(&x, &w, g, want);
+        let (dx, dw, db) = flex::linear_backward(&x, &w, g, want, self.bf16);
         for (parent, grad) in [(px, dx), (pw, dw), (pb, db)] {
             if let (Some(n), Some(g)) = (parent, grad) {
                 grads.register::<Flex>(n.id, g);
@@ -184,22 +187,23 @@ impl Backward<Flex, 3> for LinearBackward {
     }
 }
 
-pub fn linear<C: CheckpointStrategy>(x: Ad<C>, w: Ad<C>, b: Ad<C>) -> Ad<C> {
+pub fn linear<C: CheckpointStrategy>(x: Ad<C>, w: Ad<C>, b: Ad<C>, bf16: bool) -> Ad<C> {
     let nodes = [x.node(), w.node(), b.node()];
-    match LinearBackward
+    match (LinearBackward { bf16 })
         .prepare::<C>(nodes)
         .compute_bound()
         .stateful()
     {
         OpsKind::Tracked(prep) => {
             let (xp, wp) = (x.primitive().clone(), w.primitive().clone());
-            let y = flex::linear(xp.clone(), &wp, b.primitive());
+            let y = flex::linear(xp.clone(), &wp, b.primitive(), bf16);
             prep.finish((xp, wp), y)
         }
         OpsKind::UnTracked(prep) => prep.finish(flex::linear(
             x.into_primitive(),
             w.primitive(),
             b.primitive(),
+            bf16,
         )),
     }
 }

@@ -694,45 +694,62 @@ pub fn column_sums(g: &[f32], n: usize) -> Vec<f32> {
 }
 
 /// `out = x · w + b` for row-major `x: [m, k]`, `w: [k, n]`, `b: [n]`.
-pub fn linear(x: &[f32], w: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+pub fn linear(
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    (m, k, n): (usize, usize, usize),
+    bf16: bool,
+) -> Vec<f32> {
     let mut out = vec![0.0f32; m * n];
     out.par_chunks_mut(rows_per_task(n) * n).for_each(|c| {
         for row in c.chunks_exact_mut(n) {
             row.copy_from_slice(b);
         }
     });
-    crate::gemm::sgemm(
+    product(
+        bf16,
         crate::gemm::View::row_major(x, m, k),
         crate::gemm::View::row_major(w, k, n),
         &mut out,
-        1.0,
         true,
     );
     out
+}
+
+/// `C (+)= A·B` in f32, or with `bf16` on bf16-rounded operands ([`crate::bf16::gemm`]).
+fn product(bf16: bool, a: crate::gemm::View, b: crate::gemm::View, c: &mut [f32], beta_one: bool) {
+    if bf16 {
+        crate::bf16::gemm(a, b, c, beta_one);
+    } else {
+        crate::gemm::sgemm(a, b, c, 1.0, beta_one);
+    }
 }
 
 /// (dx, dw, db), each present when asked for.
 pub type LinearGrads = (Option<Vec<f32>>, Option<Vec<f32>>, Option<Vec<f32>>);
 
 /// Gradients of `x · w + b` from the output gradient `g: [m, n]`: (dx = g·wᵀ, dw = xᵀ·g,
-/// db = Σ rows of g); each only when asked for.
+/// db = Σ rows of g); each only when asked for. With `bf16`, both products round their
+/// operands (g included) to bf16, as autocast's backward does.
 pub fn linear_backward(
     x: &[f32],
     w: &[f32],
     g: &[f32],
     (m, k, n): (usize, usize, usize),
     (want_dx, want_dw, want_db): (bool, bool, bool),
+    bf16: bool,
 ) -> LinearGrads {
-    use crate::gemm::{sgemm, View};
+    use crate::gemm::View;
     let gv = View::row_major(g, m, n);
     let dx = want_dx.then(|| {
         let mut dx = vec![0.0f32; m * k];
-        sgemm(gv, View::row_major(w, k, n).t(), &mut dx, 1.0, false);
+        product(bf16, gv, View::row_major(w, k, n).t(), &mut dx, false);
         dx
     });
     let dw = want_dw.then(|| {
         let mut dw = vec![0.0f32; k * n];
-        sgemm(View::row_major(x, m, k).t(), gv, &mut dw, 1.0, false);
+        product(bf16, View::row_major(x, m, k).t(), gv, &mut dw, false);
         dw
     });
     let db = want_db.then(|| column_sums(g, n));

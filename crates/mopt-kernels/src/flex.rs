@@ -146,13 +146,14 @@ pub fn embedding_backward(ids: &[usize], g: FlexTensor, vocab: usize) -> FlexTen
     )
 }
 
-/// `x · w + b`, x: `[m, k]`, w: `[k, n]`, b: `[n]`.
-pub fn linear(x: FlexTensor, w: &FlexTensor, b: &FlexTensor) -> FlexTensor {
+/// `x · w + b`, x: `[m, k]`, w: `[k, n]`, b: `[n]` (the product on bf16-rounded operands with
+/// `bf16`).
+pub fn linear(x: FlexTensor, w: &FlexTensor, b: &FlexTensor, bf16: bool) -> FlexTensor {
     let (x, w, b) = (contiguous(x), contiguous(w.clone()), contiguous(b.clone()));
     let [m, k] = x.shape().dims();
     let n = w.shape()[1];
     make(
-        cpu::linear(f32s(&x), f32s(&w), f32s(&b), m, k, n),
+        cpu::linear(f32s(&x), f32s(&w), f32s(&b), (m, k, n), bf16),
         Shape::from(vec![m, n]),
     )
 }
@@ -163,11 +164,12 @@ pub fn linear_backward(
     w: &FlexTensor,
     g: FlexTensor,
     want: (bool, bool, bool),
+    bf16: bool,
 ) -> (Option<FlexTensor>, Option<FlexTensor>, Option<FlexTensor>) {
     let (x, w, g) = (contiguous(x.clone()), contiguous(w.clone()), contiguous(g));
     let [m, k] = x.shape().dims();
     let n = w.shape()[1];
-    let (dx, dw, db) = cpu::linear_backward(f32s(&x), f32s(&w), f32s(&g), (m, k, n), want);
+    let (dx, dw, db) = cpu::linear_backward(f32s(&x), f32s(&w), f32s(&g), (m, k, n), want, bf16);
     (
         dx.map(|v| make(v, Shape::from(vec![m, k]))),
         dw.map(|v| make(v, Shape::from(vec![k, n]))),

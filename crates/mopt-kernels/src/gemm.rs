@@ -486,28 +486,36 @@ impl WithSimd for Block<'_> {
         } = self;
         let Tile { mr, nr, kernel } = self.tile;
         let mut buf = [0.0f32; TILE_MAX];
-        for (ip, ap) in apack.chunks_exact(kc * mr).enumerate() {
-            let h = mr.min(mc - ip * mr);
-            for (jp, bpanel) in bpack.chunks_exact(kc * nr).enumerate() {
-                let j = j0 + jp * nr;
-                let w = nr.min(j0 + nc - j);
-                match kernel {
-                    Kernel::Portable => flat(&micro(ap, bpanel), &mut buf),
-                    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-                    Kernel::Avx2(v) => flat(&micro_v3(v, ap, bpanel), &mut buf),
-                    #[cfg(target_arch = "x86_64")]
-                    Kernel::Avx512(v) => micro_v4(v, ap, bpanel, &mut buf),
+        let group: usize = std::env::var("MOPT_JG")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(16);
+        let panels = bpack.len() / (kc * nr);
+        for g0 in (0..panels).step_by(group) {
+            for (ip, ap) in apack.chunks_exact(kc * mr).enumerate() {
+                let h = mr.min(mc - ip * mr);
+                for jp in g0..(g0 + group).min(panels) {
+                    let bpanel = &bpack[jp * kc * nr..(jp + 1) * kc * nr];
+                    let j = j0 + jp * nr;
+                    let w = nr.min(j0 + nc - j);
+                    match kernel {
+                        Kernel::Portable => flat(&micro(ap, bpanel), &mut buf),
+                        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+                        Kernel::Avx2(v) => flat(&micro_v3(v, ap, bpanel), &mut buf),
+                        #[cfg(target_arch = "x86_64")]
+                        Kernel::Avx512(v) => micro_v4(v, ap, bpanel, &mut buf),
+                    }
+                    let at = (ip * mr, j);
+                    store(
+                        rows,
+                        n,
+                        at,
+                        (&buf[..mr * nr], nr),
+                        (h, w),
+                        alpha,
+                        accumulate,
+                    );
                 }
-                let at = (ip * mr, j);
-                store(
-                    rows,
-                    n,
-                    at,
-                    (&buf[..mr * nr], nr),
-                    (h, w),
-                    alpha,
-                    accumulate,
-                );
             }
         }
     }

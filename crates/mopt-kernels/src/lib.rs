@@ -26,9 +26,12 @@ use burn::prelude::*;
 use burn::tensor::DType;
 
 pub mod adamw;
+#[cfg(target_arch = "x86_64")]
+mod amx;
 pub mod autocast;
 mod autodiff;
 pub mod batchnorm;
+pub mod bf16;
 pub mod conv;
 pub mod cpu;
 mod flex;
@@ -212,7 +215,17 @@ pub fn linear(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> {
 
 /// [`linear`] outside autocast: the fused f32 kernel where the tensors allow it.
 pub(crate) fn linear_f32(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> {
-    let fallback = |x: Tensor<2>, w: Tensor<2>, b: Tensor<1>| reference::linear(x, w, b);
+    linear_on(x, w, b, false)
+}
+
+/// The fused linear kernel, its products (forward and backward) on bf16-rounded operands with
+/// `bf16` ([`bf16::gemm`]); Burn's composition where the tensors do not allow it (then in f32:
+/// callers with `bf16` round the operands first only where [`bf16::native`] is off).
+pub(crate) fn linear_on(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>, bf16: bool) -> Tensor<2> {
+    let fallback = |x: Tensor<2>, w: Tensor<2>, b: Tensor<1>| match bf16 {
+        true => reference::linear(round_half(x, DType::BF16), round_half(w, DType::BF16), b),
+        false => reference::linear(x, w, b),
+    };
     if w.dtype() != DType::F32 || b.dtype() != DType::F32 {
         return fallback(x, w, b);
     }
@@ -221,7 +234,7 @@ pub(crate) fn linear_f32(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> 
             w.clone().try_into_primitive::<Flex>(),
             b.clone().try_into_primitive::<Flex>(),
         ) {
-            (Ok(wp), Ok(bp)) => Tensor::from_primitive::<Flex>(flex::linear(p, &wp, &bp)),
+            (Ok(wp), Ok(bp)) => Tensor::from_primitive::<Flex>(flex::linear(p, &wp, &bp, bf16)),
             _ => fallback(Tensor::from_primitive::<Flex>(p), w, b),
         },
         Route::Autodiff(p) => match (
@@ -229,7 +242,7 @@ pub(crate) fn linear_f32(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> 
             b.clone().try_into_primitive::<Ad>(),
         ) {
             (Ok(wp), Ok(bp)) => {
-                Tensor::from_primitive::<Ad>(autodiff::linear::<NoCheckpointing>(p, wp, bp))
+                Tensor::from_primitive::<Ad>(autodiff::linear::<NoCheckpointing>(p, wp, bp, bf16))
             }
             _ => fallback(Tensor::from_primitive::<Ad>(p), w, b),
         },
@@ -237,9 +250,9 @@ pub(crate) fn linear_f32(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> 
             w.clone().try_into_primitive::<AdCk>(),
             b.clone().try_into_primitive::<AdCk>(),
         ) {
-            (Ok(wp), Ok(bp)) => {
-                Tensor::from_primitive::<AdCk>(autodiff::linear::<BalancedCheckpointing>(p, wp, bp))
-            }
+            (Ok(wp), Ok(bp)) => Tensor::from_primitive::<AdCk>(autodiff::linear::<
+                BalancedCheckpointing,
+            >(p, wp, bp, bf16)),
             _ => fallback(Tensor::from_primitive::<AdCk>(p), w, b),
         },
         Route::Other(x) => fallback(x, w, b),

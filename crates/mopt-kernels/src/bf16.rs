@@ -1,0 +1,325 @@
+//! Native bf16 products: `C (+)= bf16(A) · bf16(B)` with f32 accumulation and an f32 result.
+//!
+//! The operands are rounded to bf16 (to nearest, ties to even) while they are packed, so a
+//! caller hands over its f32 tensors as they are, and the kernel computes what autocast's
+//! definition asks ([`crate::autocast`]): exact products of bf16 values summed in f32.
+//!
+//! Paths, chosen once from the CPU ([`path`]):
+//! - `amx`: Intel AMX tiles (Sapphire Rapids and later), `tdpbf16ps` on 16 × 32 bf16 tiles,
+//!   a 2 × 2 block of 16 × 16 f32 accumulators ([`crate::amx`]);
+//! - `emulated`: everywhere else, the operands rounded to bf16 in f32 copies and multiplied by
+//!   the f32 GEMM ([`crate::gemm`]): the same values, at f32 speed.
+//!
+//! `MOPT_BF16=emulated` forces the second path (comparisons, tests).
+
+use rayon::prelude::*;
+
+use crate::gemm::View;
+
+/// `f32 → bf16` bits: round to nearest, ties to even; NaN stays NaN (quiet).
+#[inline(always)]
+pub fn to_bf16(v: f32) -> u16 {
+    let b = v.to_bits();
+    if (b & 0x7FFF_FFFF) > 0x7F80_0000 {
+        return ((b | 0x0040_0000) >> 16) as u16;
+    }
+    (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// The path bf16 products take in this process: `amx` or `emulated`.
+pub fn path() -> &'static str {
+    if native() {
+        "amx"
+    } else {
+        "emulated"
+    }
+}
+
+/// Whether products run on native bf16 instructions (AMX here).
+pub fn native() -> bool {
+    static NATIVE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *NATIVE.get_or_init(|| {
+        let forced = std::env::var("MOPT_BF16").is_ok_and(|v| v == "emulated");
+        !forced && amx_available()
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn amx_available() -> bool {
+    crate::amx::available()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn amx_available() -> bool {
+    false
+}
+
+/// `C = bf16(A)·bf16(B)` (or `C += …` with `beta_one`), sums in f32: `C` row-major `m × n`.
+pub fn gemm(a: View, b: View, c: &mut [f32], beta_one: bool) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert_eq!(b.rows, k, "inner dimensions");
+    assert!(c.len() >= m * n, "output size");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !beta_one {
+            c[..m * n].fill(0.0);
+        }
+        return;
+    }
+    on(native(), a, b, c, beta_one);
+}
+
+/// [`gemm`] on AMX tiles (`native`, where [`native`] holds) or emulated.
+fn on(native: bool, a: View, b: View, c: &mut [f32], beta_one: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if native {
+        return tiles::gemm(a, b, c, beta_one);
+    }
+    let _ = native;
+    emulated(a, b, c, beta_one);
+}
+
+/// The operands rounded to bf16 in f32 copies, then the f32 GEMM.
+fn emulated(a: View, b: View, c: &mut [f32], beta_one: bool) {
+    let copy = |v: &View| -> Vec<f32> {
+        let mut out = vec![0.0f32; v.rows * v.cols];
+        out.par_chunks_mut(v.cols).enumerate().for_each(|(i, row)| {
+            for (j, o) in row.iter_mut().enumerate() {
+                *o = v.data[v.offset + i * v.rs + j * v.cs];
+            }
+        });
+        crate::cpu::round_bf16(&mut out);
+        out
+    };
+    let (ar, br) = (copy(&a), copy(&b));
+    crate::gemm::sgemm(
+        View::row_major(&ar, a.rows, a.cols),
+        View::row_major(&br, b.rows, b.cols),
+        c,
+        1.0,
+        beta_one,
+    );
+}
+
+#[cfg(target_arch = "x86_64")]
+mod tiles {
+    //! Packing and blocking around [`crate::amx::Tiles::block`].
+
+    use rayon::prelude::*;
+
+    use super::to_bf16;
+    use crate::amx::{Tiles, K_TILE, TILE, TILE_ELEMS};
+    use crate::gemm::View;
+
+    /// Rows of C a task computes at most (its A block, 128 × depth bf16, stays in L2).
+    const ROWS: usize = 128;
+    /// Rows and columns of the register block.
+    const BLOCK: usize = 2 * TILE;
+
+    /// A packed into tiles: for each 16-row group, its depth chunks in order, each chunk a
+    /// 16 × 32 tile of bf16 (row-major, zero-padded past `rows` and the depth).
+    fn pack_a(a: &View, (i0, rows): (usize, usize), chunks: usize) -> Vec<u16> {
+        let groups = rows.div_ceil(BLOCK) * 2;
+        let mut out = vec![0u16; groups * chunks * TILE_ELEMS];
+        for (g, group) in out.chunks_exact_mut(chunks * TILE_ELEMS).enumerate() {
+            let height = TILE.min(rows.saturating_sub(g * TILE));
+            let first = i0 + g * TILE;
+            if a.cs == 1 {
+                // Rows are runs: each chunk of 32 is one tile row.
+                for r in 0..height {
+                    let s = a.offset + (first + r) * a.rs;
+                    let row = &a.data[s..s + a.cols];
+                    for (q, run) in row.chunks(K_TILE).enumerate() {
+                        let dst = &mut group[q * TILE_ELEMS + r * K_TILE..][..run.len()];
+                        dst.iter_mut().zip(run).for_each(|(d, &v)| *d = to_bf16(v));
+                    }
+                }
+            } else {
+                // Columns are runs (a transposed operand): spread each over the tile rows.
+                for p in 0..a.cols {
+                    let s = a.offset + first * a.rs + p * a.cs;
+                    let at = (p / K_TILE) * TILE_ELEMS + p % K_TILE;
+                    for r in 0..height {
+                        group[at + r * K_TILE] = to_bf16(a.data[s + r * a.rs]);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// B packed into tiles: for each 16-column group, its depth chunks in order, each chunk
+    /// 16 rows of k-pairs × 16 columns × 2 (the VNNI layout `tdpbf16ps` reads), zero-padded.
+    /// Held as u32 pairs (`bf16(B[2q, j]) | bf16(B[2q+1, j]) << 16`).
+    fn pack_b(b: &View, chunks: usize) -> Vec<u32> {
+        let groups = b.cols.div_ceil(BLOCK) * 2;
+        let pairs = TILE_ELEMS / 2;
+        let mut out = vec![0u32; groups * chunks * pairs];
+        let k = b.rows;
+        let pair = |hi: u16, lo: u16| lo as u32 | (hi as u32) << 16;
+        out.par_chunks_mut(chunks * pairs)
+            .enumerate()
+            .for_each(|(g, group)| {
+                let width = TILE.min(b.cols.saturating_sub(g * TILE));
+                if width == 0 {
+                    return; // a padding group: zeros
+                }
+                let j0 = b.offset + g * TILE * b.cs;
+                for q in 0..k.div_ceil(2) {
+                    let dst = &mut group[(q / TILE) * pairs + (q % TILE) * TILE..][..width];
+                    let (p0, p1) = (2 * q, 2 * q + 1);
+                    let at = |p: usize, j: usize| b.data[j0 + p * b.rs + j * b.cs];
+                    if p1 < k && b.cs == 1 {
+                        let r0 = &b.data[j0 + p0 * b.rs..][..width];
+                        let r1 = &b.data[j0 + p1 * b.rs..][..width];
+                        for ((d, &x0), &x1) in dst.iter_mut().zip(r0).zip(r1) {
+                            *d = pair(to_bf16(x1), to_bf16(x0));
+                        }
+                    } else {
+                        for (j, d) in dst.iter_mut().enumerate() {
+                            let hi = if p1 < k { to_bf16(at(p1, j)) } else { 0 };
+                            *d = pair(hi, to_bf16(at(p0, j)));
+                        }
+                    }
+                }
+            });
+        out
+    }
+
+    /// See [`super::gemm`] (AMX present).
+    pub(super) fn gemm(a: View, b: View, c: &mut [f32], beta_one: bool) {
+        let (m, k, n) = (a.rows, a.cols, b.cols);
+        let chunks = k.div_ceil(K_TILE);
+        let packed = pack_b(&b, chunks);
+        let bp: &[u16] = pulp::bytemuck::cast_slice(&packed);
+        let group = chunks * TILE_ELEMS;
+        // Row blocks of up to ROWS, at least four tasks a thread where the rows allow.
+        let threads = rayon::current_num_threads().max(1);
+        let rows_per = ROWS.min(m.div_ceil(4 * threads).div_ceil(BLOCK) * BLOCK);
+        c[..m * n]
+            .par_chunks_mut(rows_per * n)
+            .enumerate()
+            .for_each(|(t, rows)| {
+                let i0 = t * rows_per;
+                let h = rows_per.min(m - i0);
+                let ap = pack_a(&a, (i0, h), chunks);
+                let tiles = Tiles::new().expect("AMX checked before dispatch");
+                let mut scratch = [0.0f32; BLOCK * BLOCK];
+                for jb in 0..n.div_ceil(BLOCK) {
+                    let bt = [
+                        &bp[2 * jb * group..(2 * jb + 1) * group],
+                        &bp[(2 * jb + 1) * group..(2 * jb + 2) * group],
+                    ];
+                    let w = BLOCK.min(n - jb * BLOCK);
+                    for ib in 0..h.div_ceil(BLOCK) {
+                        let at = [
+                            &ap[2 * ib * group..(2 * ib + 1) * group],
+                            &ap[(2 * ib + 1) * group..(2 * ib + 2) * group],
+                        ];
+                        let hb = BLOCK.min(h - ib * BLOCK);
+                        let origin = ib * BLOCK * n + jb * BLOCK;
+                        if hb == BLOCK && w == BLOCK {
+                            tiles.block(at, bt, chunks, &mut rows[origin..], n, beta_one);
+                        } else {
+                            // An edge block: through a full-size scratch block.
+                            tiles.block(at, bt, chunks, &mut scratch, BLOCK, false);
+                            edge(&scratch, &mut rows[origin..], n, (hb, w), beta_one);
+                        }
+                    }
+                }
+            });
+    }
+
+    /// The valid `h × w` corner of a 32 × 32 scratch block into C (added with `accumulate`).
+    fn edge(s: &[f32], c: &mut [f32], ldc: usize, (h, w): (usize, usize), accumulate: bool) {
+        for r in 0..h {
+            let (src, dst) = (&s[r * BLOCK..r * BLOCK + w], &mut c[r * ldc..r * ldc + w]);
+            if accumulate {
+                dst.iter_mut().zip(src).for_each(|(d, v)| *d += v);
+            } else {
+                dst.copy_from_slice(src);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    fn bf(v: f32) -> f64 {
+        f32::from_bits((to_bf16(v) as u32) << 16) as f64
+    }
+
+    /// C against the reference (bf16-rounded operands, products and sums in f64): within f32
+    /// summation error, for row-major and transposed operands, edge blocks and accumulation.
+    #[test]
+    fn products_match_bf16_operands_summed_exactly() {
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (37, 70, 29),
+            (64, 384, 96),
+            (130, 33, 47),
+            (5, 600, 3),
+        ] {
+            let (a, b) = (values(m * k, 3), values(k * n, 5));
+            let init = values(m * n, 7);
+            for (transposed, beta_one) in [(false, false), (true, true)] {
+                let at: Vec<f32>;
+                let av = if transposed {
+                    at = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+                    View::row_major(&at, k, m).t()
+                } else {
+                    View::row_major(&a, m, k)
+                };
+                for native in [false, native()] {
+                    let mut c = init.clone();
+                    on(native, av, View::row_major(&b, k, n), &mut c, beta_one);
+                    for i in 0..m {
+                        for j in 0..n {
+                            let mut want = if beta_one {
+                                init[i * n + j] as f64
+                            } else {
+                                0.0
+                            };
+                            let mut mag = want.abs();
+                            for p in 0..k {
+                                let t = bf(a[i * k + p]) * bf(b[p * n + j]);
+                                want += t;
+                                mag += t.abs();
+                            }
+                            let got = c[i * n + j] as f64;
+                            assert!(
+                                (got - want).abs() <= mag * 1e-6 + 1e-6,
+                                "{m}x{k}x{n} ({i},{j}) native {native}: {got} vs {want}",
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rounding_is_to_nearest_even_and_keeps_nan() {
+        assert_eq!(to_bf16(1.0), 0x3F80);
+        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1).
+        assert_eq!(to_bf16(1.0 + 1.0 / 256.0), 0x3F80);
+        assert_eq!(to_bf16(1.0 + 3.0 / 256.0), 0x3F82);
+        assert!(f32::from_bits((to_bf16(f32::NAN) as u32) << 16).is_nan());
+        assert_eq!(to_bf16(f32::INFINITY), 0x7F80);
+        assert_eq!(to_bf16(-2.0), 0xC000);
+    }
+}
