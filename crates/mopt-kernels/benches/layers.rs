@@ -166,6 +166,31 @@ fn products() {
     }
 }
 
+/// bf16 products with a transposed operand, as a linear layer's backward runs them: dW = Xᵀ·G
+/// (A transposed) and dX = G·Wᵀ (B transposed), X `[2048, 384]`, W `[384, 1536]`.
+fn backward_products() {
+    let (m, k, n) = (2048, 384, 1536);
+    let (x, w, g) = (values(m * k, 3), values(k * n, 5), values(m * n, 7));
+    let mut dw = vec![0.0f32; k * n];
+    let mut dx = vec![0.0f32; m * k];
+    let rate = |ms: f64| 2.0 * (m * k * n) as f64 / ms / 1e6;
+    let gv = View::row_major(&g, m, n);
+    for bf16 in [false, true] {
+        let product = |a: View, b: View, c: &mut [f32]| match bf16 {
+            true => mopt_kernels::bf16::gemm(a, b, c, false),
+            false => sgemm(a, b, c, 1.0, false),
+        };
+        let dw_ms = time(5, || product(View::row_major(&x, m, k).t(), gv, &mut dw));
+        let dx_ms = time(5, || product(gv, View::row_major(&w, k, n).t(), &mut dx));
+        println!(
+            "  {}: dW = X^T G {:.1}, dX = G W^T {:.1}",
+            if bf16 { "bf16" } else { "f32" },
+            rate(dw_ms),
+            rate(dx_ms)
+        );
+    }
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
@@ -186,5 +211,6 @@ fn main() {
     }
     if run("products") {
         products();
+        backward_products();
     }
 }

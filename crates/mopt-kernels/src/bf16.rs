@@ -123,30 +123,42 @@ mod tiles {
     fn pack_a(a: &View, (i0, rows): (usize, usize), chunks: usize) -> Vec<u16> {
         let groups = rows.div_ceil(BLOCK) * 2;
         let mut out = vec![0u16; groups * chunks * TILE_ELEMS];
-        for (g, group) in out.chunks_exact_mut(chunks * TILE_ELEMS).enumerate() {
-            let height = TILE.min(rows.saturating_sub(g * TILE));
-            let first = i0 + g * TILE;
-            if a.cs == 1 {
-                // Rows are runs: each chunk of 32 is one tile row.
-                for r in 0..height {
-                    let s = a.offset + (first + r) * a.rs;
-                    let row = &a.data[s..s + a.cols];
-                    for (q, run) in row.chunks(K_TILE).enumerate() {
-                        let dst = &mut group[q * TILE_ELEMS + r * K_TILE..][..run.len()];
-                        dst.iter_mut().zip(run).for_each(|(d, &v)| *d = to_bf16(v));
-                    }
+        crate::cpu::simd(|| {
+            for (g, group) in out.chunks_exact_mut(chunks * TILE_ELEMS).enumerate() {
+                let height = TILE.min(rows.saturating_sub(g * TILE));
+                if height == 0 {
+                    continue; // a padding group: zeros
                 }
-            } else {
-                // Columns are runs (a transposed operand): spread each over the tile rows.
-                for p in 0..a.cols {
-                    let s = a.offset + first * a.rs + p * a.cs;
-                    let at = (p / K_TILE) * TILE_ELEMS + p % K_TILE;
+                let first = i0 + g * TILE;
+                if a.cs == 1 {
+                    // Rows are runs: each chunk of 32 is one tile row.
                     for r in 0..height {
-                        group[at + r * K_TILE] = to_bf16(a.data[s + r * a.rs]);
+                        let s = a.offset + (first + r) * a.rs;
+                        let row = &a.data[s..s + a.cols];
+                        for (q, run) in row.chunks(K_TILE).enumerate() {
+                            let dst = &mut group[q * TILE_ELEMS + r * K_TILE..][..run.len()];
+                            dst.iter_mut().zip(run).for_each(|(d, &v)| *d = to_bf16(v));
+                        }
+                    }
+                } else {
+                    // A transposed operand: spread each column over the tile rows (a run where
+                    // rs = 1, Xᵀ in dW = Xᵀ·G).
+                    for p in 0..a.cols {
+                        let s = a.offset + first * a.rs + p * a.cs;
+                        let at = (p / K_TILE) * TILE_ELEMS + p % K_TILE;
+                        let dst = group[at..].iter_mut().step_by(K_TILE).take(height);
+                        if a.rs == 1 {
+                            let run = &a.data[s..s + height];
+                            dst.zip(run).for_each(|(d, &v)| *d = to_bf16(v));
+                        } else {
+                            for (r, d) in dst.enumerate() {
+                                *d = to_bf16(a.data[s + r * a.rs]);
+                            }
+                        }
                     }
                 }
             }
-        }
+        });
         out
     }
 
@@ -162,28 +174,42 @@ mod tiles {
         out.par_chunks_mut(chunks * pairs)
             .enumerate()
             .for_each(|(g, group)| {
-                let width = TILE.min(b.cols.saturating_sub(g * TILE));
-                if width == 0 {
-                    return; // a padding group: zeros
-                }
-                let j0 = b.offset + g * TILE * b.cs;
-                for q in 0..k.div_ceil(2) {
-                    let dst = &mut group[(q / TILE) * pairs + (q % TILE) * TILE..][..width];
-                    let (p0, p1) = (2 * q, 2 * q + 1);
-                    let at = |p: usize, j: usize| b.data[j0 + p * b.rs + j * b.cs];
-                    if p1 < k && b.cs == 1 {
-                        let r0 = &b.data[j0 + p0 * b.rs..][..width];
-                        let r1 = &b.data[j0 + p1 * b.rs..][..width];
-                        for ((d, &x0), &x1) in dst.iter_mut().zip(r0).zip(r1) {
-                            *d = pair(to_bf16(x1), to_bf16(x0));
+                crate::cpu::simd(|| {
+                    let width = TILE.min(b.cols.saturating_sub(g * TILE));
+                    if width == 0 {
+                        return; // a padding group: zeros
+                    }
+                    let j0 = b.offset + g * TILE * b.cs;
+                    if b.rs == 1 && b.cs != 1 {
+                        // A transposed operand (Wᵀ in dX = G·Wᵀ): each column is a run of k.
+                        for j in 0..width {
+                            let col = &b.data[j0 + j * b.cs..][..k];
+                            for (q, two) in col.chunks(2).enumerate() {
+                                let hi = two.get(1).map_or(0, |&v| to_bf16(v));
+                                group[(q / TILE) * pairs + (q % TILE) * TILE + j] =
+                                    pair(hi, to_bf16(two[0]));
+                            }
                         }
-                    } else {
-                        for (j, d) in dst.iter_mut().enumerate() {
-                            let hi = if p1 < k { to_bf16(at(p1, j)) } else { 0 };
-                            *d = pair(hi, to_bf16(at(p0, j)));
+                        return;
+                    }
+                    for q in 0..k.div_ceil(2) {
+                        let dst = &mut group[(q / TILE) * pairs + (q % TILE) * TILE..][..width];
+                        let (p0, p1) = (2 * q, 2 * q + 1);
+                        let at = |p: usize, j: usize| b.data[j0 + p * b.rs + j * b.cs];
+                        if p1 < k && b.cs == 1 {
+                            let r0 = &b.data[j0 + p0 * b.rs..][..width];
+                            let r1 = &b.data[j0 + p1 * b.rs..][..width];
+                            for ((d, &x0), &x1) in dst.iter_mut().zip(r0).zip(r1) {
+                                *d = pair(to_bf16(x1), to_bf16(x0));
+                            }
+                        } else {
+                            for (j, d) in dst.iter_mut().enumerate() {
+                                let hi = if p1 < k { to_bf16(at(p1, j)) } else { 0 };
+                                *d = pair(hi, to_bf16(at(p0, j)));
+                            }
                         }
                     }
-                }
+                })
             });
         out
     }
@@ -194,7 +220,6 @@ mod tiles {
         let chunks = k.div_ceil(K_TILE);
         let packed = pack_b(&b, chunks);
         let bp: &[u16] = pulp::bytemuck::cast_slice(&packed);
-        let group = chunks * TILE_ELEMS;
         // Row blocks of up to ROWS, at least four tasks a thread where the rows allow.
         let threads = rayon::current_num_threads().max(1);
         let rows_per = ROWS.min(m.div_ceil(4 * threads).div_ceil(BLOCK) * BLOCK);
@@ -206,30 +231,44 @@ mod tiles {
                 let h = rows_per.min(m - i0);
                 let ap = pack_a(&a, (i0, h), chunks);
                 let tiles = Tiles::new().expect("AMX checked before dispatch");
-                let mut scratch = [0.0f32; BLOCK * BLOCK];
-                for jb in 0..n.div_ceil(BLOCK) {
-                    let bt = [
-                        &bp[2 * jb * group..(2 * jb + 1) * group],
-                        &bp[(2 * jb + 1) * group..(2 * jb + 2) * group],
-                    ];
-                    let w = BLOCK.min(n - jb * BLOCK);
-                    for ib in 0..h.div_ceil(BLOCK) {
-                        let at = [
-                            &ap[2 * ib * group..(2 * ib + 1) * group],
-                            &ap[(2 * ib + 1) * group..(2 * ib + 2) * group],
-                        ];
-                        let hb = BLOCK.min(h - ib * BLOCK);
-                        let origin = ib * BLOCK * n + jb * BLOCK;
-                        if hb == BLOCK && w == BLOCK {
-                            tiles.block(at, bt, chunks, &mut rows[origin..], n, beta_one);
-                        } else {
-                            // An edge block: through a full-size scratch block.
-                            tiles.block(at, bt, chunks, &mut scratch, BLOCK, false);
-                            edge(&scratch, &mut rows[origin..], n, (hb, w), beta_one);
-                        }
-                    }
-                }
+                rows_block(&tiles, (&ap, bp), chunks, (h, n), rows, beta_one);
             });
+    }
+
+    /// One task's rows of C (`h × n`, row stride `n`) from its packed A rows and all of B: for
+    /// each 32-column B panel (`depth × 32` bf16, in L1/L2), every 32-row block of A passes
+    /// over it. (Blocking the depth too, to keep the panel in L1, was slower: each depth block
+    /// drains the tile pipeline once more.)
+    fn rows_block(
+        tiles: &Tiles,
+        (ap, bp): (&[u16], &[u16]),
+        chunks: usize,
+        (h, n): (usize, usize),
+        rows: &mut [f32],
+        beta_one: bool,
+    ) {
+        let group = chunks * TILE_ELEMS;
+        // The range of 16-row (A) or 16-column (B) group g in its packing.
+        let part = |g: usize| (g * group, (g + 1) * group);
+        let mut scratch = [0.0f32; BLOCK * BLOCK];
+        for jb in 0..n.div_ceil(BLOCK) {
+            let (b0, b1) = (part(2 * jb), part(2 * jb + 1));
+            let bt = [&bp[b0.0..b0.1], &bp[b1.0..b1.1]];
+            let w = BLOCK.min(n - jb * BLOCK);
+            for ib in 0..h.div_ceil(BLOCK) {
+                let (a0, a1) = (part(2 * ib), part(2 * ib + 1));
+                let at = [&ap[a0.0..a0.1], &ap[a1.0..a1.1]];
+                let hb = BLOCK.min(h - ib * BLOCK);
+                let origin = ib * BLOCK * n + jb * BLOCK;
+                if hb == BLOCK && w == BLOCK {
+                    tiles.block(at, bt, chunks, &mut rows[origin..], n, beta_one);
+                } else {
+                    // An edge block: through a full-size scratch block.
+                    tiles.block(at, bt, chunks, &mut scratch, BLOCK, false);
+                    edge(&scratch, &mut rows[origin..], n, (hb, w), beta_one);
+                }
+            }
+        }
     }
 
     /// The valid `h × w` corner of a 32 × 32 scratch block into C (added with `accumulate`).

@@ -23,7 +23,7 @@ impl<R, F: FnOnce() -> R> WithSimd for Dispatch<F> {
 }
 
 #[inline(always)]
-fn simd<R>(f: impl FnOnce() -> R) -> R {
+pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
     Arch::new().dispatch(Dispatch(f))
 }
 
