@@ -151,6 +151,7 @@ pub fn cpu_info() -> Value {
         "model": field("model name"),
         "simd": simd,
         "gemm_path": mopt_kernels::gemm::path(),
+        "bf16_path": mopt_kernels::bf16::path(),
         "logical_cpus": text.lines().filter(|l| l.starts_with("processor")).count(),
     })
 }

@@ -122,39 +122,37 @@ mod tiles {
     /// 16 × 32 tile of bf16 (row-major, zero-padded past `rows` and the depth).
     fn pack_a(a: &View, (i0, rows): (usize, usize), chunks: usize) -> Vec<u16> {
         let groups = rows.div_ceil(BLOCK) * 2;
-        let mut out = vec![0u16; groups * chunks * TILE_ELEMS];
+        let group = chunks * TILE_ELEMS;
+        let mut out = vec![0u16; groups * group];
+        // Where A[i0 + r, p] goes: its group's tile of chunk p / 32, row r % 16, column p % 32.
+        let slot = |r: usize, p: usize| {
+            (r / TILE) * group + (p / K_TILE) * TILE_ELEMS + (r % TILE) * K_TILE + p % K_TILE
+        };
         crate::cpu::simd(|| {
-            for (g, group) in out.chunks_exact_mut(chunks * TILE_ELEMS).enumerate() {
-                let height = TILE.min(rows.saturating_sub(g * TILE));
-                if height == 0 {
-                    continue; // a padding group: zeros
-                }
-                let first = i0 + g * TILE;
-                if a.cs == 1 {
-                    // Rows are runs: each chunk of 32 is one tile row.
-                    for r in 0..height {
-                        let s = a.offset + (first + r) * a.rs;
-                        let row = &a.data[s..s + a.cols];
-                        for (q, run) in row.chunks(K_TILE).enumerate() {
-                            let dst = &mut group[q * TILE_ELEMS + r * K_TILE..][..run.len()];
-                            dst.iter_mut().zip(run).for_each(|(d, &v)| *d = to_bf16(v));
-                        }
+            if a.cs == 1 {
+                // Rows are runs: each chunk of 32 is one tile row.
+                for r in 0..rows {
+                    let s = a.offset + (i0 + r) * a.rs;
+                    let row = &a.data[s..s + a.cols];
+                    for (q, run) in row.chunks(K_TILE).enumerate() {
+                        let dst = &mut out[slot(r, q * K_TILE)..][..run.len()];
+                        dst.iter_mut().zip(run).for_each(|(d, &v)| *d = to_bf16(v));
                     }
-                } else {
-                    // A transposed operand: spread each column over the tile rows (a run where
-                    // rs = 1, Xᵀ in dW = Xᵀ·G).
+                }
+            } else if a.rs == 1 {
+                // A transposed operand (Xᵀ in dW = Xᵀ·G): column p of the block is a run of
+                // `rows` values; read the runs in order (one pass over memory), spread each over
+                // the tiles (the 32 columns of a chunk write the same cache lines).
+                for p in 0..a.cols {
+                    let s = a.offset + i0 + p * a.cs;
+                    for (r, &v) in a.data[s..s + rows].iter().enumerate() {
+                        out[slot(r, p)] = to_bf16(v);
+                    }
+                }
+            } else {
+                for r in 0..rows {
                     for p in 0..a.cols {
-                        let s = a.offset + first * a.rs + p * a.cs;
-                        let at = (p / K_TILE) * TILE_ELEMS + p % K_TILE;
-                        let dst = group[at..].iter_mut().step_by(K_TILE).take(height);
-                        if a.rs == 1 {
-                            let run = &a.data[s..s + height];
-                            dst.zip(run).for_each(|(d, &v)| *d = to_bf16(v));
-                        } else {
-                            for (r, d) in dst.enumerate() {
-                                *d = to_bf16(a.data[s + r * a.rs]);
-                            }
-                        }
+                        out[slot(r, p)] = to_bf16(a.data[a.offset + (i0 + r) * a.rs + p * a.cs]);
                     }
                 }
             }

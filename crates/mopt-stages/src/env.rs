@@ -20,6 +20,10 @@ pub struct Environment {
     /// The GEMM path mopt's CPU kernels take here (`avx512`, `avx2` or `portable`).
     #[serde(default)]
     pub gemm_path: String,
+    /// Where bf16 products run here (`amx`: native tiles; `emulated`: f32 kernels on rounded
+    /// operands).
+    #[serde(default)]
+    pub bf16_path: String,
     /// The operating system.
     pub os: String,
 }
@@ -64,6 +68,7 @@ impl Environment {
             logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             threads: rayon::current_num_threads(),
             gemm_path: mopt_kernels::gemm::path().into(),
+            bf16_path: mopt_kernels::bf16::path().into(),
             os: format!("{pretty} ({})", std::env::consts::ARCH),
         }
     }

@@ -169,9 +169,10 @@ impl Pipeline {
         );
         let _ = writeln!(
             s,
-            "device     {} (CPU GEMM path {}), seed {}",
+            "device     {} (CPU GEMM path {}, bf16 products {}), seed {}",
             device.name(),
             mopt_kernels::gemm::path(),
+            mopt_kernels::bf16::path(),
             r.run.seed
         );
         if !r.run.devices.is_empty() {

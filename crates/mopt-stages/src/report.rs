@@ -207,7 +207,7 @@ pub fn markdown(r: &PipelineReport) -> String {
     let e = &r.environment;
     let _ = writeln!(
         s,
-        "## Environment\n\nmopt {}, Burn {}; CPU {} ({} logical CPUs, {} threads), SIMD {}, mopt GEMM path {}; {}.",
+        "## Environment\n\nmopt {}, Burn {}; CPU {} ({} logical CPUs, {} threads), SIMD {}, mopt GEMM path {}, bf16 products {}; {}.",
         e.mopt_version,
         e.burn_version,
         e.cpu_model,
@@ -215,6 +215,7 @@ pub fn markdown(r: &PipelineReport) -> String {
         e.threads,
         e.simd.join(" "),
         e.gemm_path,
+        e.bf16_path,
         e.os
     );
     s

@@ -20,6 +20,20 @@ pub fn compute_dtype(p: Precision) -> Option<DType> {
     }
 }
 
+/// On the CPU, say once per process where bf16 products run when this CPU has no native bf16
+/// products (`mopt_kernels::bf16::path`): emulated, they give the same values at f32 speed.
+pub fn announce_cpu_path(p: Precision) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    if p == Precision::Bf16 && !mopt_kernels::bf16::native() {
+        SAID.call_once(|| {
+            eprintln!(
+                "note: precision = \"bf16\": this CPU has no AMX, so bf16 products run emulated \
+                 on f32 kernels (the same values, no faster than fp32)"
+            )
+        });
+    }
+}
+
 /// Consecutive skipped steps at the smallest scale after which training stops with an error:
 /// the gradients overflow f16 whatever the scale.
 pub const MAX_SKIPS_AT_MIN_SCALE: usize = 10;

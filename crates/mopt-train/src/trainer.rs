@@ -479,6 +479,9 @@ where
             .map(|p| p.logs.clone())
             .unwrap_or_default();
         let ad_device = ctx.device_spec.train_device(ctx.train);
+        if matches!(ctx.device_spec, DeviceSpec::Cpu) {
+            amp::announce_cpu_path(ctx.train.precision);
+        }
         // Dropout masks (and anything else random in training) follow the run's seed.
         ad_device.seed(ctx.seed);
         let mut fit = Self {
