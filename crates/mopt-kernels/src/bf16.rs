@@ -107,6 +107,9 @@ fn emulated(a: View, b: View, c: &mut [f32], beta_one: bool) {
 mod tiles {
     //! Packing and blocking around [`crate::amx::Tiles::block`].
 
+    use std::cell::RefCell;
+    use std::thread::LocalKey;
+
     use rayon::prelude::*;
 
     use super::to_bf16;
@@ -120,10 +123,8 @@ mod tiles {
 
     /// A packed into tiles: for each 16-row group, its depth chunks in order, each chunk a
     /// 16 × 32 tile of bf16 (row-major, zero-padded past `rows` and the depth).
-    fn pack_a(a: &View, (i0, rows): (usize, usize), chunks: usize) -> Vec<u16> {
-        let groups = rows.div_ceil(BLOCK) * 2;
+    fn pack_a(a: &View, (i0, rows): (usize, usize), chunks: usize, out: &mut [u16]) {
         let group = chunks * TILE_ELEMS;
-        let mut out = vec![0u16; groups * group];
         // Where A[i0 + r, p] goes: its group's tile of chunk p / 32, row r % 16, column p % 32.
         let slot = |r: usize, p: usize| {
             (r / TILE) * group + (p / K_TILE) * TILE_ELEMS + (r % TILE) * K_TILE + p % K_TILE
@@ -157,16 +158,13 @@ mod tiles {
                 }
             }
         });
-        out
     }
 
     /// B packed into tiles: for each 16-column group, its depth chunks in order, each chunk
     /// 16 rows of k-pairs × 16 columns × 2 (the VNNI layout `tdpbf16ps` reads), zero-padded.
     /// Held as u32 pairs (`bf16(B[2q, j]) | bf16(B[2q+1, j]) << 16`).
-    fn pack_b(b: &View, chunks: usize) -> Vec<u32> {
-        let groups = b.cols.div_ceil(BLOCK) * 2;
+    fn pack_b(b: &View, chunks: usize, out: &mut [u32]) {
         let pairs = TILE_ELEMS / 2;
-        let mut out = vec![0u32; groups * chunks * pairs];
         let k = b.rows;
         let pair = |hi: u16, lo: u16| lo as u32 | (hi as u32) << 16;
         out.par_chunks_mut(chunks * pairs)
@@ -209,15 +207,51 @@ mod tiles {
                     }
                 })
             });
-        out
+    }
+
+    thread_local! {
+        static A_PACK: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+        static B_PACK: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// `f` on `len` zeros in this thread's buffer `key` (kept between products: packing into
+    /// a fresh allocation each time cost page faults), or in a fresh one where the buffer is
+    /// in use (a product started while this thread waits inside another).
+    fn with_zeros<T: Copy + Default, R>(
+        key: &'static LocalKey<RefCell<Vec<T>>>,
+        len: usize,
+        f: impl FnOnce(&mut [T]) -> R,
+    ) -> R {
+        key.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut v) => {
+                v.clear();
+                v.resize(len, T::default());
+                f(&mut v)
+            }
+            Err(_) => f(&mut vec![T::default(); len]),
+        })
     }
 
     /// See [`super::gemm`] (AMX present).
     pub(super) fn gemm(a: View, b: View, c: &mut [f32], beta_one: bool) {
         let (m, k, n) = (a.rows, a.cols, b.cols);
         let chunks = k.div_ceil(K_TILE);
-        let packed = pack_b(&b, chunks);
-        let bp: &[u16] = pulp::bytemuck::cast_slice(&packed);
+        let b_len = n.div_ceil(BLOCK) * 2 * chunks * TILE_ELEMS / 2;
+        with_zeros(&B_PACK, b_len, |packed| {
+            pack_b(&b, chunks, packed);
+            let bp: &[u16] = pulp::bytemuck::cast_slice(packed);
+            run(&a, bp, (m, n, chunks), c, beta_one)
+        });
+    }
+
+    /// The row tasks of [`gemm`] over packed B.
+    fn run(
+        a: &View,
+        bp: &[u16],
+        (m, n, chunks): (usize, usize, usize),
+        c: &mut [f32],
+        beta_one: bool,
+    ) {
         // Row blocks of up to ROWS, at least four tasks a thread where the rows allow.
         let threads = rayon::current_num_threads().max(1);
         let rows_per = ROWS.min(m.div_ceil(4 * threads).div_ceil(BLOCK) * BLOCK);
@@ -227,9 +261,12 @@ mod tiles {
             .for_each(|(t, rows)| {
                 let i0 = t * rows_per;
                 let h = rows_per.min(m - i0);
-                let ap = pack_a(&a, (i0, h), chunks);
-                let tiles = Tiles::new().expect("AMX checked before dispatch");
-                rows_block(&tiles, (&ap, bp), chunks, (h, n), rows, beta_one);
+                let a_len = h.div_ceil(BLOCK) * 2 * chunks * TILE_ELEMS;
+                with_zeros(&A_PACK, a_len, |ap| {
+                    pack_a(a, (i0, h), chunks, ap);
+                    let tiles = Tiles::new().expect("AMX checked before dispatch");
+                    rows_block(&tiles, (ap, bp), chunks, (h, n), rows, beta_one);
+                });
             });
     }
 
