@@ -26,8 +26,6 @@ use burn::prelude::*;
 use burn::tensor::DType;
 
 pub mod adamw;
-#[cfg(target_arch = "x86_64")]
-mod amx;
 pub mod autocast;
 mod autodiff;
 pub mod batchnorm;
@@ -36,6 +34,8 @@ pub mod conv;
 pub mod cpu;
 mod flex;
 pub mod gemm;
+#[cfg(target_arch = "x86_64")]
+mod native;
 pub mod reference;
 pub mod transpose;
 

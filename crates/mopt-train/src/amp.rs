@@ -27,8 +27,9 @@ pub fn announce_cpu_path(p: Precision) {
     if p == Precision::Bf16 && !mopt_kernels::bf16::native() {
         SAID.call_once(|| {
             eprintln!(
-                "note: precision = \"bf16\": this CPU has no AMX, so bf16 products run emulated \
-                 on f32 kernels (the same values, no faster than fp32)"
+                "note: precision = \"bf16\": no native bf16 products on this CPU (AMX, or \
+                 AVX512_BF16 on AMD), so they run emulated on f32 kernels (the same values, no \
+                 faster than fp32)"
             )
         });
     }

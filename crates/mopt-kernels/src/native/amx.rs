@@ -1,4 +1,4 @@
-//! Intel AMX tiles for bf16 products: the only `unsafe` code in mopt.
+//! Intel AMX tiles for bf16 products.
 //!
 //! Rust's standard library wraps no AMX instruction on stable, and no well-kept crate does, so
 //! the three tile operations this kernel needs (configure, multiply-accumulate a 2 × 2 block of
@@ -10,8 +10,6 @@
 //! later) grants it on `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, asked once in
 //! [`available`]. A thread loads the tile configuration before its first tile instruction
 //! ([`Tiles::new`]) and releases the tiles when done (`Drop`), so no tile state outlives a task.
-#![allow(unsafe_code)]
-
 use std::arch::asm;
 use std::sync::OnceLock;
 
