@@ -8,12 +8,14 @@
 //! type and back, part of the autodiff graph, so a weight's gradient comes back as f32.
 //!
 //! The product of two bf16 (or f16) values is exact in f32 (8 × 8 or 11 × 11 significant bits
-//! fit in 24), so the f32 GEMM on rounded operands computes exactly what a bf16 kernel with f32
-//! accumulation (`vdpbf16ps`, AMX, oneDNN) computes, up to the order of the sums: mopt's own f32
-//! kernels run it, at f32 speed. Burn's bf16 matmul (the previous path: operands cast to bf16
-//! and multiplied there) was 2-3x slower than f32 on the CPU. A native bf16 GEMM, at twice the
-//! f32 rate where the CPU has AVX512_BF16, needs `unsafe` target-feature calls this workspace
-//! forbids (`pulp` wraps no bf16 instruction); it is the next step.
+//! fit in 24), so an f32 GEMM on rounded operands computes exactly what a bf16 kernel with f32
+//! accumulation (`vdpbf16ps`, AMX, oneDNN) computes, up to the order of the sums. Where the CPU
+//! multiplies bf16 natively ([`crate::bf16`]: AMX tiles; AVX512_BF16 on AMD), the linear
+//! layers' bf16 products run there, the operands rounded while they are packed, and the
+//! backward products round their operands too, the output gradient included (PyTorch's
+//! autocast backward does the same). Elsewhere, and for f16 and the attention core's batched
+//! products, the operands are rounded in the graph and multiplied on f32 kernels, at f32
+//! speed. (Burn's bf16 matmul, the first path, was 2-3x slower than f32 on the CPU.)
 //!
 //! The compute type is per thread (a data-parallel worker enters its own scope) and restored
 //! when the scope ends, also on a panic.

@@ -15,6 +15,12 @@
 //! off ([`set_enabled`], or `MOPT_KERNELS=plain` in the environment), it runs the plain Burn
 //! composition in [`mod@reference`]. The tests check the two against each other (values and
 //! gradients).
+//!
+//! The products: an f32 GEMM ([`gemm`], AVX-512 / AVX2 / portable tiles), native bf16 products
+//! ([`bf16`], AMX tiles or AVX512_BF16, for [`autocast`]), convolutions on the GEMM's tiles
+//! ([`conv`]). The CPU instructions stable Rust reaches only through `unsafe` (AMX, the
+//! AVX512_BF16 dot product) live in one private module, `native`, the only `unsafe` code in
+//! mopt, each block with its safety argument.
 
 #![deny(missing_docs)]
 use std::sync::atomic::{AtomicU8, Ordering};
