@@ -572,7 +572,97 @@ pub fn sgemm(a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool) {
         }
         return;
     }
+    if let Some(direct) = Direct::get().filter(|_| direct_b_pays(&a, &b, alpha)) {
+        return sgemm_b_in_place(direct, a, b, c, beta_one);
+    }
     sgemm_on(tile(), a, b, c, alpha, beta_one);
+}
+
+/// Whether B is better read in place than packed: few rows of A (batch-1 inference: 64 tokens),
+/// so packing B (a layer's weights, every call) would cost as much as the product; B's rows
+/// contiguous runs (row-major), at least one full 32-column panel.
+fn direct_b_pays(a: &View, b: &View, alpha: f32) -> bool {
+    a.rows <= SMALL_M && b.cs == 1 && b.cols >= Direct::NR && alpha == 1.0
+}
+
+/// Rows of A up to which [`sgemm`] reads B in place (AVX-512 tile only).
+const SMALL_M: usize = 96;
+
+/// [`sgemm`] for few rows of A: A packed (it is small), B's full 32-column panels read in
+/// place by the AVX-512 tile, column ranges split over the threads; B's last columns (fewer
+/// than 32) through the packed product into a scratch block.
+fn sgemm_b_in_place(direct: Direct, a: View, b: View, c: &mut [f32], beta_one: bool) {
+    let (m, n) = (a.rows, b.cols);
+    let full = n / Direct::NR * Direct::NR;
+    // A, all rows, packed once per depth block (it is small).
+    let apacks: Vec<(usize, usize, Vec<f32>)> = depth_blocks(a.cols)
+        .map(|(p0, kc)| {
+            let mut apack = vec![0.0f32; m.div_ceil(Direct::MR) * Direct::MR * kc];
+            pack_a(&a, (0, m), (p0, kc), Direct::MR, &mut apack);
+            (p0, kc, apack)
+        })
+        .collect();
+    // Column ranges of B over the tasks, so that each weight is read from memory once; a task
+    // computes its columns of C into its own block, added or copied into C after.
+    let threads = rayon::current_num_threads().max(1);
+    let panels = full / Direct::NR;
+    let per = panels.div_ceil((2 * threads).min(panels)) * Direct::NR;
+    let starts: Vec<usize> = (0..full).step_by(per).collect();
+    let parts: Vec<(usize, usize, Vec<f32>)> = starts
+        .into_par_iter()
+        .map(|j0| {
+            let w = per.min(full - j0);
+            let mut local = vec![0.0f32; m * w];
+            for (p0, kc, apack) in &apacks {
+                let a_rows = |ip: usize| Strided {
+                    base: ip * kc * Direct::MR,
+                    stride: Direct::MR,
+                };
+                // One B panel at a time under every A panel: its strided rows come from
+                // memory once, then from L1.
+                for j in (0..w).step_by(Direct::NR) {
+                    let b_rows = |_: usize| Strided {
+                        base: b.offset + p0 * b.rs + j0 + j,
+                        stride: b.rs,
+                    };
+                    let dims = (m, Direct::NR, *kc);
+                    let (a_in, b_in) = ((&apack[..], &a_rows as _), (b.data, &b_rows as _));
+                    direct.block(a_in, b_in, dims, &mut local[j..], w, *p0 > 0);
+                }
+            }
+            (j0, w, local)
+        })
+        .collect();
+    for (j0, w, local) in parts {
+        for (row, l) in c[..m * n].chunks_exact_mut(n).zip(local.chunks_exact(w)) {
+            let dst = &mut row[j0..j0 + w];
+            if beta_one {
+                dst.iter_mut().zip(l).for_each(|(d, v)| *d += v);
+            } else {
+                dst.copy_from_slice(l);
+            }
+        }
+    }
+    if full < n {
+        let rest = View {
+            offset: b.offset + full,
+            cols: n - full,
+            ..b
+        };
+        let mut tail = vec![0.0f32; m * rest.cols];
+        sgemm_on(tile(), a, rest, &mut tail, 1.0, false);
+        for (row, t) in c[..m * n]
+            .chunks_exact_mut(n)
+            .zip(tail.chunks_exact(rest.cols))
+        {
+            let dst = &mut row[full..];
+            if beta_one {
+                dst.iter_mut().zip(t).for_each(|(d, v)| *d += v);
+            } else {
+                dst.copy_from_slice(t);
+            }
+        }
+    }
 }
 
 /// [`sgemm`] with the tile `t`.
@@ -930,6 +1020,40 @@ pub(crate) mod tests {
             });
         }
         t
+    }
+
+    /// Few rows of A (batch-1 inference) read B in place: every shape around the panel width,
+    /// the remainder columns, a depth over two blocks, accumulation; the same values as the
+    /// packed product (to f32 rounding of the sums) and the naive one.
+    #[test]
+    fn few_rows_read_b_in_place_and_match_the_packed_product() {
+        let Some(direct) = Direct::get() else {
+            return; // no AVX-512 tile here: sgemm never takes this path
+        };
+        for &(m, k, n) in &[
+            (1, 7, 32),
+            (13, 300, 70),
+            (64, 384, 1536),
+            (96, 600, 33),
+            (5, 1, 40),
+        ] {
+            let (av, bv) = (data(m * k, 1), data(k * n, 2));
+            let (a, b) = (View::row_major(&av, m, k), View::row_major(&bv, k, n));
+            assert!(direct_b_pays(&a, &b, 1.0));
+            let want = naive(&a, &b);
+            for beta_one in [false, true] {
+                let init = data(m * n, 3);
+                let mut c = init.clone();
+                sgemm_b_in_place(direct, a, b, &mut c, beta_one);
+                for (i, (&got, &w)) in c.iter().zip(&want).enumerate() {
+                    let w = w + if beta_one { init[i] } else { 0.0 };
+                    assert!(
+                        (got - w).abs() <= 1e-4 * (k as f32).sqrt(),
+                        "{m}x{k}x{n} [{i}]: {got} vs {w}"
+                    );
+                }
+            }
+        }
     }
 
     /// Depth blocks cover the depth once, in order, each at most `KC` deep and within one of
