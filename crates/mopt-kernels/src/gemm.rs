@@ -433,6 +433,13 @@ fn micro_direct<const R: usize>(
     let z = v.splat_f32x16(0.0);
     let mut c = [[z; 2]; R];
     for k in 0..kc {
+        // B's rows read in place may be a weight matrix's, a page apart: the hardware
+        // prefetchers do not follow them, so ask for the row PREFETCH ahead.
+        if k + PREFETCH < kc {
+            let ahead = b_rows.at(k + PREFETCH);
+            crate::native::prefetch(b, ahead);
+            crate::native::prefetch(b, ahead + 16);
+        }
         let bk = &b[b_rows.at(k)..][..NR_512];
         let ak = &a[a_rows.at(k)..][..R];
         let (lo, hi) = bk.split_at(16);
@@ -450,6 +457,10 @@ fn micro_direct<const R: usize>(
         out[r * NR_512 + 16..(r + 1) * NR_512].copy_from_slice(&row[1]);
     }
 }
+
+/// Rows of B ahead that [`micro_direct`] prefetches.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH: usize = 8;
 
 /// One task's work: every (A panel, B panel) tile of its row block.
 struct Block<'a> {
