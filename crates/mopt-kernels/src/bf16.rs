@@ -484,6 +484,61 @@ mod tests {
         }
     }
 
+    /// A linear layer's kernels with bf16 products: the forward and both backward products
+    /// multiply bf16-rounded operands, the output gradient included, and add the f32 bias.
+    #[test]
+    fn a_linear_layer_in_bf16_rounds_every_operand_of_its_three_products() {
+        let (m, k, n) = (19, 45, 37);
+        let (x, w, b, g) = (
+            values(m * k, 1),
+            values(k * n, 2),
+            values(n, 3),
+            values(m * n, 4),
+        );
+        let y = crate::cpu::linear(&x, &w, &b, (m, k, n), true);
+        let (dx, dw, db) =
+            crate::cpu::linear_backward(&x, &w, &g, (m, k, n), (true, true, true), true);
+        let (dx, dw, db) = (dx.unwrap(), dw.unwrap(), db.unwrap());
+        let close = |got: f32, want: f64, mag: f64, what: &str| {
+            assert!(
+                (got as f64 - want).abs() <= mag * 1e-6 + 1e-6,
+                "{what}: {got} vs {want}"
+            );
+        };
+        for i in 0..m {
+            for j in 0..n {
+                let terms = (0..k).map(|p| bf(x[i * k + p]) * bf(w[p * n + j]));
+                let (sum, mag) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+                close(
+                    y[i * n + j],
+                    b[j] as f64 + sum,
+                    mag + b[j].abs() as f64,
+                    "y",
+                );
+            }
+            for p in 0..k {
+                let terms = (0..n).map(|j| bf(g[i * n + j]) * bf(w[p * n + j]));
+                let (sum, mag) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+                close(dx[i * k + p], sum, mag, "dx");
+            }
+        }
+        for p in 0..k {
+            for j in 0..n {
+                let terms = (0..m).map(|i| bf(x[i * k + p]) * bf(g[i * n + j]));
+                let (sum, mag) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+                close(dw[p * n + j], sum, mag, "dw");
+            }
+        }
+        // The bias gradient sums the f32 gradient (no product, nothing rounded).
+        for j in 0..n {
+            let want: f64 = (0..m).map(|i| g[i * n + j] as f64).sum();
+            close(db[j], want, m as f64 * 2.0, "db");
+        }
+        // And differs from the f32 kernels' results (the rounding is real).
+        let y32 = crate::cpu::linear(&x, &w, &b, (m, k, n), false);
+        assert!(y.iter().zip(&y32).any(|(a, b)| a != b));
+    }
+
     #[test]
     fn rounding_is_to_nearest_even_and_keeps_nan() {
         assert_eq!(to_bf16(1.0), 0x3F80);
