@@ -95,7 +95,7 @@ pub(crate) fn write(
     });
     let mut hb = serde_json::to_vec(&h).expect("json");
     // Data 8-byte aligned, as safetensors writers pad: spaces after the JSON.
-    while (8 + hb.len()) % 8 != 0 {
+    while !(8 + hb.len()).is_multiple_of(8) {
         hb.push(b' ');
     }
     if let Some(dir) = path.parent() {

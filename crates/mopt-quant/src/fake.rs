@@ -38,7 +38,7 @@ pub fn fake_quant_value(x: f32, scale: f32, zero_point: i32, qmin: i32, qmax: i3
 /// - values: `[rows, cols]` row-major; output: `[rows, cols]` int8 and `[rows]` scales
 pub fn quantize_rows(values: &[f32], cols: usize) -> (Vec<i8>, Vec<f32>) {
     assert!(
-        cols > 0 && values.len() % cols == 0,
+        cols > 0 && values.len().is_multiple_of(cols),
         "rows of {cols} values"
     );
     let mut q = Vec::with_capacity(values.len());

@@ -619,7 +619,7 @@ where
             }
             self.step += 1;
             sums.steps += 1;
-            if self.step % t.log_every == 0 || self.step == self.total_steps {
+            if self.step.is_multiple_of(t.log_every) || self.step == self.total_steps {
                 self.log_window(&window, result.grad_norm, epoch);
                 window = Window::new(WindowSums::default());
             }
@@ -628,7 +628,7 @@ where
                 break;
             }
             // Mid-epoch states (an epoch's end saves its own after validation).
-            if self.step % t.state_every == 0 && mi + 1 < self.micro_per_epoch {
+            if self.step.is_multiple_of(t.state_every) && mi + 1 < self.micro_per_epoch {
                 sums.window = window.sums.clone();
                 self.save_state(&model, epoch, &sums)?;
             }

@@ -185,7 +185,9 @@ impl BertConfig {
             ));
         }
         if self.attention_head_size.is_none()
-            && self.hidden_size % self.num_attention_heads.max(1) != 0
+            && !self
+                .hidden_size
+                .is_multiple_of(self.num_attention_heads.max(1))
         {
             return Err(format!(
                 "hidden_size {} is not divisible by num_attention_heads {}; set attention_head_size",
