@@ -6,9 +6,9 @@
 //!
 //! Paths, chosen once from the CPU ([`path`]):
 //! - `amx`: Intel AMX tiles (Sapphire Rapids and later), `tdpbf16ps` on 16 × 32 bf16 tiles,
-//!   a 2 × 2 block of 16 × 16 f32 accumulators ([`crate::native::amx`]);
+//!   a 2 × 2 block of 16 × 16 f32 accumulators (`mopt_kernels::native::amx`, private);
 //! - `avx512-bf16`: on AMD CPUs with AVX512_BF16 (Zen 4 and later), `vdpbf16ps` on the same
-//!   packed operands, an 8 × 32 register tile ([`crate::native::dpbf16`]); not taken by default
+//!   packed operands, an 8 × 32 register tile (`mopt_kernels::native::dpbf16`, private); not taken by default
 //!   on Intel, where it runs at half the f32 FMA rate (Sapphire Rapids: 200 against 300
 //!   GFLOP/s);
 //! - `emulated`: everywhere else, the operands rounded to bf16 in f32 copies and multiplied by
