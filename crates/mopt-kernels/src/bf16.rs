@@ -162,7 +162,7 @@ mod tiles {
     use super::to_bf16;
     use crate::gemm::View;
     use crate::native::amx::{Tiles, K_TILE, TILE, TILE_ELEMS};
-    use crate::native::dpbf16;
+    use crate::native::{dpbf16, prefetch};
 
     /// Rows of C a task computes at most (its A block, 128 × depth bf16, stays in L2).
     const ROWS: usize = 128;
@@ -171,13 +171,20 @@ mod tiles {
 
     /// A packed into tiles: for each 16-row group, its depth chunks in order, each chunk a
     /// 16 × 32 tile of bf16 (row-major, zero-padded past `rows` and the depth).
-    fn pack_a(a: &View, (i0, rows): (usize, usize), chunks: usize, out: &mut [u16]) {
+    fn pack_a(a: &View, rows: (usize, usize), chunks: usize, out: &mut [u16]) {
+        // The body inlined into the CPU-feature dispatch (a closure this size was not, and
+        // ran as SSE2 code).
+        crate::cpu::simd(|| pack_a_body(a, rows, chunks, out));
+    }
+
+    #[inline(always)]
+    fn pack_a_body(a: &View, (i0, rows): (usize, usize), chunks: usize, out: &mut [u16]) {
         let group = chunks * TILE_ELEMS;
         // Where A[i0 + r, p] goes: its group's tile of chunk p / 32, row r % 16, column p % 32.
         let slot = |r: usize, p: usize| {
             (r / TILE) * group + (p / K_TILE) * TILE_ELEMS + (r % TILE) * K_TILE + p % K_TILE
         };
-        crate::cpu::simd(|| {
+        {
             if a.cs == 1 {
                 // Rows are runs: each chunk of 32 is one tile row.
                 for r in 0..rows {
@@ -194,6 +201,10 @@ mod tiles {
                 // the tiles (the 32 columns of a chunk write the same cache lines).
                 for p in 0..a.cols {
                     let s = a.offset + i0 + p * a.cs;
+                    // The runs are a row of X apart (pages, for wide X): prefetch 4 ahead.
+                    for off in (0..rows).step_by(16) {
+                        prefetch(a.data, s + 4 * a.cs + off);
+                    }
                     for (r, &v) in a.data[s..s + rows].iter().enumerate() {
                         out[slot(r, p)] = to_bf16(v);
                     }
@@ -205,7 +216,7 @@ mod tiles {
                     }
                 }
             }
-        });
+        }
     }
 
     /// B packed into tiles: for each 16-column group, its depth chunks in order, each chunk
