@@ -223,49 +223,50 @@ mod tiles {
     /// 16 rows of k-pairs × 16 columns × 2 (the VNNI layout `tdpbf16ps` reads), zero-padded.
     /// Held as u32 pairs (`bf16(B[2q, j]) | bf16(B[2q+1, j]) << 16`).
     fn pack_b(b: &View, chunks: usize, out: &mut [u32]) {
+        out.par_chunks_mut(chunks * TILE_ELEMS / 2)
+            .enumerate()
+            .for_each(|(g, group)| crate::cpu::simd(|| pack_b_group(b, g, group)));
+    }
+
+    /// Column group `g` of [`pack_b`] (inlined into the feature dispatch).
+    #[inline(always)]
+    fn pack_b_group(b: &View, g: usize, group: &mut [u32]) {
         let pairs = TILE_ELEMS / 2;
         let k = b.rows;
         let pair = |hi: u16, lo: u16| lo as u32 | (hi as u32) << 16;
-        out.par_chunks_mut(chunks * pairs)
-            .enumerate()
-            .for_each(|(g, group)| {
-                crate::cpu::simd(|| {
-                    let width = TILE.min(b.cols.saturating_sub(g * TILE));
-                    if width == 0 {
-                        return; // a padding group: zeros
-                    }
-                    let j0 = b.offset + g * TILE * b.cs;
-                    if b.rs == 1 && b.cs != 1 {
-                        // A transposed operand (Wᵀ in dX = G·Wᵀ): each column is a run of k.
-                        for j in 0..width {
-                            let col = &b.data[j0 + j * b.cs..][..k];
-                            for (q, two) in col.chunks(2).enumerate() {
-                                let hi = two.get(1).map_or(0, |&v| to_bf16(v));
-                                group[(q / TILE) * pairs + (q % TILE) * TILE + j] =
-                                    pair(hi, to_bf16(two[0]));
-                            }
-                        }
-                        return;
-                    }
-                    for q in 0..k.div_ceil(2) {
-                        let dst = &mut group[(q / TILE) * pairs + (q % TILE) * TILE..][..width];
-                        let (p0, p1) = (2 * q, 2 * q + 1);
-                        let at = |p: usize, j: usize| b.data[j0 + p * b.rs + j * b.cs];
-                        if p1 < k && b.cs == 1 {
-                            let r0 = &b.data[j0 + p0 * b.rs..][..width];
-                            let r1 = &b.data[j0 + p1 * b.rs..][..width];
-                            for ((d, &x0), &x1) in dst.iter_mut().zip(r0).zip(r1) {
-                                *d = pair(to_bf16(x1), to_bf16(x0));
-                            }
-                        } else {
-                            for (j, d) in dst.iter_mut().enumerate() {
-                                let hi = if p1 < k { to_bf16(at(p1, j)) } else { 0 };
-                                *d = pair(hi, to_bf16(at(p0, j)));
-                            }
-                        }
-                    }
-                })
-            });
+        let width = TILE.min(b.cols.saturating_sub(g * TILE));
+        if width == 0 {
+            return; // a padding group: zeros
+        }
+        let j0 = b.offset + g * TILE * b.cs;
+        if b.rs == 1 && b.cs != 1 {
+            // A transposed operand (Wᵀ in dX = G·Wᵀ): each column is a run of k.
+            for j in 0..width {
+                let col = &b.data[j0 + j * b.cs..][..k];
+                for (q, two) in col.chunks(2).enumerate() {
+                    let hi = two.get(1).map_or(0, |&v| to_bf16(v));
+                    group[(q / TILE) * pairs + (q % TILE) * TILE + j] = pair(hi, to_bf16(two[0]));
+                }
+            }
+            return;
+        }
+        for q in 0..k.div_ceil(2) {
+            let dst = &mut group[(q / TILE) * pairs + (q % TILE) * TILE..][..width];
+            let (p0, p1) = (2 * q, 2 * q + 1);
+            let at = |p: usize, j: usize| b.data[j0 + p * b.rs + j * b.cs];
+            if p1 < k && b.cs == 1 {
+                let r0 = &b.data[j0 + p0 * b.rs..][..width];
+                let r1 = &b.data[j0 + p1 * b.rs..][..width];
+                for ((d, &x0), &x1) in dst.iter_mut().zip(r0).zip(r1) {
+                    *d = pair(to_bf16(x1), to_bf16(x0));
+                }
+            } else {
+                for (j, d) in dst.iter_mut().enumerate() {
+                    let hi = if p1 < k { to_bf16(at(p1, j)) } else { 0 };
+                    *d = pair(hi, to_bf16(at(p0, j)));
+                }
+            }
+        }
     }
 
     thread_local! {
