@@ -74,6 +74,9 @@ fn round_to<const D: usize>(t: Tensor<D>, low: DType) -> Tensor<D> {
 /// - a: `[.., m, k]`, b: `[.., k, n]` → `[.., m, n]` (dtype of `a`)
 pub fn matmul<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
     match compute_dtype() {
+        Some(DType::BF16) if crate::bf16::native() => {
+            round_to(crate::matmul_bf16(a, b), DType::BF16)
+        }
         Some(low) => round_to(round_to(a, low).matmul(round_to(b, low)), low),
         None => a.matmul(b),
     }

@@ -158,6 +158,48 @@ pub fn embedding<C: CheckpointStrategy>(
     }
 }
 
+#[derive(Debug)]
+struct BmmBf16Backward;
+
+impl Backward<Flex, 2> for BmmBf16Backward {
+    /// (a, b)
+    type State = (FlexTensor, FlexTensor);
+
+    fn backward(
+        self,
+        ops: Ops<(FlexTensor, FlexTensor), 2>,
+        grads: &mut Gradients,
+        _: &mut Checkpointer,
+    ) {
+        let (a, b) = ops.state;
+        let g = grads.consume::<Flex>(&ops.node);
+        let [pa, pb] = ops.parents;
+        let (da, db) = flex::bmm_bf16_backward(&a, &b, g, (pa.is_some(), pb.is_some()));
+        for (parent, grad) in [(pa, da), (pb, db)] {
+            if let (Some(n), Some(g)) = (parent, grad) {
+                grads.register::<Flex>(n.id, g);
+            }
+        }
+    }
+}
+
+pub fn bmm_bf16<C: CheckpointStrategy>(a: Ad<C>, b: Ad<C>) -> Ad<C> {
+    match BmmBf16Backward
+        .prepare::<C>([a.node(), b.node()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let (ap, bp) = (a.primitive().clone(), b.primitive().clone());
+            let y = flex::bmm_bf16(ap.clone(), bp.clone());
+            prep.finish((ap, bp), y)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(flex::bmm_bf16(a.into_primitive(), b.into_primitive()))
+        }
+    }
+}
+
 /// With `bf16`, the backward products round their operands to bf16 as the forward did.
 #[derive(Debug)]
 struct LinearBackward {

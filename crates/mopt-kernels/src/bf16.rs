@@ -119,6 +119,41 @@ pub fn gemm(a: View, b: View, c: &mut [f32], beta_one: bool) {
     on(chosen(), a, b, c, beta_one);
 }
 
+/// `C_i = bf16(A_i)·bf16(B_i)` for `batch` small products (an attention core's, one per
+/// sequence and head): item `i`'s operands are `views(i)`, its `m × n` result row-major at
+/// `c[i·m·n..]`. The items run in parallel, each on one thread.
+pub fn gemm_batched<'a>(
+    batch: usize,
+    views: impl Fn(usize) -> (View<'a>, View<'a>) + Sync,
+    c: &mut [f32],
+    (m, n): (usize, usize),
+) {
+    assert!(c.len() >= batch * m * n, "output size");
+    if m == 0 || n == 0 {
+        return;
+    }
+    let path = chosen();
+    c[..batch * m * n]
+        .par_chunks_mut(m * n)
+        .enumerate()
+        .for_each(|(i, ci)| {
+            let (a, b) = views(i);
+            assert!(
+                a.rows == m && b.cols == n && a.cols == b.rows,
+                "item shapes"
+            );
+            if a.cols == 0 {
+                ci.fill(0.0);
+                return;
+            }
+            match path {
+                #[cfg(target_arch = "x86_64")]
+                Path::Amx | Path::Dpbf16 => tiles::gemm_serial(path == Path::Amx, a, b, ci),
+                _ => emulated(a, b, ci, false),
+            }
+        });
+}
+
 /// [`gemm`] on `path` (one this CPU runs).
 fn on(path: Path, a: View, b: View, c: &mut [f32], beta_one: bool) {
     match path {
@@ -157,6 +192,7 @@ mod tiles {
     use std::cell::RefCell;
     use std::thread::LocalKey;
 
+    use pulp::{Arch, Simd, WithSimd};
     use rayon::prelude::*;
 
     use super::to_bf16;
@@ -172,9 +208,27 @@ mod tiles {
     /// A packed into tiles: for each 16-row group, its depth chunks in order, each chunk a
     /// 16 × 32 tile of bf16 (row-major, zero-padded past `rows` and the depth).
     fn pack_a(a: &View, rows: (usize, usize), chunks: usize, out: &mut [u16]) {
-        // The body inlined into the CPU-feature dispatch (a closure this size was not, and
+        // The body inlined into the CPU-feature dispatch (a closure calling it was not, and
         // ran as SSE2 code).
-        crate::cpu::simd(|| pack_a_body(a, rows, chunks, out));
+        struct Pack<'a, 'v> {
+            a: &'a View<'v>,
+            rows: (usize, usize),
+            chunks: usize,
+            out: &'a mut [u16],
+        }
+        impl WithSimd for Pack<'_, '_> {
+            type Output = ();
+            #[inline(always)]
+            fn with_simd<S: Simd>(self, _: S) {
+                pack_a_body(self.a, self.rows, self.chunks, self.out)
+            }
+        }
+        Arch::new().dispatch(Pack {
+            a,
+            rows,
+            chunks,
+            out,
+        });
     }
 
     #[inline(always)]
@@ -225,7 +279,25 @@ mod tiles {
     fn pack_b(b: &View, chunks: usize, out: &mut [u32]) {
         out.par_chunks_mut(chunks * TILE_ELEMS / 2)
             .enumerate()
-            .for_each(|(g, group)| crate::cpu::simd(|| pack_b_group(b, g, group)));
+            .for_each(|(g, group)| pack_b_dispatch(b, g, group));
+    }
+
+    /// [`pack_b_group`] compiled for this CPU's features (a closure calling it was not inlined
+    /// into the dispatch, and ran as SSE2 code).
+    fn pack_b_dispatch(b: &View, g: usize, group: &mut [u32]) {
+        struct Pack<'a, 'v> {
+            b: &'a View<'v>,
+            g: usize,
+            group: &'a mut [u32],
+        }
+        impl WithSimd for Pack<'_, '_> {
+            type Output = ();
+            #[inline(always)]
+            fn with_simd<S: Simd>(self, _: S) {
+                pack_b_group(self.b, self.g, self.group)
+            }
+        }
+        Arch::new().dispatch(Pack { b, g, group });
     }
 
     /// Column group `g` of [`pack_b`] (inlined into the feature dispatch).
@@ -274,22 +346,32 @@ mod tiles {
         static B_PACK: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
     }
 
-    /// `f` on `len` zeros in this thread's buffer `key` (kept between products: packing into
-    /// a fresh allocation each time cost page faults), or in a fresh one where the buffer is
-    /// in use (a product started while this thread waits inside another).
-    fn with_zeros<T: Copy + Default, R>(
+    /// `f` on `len` values of this thread's buffer `key` (kept between products: packing into
+    /// a fresh allocation each time cost page faults), or of a fresh one where the buffer is
+    /// in use (a product started while this thread waits inside another). Zeros with `zero`;
+    /// without, stale values a packer overwrites (every value: no padding to leave at zero).
+    fn with_buffer<T: Copy + Default, R>(
         key: &'static LocalKey<RefCell<Vec<T>>>,
-        len: usize,
+        (len, zero): (usize, bool),
         f: impl FnOnce(&mut [T]) -> R,
     ) -> R {
         key.with(|cell| match cell.try_borrow_mut() {
             Ok(mut v) => {
-                v.clear();
-                v.resize(len, T::default());
-                f(&mut v)
+                if zero {
+                    v.clear();
+                }
+                let keep = len.max(v.len());
+                v.resize(keep, T::default());
+                f(&mut v[..len])
             }
             Err(_) => f(&mut vec![T::default(); len]),
         })
+    }
+
+    /// Whether packing `rows × depth` leaves padding (rows or depth not a multiple of 32),
+    /// which must read as zeros.
+    fn padded(rows: usize, depth: usize) -> bool {
+        !rows.is_multiple_of(BLOCK) || !depth.is_multiple_of(K_TILE)
     }
 
     /// See [`super::gemm`] (AMX present).
@@ -297,10 +379,54 @@ mod tiles {
         let (m, k, n) = (a.rows, a.cols, b.cols);
         let chunks = k.div_ceil(K_TILE);
         let b_len = n.div_ceil(BLOCK) * 2 * chunks * TILE_ELEMS / 2;
-        with_zeros(&B_PACK, b_len, |packed| {
+        with_buffer(&B_PACK, (b_len, padded(n, k)), |packed| {
             pack_b(&b, chunks, packed);
             let bp: &[u16] = pulp::bytemuck::cast_slice(packed);
             run(amx, &a, bp, (m, n, chunks), c, beta_one)
+        });
+    }
+
+    /// One product on this thread alone (an item of [`super::gemm_batched`]): `C = A·B`.
+    pub(super) fn gemm_serial(amx: bool, a: View, b: View, c: &mut [f32]) {
+        let (m, k, n) = (a.rows, a.cols, b.cols);
+        let chunks = k.div_ceil(K_TILE);
+        let group = chunks * TILE_ELEMS / 2;
+        let groups = n.div_ceil(BLOCK) * 2;
+        with_buffer(&B_PACK, (groups * group, padded(n, k)), |packed| {
+            for (g, part) in packed.chunks_exact_mut(group).enumerate() {
+                pack_b_dispatch(&b, g, part);
+            }
+            let bp: &[u16] = pulp::bytemuck::cast_slice(packed);
+            task(amx, &a, (0, m), bp, (chunks, n), c, false);
+        });
+    }
+
+    /// Rows `i0..i0 + h` of C from A's rows (packed here) and packed B.
+    fn task(
+        amx: bool,
+        a: &View,
+        (i0, h): (usize, usize),
+        bp: &[u16],
+        (chunks, n): (usize, usize),
+        rows: &mut [f32],
+        beta_one: bool,
+    ) {
+        let a_len = h.div_ceil(BLOCK) * 2 * chunks * TILE_ELEMS;
+        with_buffer(&A_PACK, (a_len, padded(h, a.cols)), |ap| {
+            pack_a(a, (i0, h), chunks, ap);
+            if amx {
+                let tiles = Tiles::new().expect("AMX checked before dispatch");
+                rows_block(&tiles, (ap, bp), chunks, (h, n), rows, beta_one);
+            } else {
+                rows_dp(
+                    pulp::bytemuck::cast_slice(ap),
+                    bp,
+                    chunks,
+                    (h, n),
+                    rows,
+                    beta_one,
+                );
+            }
         });
     }
 
@@ -322,23 +448,7 @@ mod tiles {
             .for_each(|(t, rows)| {
                 let i0 = t * rows_per;
                 let h = rows_per.min(m - i0);
-                let a_len = h.div_ceil(BLOCK) * 2 * chunks * TILE_ELEMS;
-                with_zeros(&A_PACK, a_len, |ap| {
-                    pack_a(a, (i0, h), chunks, ap);
-                    if amx {
-                        let tiles = Tiles::new().expect("AMX checked before dispatch");
-                        rows_block(&tiles, (ap, bp), chunks, (h, n), rows, beta_one);
-                    } else {
-                        rows_dp(
-                            pulp::bytemuck::cast_slice(ap),
-                            bp,
-                            chunks,
-                            (h, n),
-                            rows,
-                            beta_one,
-                        );
-                    }
-                });
+                task(amx, a, (i0, h), bp, (chunks, n), rows, beta_one);
             });
     }
 
@@ -456,6 +566,8 @@ mod tests {
             (64, 384, 96),
             (130, 33, 47),
             (5, 600, 3),
+            // Packed without zeroing, into buffers the shape before left dirty.
+            (32, 64, 32),
         ] {
             let (a, b) = (values(m * k, 3), values(k * n, 5));
             let init = values(m * n, 7);

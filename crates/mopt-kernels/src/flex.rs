@@ -5,6 +5,7 @@ use burn::backend::TensorMetadata;
 use burn::tensor::{DType, Shape, TensorData};
 
 use crate::cpu;
+use crate::gemm::View;
 
 fn contiguous(t: FlexTensor) -> FlexTensor {
     if t.as_slice::<f32>().is_some() {
@@ -175,6 +176,68 @@ pub fn linear_backward(
         dw.map(|v| make(v, Shape::from(vec![k, n]))),
         db.map(|v| make(v, Shape::from(vec![n]))),
     )
+}
+
+/// Batched `a · b` on bf16-rounded operands, f32 sums: a `[.., m, k]`, b `[.., k, n]` with the
+/// same leading dimensions → `[.., m, n]` ([`crate::bf16::gemm_batched`]).
+pub fn bmm_bf16(a: FlexTensor, b: FlexTensor) -> FlexTensor {
+    let (a, b) = (contiguous(a), contiguous(b));
+    let (batch, m, k, n) = bmm_dims(&a, &b);
+    let (av, bv) = (f32s(&a), f32s(&b));
+    let mut out = vec![0.0f32; batch * m * n];
+    let views = |i: usize| {
+        (
+            View::row_major(&av[i * m * k..(i + 1) * m * k], m, k),
+            View::row_major(&bv[i * k * n..(i + 1) * k * n], k, n),
+        )
+    };
+    crate::bf16::gemm_batched(batch, views, &mut out, (m, n));
+    let mut shape: Vec<usize> = (0..a.shape().num_dims()).map(|d| a.shape()[d]).collect();
+    *shape.last_mut().expect("rank >= 2") = n;
+    make(out, Shape::from(shape))
+}
+
+/// (dA = G·Bᵀ, dB = Aᵀ·G) of [`bmm_bf16`], each product on bf16-rounded operands.
+pub fn bmm_bf16_backward(
+    a: &FlexTensor,
+    b: &FlexTensor,
+    g: FlexTensor,
+    (want_a, want_b): (bool, bool),
+) -> (Option<FlexTensor>, Option<FlexTensor>) {
+    let (a, b, g) = (contiguous(a.clone()), contiguous(b.clone()), contiguous(g));
+    let (batch, m, k, n) = bmm_dims(&a, &b);
+    let (av, bv, gv) = (f32s(&a), f32s(&b), f32s(&g));
+    let da = want_a.then(|| {
+        let mut out = vec![0.0f32; batch * m * k];
+        let views = |i: usize| {
+            (
+                View::row_major(&gv[i * m * n..(i + 1) * m * n], m, n),
+                View::row_major(&bv[i * k * n..(i + 1) * k * n], k, n).t(),
+            )
+        };
+        crate::bf16::gemm_batched(batch, views, &mut out, (m, k));
+        make(out, a.shape())
+    });
+    let db = want_b.then(|| {
+        let mut out = vec![0.0f32; batch * k * n];
+        let views = |i: usize| {
+            (
+                View::row_major(&av[i * m * k..(i + 1) * m * k], m, k).t(),
+                View::row_major(&gv[i * m * n..(i + 1) * m * n], m, n),
+            )
+        };
+        crate::bf16::gemm_batched(batch, views, &mut out, (k, n));
+        make(out, b.shape())
+    });
+    (da, db)
+}
+
+/// (batch, m, k, n) of `a [.., m, k] · b [.., k, n]`.
+fn bmm_dims(a: &FlexTensor, b: &FlexTensor) -> (usize, usize, usize, usize) {
+    let (sa, sb) = (a.shape(), b.shape());
+    let d = sa.num_dims();
+    let (m, k, n) = (sa[d - 2], sa[d - 1], sb[d - 1]);
+    (sa.num_elements() / (m * k).max(1), m, k, n)
 }
 
 /// `x` rounded to bf16 (`f16`: to f16), kept in f32 ([`cpu::round_bf16`], [`cpu::round_f16`]).

@@ -655,6 +655,38 @@ pub fn round_half<const D: usize>(x: Tensor<D>, low: DType) -> Tensor<D> {
     }
 }
 
+/// Batched `a · b` on bf16-rounded operands with f32 sums ([`bf16::gemm_batched`]; its
+/// backward rounds the output gradient too). Burn's matmul on rounded operands where the
+/// tensors are not Flex f32 or the leading dimensions differ (broadcasting).
+///
+/// # Shapes
+/// - a: `[.., m, k]`, b: `[.., k, n]` (the same leading dimensions) → `[.., m, n]`
+pub(crate) fn matmul_bf16<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
+    let fallback =
+        |a: Tensor<D>, b: Tensor<D>| round_half(a, DType::BF16).matmul(round_half(b, DType::BF16));
+    let (da, db) = (a.dims(), b.dims());
+    if D < 2 || da[..D - 2] != db[..D - 2] || b.dtype() != DType::F32 {
+        return fallback(a, b);
+    }
+    match route(a) {
+        Route::Flex(p) => match b.clone().try_into_primitive::<Flex>() {
+            Ok(bp) => Tensor::from_primitive::<Flex>(flex::bmm_bf16(p, bp)),
+            Err(_) => fallback(Tensor::from_primitive::<Flex>(p), b),
+        },
+        Route::Autodiff(p) => match b.clone().try_into_primitive::<Ad>() {
+            Ok(bp) => Tensor::from_primitive::<Ad>(autodiff::bmm_bf16::<NoCheckpointing>(p, bp)),
+            Err(_) => fallback(Tensor::from_primitive::<Ad>(p), b),
+        },
+        Route::Checkpointed(p) => match b.clone().try_into_primitive::<AdCk>() {
+            Ok(bp) => {
+                Tensor::from_primitive::<AdCk>(autodiff::bmm_bf16::<BalancedCheckpointing>(p, bp))
+            }
+            Err(_) => fallback(Tensor::from_primitive::<AdCk>(p), b),
+        },
+        Route::Other(a) => fallback(a, b),
+    }
+}
+
 /// Embedding lookup: rows `ids` of `table`. Its gradient is a scatter-add of the output
 /// gradient into the touched rows of a zeroed table.
 ///
@@ -696,6 +728,55 @@ pub fn embedding(table: Tensor<2>, ids: Tensor<2, Int>) -> Tensor<3> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The batched bf16 product (an attention core's): values and both gradients are the
+    /// products of bf16-rounded operands (the output gradient rounded too) summed in f64, on
+    /// 4-D tensors, for every path the CPU has that `bf16::gemm_batched` takes here.
+    #[test]
+    fn batched_bf16_products_and_their_gradients_round_every_operand() {
+        let dev = Device::flex().autodiff();
+        dev.seed(5);
+        let dist = burn::tensor::Distribution::Normal(0.0, 1.0);
+        let (bt, m, k, n) = (6, 5, 7, 4);
+        let a = Tensor::<4>::random([2, 3, m, k], dist, &dev).require_grad();
+        // b handed over as a transposed view, as the attention core's Kᵀ is.
+        let b_t = Tensor::<4>::random([2, 3, n, k], dist, &dev).require_grad();
+        let b = b_t.clone().swap_dims(2, 3);
+        let w = Tensor::<4>::random([2, 3, m, n], dist, &dev);
+        let y = matmul_bf16(a.clone(), b.clone());
+        let grads = (y.clone() * w.clone()).sum().backward();
+        let v = |t: Tensor<4>| t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+        let bf = |x: f32| f32::from_bits((bf16::to_bf16(x) as u32) << 16) as f64;
+        let (av, bv, gv, yv) = (v(a.clone()), v(b.clone()), v(w), v(y));
+        let da = v(a.grad(&grads).unwrap());
+        let db = v(b_t.grad(&grads).unwrap().swap_dims(2, 3));
+        let close = |got: f32, terms: &mut dyn Iterator<Item = f64>, what: &str| {
+            let (sum, mag) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+            assert!(
+                (got as f64 - sum).abs() <= mag * 1e-6 + 1e-6,
+                "{what}: {got} vs {sum}"
+            );
+        };
+        for t in 0..bt {
+            let (a_, b_, g_) = (&av[t * m * k..], &bv[t * k * n..], &gv[t * m * n..]);
+            for i in 0..m {
+                for j in 0..n {
+                    let mut terms = (0..k).map(|p| bf(a_[i * k + p]) * bf(b_[p * n + j]));
+                    close(yv[t * m * n + i * n + j], &mut terms, "y");
+                }
+                for p in 0..k {
+                    let mut terms = (0..n).map(|j| bf(g_[i * n + j]) * bf(b_[p * n + j]));
+                    close(da[t * m * k + i * k + p], &mut terms, "da");
+                }
+            }
+            for p in 0..k {
+                for j in 0..n {
+                    let mut terms = (0..m).map(|i| bf(a_[i * k + p]) * bf(g_[i * n + j]));
+                    close(db[t * k * n + p * n + j], &mut terms, "db");
+                }
+            }
+        }
+    }
 
     fn mask(seed: Option<u64>) -> Vec<f32> {
         let dev = Device::flex().autodiff();
