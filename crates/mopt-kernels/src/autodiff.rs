@@ -6,7 +6,7 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{unary, Backward, Ops, OpsKind};
-use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::Flex;
@@ -14,6 +14,19 @@ use burn::backend::Flex;
 use crate::flex;
 
 type Ad<C> = FloatTensor<Autodiff<Flex, C>>;
+
+/// Each gradient computed for a parent that wants one.
+fn register<const N: usize>(
+    grads: &mut Gradients,
+    parents: [Option<NodeId>; N],
+    values: [Option<FlexTensor>; N],
+) {
+    for (id, g) in parents.into_iter().zip(values) {
+        if let (Some(id), Some(g)) = (id, g) {
+            grads.register::<Flex>(id, g);
+        }
+    }
+}
 
 #[derive(Debug)]
 struct GeluBackward;
@@ -175,11 +188,7 @@ impl Backward<Flex, 2> for BmmBf16Backward {
         let g = grads.consume::<Flex>(&ops.node);
         let [pa, pb] = ops.parents;
         let (da, db) = flex::bmm_bf16_backward(&a, &b, g, (pa.is_some(), pb.is_some()));
-        for (parent, grad) in [(pa, da), (pb, db)] {
-            if let (Some(n), Some(g)) = (parent, grad) {
-                grads.register::<Flex>(n.id, g);
-            }
-        }
+        register(grads, [pa, pb].map(|p| p.map(|n| n.id)), [da, db]);
     }
 }
 
@@ -221,11 +230,7 @@ impl Backward<Flex, 3> for LinearBackward {
         let [px, pw, pb] = ops.parents;
         let want = (px.is_some(), pw.is_some(), pb.is_some());
         let (dx, dw, db) = flex::linear_backward(&x, &w, g, want, self.bf16);
-        for (parent, grad) in [(px, dx), (pw, dw), (pb, db)] {
-            if let (Some(n), Some(g)) = (parent, grad) {
-                grads.register::<Flex>(n.id, g);
-            }
-        }
+        register(grads, [px, pw, pb].map(|p| p.map(|n| n.id)), [dx, dw, db]);
     }
 }
 

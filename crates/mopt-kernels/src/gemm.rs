@@ -575,22 +575,31 @@ fn store(
 /// With `beta_one`, C's current values are kept and the product added (bias initialisation,
 /// gradient accumulation).
 pub fn sgemm(a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool) {
-    let (m, k, n) = (a.rows, a.cols, b.cols);
-    assert_eq!(b.rows, k, "inner dimensions");
-    assert!(c.len() >= m * n, "output size");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !beta_one {
-            c[..m * n].fill(0.0);
-        }
+    if degenerate(&a, &b, c, beta_one) {
         return;
     }
     if let Some(direct) = Direct::get().filter(|_| direct_b_pays(&a, &b, alpha)) {
         return sgemm_b_in_place(direct, a, b, c, beta_one);
     }
     sgemm_on(tile(), a, b, c, alpha, beta_one);
+}
+
+/// Checks a product's shapes; finishes it when an operand is empty (an empty depth gives zeros,
+/// or leaves C with `beta_one`) and says so.
+///
+/// # Panics
+/// When the inner dimensions differ or C is shorter than `rows × cols`.
+pub(crate) fn degenerate(a: &View, b: &View, c: &mut [f32], beta_one: bool) -> bool {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert_eq!(b.rows, k, "inner dimensions");
+    assert!(c.len() >= m * n, "output size");
+    if m == 0 || n == 0 {
+        return true;
+    }
+    if k == 0 && !beta_one {
+        c[..m * n].fill(0.0);
+    }
+    k == 0
 }
 
 /// Whether B is better read in place than packed: few rows of A (batch-1 inference: 64 tokens),
