@@ -60,6 +60,7 @@ fn tile() -> Tile {
         }
         #[cfg(target_arch = "x86_64")]
         if let Some(v) = pulp::x86::V4::try_new().filter(|_| cap != "avx2") {
+            // (`avx512-own` keeps this tile for large products too: see `large_on_gemm_crate`.)
             return Tile {
                 mr: MR_512,
                 nr: NR_512,
@@ -77,12 +78,16 @@ fn tile() -> Tile {
     })
 }
 
-/// The GEMM path this process takes: `avx512` (12×32 tile), `avx2` (6×16) or `portable`.
+/// The GEMM path this process takes: `avx512+gemm-crate` (large products on the `gemm` crate,
+/// few-row ones and convolutions on the 12×32 tile), `avx512` (the tile for all:
+/// `MOPT_GEMM=avx512-own`), `avx2` (6×16) or `portable`.
 pub fn path() -> &'static str {
     match tile().kernel {
         Kernel::Portable => "portable",
         #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
         Kernel::Avx2(_) => "avx2",
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512(_) if large_on_gemm_crate() => "avx512+gemm-crate",
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512(_) => "avx512",
     }
@@ -581,6 +586,10 @@ pub fn sgemm(a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool) {
     if let Some(direct) = Direct::get().filter(|_| direct_b_pays(&a, &b, alpha)) {
         return sgemm_b_in_place(direct, a, b, c, beta_one);
     }
+    #[cfg(target_arch = "x86_64")]
+    if large_on_gemm_crate() {
+        return crate::native::gemm_crate(&a, &b, (c, b.cols), alpha, beta_one);
+    }
     sgemm_on(tile(), a, b, c, alpha, beta_one);
 }
 
@@ -600,6 +609,21 @@ pub(crate) fn degenerate(a: &View, b: &View, c: &mut [f32], beta_one: bool) -> b
         c[..m * n].fill(0.0);
     }
     k == 0
+}
+
+/// Whether products other than few-row ones go to the `gemm` crate (Burn Flex's GEMM, called
+/// directly): where this process runs the AVX-512 tile, unless `MOPT_GEMM=avx512-own`. Its
+/// AVX-512 kernels ran 418-428 GFLOP/s on the BERT shapes against 285-322 for mopt's 12 × 32
+/// tile (2 threads, Sapphire Rapids; MKL: ~430), and the 3-layer student's step went from
+/// 405-413 to 330-342 ms. On AVX2 mopt's own 6 × 16 tile stays (it matched MKL there; the
+/// crate reached ~45% of peak).
+#[cfg(target_arch = "x86_64")]
+fn large_on_gemm_crate() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        matches!(tile().kernel, Kernel::Avx512(_))
+            && std::env::var("MOPT_GEMM").map_or(true, |v| v != "avx512-own")
+    })
 }
 
 /// Whether B is better read in place than packed: few rows of A (batch-1 inference: 64 tokens),
@@ -1044,6 +1068,39 @@ pub(crate) mod tests {
             });
         }
         t
+    }
+
+    /// The `gemm` crate behind large products: the naive product for odd shapes, transposed
+    /// and offset views, α and accumulation.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_gemm_crate_path_matches_the_naive_product() {
+        for &(m, k, n) in &[(1, 1, 1), (37, 70, 29), (130, 300, 65)] {
+            let (av, bv) = (data(m * k + 3, 4), data(k * n, 5));
+            // A stored transposed (k × m) after 3 values; B row-major.
+            let a = View {
+                offset: 3,
+                ..View::row_major(&av[..], k, m)
+            }
+            .t();
+            let a = View {
+                rows: m,
+                cols: k,
+                ..a
+            };
+            let b = View::row_major(&bv, k, n);
+            let want = naive(&a, &b);
+            for (alpha, beta_one) in [(1.0, false), (0.5, true)] {
+                let init = data(m * n, 6);
+                let mut c = init.clone();
+                crate::native::gemm_crate(&a, &b, (&mut c, n), alpha, beta_one);
+                for (i, (&got, &w)) in c.iter().zip(&want).enumerate() {
+                    let w = alpha * w + if beta_one { init[i] } else { 0.0 };
+                    let tol = 1e-4 * (k as f32).sqrt();
+                    assert!((got - w).abs() <= tol, "{m}x{k}x{n} [{i}]: {got} vs {w}");
+                }
+            }
+        }
     }
 
     /// Few rows of A (batch-1 inference) read B in place: every shape around the panel width,

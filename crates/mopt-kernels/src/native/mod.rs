@@ -24,3 +24,58 @@ pub(crate) fn prefetch(data: &[f32], i: usize) {
         }
     }
 }
+
+/// `C = α·A·B`, or `C += α·A·B` with `beta_one`, on the `gemm` crate (the f32 GEMM Burn Flex
+/// runs), over rayon: C row-major `a.rows × b.cols` at row stride `ldc`.
+///
+/// # Panics
+/// When the views reach past their data, the inner dimensions differ or C is too short.
+pub(crate) fn gemm_crate(
+    a: &crate::gemm::View,
+    b: &crate::gemm::View,
+    (c, ldc): (&mut [f32], usize),
+    alpha: f32,
+    beta_one: bool,
+) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert_eq!(b.rows, k, "inner dimensions");
+    if m == 0 || n == 0 || k == 0 {
+        return; // callers finish empty products (crate::gemm::degenerate)
+    }
+    let last = |v: &crate::gemm::View| v.offset + (v.rows - 1) * v.rs + (v.cols - 1) * v.cs;
+    assert!(
+        last(a) < a.data.len() && last(b) < b.data.len(),
+        "a view past its data"
+    );
+    assert!(
+        ldc >= n && (m - 1) * ldc + n <= c.len(),
+        "C shorter than the product"
+    );
+    // SAFETY: every element the product reads is inside its slice: A's (i, p) at offset +
+    // i·rs + p·cs ≤ last(a) < len (asserted; strides non-negative), B's likewise; every element
+    // it writes, C's (i, j) at i·ldc + j ≤ (m − 1)·ldc + n − 1 < c.len() (asserted). C does not
+    // alias A or B (a `&mut` and two `&`). The crate reads C only with `read_dst`.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            ldc as isize,
+            beta_one,
+            a.data.as_ptr().add(a.offset),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr().add(b.offset),
+            b.cs as isize,
+            b.rs as isize,
+            1.0,
+            alpha,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(0),
+        )
+    }
+}
