@@ -318,6 +318,8 @@ fn mopt_sgemm_gflops(n: usize) -> f64 {
 }
 
 fn main() {
+    // As mopt-train does (the PyTorch side runs in its own process, with its defaults).
+    mopt_kernels::tune_allocator();
     if !std::env::args().any(|a| a == "--bench") {
         // Built and started by `cargo test`: nothing to time here.
         println!("speed harness: run it with `cargo bench --profile dev --bench speed` (see benches/README.md)");

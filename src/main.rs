@@ -360,6 +360,7 @@ fn exit_code(err: &anyhow::Error) -> u8 {
 }
 
 fn main() -> ExitCode {
+    mopt_kernels::tune_allocator();
     let cli = Cli::parse();
     // A panic is a bug: say so (after Rust's own message with its location) and exit with 1,
     // never 101; finished stages stay on disk for `--resume`.

@@ -47,6 +47,16 @@ pub mod transpose;
 
 pub use adamw::FusedAdamW;
 
+/// Tune the process's allocator for tensor work (call once, early, from a binary): on Linux
+/// with glibc, tensors up to 32 MiB come from the heap and freed memory stays with the process
+/// up to 1 GiB, instead of a fresh `mmap` per large tensor whose pages fault in one by one
+/// (a batch-32 BERT forward pass: 125 → 85-92 ms on the Xeon VM). Resident memory stays at
+/// its peak afterwards. Elsewhere nothing.
+pub fn tune_allocator() {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+    native::keep_freed_memory();
+}
+
 /// 0 = not read yet, 1 = fused, 2 = plain.
 static MODE: AtomicU8 = AtomicU8::new(0);
 
