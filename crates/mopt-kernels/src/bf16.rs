@@ -187,7 +187,7 @@ mod tiles {
     use rayon::prelude::*;
 
     use super::to_bf16;
-    use crate::gemm::View;
+    use crate::gemm::{store, View};
     use crate::native::amx::{Tiles, K_TILE, TILE, TILE_ELEMS};
     use crate::native::{dpbf16, prefetch};
 
@@ -229,36 +229,34 @@ mod tiles {
         let slot = |r: usize, p: usize| {
             (r / TILE) * group + (p / K_TILE) * TILE_ELEMS + (r % TILE) * K_TILE + p % K_TILE
         };
-        {
-            if a.cs == 1 {
-                // Rows are runs: each chunk of 32 is one tile row.
-                for r in 0..rows {
-                    let s = a.offset + (i0 + r) * a.rs;
-                    let row = &a.data[s..s + a.cols];
-                    for (q, run) in row.chunks(K_TILE).enumerate() {
-                        let dst = &mut out[slot(r, q * K_TILE)..][..run.len()];
-                        dst.iter_mut().zip(run).for_each(|(d, &v)| *d = to_bf16(v));
-                    }
+        if a.cs == 1 {
+            // Rows are runs: each chunk of 32 is one tile row.
+            for r in 0..rows {
+                let s = a.offset + (i0 + r) * a.rs;
+                let row = &a.data[s..s + a.cols];
+                for (q, run) in row.chunks(K_TILE).enumerate() {
+                    let dst = &mut out[slot(r, q * K_TILE)..][..run.len()];
+                    dst.iter_mut().zip(run).for_each(|(d, &v)| *d = to_bf16(v));
                 }
-            } else if a.rs == 1 {
-                // A transposed operand (Xᵀ in dW = Xᵀ·G): column p of the block is a run of
-                // `rows` values; read the runs in order (one pass over memory), spread each over
-                // the tiles (the 32 columns of a chunk write the same cache lines).
+            }
+        } else if a.rs == 1 {
+            // A transposed operand (Xᵀ in dW = Xᵀ·G): column p of the block is a run of
+            // `rows` values; read the runs in order (one pass over memory), spread each over
+            // the tiles (the 32 columns of a chunk write the same cache lines).
+            for p in 0..a.cols {
+                let s = a.offset + i0 + p * a.cs;
+                // The runs are a row of X apart (pages, for wide X): prefetch 4 ahead.
+                for off in (0..rows).step_by(16) {
+                    prefetch(a.data, s + 4 * a.cs + off);
+                }
+                for (r, &v) in a.data[s..s + rows].iter().enumerate() {
+                    out[slot(r, p)] = to_bf16(v);
+                }
+            }
+        } else {
+            for r in 0..rows {
                 for p in 0..a.cols {
-                    let s = a.offset + i0 + p * a.cs;
-                    // The runs are a row of X apart (pages, for wide X): prefetch 4 ahead.
-                    for off in (0..rows).step_by(16) {
-                        prefetch(a.data, s + 4 * a.cs + off);
-                    }
-                    for (r, &v) in a.data[s..s + rows].iter().enumerate() {
-                        out[slot(r, p)] = to_bf16(v);
-                    }
-                }
-            } else {
-                for r in 0..rows {
-                    for p in 0..a.cols {
-                        out[slot(r, p)] = to_bf16(a.data[a.offset + (i0 + r) * a.rs + p * a.cs]);
-                    }
+                    out[slot(r, p)] = to_bf16(a.data[a.offset + (i0 + r) * a.rs + p * a.cs]);
                 }
             }
         }
@@ -473,7 +471,8 @@ mod tiles {
                 } else {
                     // An edge block: through a full-size scratch block.
                     tiles.block(at, bt, chunks, &mut scratch, BLOCK, false);
-                    edge(&scratch, &mut rows[origin..], n, (hb, w), beta_one);
+                    let at = (ib * BLOCK, jb * BLOCK);
+                    store(rows, n, at, (&scratch, BLOCK), (hb, w), 1.0, beta_one);
                 }
             }
         }
@@ -503,27 +502,8 @@ mod tiles {
                 let (g, r0) = (i / TILE, i % TILE);
                 dpbf16::tile(&ap[g * group..(g + 1) * group], r0, bt, pairs, &mut scratch);
                 let hb = dpbf16::ROWS.min(h - i);
-                let c = &mut rows[i * n + jb * BLOCK..];
-                for r in 0..hb {
-                    let (src, dst) = (&scratch[r * BLOCK..r * BLOCK + w], &mut c[r * n..r * n + w]);
-                    if beta_one {
-                        dst.iter_mut().zip(src).for_each(|(d, v)| *d += v);
-                    } else {
-                        dst.copy_from_slice(src);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The valid `h × w` corner of a 32 × 32 scratch block into C (added with `accumulate`).
-    fn edge(s: &[f32], c: &mut [f32], ldc: usize, (h, w): (usize, usize), accumulate: bool) {
-        for r in 0..h {
-            let (src, dst) = (&s[r * BLOCK..r * BLOCK + w], &mut c[r * ldc..r * ldc + w]);
-            if accumulate {
-                dst.iter_mut().zip(src).for_each(|(d, v)| *d += v);
-            } else {
-                dst.copy_from_slice(src);
+                let tile = (&scratch[..], dpbf16::COLS);
+                store(rows, n, (i, jb * BLOCK), tile, (hb, w), 1.0, beta_one);
             }
         }
     }

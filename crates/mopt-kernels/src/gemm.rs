@@ -552,7 +552,7 @@ fn flat(tile: &[[f32; NR]; MR], buf: &mut [f32]) {
 /// `C[row0.., j..] (+)= α · tile` for the valid `h × w` corner of a row-major tile of `nr`
 /// columns.
 #[inline(always)]
-fn store(
+pub(crate) fn store(
     c: &mut [f32],
     ldc: usize,
     (row0, j): (usize, usize),
@@ -682,14 +682,7 @@ fn sgemm_b_in_place(direct: Direct, a: View, b: View, c: &mut [f32], beta_one: b
         })
         .collect();
     for (j0, w, local) in parts {
-        for (row, l) in c[..m * n].chunks_exact_mut(n).zip(local.chunks_exact(w)) {
-            let dst = &mut row[j0..j0 + w];
-            if beta_one {
-                dst.iter_mut().zip(l).for_each(|(d, v)| *d += v);
-            } else {
-                dst.copy_from_slice(l);
-            }
-        }
+        store(c, n, (0, j0), (&local, w), (m, w), 1.0, beta_one);
     }
     if full < n {
         let rest = View {
@@ -699,17 +692,15 @@ fn sgemm_b_in_place(direct: Direct, a: View, b: View, c: &mut [f32], beta_one: b
         };
         let mut tail = vec![0.0f32; m * rest.cols];
         sgemm_on(tile(), a, rest, &mut tail, 1.0, false);
-        for (row, t) in c[..m * n]
-            .chunks_exact_mut(n)
-            .zip(tail.chunks_exact(rest.cols))
-        {
-            let dst = &mut row[full..];
-            if beta_one {
-                dst.iter_mut().zip(t).for_each(|(d, v)| *d += v);
-            } else {
-                dst.copy_from_slice(t);
-            }
-        }
+        store(
+            c,
+            n,
+            (0, full),
+            (&tail, rest.cols),
+            (m, rest.cols),
+            1.0,
+            beta_one,
+        );
     }
 }
 
