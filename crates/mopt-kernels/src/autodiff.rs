@@ -199,7 +199,9 @@ pub fn bmm_bf16<C: CheckpointStrategy>(a: Ad<C>, b: Ad<C>) -> Ad<C> {
         .stateful()
     {
         OpsKind::Tracked(prep) => {
-            let (ap, bp) = (a.primitive().clone(), b.primitive().clone());
+            // Kept contiguous for the backward (Kᵀ arrives as a transposed view: one copy).
+            let ap = flex::contiguous(a.primitive().clone());
+            let bp = flex::contiguous(b.primitive().clone());
             let y = flex::bmm_bf16(ap.clone(), bp.clone());
             prep.finish((ap, bp), y)
         }

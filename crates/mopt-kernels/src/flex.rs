@@ -7,7 +7,7 @@ use burn::tensor::{DType, Shape, TensorData};
 use crate::cpu;
 use crate::gemm::View;
 
-fn contiguous(t: FlexTensor) -> FlexTensor {
+pub(crate) fn contiguous(t: FlexTensor) -> FlexTensor {
     if t.as_slice::<f32>().is_some() {
         t
     } else {
@@ -185,12 +185,7 @@ pub fn bmm_bf16(a: FlexTensor, b: FlexTensor) -> FlexTensor {
     let (batch, m, k, n) = bmm_dims(&a, &b);
     let (av, bv) = (f32s(&a), f32s(&b));
     let mut out = vec![0.0f32; batch * m * n];
-    let views = |i: usize| {
-        (
-            View::row_major(&av[i * m * k..(i + 1) * m * k], m, k),
-            View::row_major(&bv[i * k * n..(i + 1) * k * n], k, n),
-        )
-    };
+    let views = |i: usize| (item(av, i, (m, k)), item(bv, i, (k, n)));
     crate::bf16::gemm_batched(batch, views, &mut out, (m, n));
     let mut shape: Vec<usize> = (0..a.shape().num_dims()).map(|d| a.shape()[d]).collect();
     *shape.last_mut().expect("rank >= 2") = n;
@@ -209,27 +204,22 @@ pub fn bmm_bf16_backward(
     let (av, bv, gv) = (f32s(&a), f32s(&b), f32s(&g));
     let da = want_a.then(|| {
         let mut out = vec![0.0f32; batch * m * k];
-        let views = |i: usize| {
-            (
-                View::row_major(&gv[i * m * n..(i + 1) * m * n], m, n),
-                View::row_major(&bv[i * k * n..(i + 1) * k * n], k, n).t(),
-            )
-        };
+        let views = |i: usize| (item(gv, i, (m, n)), item(bv, i, (k, n)).t());
         crate::bf16::gemm_batched(batch, views, &mut out, (m, k));
         make(out, a.shape())
     });
     let db = want_b.then(|| {
         let mut out = vec![0.0f32; batch * k * n];
-        let views = |i: usize| {
-            (
-                View::row_major(&av[i * m * k..(i + 1) * m * k], m, k).t(),
-                View::row_major(&gv[i * m * n..(i + 1) * m * n], m, n),
-            )
-        };
+        let views = |i: usize| (item(av, i, (m, k)).t(), item(gv, i, (m, n)));
         crate::bf16::gemm_batched(batch, views, &mut out, (k, n));
         make(out, b.shape())
     });
     (da, db)
+}
+
+/// Matrix `i` of a contiguous batch of row-major `rows × cols` matrices.
+fn item(data: &[f32], i: usize, (rows, cols): (usize, usize)) -> View<'_> {
+    View::row_major(&data[i * rows * cols..(i + 1) * rows * cols], rows, cols)
 }
 
 /// (batch, m, k, n) of `a [.., m, k] · b [.., k, n]`.
