@@ -510,8 +510,23 @@ mod tiles {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// `v` rounded to bf16, as f64 (the reference products' operands).
+    pub(crate) fn bf(v: f32) -> f64 {
+        f32::from_bits((to_bf16(v) as u32) << 16) as f64
+    }
+
+    /// `got` is the sum of `terms` (exact products of bf16 values, in f64) up to f32 summation
+    /// error: within 1e-6 of the sum of their magnitudes.
+    pub(crate) fn assert_sum(got: f32, terms: impl Iterator<Item = f64>, what: &str) {
+        let (sum, mag) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+        assert!(
+            (got as f64 - sum).abs() <= mag * 1e-6 + 1e-6,
+            "{what}: {got} vs {sum}"
+        );
+    }
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed;
@@ -521,10 +536,6 @@ mod tests {
                 (s >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
             })
             .collect()
-    }
-
-    fn bf(v: f32) -> f64 {
-        f32::from_bits((to_bf16(v) as u32) << 16) as f64
     }
 
     /// C against the reference (bf16-rounded operands, products and sums in f64): within f32
@@ -555,23 +566,14 @@ mod tests {
                     on(path, av, View::row_major(&b, k, n), &mut c, beta_one);
                     for i in 0..m {
                         for j in 0..n {
-                            let mut want = if beta_one {
+                            let init = if beta_one {
                                 init[i * n + j] as f64
                             } else {
                                 0.0
                             };
-                            let mut mag = want.abs();
-                            for p in 0..k {
-                                let t = bf(a[i * k + p]) * bf(b[p * n + j]);
-                                want += t;
-                                mag += t.abs();
-                            }
-                            let got = c[i * n + j] as f64;
-                            assert!(
-                                (got - want).abs() <= mag * 1e-6 + 1e-6,
-                                "{m}x{k}x{n} ({i},{j}) {}: {got} vs {want}",
-                                path.name()
-                            );
+                            let terms = (0..k).map(|p| bf(a[i * k + p]) * bf(b[p * n + j]));
+                            let what = format!("{m}x{k}x{n} ({i},{j}) {}", path.name());
+                            assert_sum(c[i * n + j], std::iter::once(init).chain(terms), &what);
                         }
                     }
                 }
@@ -594,40 +596,31 @@ mod tests {
         let (dx, dw, db) =
             crate::cpu::linear_backward(&x, &w, &g, (m, k, n), (true, true, true), true);
         let (dx, dw, db) = (dx.unwrap(), dw.unwrap(), db.unwrap());
-        let close = |got: f32, want: f64, mag: f64, what: &str| {
-            assert!(
-                (got as f64 - want).abs() <= mag * 1e-6 + 1e-6,
-                "{what}: {got} vs {want}"
-            );
-        };
         for i in 0..m {
             for j in 0..n {
                 let terms = (0..k).map(|p| bf(x[i * k + p]) * bf(w[p * n + j]));
-                let (sum, mag) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
-                close(
-                    y[i * n + j],
-                    b[j] as f64 + sum,
-                    mag + b[j].abs() as f64,
-                    "y",
-                );
+                assert_sum(y[i * n + j], std::iter::once(b[j] as f64).chain(terms), "y");
             }
             for p in 0..k {
                 let terms = (0..n).map(|j| bf(g[i * n + j]) * bf(w[p * n + j]));
-                let (sum, mag) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
-                close(dx[i * k + p], sum, mag, "dx");
+                assert_sum(dx[i * k + p], terms, "dx");
             }
         }
         for p in 0..k {
             for j in 0..n {
                 let terms = (0..m).map(|i| bf(x[i * k + p]) * bf(g[i * n + j]));
-                let (sum, mag) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
-                close(dw[p * n + j], sum, mag, "dw");
+                assert_sum(dw[p * n + j], terms, "dw");
             }
         }
         // The bias gradient sums the f32 gradient (no product, nothing rounded).
         for j in 0..n {
             let want: f64 = (0..m).map(|i| g[i * n + j] as f64).sum();
-            close(db[j], want, m as f64 * 2.0, "db");
+            let bound = m as f64 * 2.0 * 1e-6 + 1e-6;
+            assert!(
+                (db[j] as f64 - want).abs() <= bound,
+                "db: {} vs {want}",
+                db[j]
+            );
         }
         // And differs from the f32 kernels' results (the rounding is real).
         let y32 = crate::cpu::linear(&x, &w, &b, (m, k, n), false);

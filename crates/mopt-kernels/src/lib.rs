@@ -756,33 +756,26 @@ mod tests {
         let y = matmul_bf16(a.clone(), b.clone());
         let grads = (y.clone() * w.clone()).sum().backward();
         let v = |t: Tensor<4>| t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
-        let bf = |x: f32| f32::from_bits((bf16::to_bf16(x) as u32) << 16) as f64;
         let (av, bv, gv, yv) = (v(a.clone()), v(b.clone()), v(w), v(y));
         let da = v(a.grad(&grads).unwrap());
         let db = v(b_t.grad(&grads).unwrap().swap_dims(2, 3));
-        let close = |got: f32, terms: &mut dyn Iterator<Item = f64>, what: &str| {
-            let (sum, mag) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
-            assert!(
-                (got as f64 - sum).abs() <= mag * 1e-6 + 1e-6,
-                "{what}: {got} vs {sum}"
-            );
-        };
+        use crate::bf16::tests::{assert_sum, bf};
         for t in 0..bt {
             let (a_, b_, g_) = (&av[t * m * k..], &bv[t * k * n..], &gv[t * m * n..]);
             for i in 0..m {
                 for j in 0..n {
-                    let mut terms = (0..k).map(|p| bf(a_[i * k + p]) * bf(b_[p * n + j]));
-                    close(yv[t * m * n + i * n + j], &mut terms, "y");
+                    let terms = (0..k).map(|p| bf(a_[i * k + p]) * bf(b_[p * n + j]));
+                    assert_sum(yv[t * m * n + i * n + j], terms, "y");
                 }
                 for p in 0..k {
-                    let mut terms = (0..n).map(|j| bf(g_[i * n + j]) * bf(b_[p * n + j]));
-                    close(da[t * m * k + i * k + p], &mut terms, "da");
+                    let terms = (0..n).map(|j| bf(g_[i * n + j]) * bf(b_[p * n + j]));
+                    assert_sum(da[t * m * k + i * k + p], terms, "da");
                 }
             }
             for p in 0..k {
                 for j in 0..n {
-                    let mut terms = (0..m).map(|i| bf(a_[i * k + p]) * bf(g_[i * n + j]));
-                    close(db[t * k * n + p * n + j], &mut terms, "db");
+                    let terms = (0..m).map(|i| bf(a_[i * k + p]) * bf(g_[i * n + j]));
+                    assert_sum(db[t * k * n + p * n + j], terms, "db");
                 }
             }
         }
