@@ -21,14 +21,18 @@ use rayon::prelude::*;
 
 use crate::gemm::View;
 
-/// `f32 → bf16` bits: round to nearest, ties to even; NaN stays NaN (quiet).
+/// `f32 → bf16` bits: round to nearest, ties to even (what `half::bf16::from_f32` gives:
+/// overflow to ±inf); NaN stays NaN (quiet). Branch-free, so loops over it vectorise.
 #[inline(always)]
 pub fn to_bf16(v: f32) -> u16 {
     let b = v.to_bits();
-    if (b & 0x7FFF_FFFF) > 0x7F80_0000 {
-        return ((b | 0x0040_0000) >> 16) as u16;
-    }
-    (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+    let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
+    let r = if nan {
+        b | 0x0040_0000
+    } else {
+        b.wrapping_add(0x7FFF + ((b >> 16) & 1))
+    };
+    (r >> 16) as u16
 }
 
 /// Where bf16 products run.

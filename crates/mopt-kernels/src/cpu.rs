@@ -823,16 +823,13 @@ pub fn scale(x: &mut [f32], factor: f32) {
     });
 }
 
-/// `x ← bf16(x)` in place, kept in f32: round to nearest, ties to even, on the top 16 bits (what
-/// `half::bf16::from_f32` gives: overflow to ±inf, NaN stays NaN).
+/// `x ← bf16(x)` in place, kept in f32 ([`crate::bf16::to_bf16`]: round to nearest, ties to
+/// even, overflow to ±inf, NaN stays NaN).
 pub fn round_bf16(x: &mut [f32]) {
     x.par_chunks_mut(GRAIN).for_each(|c| {
         simd(|| {
             for v in c.iter_mut() {
-                let b = v.to_bits();
-                let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000;
-                let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
-                *v = f32::from_bits(if nan { b | 0x0040_0000 } else { rounded });
+                *v = f32::from_bits((crate::bf16::to_bf16(*v) as u32) << 16);
             }
         })
     });
