@@ -143,7 +143,7 @@ pub fn gemm_batched<'a>(
             }
             match path {
                 #[cfg(target_arch = "x86_64")]
-                Path::Amx | Path::Dpbf16 => tiles::gemm_serial(path == Path::Amx, a, b, ci),
+                Path::Amx | Path::Dpbf16 => tiles::gemm(path == Path::Amx, a, b, ci, false, true),
                 _ => emulated(a, b, ci, false),
             }
         });
@@ -153,7 +153,7 @@ pub fn gemm_batched<'a>(
 fn on(path: Path, a: View, b: View, c: &mut [f32], beta_one: bool) {
     match path {
         #[cfg(target_arch = "x86_64")]
-        Path::Amx | Path::Dpbf16 => tiles::gemm(path == Path::Amx, a, b, c, beta_one),
+        Path::Amx | Path::Dpbf16 => tiles::gemm(path == Path::Amx, a, b, c, beta_one, false),
         _ => emulated(a, b, c, beta_one),
     }
 }
@@ -266,15 +266,6 @@ mod tiles {
         }
     }
 
-    /// B packed into tiles: for each 16-column group, its depth chunks in order, each chunk
-    /// 16 rows of k-pairs × 16 columns × 2 (the VNNI layout `tdpbf16ps` reads), zero-padded.
-    /// Held as u32 pairs (`bf16(B[2q, j]) | bf16(B[2q+1, j]) << 16`).
-    fn pack_b(b: &View, chunks: usize, out: &mut [u32]) {
-        out.par_chunks_mut(chunks * TILE_ELEMS / 2)
-            .enumerate()
-            .for_each(|(g, group)| pack_b_dispatch(b, g, group));
-    }
-
     /// [`pack_b_group`] compiled for this CPU's features (a closure calling it was not inlined
     /// into the dispatch, and ran as SSE2 code).
     fn pack_b_dispatch(b: &View, g: usize, group: &mut [u32]) {
@@ -293,7 +284,10 @@ mod tiles {
         Arch::new().dispatch(Pack { b, g, group });
     }
 
-    /// Column group `g` of [`pack_b`] (inlined into the feature dispatch).
+    /// Column group `g` of B (16 columns) packed into tiles, inlined into the feature dispatch:
+    /// its depth chunks in order, each chunk 16 rows of k-pairs × 16 columns × 2 (the VNNI
+    /// layout `tdpbf16ps` reads), zero-padded; held as u32 pairs (`bf16(B[2q, j]) |
+    /// bf16(B[2q+1, j]) << 16`).
     #[inline(always)]
     fn pack_b_group(b: &View, g: usize, group: &mut [u32]) {
         let pairs = TILE_ELEMS / 2;
@@ -367,30 +361,30 @@ mod tiles {
         !rows.is_multiple_of(BLOCK) || !depth.is_multiple_of(K_TILE)
     }
 
-    /// See [`super::gemm`] (AMX present).
-    pub(super) fn gemm(amx: bool, a: View, b: View, c: &mut [f32], beta_one: bool) {
-        let (m, k, n) = (a.rows, a.cols, b.cols);
-        let chunks = k.div_ceil(K_TILE);
-        let b_len = n.div_ceil(BLOCK) * 2 * chunks * TILE_ELEMS / 2;
-        with_buffer(&B_PACK, (b_len, padded(n, k)), |packed| {
-            pack_b(&b, chunks, packed);
-            let bp: &[u16] = pulp::bytemuck::cast_slice(packed);
-            run(amx, &a, bp, (m, n, chunks), c, beta_one)
-        });
-    }
-
-    /// One product on this thread alone (an item of [`super::gemm_batched`]): `C = A·B`.
-    pub(super) fn gemm_serial(amx: bool, a: View, b: View, c: &mut [f32]) {
+    /// See [`super::gemm`] (AMX or AVX512_BF16 present, `amx` says which); with `serial`, all
+    /// on this thread (an item of [`super::gemm_batched`]).
+    pub(super) fn gemm(amx: bool, a: View, b: View, c: &mut [f32], beta_one: bool, serial: bool) {
         let (m, k, n) = (a.rows, a.cols, b.cols);
         let chunks = k.div_ceil(K_TILE);
         let group = chunks * TILE_ELEMS / 2;
         let groups = n.div_ceil(BLOCK) * 2;
         with_buffer(&B_PACK, (groups * group, padded(n, k)), |packed| {
-            for (g, part) in packed.chunks_exact_mut(group).enumerate() {
-                pack_b_dispatch(&b, g, part);
+            if serial {
+                for (g, part) in packed.chunks_exact_mut(group).enumerate() {
+                    pack_b_dispatch(&b, g, part);
+                }
+            } else {
+                packed
+                    .par_chunks_mut(group)
+                    .enumerate()
+                    .for_each(|(g, part)| pack_b_dispatch(&b, g, part));
             }
             let bp: &[u16] = pulp::bytemuck::cast_slice(packed);
-            task(amx, &a, (0, m), bp, (chunks, n), c, false);
+            if serial {
+                task(amx, &a, (0, m), bp, (chunks, n), c, beta_one);
+            } else {
+                run(amx, &a, bp, (m, n, chunks), c, beta_one);
+            }
         });
     }
 
