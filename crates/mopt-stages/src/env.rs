@@ -17,11 +17,11 @@ pub struct Environment {
     pub logical_cpus: usize,
     /// Threads the CPU kernels use (rayon's pool).
     pub threads: usize,
-    /// The GEMM path mopt's CPU kernels take here (`avx512`, `avx2` or `portable`).
+    /// The GEMM path mopt's CPU kernels take here ([`mopt_kernels::gemm::path`]).
     #[serde(default)]
     pub gemm_path: String,
-    /// Where bf16 products run here (`amx`: native tiles; `emulated`: f32 kernels on rounded
-    /// operands).
+    /// Where bf16 products run here ([`mopt_kernels::bf16::path`]: `amx`, `avx512-bf16` or
+    /// `emulated`, f32 kernels on rounded operands).
     #[serde(default)]
     pub bf16_path: String,
     /// The operating system.
