@@ -99,17 +99,9 @@ impl Backward<Flex, 3> for LayerNormBackward {
     ) {
         let (x, gamma) = ops.state;
         let g = grads.consume::<Flex>(&ops.node);
-        let [px, pg, pb] = ops.parents;
         let (dx, dgamma, dbeta) = flex::layer_norm_backward(&x, &gamma, g, self.eps);
-        if let Some(n) = px {
-            grads.register::<Flex>(n.id, dx);
-        }
-        if let Some(n) = pg {
-            grads.register::<Flex>(n.id, dgamma);
-        }
-        if let Some(n) = pb {
-            grads.register::<Flex>(n.id, dbeta);
-        }
+        let parents = ops.parents.map(|p| p.map(|n| n.id));
+        register(grads, parents, [Some(dx), Some(dgamma), Some(dbeta)]);
     }
 }
 
@@ -321,11 +313,8 @@ impl Backward<Flex, 3> for AttentionBackward {
         let (q, k, v, probs) = ops.state;
         let g = grads.consume::<Flex>(&ops.node);
         let (dq, dk, dv) = flex::attention_backward(&q, &k, &v, &probs, g, self.shape);
-        for (parent, grad) in ops.parents.into_iter().zip([dq, dk, dv]) {
-            if let Some(n) = parent {
-                grads.register::<Flex>(n.id, grad);
-            }
-        }
+        let parents = ops.parents.map(|p| p.map(|n| n.id));
+        register(grads, parents, [Some(dq), Some(dk), Some(dv)]);
     }
 }
 
@@ -377,11 +366,7 @@ impl Backward<Flex, 2> for Conv2dBackward {
         let [px, pw] = ops.parents;
         let want = (px.is_some(), pw.is_some());
         let (dx, dw) = flex::conv2d_backward(&x, &w, g, (self.stride, self.pad), want);
-        for (parent, grad) in [(px, dx), (pw, dw)] {
-            if let (Some(n), Some(g)) = (parent, grad) {
-                grads.register::<Flex>(n.id, g);
-            }
-        }
+        register(grads, [px, pw].map(|p| p.map(|n| n.id)), [dx, dw]);
     }
 }
 
@@ -427,6 +412,7 @@ fn batch_norm_grads<const N: usize>(eps: f64, ops: Ops<BnState, N>, grads: &mut 
         g,
         (relu, want_residual),
     );
+    // N is 3 or 4 (with a residual): the zip stops at the parents there are.
     let mut out = [Some(dx), Some(dgamma), Some(dbeta), dres];
     for (parent, grad) in ops.parents.into_iter().zip(out.iter_mut()) {
         if let (Some(n), Some(g)) = (parent, grad.take()) {
