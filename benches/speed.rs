@@ -326,10 +326,9 @@ fn main() {
         return;
     }
     let args = parse_args();
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads)
-        .build_global()
-        .expect("rayon pool");
+    // `main` as worker 0 beside `threads - 1` workers, as mopt-train runs (and as PyTorch's
+    // OpenMP runs its main thread).
+    mopt_kernels::init_pool(Some(args.threads)).expect("rayon pool");
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let mut bench = Bench {
         args,

@@ -361,6 +361,10 @@ fn exit_code(err: &anyhow::Error) -> u8 {
 
 fn main() -> ExitCode {
     mopt_kernels::tune_allocator();
+    // This thread as the kernels' worker 0 (rayon's global pool is built nowhere else before).
+    if let Err(e) = mopt_kernels::init_pool(None) {
+        eprintln!("warning: mopt-train runs on rayon's default pool: {e}");
+    }
     let cli = Cli::parse();
     // A panic is a bug: say so (after Rust's own message with its location) and exit with 1,
     // never 101; finished stages stay on disk for `--resume`.

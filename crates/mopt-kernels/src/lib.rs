@@ -43,9 +43,11 @@ pub mod gemm;
 #[cfg(target_arch = "x86_64")]
 mod native;
 pub mod reference;
+mod threads;
 pub mod transpose;
 
 pub use adamw::FusedAdamW;
+pub use threads::init_pool;
 
 /// Tune the process's allocator for tensor work (call once, early, from a binary): on Linux
 /// with glibc, tensors up to 32 MiB come from the heap and freed memory stays with the process
