@@ -166,6 +166,50 @@ fn products() {
     }
 }
 
+/// Batch-1 inference's products: 64 token rows against a BERT layer's weight matrices, each
+/// weight from L3 as in a forward pass (the product cycles through 8 copies of B, more than L2
+/// holds), mopt's f32 GEMM beside the `gemm` crate called through Burn Flex's matmul.
+fn few_rows() {
+    use burn::prelude::*;
+    println!(
+        "few rows, B from L3 (GFLOP/s, mopt {} | Burn Flex matmul):",
+        mopt_kernels::gemm::path()
+    );
+    let device = Device::flex();
+    for (m, k, n) in [
+        (64, 384, 1152),
+        (64, 384, 384),
+        (64, 384, 1536),
+        (64, 1536, 384),
+    ] {
+        let a = values(m * k, 17);
+        let bs: Vec<Vec<f32>> = (0..8).map(|i| values(k * n, 13 + i)).collect();
+        let mut c = vec![0.0f32; m * n];
+        let mut i = 0;
+        let ms = time(41, || {
+            i += 1;
+            sgemm(
+                View::row_major(&a, m, k),
+                View::row_major(&bs[i % 8], k, n),
+                &mut c,
+                1.0,
+                false,
+            )
+        });
+        let ta = Tensor::<2>::from_data(TensorData::new(a.clone(), [m, k]), &device);
+        let tbs: Vec<Tensor<2>> = bs
+            .iter()
+            .map(|b| Tensor::<2>::from_data(TensorData::new(b.clone(), [k, n]), &device))
+            .collect();
+        let burn_ms = time(41, || {
+            i += 1;
+            let _ = ta.clone().matmul(tbs[i % 8].clone()).into_data();
+        });
+        let rate = |ms: f64| 2.0 * (m * k * n) as f64 / ms / 1e6;
+        println!("  {m} x {k} x {n}: {:.1} | {:.1}", rate(ms), rate(burn_ms));
+    }
+}
+
 /// bf16 products with a transposed operand, as a linear layer's backward runs them: dW = Xᵀ·G
 /// (A transposed) and dX = G·Wᵀ (B transposed), X `[2048, 384]`, W `[384, 1536]`.
 fn backward_products() {
@@ -195,6 +239,8 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
+    mopt_kernels::tune_allocator();
+    mopt_kernels::init_pool(None).expect("rayon pool");
     println!("{} threads", rayon::current_num_threads());
     // `--only products` (or `convolutions`, `batch-norm`): one group.
     let args: Vec<String> = std::env::args().collect();
@@ -212,5 +258,8 @@ fn main() {
     if run("products") {
         products();
         backward_products();
+    }
+    if run("products") || run("few-rows") {
+        few_rows();
     }
 }

@@ -60,7 +60,7 @@ fn tile() -> Tile {
         }
         #[cfg(target_arch = "x86_64")]
         if let Some(v) = pulp::x86::V4::try_new().filter(|_| cap != "avx2") {
-            // (`avx512-own` keeps this tile for large products too: see `large_on_gemm_crate`.)
+            // (the products go to the `gemm` crate unless `avx512-own`: see `on_gemm_crate`.)
             return Tile {
                 mr: MR_512,
                 nr: NR_512,
@@ -78,16 +78,16 @@ fn tile() -> Tile {
     })
 }
 
-/// The GEMM path this process takes: `avx512+gemm-crate` (large products on the `gemm` crate,
-/// few-row ones and convolutions on the 12×32 tile), `avx512` (the tile for all:
-/// `MOPT_GEMM=avx512-own`), `avx2` (6×16) or `portable`.
+/// The GEMM path this process takes: `avx512+gemm-crate` (the products on the `gemm` crate,
+/// the convolutions on the 12×32 tile), `avx512` (the tile for all, few-row products reading B
+/// in place: `MOPT_GEMM=avx512-own`), `avx2` (6×16) or `portable`.
 pub fn path() -> &'static str {
     match tile().kernel {
         Kernel::Portable => "portable",
         #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
         Kernel::Avx2(_) => "avx2",
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512(_) if large_on_gemm_crate() => "avx512+gemm-crate",
+        Kernel::Avx512(_) if on_gemm_crate() => "avx512+gemm-crate",
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512(_) => "avx512",
     }
@@ -583,12 +583,12 @@ pub fn sgemm(a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool) {
     if degenerate(&a, &b, c, beta_one) {
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if on_gemm_crate() {
+        return crate::native::gemm_crate(&a, &b, (c, b.cols), alpha, beta_one);
+    }
     if let Some(direct) = Direct::get().filter(|_| direct_b_pays(&a, &b, alpha)) {
         return sgemm_b_in_place(direct, a, b, c, beta_one);
-    }
-    #[cfg(target_arch = "x86_64")]
-    if large_on_gemm_crate() {
-        return crate::native::gemm_crate(&a, &b, (c, b.cols), alpha, beta_one);
     }
     sgemm_on(tile(), a, b, c, alpha, beta_one);
 }
@@ -611,14 +611,17 @@ pub(crate) fn degenerate(a: &View, b: &View, c: &mut [f32], beta_one: bool) -> b
     k == 0
 }
 
-/// Whether products other than few-row ones go to the `gemm` crate (Burn Flex's GEMM, called
-/// directly): where this process runs the AVX-512 tile, unless `MOPT_GEMM=avx512-own`. Its
-/// AVX-512 kernels ran 418-428 GFLOP/s on the BERT shapes against 285-322 for mopt's 12 × 32
-/// tile (2 threads, Sapphire Rapids; MKL: ~430), and the 3-layer student's step went from
-/// 405-413 to 330-342 ms. On AVX2 mopt's own 6 × 16 tile stays (it matched MKL there; the
-/// crate reached ~45% of peak).
+/// Whether the products go to the `gemm` crate (Burn Flex's GEMM, called directly): where this
+/// process runs the AVX-512 tile, unless `MOPT_GEMM=avx512-own`. Its AVX-512 kernels ran
+/// 418-428 GFLOP/s on the BERT shapes against 285-322 for mopt's 12 × 32 tile (2 threads,
+/// Sapphire Rapids; MKL: ~430), and the 3-layer student's step went from 405-413 to 330-342 ms.
+/// Few-row products too: a batch-1 forward pass (64 tokens) took 4.6 ms for the student and
+/// 9.2-9.5 ms for the teacher there against 5.6-5.8 and 11.4-12.2 with B read in place by the
+/// own tile (the crate packs B, whose contiguous copy the hardware prefetchers stream from L3;
+/// the in-place reads, a weight row apart, stalled on L3). On AVX2 mopt's own 6 × 16 tile stays
+/// (it matched MKL there; the crate reached ~45% of peak).
 #[cfg(target_arch = "x86_64")]
-fn large_on_gemm_crate() -> bool {
+fn on_gemm_crate() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         matches!(tile().kernel, Kernel::Avx512(_))
@@ -633,7 +636,7 @@ fn direct_b_pays(a: &View, b: &View, alpha: f32) -> bool {
     a.rows <= SMALL_M && b.cs == 1 && b.cols >= Direct::NR && alpha == 1.0
 }
 
-/// Rows of A up to which [`sgemm`] reads B in place (AVX-512 tile only).
+/// Rows of A up to which [`sgemm`] reads B in place (the AVX-512 tile, `MOPT_GEMM=avx512-own`).
 const SMALL_M: usize = 96;
 
 /// [`sgemm`] for few rows of A: A packed (it is small), B's full 32-column panels read in
