@@ -111,6 +111,7 @@ pub fn gemm(a: View, b: View, c: &mut [f32], beta_one: bool) {
     if crate::gemm::degenerate(&a, &b, c, beta_one) {
         return;
     }
+    crate::threads::keep_warm();
     on(chosen(), a, b, c, beta_one);
 }
 
@@ -127,6 +128,7 @@ pub fn gemm_batched<'a>(
     if m == 0 || n == 0 {
         return;
     }
+    crate::threads::keep_warm();
     let path = chosen();
     c[..batch * m * n]
         .par_chunks_mut(m * n)

@@ -207,6 +207,7 @@ impl PackB for Shifted<'_> {
 
 /// `y = conv(x, w)`: x `[batch, C, H, W]`, w `[O, C, k, k]` → `[batch, O, OH, OW]`.
 pub fn conv2d(x: &[f32], w: &[f32], s: &ConvShape) -> Vec<f32> {
+    crate::threads::keep_warm();
     if let Some(t) = s.pointwise_strided() {
         return conv2d(&subsample(x, s), w, &t);
     }
@@ -419,6 +420,7 @@ pub fn conv2d_backward(
     s: &ConvShape,
     (want_dx, want_dw): (bool, bool),
 ) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
+    crate::threads::keep_warm();
     if let Some(t) = s.pointwise_strided() {
         let dx = want_dx.then(|| unsubsample(&input_grad_flipped(w, g, &t), s));
         let dw = want_dw.then(|| weight_grad(&subsample(x, s), g, &t));

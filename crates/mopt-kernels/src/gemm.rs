@@ -583,6 +583,7 @@ pub fn sgemm(a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool) {
     if degenerate(&a, &b, c, beta_one) {
         return;
     }
+    crate::threads::keep_warm();
     #[cfg(target_arch = "x86_64")]
     if on_gemm_crate() {
         return crate::native::gemm_crate(&a, &b, (c, b.cols), alpha, beta_one);
