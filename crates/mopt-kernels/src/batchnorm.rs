@@ -7,6 +7,8 @@
 
 use rayon::prelude::*;
 
+use crate::cpu::simd_fn;
+
 /// `[batch, channels, height·width]` of an NCHW tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BnShape {
@@ -33,27 +35,28 @@ impl BnShape {
     }
 }
 
-/// `(Σ (v − shift), Σ (v − shift)²)` over one run, in 16 independent f32 lanes (so that it
-/// vectorizes), returned in f64.
-#[inline(always)]
-fn shifted_sums(v: &[f32], shift: f32) -> (f64, f64) {
-    let (mut s1, mut s2) = ([0.0f32; 16], [0.0f32; 16]);
-    let mut chunks = v.chunks_exact(16);
-    for c in &mut chunks {
-        for l in 0..16 {
-            let d = c[l] - shift;
-            s1[l] += d;
-            s2[l] += d * d;
+simd_fn! {
+    /// `(Σ (v − shift), Σ (v − shift)²)` over one run, in 16 independent f32 lanes (so that
+    /// it vectorizes), returned in f64.
+    fn shifted_sums<'a>(v: &'a [f32], shift: f32) -> (f64, f64) {
+        let (mut s1, mut s2) = ([0.0f32; 16], [0.0f32; 16]);
+        let mut chunks = v.chunks_exact(16);
+        for c in &mut chunks {
+            for l in 0..16 {
+                let d = c[l] - shift;
+                s1[l] += d;
+                s2[l] += d * d;
+            }
         }
+        let (mut t1, mut t2) = (0.0f64, 0.0f64);
+        for &x in chunks.remainder() {
+            let d = (x - shift) as f64;
+            t1 += d;
+            t2 += d * d;
+        }
+        let sum = |a: [f32; 16]| a.iter().map(|&v| v as f64).sum::<f64>();
+        (sum(s1) + t1, sum(s2) + t2)
     }
-    let (mut t1, mut t2) = (0.0f64, 0.0f64);
-    for &x in chunks.remainder() {
-        let d = (x - shift) as f64;
-        t1 += d;
-        t2 += d * d;
-    }
-    let sum = |a: [f32; 16]| a.iter().map(|&v| v as f64).sum::<f64>();
-    (sum(s1) + t1, sum(s2) + t2)
 }
 
 /// Per-channel (mean, biased variance) of `x`: one pass of shifted sums (shifted by the
@@ -115,22 +118,35 @@ pub fn normalize(
         .zip(x.par_chunks(s.plane))
         .enumerate()
         .for_each(|(i, (yo, xi))| {
-            let (a, b) = coef[i % s.channels];
-            match residual {
-                Some(r) => {
-                    let r = &r[i * s.plane..][..s.plane];
-                    for ((o, &v), &rv) in yo.iter_mut().zip(xi).zip(r) {
-                        *o = (a * v + b + rv).max(floor);
-                    }
-                }
-                None => {
-                    for (o, &v) in yo.iter_mut().zip(xi) {
-                        *o = (a * v + b).max(floor);
-                    }
-                }
-            }
+            let r = residual.map(|r| &r[i * s.plane..][..s.plane]);
+            normalize_run(yo, xi, r, coef[i % s.channels], floor);
         });
     y
+}
+
+simd_fn! {
+    /// [`normalize`] over one run: `max(a·x + b (+ r), floor)`.
+    fn normalize_run<'a>(
+        yo: &'a mut [f32],
+        xi: &'a [f32],
+        residual: Option<&'a [f32]>,
+        ab: (f32, f32),
+        floor: f32,
+    ) {
+        let (a, b) = ab;
+        match residual {
+            Some(r) => {
+                for ((o, &v), &rv) in yo.iter_mut().zip(xi).zip(r) {
+                    *o = (a * v + b + rv).max(floor);
+                }
+            }
+            None => {
+                for (o, &v) in yo.iter_mut().zip(xi) {
+                    *o = (a * v + b).max(floor);
+                }
+            }
+        }
+    }
 }
 
 /// What masks the gradient of a BatchNorm that ended in ReLU.
@@ -176,17 +192,7 @@ pub fn backward<'a>(
         .par_chunks_mut(plane)
         .zip(x.par_chunks(plane))
         .enumerate()
-        .map(|(i, (gp, xp))| {
-            let m = mean[i % s.channels];
-            match pre(i, xp) {
-                None => gradient_sums(gp, xp, m),
-                Some((p, ab)) if keep => {
-                    apply_mask(gp, p, ab);
-                    gradient_sums(gp, xp, m)
-                }
-                Some((p, ab)) => masked_gradient_sums(gp, xp, m, (p, ab)),
-            }
-        })
+        .map(|(i, (gp, xp))| plane_sums(gp, xp, mean[i % s.channels], pre(i, xp), keep))
         .collect();
     let inv: Vec<f32> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
     let (mut dbeta, mut dgamma) = (vec![0.0f64; s.channels], vec![0.0f64; s.channels]);
@@ -212,7 +218,7 @@ pub fn backward<'a>(
         let g: &[f32] = g;
         dx.par_chunks_mut(plane).enumerate().for_each(|(i, d)| {
             let span = i * plane..(i + 1) * plane;
-            input_grad(d, (&g[span.clone()], &x[span]), terms(i));
+            input_grad(d, &g[span.clone()], &x[span], terms(i));
         });
         return (Some(dx), dgamma, dbeta);
     }
@@ -223,6 +229,26 @@ pub fn backward<'a>(
             input_grad_in_place(gp, xp, terms(i), pre(i, xp));
         });
     (None, dgamma, dbeta)
+}
+
+simd_fn! {
+    /// One run's `(Σ gm, Σ gm·(x − μ))`, masking `g` on the way when it is kept (`keep`).
+    fn plane_sums<'a>(
+        gp: &'a mut [f32],
+        xp: &'a [f32],
+        m: f32,
+        pre: Option<(&'a [f32], (f32, f32))>,
+        keep: bool,
+    ) -> (f64, f64) {
+        match pre {
+            None => gradient_sums(gp, xp, m),
+            Some((p, ab)) if keep => {
+                apply_mask(gp, p, ab);
+                gradient_sums(gp, xp, m)
+            }
+            Some((p, ab)) => masked_gradient_sums(gp, xp, m, (p, ab)),
+        }
+    }
 }
 
 /// The forward's per-channel affine map `(a, b)`: `γ·x̂ + β = a·x + b`.
@@ -261,31 +287,33 @@ fn dx_of(gm: f32, xv: f32, (k, a, b, mean): (f32, f32, f32, f32)) -> f32 {
     k * gm + a * (mean - xv) - b
 }
 
-/// [`dx_of`] over one run into `d` (`g` already masked).
-#[inline(always)]
-fn input_grad(d: &mut [f32], (g, x): (&[f32], &[f32]), terms: (f32, f32, f32, f32)) {
-    for ((o, &gv), &xv) in d.iter_mut().zip(g).zip(x) {
-        *o = dx_of(gv, xv, terms);
+simd_fn! {
+    /// [`dx_of`] over one run into `d` (`g` already masked).
+    fn input_grad<'a>(d: &'a mut [f32], g: &'a [f32], x: &'a [f32], terms: (f32, f32, f32, f32)) {
+        for ((o, &gv), &xv) in d.iter_mut().zip(g).zip(x) {
+            *o = dx_of(gv, xv, terms);
+        }
     }
 }
 
-/// [`input_grad`] written over `g`, masking it on the way when `pre` is given.
-#[inline(always)]
-fn input_grad_in_place(
-    g: &mut [f32],
-    x: &[f32],
-    terms: (f32, f32, f32, f32),
-    pre: Option<(&[f32], (f32, f32))>,
-) {
-    match pre {
-        None => {
-            for (gv, &xv) in g.iter_mut().zip(x) {
-                *gv = dx_of(*gv, xv, terms);
+simd_fn! {
+    /// [`input_grad`] written over `g`, masking it on the way when `pre` is given.
+    fn input_grad_in_place<'a>(
+        g: &'a mut [f32],
+        x: &'a [f32],
+        terms: (f32, f32, f32, f32),
+        pre: Option<(&'a [f32], (f32, f32))>,
+    ) {
+        match pre {
+            None => {
+                for (gv, &xv) in g.iter_mut().zip(x) {
+                    *gv = dx_of(*gv, xv, terms);
+                }
             }
-        }
-        Some((p, (pa, pb))) => {
-            for ((gv, &xv), &pv) in g.iter_mut().zip(x).zip(p) {
-                *gv = dx_of(keep_where(*gv, pa * pv + pb > 0.0), xv, terms);
+            Some((p, (pa, pb))) => {
+                for ((gv, &xv), &pv) in g.iter_mut().zip(x).zip(p) {
+                    *gv = dx_of(keep_where(*gv, pa * pv + pb > 0.0), xv, terms);
+                }
             }
         }
     }

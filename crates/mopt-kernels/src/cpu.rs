@@ -27,6 +27,39 @@ pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
     Arch::new().dispatch(Dispatch(f))
 }
 
+/// Defines a function whose body is compiled for the CPU's widest SIMD level: the body goes
+/// into a `pulp::WithSimd` struct's `#[inline(always)]` method, which `pulp` inlines into its
+/// AVX2 / AVX-512 functions. A closure passed to [`simd`] cannot carry that attribute, and a
+/// large one was not inlined there: softmax, LayerNorm, the backward passes and BatchNorm ran
+/// as baseline SSE2 code (found with `perf annotate`; a function item passed as a closure
+/// compiled the same way). Arguments with references name the lifetime `'a`.
+macro_rules! simd_fn {
+    (
+        $(#[$m:meta])* $vis:vis fn $name:ident<'a>($($arg:ident: $ty:ty),* $(,)?)
+        $(-> $ret:ty)? $body:block
+    ) => {
+        $(#[$m])*
+        $vis fn $name<'a>($($arg: $ty),*) $(-> $ret)? {
+            struct Kernel<'a> {
+                $($arg: $ty,)*
+                _life: std::marker::PhantomData<&'a ()>,
+            }
+            impl<'a> pulp::WithSimd for Kernel<'a> {
+                type Output = simd_fn!(@out $($ret)?);
+                #[inline(always)]
+                fn with_simd<S: pulp::Simd>(self, _simd: S) -> Self::Output {
+                    let Kernel { $($arg,)* _life } = self;
+                    $body
+                }
+            }
+            pulp::Arch::new().dispatch(Kernel { $($arg,)* _life: std::marker::PhantomData })
+        }
+    };
+    (@out) => { () };
+    (@out $t:ty) => { $t };
+}
+pub(crate) use simd_fn;
+
 /// Rows per parallel task for rows of `row_len` elements.
 fn rows_per_task(row_len: usize) -> usize {
     (GRAIN / row_len.max(1)).max(1)
@@ -138,6 +171,13 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+simd_fn! {
+    /// `c · c`.
+    fn dot_self<'a>(c: &'a [f32]) -> f32 {
+        dot(c, c)
+    }
+}
+
 #[inline(always)]
 fn max(v: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
@@ -169,17 +209,33 @@ pub fn gelu(x: &[f32], out: &mut [f32]) {
         });
 }
 
+/// `v ← gelu(v)` in place (an inference pass's intermediate, owned by nobody else).
+pub fn gelu_in_place(v: &mut [f32]) {
+    v.par_chunks_mut(GRAIN).for_each(gelu_chunk_in_place);
+}
+
+simd_fn! {
+    fn gelu_chunk_in_place<'a>(v: &'a mut [f32]) {
+        for x in v.iter_mut() {
+            *x = gelu_one(*x);
+        }
+    }
+}
+
 /// `g ← g · gelu'(x)` in place.
 pub fn gelu_backward(x: &[f32], g: &mut [f32]) {
     g.par_chunks_mut(GRAIN)
         .zip(x.par_chunks(GRAIN))
-        .for_each(|(g, x)| {
-            simd(|| {
-                for (g, &x) in g.iter_mut().zip(x) {
-                    *g = gelu_grad_one(x, *g);
-                }
-            })
-        });
+        .for_each(|(g, x)| gelu_backward_chunk(x, g));
+}
+
+simd_fn! {
+    /// The body of [`gelu_backward`] for one chunk.
+    fn gelu_backward_chunk<'a>(x: &'a [f32], g: &'a mut [f32]) {
+        for (g, &x) in g.iter_mut().zip(x) {
+            *g = gelu_grad_one(x, *g);
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -190,20 +246,44 @@ pub fn softmax(x: &[f32], out: &mut [f32], n: usize) {
     let per = rows_per_task(n) * n;
     out.par_chunks_mut(per)
         .zip(x.par_chunks(per))
-        .for_each(|(o, x)| {
-            simd(|| {
-                for (o, x) in o.chunks_exact_mut(n).zip(x.chunks_exact(n)) {
-                    let m = max(x);
-                    for (o, &x) in o.iter_mut().zip(x) {
-                        *o = exp(x - m);
-                    }
-                    let inv = 1.0 / sum(o);
-                    for o in o.iter_mut() {
-                        *o *= inv;
-                    }
-                }
-            })
-        });
+        .for_each(|(o, x)| softmax_rows(x, o, n));
+}
+
+simd_fn! {
+    /// [`softmax`] on whole rows.
+    fn softmax_rows<'a>(x: &'a [f32], o: &'a mut [f32], n: usize) {
+        for (o, x) in o.chunks_exact_mut(n).zip(x.chunks_exact(n)) {
+            let m = max(x);
+            for (o, &x) in o.iter_mut().zip(x) {
+                *o = exp(x - m);
+            }
+            let inv = 1.0 / sum(o);
+            for o in o.iter_mut() {
+                *o *= inv;
+            }
+        }
+    }
+}
+
+/// Row-wise softmax of `v` (rows of `n`) in place.
+pub fn softmax_in_place(v: &mut [f32], n: usize) {
+    v.par_chunks_mut(rows_per_task(n) * n)
+        .for_each(|c| softmax_rows_in_place(c, n));
+}
+
+simd_fn! {
+    fn softmax_rows_in_place<'a>(v: &'a mut [f32], n: usize) {
+        for o in v.chunks_exact_mut(n) {
+            let m = max(o);
+            for x in o.iter_mut() {
+                *x = exp(*x - m);
+            }
+            let inv = 1.0 / sum(o);
+            for x in o.iter_mut() {
+                *x *= inv;
+            }
+        }
+    }
 }
 
 /// `g ← y ⊙ (g − Σ g⊙y)` per row, in place (the softmax vector-Jacobian product).
@@ -211,16 +291,19 @@ pub fn softmax_backward(y: &[f32], g: &mut [f32], n: usize) {
     let per = rows_per_task(n) * n;
     g.par_chunks_mut(per)
         .zip(y.par_chunks(per))
-        .for_each(|(g, y)| {
-            simd(|| {
-                for (g, y) in g.chunks_exact_mut(n).zip(y.chunks_exact(n)) {
-                    let s = dot(g, y);
-                    for (g, &y) in g.iter_mut().zip(y) {
-                        *g = y * (*g - s);
-                    }
-                }
-            })
-        });
+        .for_each(|(g, y)| softmax_backward_rows(y, g, n));
+}
+
+simd_fn! {
+    /// [`softmax_backward`] on whole rows.
+    fn softmax_backward_rows<'a>(y: &'a [f32], g: &'a mut [f32], n: usize) {
+        for (g, y) in g.chunks_exact_mut(n).zip(y.chunks_exact(n)) {
+            let s = dot(g, y);
+            for (g, &y) in g.iter_mut().zip(y) {
+                *g = y * (*g - s);
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -253,16 +336,45 @@ pub fn layer_norm(x: &[f32], gamma: &[f32], beta: &[f32], eps: f32, out: &mut [f
     let per = rows_per_task(n) * n;
     out.par_chunks_mut(per)
         .zip(x.par_chunks(per))
-        .for_each(|(o, x)| {
-            simd(|| {
-                for (o, x) in o.chunks_exact_mut(n).zip(x.chunks_exact(n)) {
-                    let (mean, rstd) = moments(x, eps);
-                    for i in 0..n {
-                        o[i] = (x[i] - mean) * rstd * gamma[i] + beta[i];
-                    }
-                }
-            })
-        });
+        .for_each(|(o, x)| layer_norm_rows(x, gamma, beta, eps, o));
+}
+
+simd_fn! {
+    /// [`layer_norm`] on whole rows.
+    fn layer_norm_rows<'a>(
+        x: &'a [f32],
+        gamma: &'a [f32],
+        beta: &'a [f32],
+        eps: f32,
+        o: &'a mut [f32],
+    ) {
+        let n = gamma.len();
+        for (o, x) in o.chunks_exact_mut(n).zip(x.chunks_exact(n)) {
+            let (mean, rstd) = moments(x, eps);
+            for i in 0..n {
+                o[i] = (x[i] - mean) * rstd * gamma[i] + beta[i];
+            }
+        }
+    }
+}
+
+/// [`layer_norm`] of `v` in place.
+pub fn layer_norm_in_place(v: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32) {
+    let n = gamma.len();
+    v.par_chunks_mut(rows_per_task(n) * n)
+        .for_each(|c| layer_norm_rows_in_place(c, gamma, beta, eps));
+}
+
+simd_fn! {
+    fn layer_norm_rows_in_place<'a>(v: &'a mut [f32], gamma: &'a [f32], beta: &'a [f32], eps: f32) {
+        let n = gamma.len();
+        for o in v.chunks_exact_mut(n) {
+            let (mean, rstd) = moments(o, eps);
+            for i in 0..n {
+                o[i] = (o[i] - mean) * rstd * gamma[i] + beta[i];
+            }
+        }
+    }
 }
 
 /// LayerNorm backward: `g` (upstream, rows of `n`) becomes `dx` in place; returns
@@ -278,29 +390,7 @@ pub fn layer_norm_backward(
     let partials: Vec<(Vec<f32>, Vec<f32>)> = g
         .par_chunks_mut(per)
         .zip(x.par_chunks(per))
-        .map(|(g, x)| {
-            simd(|| {
-                let mut dgamma = vec![0.0f32; n];
-                let mut dbeta = vec![0.0f32; n];
-                let mut xhat = vec![0.0f32; n];
-                let mut gg = vec![0.0f32; n];
-                for (g, x) in g.chunks_exact_mut(n).zip(x.chunks_exact(n)) {
-                    let (mean, rstd) = moments(x, eps);
-                    for i in 0..n {
-                        xhat[i] = (x[i] - mean) * rstd;
-                        gg[i] = g[i] * gamma[i];
-                        dgamma[i] += g[i] * xhat[i];
-                        dbeta[i] += g[i];
-                    }
-                    let a = sum(&gg) / n as f32;
-                    let b = dot(&gg, &xhat) / n as f32;
-                    for i in 0..n {
-                        g[i] = rstd * (gg[i] - a - xhat[i] * b);
-                    }
-                }
-                (dgamma, dbeta)
-            })
-        })
+        .map(|(g, x)| layer_norm_backward_rows(x, gamma, g, eps))
         .collect();
     let mut dgamma = vec![0.0f32; n];
     let mut dbeta = vec![0.0f32; n];
@@ -311,6 +401,37 @@ pub fn layer_norm_backward(
         }
     }
     (dgamma, dbeta)
+}
+
+simd_fn! {
+    /// [`layer_norm_backward`] on whole rows: their (`dgamma`, `dbeta`).
+    fn layer_norm_backward_rows<'a>(
+        x: &'a [f32],
+        gamma: &'a [f32],
+        g: &'a mut [f32],
+        eps: f32,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let n = gamma.len();
+        let mut dgamma = vec![0.0f32; n];
+        let mut dbeta = vec![0.0f32; n];
+        let mut xhat = vec![0.0f32; n];
+        let mut gg = vec![0.0f32; n];
+        for (g, x) in g.chunks_exact_mut(n).zip(x.chunks_exact(n)) {
+            let (mean, rstd) = moments(x, eps);
+            for i in 0..n {
+                xhat[i] = (x[i] - mean) * rstd;
+                gg[i] = g[i] * gamma[i];
+                dgamma[i] += g[i] * xhat[i];
+                dbeta[i] += g[i];
+            }
+            let a = sum(&gg) / n as f32;
+            let b = dot(&gg, &xhat) / n as f32;
+            for i in 0..n {
+                g[i] = rstd * (gg[i] - a - xhat[i] * b);
+            }
+        }
+        (dgamma, dbeta)
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -670,20 +791,7 @@ pub fn attention_backward(
 /// Column sums of a row-major `rows × n` matrix (the bias gradient).
 pub fn column_sums(g: &[f32], n: usize) -> Vec<f32> {
     let per = rows_per_task(n) * n;
-    let partials: Vec<Vec<f32>> = g
-        .par_chunks(per)
-        .map(|c| {
-            simd(|| {
-                let mut acc = vec![0.0f32; n];
-                for row in c.chunks_exact(n) {
-                    for (a, &v) in acc.iter_mut().zip(row) {
-                        *a += v;
-                    }
-                }
-                acc
-            })
-        })
-        .collect();
+    let partials: Vec<Vec<f32>> = g.par_chunks(per).map(|c| column_sums_rows(c, n)).collect();
     let mut out = vec![0.0f32; n];
     for p in partials {
         for (o, v) in out.iter_mut().zip(p) {
@@ -691,6 +799,19 @@ pub fn column_sums(g: &[f32], n: usize) -> Vec<f32> {
         }
     }
     out
+}
+
+simd_fn! {
+    /// [`column_sums`] of whole rows.
+    fn column_sums_rows<'a>(c: &'a [f32], n: usize) -> Vec<f32> {
+        let mut acc = vec![0.0f32; n];
+        for row in c.chunks_exact(n) {
+            for (a, &v) in acc.iter_mut().zip(row) {
+                *a += v;
+            }
+        }
+        acc
+    }
 }
 
 /// `out = x · w + b` for row-major `x: [m, k]`, `w: [k, n]`, `b: [n]`.
@@ -701,12 +822,8 @@ pub fn linear(
     (m, k, n): (usize, usize, usize),
     bf16: bool,
 ) -> Vec<f32> {
-    let mut out = vec![0.0f32; m * n];
-    out.par_chunks_mut(rows_per_task(n) * n).for_each(|c| {
-        for row in c.chunks_exact_mut(n) {
-            row.copy_from_slice(b);
-        }
-    });
+    // The bias in every row, written once (no zeroing first), then C += x·w.
+    let mut out = b.repeat(m);
     product(
         bf16,
         crate::gemm::View::row_major(x, m, k),
@@ -805,10 +922,7 @@ pub fn adamw(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: AdamWSte
 /// bits whatever the threads did (rayon's own `sum` associates as its work-stealing splits
 /// fall, which made gradient clipping, and so training, differ run to run).
 pub fn sum_squares(x: &[f32]) -> f64 {
-    let parts: Vec<f64> = x
-        .par_chunks(GRAIN)
-        .map(|c| simd(|| dot(c, c)) as f64)
-        .collect();
+    let parts: Vec<f64> = x.par_chunks(GRAIN).map(|c| dot_self(c) as f64).collect();
     parts.iter().sum()
 }
 

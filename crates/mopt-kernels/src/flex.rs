@@ -41,6 +41,29 @@ fn in_place(g: FlexTensor, f: impl FnOnce(&mut [f32])) -> FlexTensor {
     make(v, shape)
 }
 
+/// A map over `x`'s values: `in_place` on them when `x` is uniquely owned and contiguous (an
+/// inference pass's intermediate: no output to allocate and zero), else `fresh(values, out)`
+/// into a new buffer (under autodiff the input is kept for the backward pass).
+fn in_place_or(
+    x: FlexTensor,
+    in_place: impl FnOnce(&mut [f32]),
+    fresh: impl FnOnce(&[f32], &mut [f32]),
+) -> FlexTensor {
+    let mut x = contiguous(x);
+    let shape = x.shape();
+    if x.layout().start_offset() == 0 {
+        if let Some(s) = x.try_storage_mut::<f32>() {
+            if s.len() == shape.num_elements() {
+                in_place(s);
+                return x;
+            }
+        }
+    }
+    let mut out = vec![0.0f32; shape.num_elements()];
+    fresh(f32s(&x), &mut out);
+    make(out, shape)
+}
+
 /// The values of `t` as one contiguous slice (borrowed when possible).
 pub fn f32s_contiguous(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
     match t.as_slice::<f32>() {
@@ -59,10 +82,7 @@ fn last_dim(t: &FlexTensor) -> usize {
 }
 
 pub fn gelu(x: FlexTensor) -> FlexTensor {
-    let x = contiguous(x);
-    let mut out = vec![0.0f32; x.shape().num_elements()];
-    cpu::gelu(f32s(&x), &mut out);
-    make(out, x.shape())
+    in_place_or(x, cpu::gelu_in_place, cpu::gelu)
 }
 
 pub fn gelu_backward(x: &FlexTensor, g: FlexTensor) -> FlexTensor {
@@ -71,10 +91,12 @@ pub fn gelu_backward(x: &FlexTensor, g: FlexTensor) -> FlexTensor {
 }
 
 pub fn softmax(x: FlexTensor) -> FlexTensor {
-    let x = contiguous(x);
-    let mut out = vec![0.0f32; x.shape().num_elements()];
-    cpu::softmax(f32s(&x), &mut out, last_dim(&x));
-    make(out, x.shape())
+    let n = last_dim(&x);
+    in_place_or(
+        x,
+        |v| cpu::softmax_in_place(v, n),
+        |x, o| cpu::softmax(x, o, n),
+    )
 }
 
 pub fn softmax_backward(y: &FlexTensor, g: FlexTensor) -> FlexTensor {
@@ -84,14 +106,13 @@ pub fn softmax_backward(y: &FlexTensor, g: FlexTensor) -> FlexTensor {
 }
 
 pub fn layer_norm(x: FlexTensor, gamma: &FlexTensor, beta: &FlexTensor, eps: f64) -> FlexTensor {
-    let (x, gamma, beta) = (
-        contiguous(x),
-        contiguous(gamma.clone()),
-        contiguous(beta.clone()),
-    );
-    let mut out = vec![0.0f32; x.shape().num_elements()];
-    cpu::layer_norm(f32s(&x), f32s(&gamma), f32s(&beta), eps as f32, &mut out);
-    make(out, x.shape())
+    let (gamma, beta) = (contiguous(gamma.clone()), contiguous(beta.clone()));
+    let (g, b, eps) = (f32s(&gamma), f32s(&beta), eps as f32);
+    in_place_or(
+        x,
+        |v| cpu::layer_norm_in_place(v, g, b, eps),
+        |x, o| cpu::layer_norm(x, g, b, eps, o),
+    )
 }
 
 /// (dx, dgamma, dbeta)

@@ -451,3 +451,42 @@ fn rounding_to_bf16_and_f16_is_a_cast_there_and_back_in_values_and_gradients() {
         "overflow covered"
     );
 }
+
+/// A unary op on 3-D tensors.
+type Op<'a> = dyn Fn(Tensor<3>) -> Tensor<3> + 'a;
+
+/// On the plain device an input that nothing else holds (an inference pass's intermediate) is
+/// overwritten in place; one still held elsewhere goes to a new buffer and stays as it was.
+/// Both give the same values, and the reference composition's.
+#[test]
+fn unshared_inputs_are_mapped_in_place_to_the_same_values() {
+    let x = random([3, 5, 40], 2.0);
+    let (gamma, beta) = (random([40], 1.0), random([40], 1.0));
+    let before = values(x.clone());
+    let unshared = || Tensor::<3>::from_data(x.to_data(), &Device::flex());
+    let ops: [(&str, &Op, &Op); 3] = [
+        ("gelu", &mopt_kernels::gelu, &reference::gelu),
+        ("softmax", &|t| mopt_kernels::softmax(t, 2), &|t| {
+            reference::softmax(t, 2)
+        }),
+        (
+            "layer norm",
+            &|t| mopt_kernels::layer_norm(t, gamma.clone(), beta.clone(), 1e-12),
+            &|t| reference::layer_norm(t, gamma.clone(), beta.clone(), 1e-12),
+        ),
+    ];
+    for (what, fused, reference) in ops {
+        let shared = values(fused(x.clone()));
+        assert_eq!(
+            values(x.clone()),
+            before,
+            "{what}: a shared input is left alone"
+        );
+        assert_eq!(
+            values(fused(unshared())),
+            shared,
+            "{what}: in place, same bits"
+        );
+        assert_close(what, shared, values(reference(x.clone())), 1e-5);
+    }
+}
