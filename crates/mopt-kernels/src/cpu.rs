@@ -823,6 +823,9 @@ pub fn linear(
     bf16: bool,
 ) -> Vec<f32> {
     // The bias in every row, written once (no zeroing first), then C += x·w.
+    #[cfg(target_arch = "x86_64")]
+    let mut out = crate::native::repeat_rows(b, m);
+    #[cfg(not(target_arch = "x86_64"))]
     let mut out = b.repeat(m);
     product(
         bf16,

@@ -25,6 +25,35 @@ pub(crate) fn prefetch(data: &[f32], i: usize) {
     }
 }
 
+/// `m` copies of `row` one after the other (a linear layer's bias in every row of its output),
+/// written once, in parallel: safe Rust would zero the buffer first (`vec![0.0; len]`, a
+/// serial pass as large as the output) or copy on one thread (`row.repeat(m)`); the serial
+/// copy was 4% of a batch-32 BERT forward pass.
+pub(crate) fn repeat_rows(row: &[f32], m: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    let n = row.len();
+    let len = n.checked_mul(m).expect("output size overflows");
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    if len == 0 {
+        return out;
+    }
+    let rows_per_task = (16 * 1024 / n).max(1);
+    out.spare_capacity_mut()[..len]
+        .par_chunks_mut(rows_per_task * n)
+        .for_each(|chunk| {
+            for dst in chunk.chunks_exact_mut(n) {
+                for (d, &v) in dst.iter_mut().zip(row) {
+                    d.write(v);
+                }
+            }
+        });
+    // SAFETY: the capacity is at least `len`; the chunks (multiples of `n` long, the last one
+    // too, as `len` is) cover the first `len` slots and every `n`-long piece of each was
+    // written element by element above, so all `len` values are initialized.
+    unsafe { out.set_len(len) };
+    out
+}
+
 /// `C = α·A·B`, or `C += α·A·B` with `beta_one`, on the `gemm` crate (the f32 GEMM Burn Flex
 /// runs), over rayon: C row-major `a.rows × b.cols` at row stride `ldc`.
 ///
@@ -92,5 +121,19 @@ pub(crate) fn keep_freed_memory() {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every row written, across several parallel chunks and a short last one, and the empty
+    /// cases.
+    #[test]
+    fn repeat_rows_is_row_repeat() {
+        let row: Vec<f32> = (0..37).map(|i| i as f32 * 0.5 - 3.0).collect();
+        for m in [0, 1, 2, 443, 5000] {
+            assert_eq!(super::repeat_rows(&row, m), row.repeat(m), "m = {m}");
+        }
+        assert!(super::repeat_rows(&[], 7).is_empty());
     }
 }
