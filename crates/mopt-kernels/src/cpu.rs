@@ -60,6 +60,15 @@ macro_rules! simd_fn {
 }
 pub(crate) use simd_fn;
 
+/// `len` zeros for an output every element of which is written next, in parallel where the
+/// `native` module is built (a serial `vec![0.0; len]` elsewhere).
+pub(crate) fn zeros(len: usize) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    return crate::native::zeros(len);
+    #[cfg(not(target_arch = "x86_64"))]
+    return vec![0.0f32; len];
+}
+
 /// Rows per parallel task for rows of `row_len` elements.
 fn rows_per_task(row_len: usize) -> usize {
     (GRAIN / row_len.max(1)).max(1)
@@ -863,12 +872,12 @@ pub fn linear_backward(
     use crate::gemm::View;
     let gv = View::row_major(g, m, n);
     let dx = want_dx.then(|| {
-        let mut dx = vec![0.0f32; m * k];
+        let mut dx = zeros(m * k);
         product(bf16, gv, View::row_major(w, k, n).t(), &mut dx, false);
         dx
     });
     let dw = want_dw.then(|| {
-        let mut dw = vec![0.0f32; k * n];
+        let mut dw = zeros(k * n);
         product(bf16, View::row_major(x, m, k).t(), gv, &mut dw, false);
         dw
     });

@@ -59,7 +59,7 @@ fn in_place_or(
             }
         }
     }
-    let mut out = vec![0.0f32; shape.num_elements()];
+    let mut out = cpu::zeros(shape.num_elements());
     fresh(f32s(&x), &mut out);
     make(out, shape)
 }
@@ -205,7 +205,7 @@ pub fn bmm_bf16(a: FlexTensor, b: FlexTensor) -> FlexTensor {
     let (a, b) = (contiguous(a), contiguous(b));
     let (batch, m, k, n) = bmm_dims(&a, &b);
     let (av, bv) = (f32s(&a), f32s(&b));
-    let mut out = vec![0.0f32; batch * m * n];
+    let mut out = cpu::zeros(batch * m * n);
     let views = |i: usize| (item(av, i, (m, k)), item(bv, i, (k, n)));
     crate::bf16::gemm_batched(batch, views, &mut out, (m, n));
     let mut shape: Vec<usize> = (0..a.shape().num_dims()).map(|d| a.shape()[d]).collect();
@@ -224,13 +224,13 @@ pub fn bmm_bf16_backward(
     let (batch, m, k, n) = bmm_dims(&a, &b);
     let (av, bv, gv) = (f32s(&a), f32s(&b), f32s(&g));
     let da = want_a.then(|| {
-        let mut out = vec![0.0f32; batch * m * k];
+        let mut out = cpu::zeros(batch * m * k);
         let views = |i: usize| (item(gv, i, (m, n)), item(bv, i, (k, n)).t());
         crate::bf16::gemm_batched(batch, views, &mut out, (m, k));
         make(out, a.shape())
     });
     let db = want_b.then(|| {
-        let mut out = vec![0.0f32; batch * k * n];
+        let mut out = cpu::zeros(batch * k * n);
         let views = |i: usize| (item(av, i, (m, k)).t(), item(gv, i, (m, n)));
         crate::bf16::gemm_batched(batch, views, &mut out, (k, n));
         make(out, b.shape())
@@ -258,7 +258,7 @@ pub fn round_half(x: FlexTensor, f16: bool) -> FlexTensor {
 
 pub fn dropout(x: FlexTensor, seed: u64, keep: f32) -> FlexTensor {
     let x = contiguous(x);
-    let mut out = vec![0.0f32; x.shape().num_elements()];
+    let mut out = cpu::zeros(x.shape().num_elements());
     cpu::dropout(f32s(&x), &mut out, seed, keep);
     make(out, x.shape())
 }

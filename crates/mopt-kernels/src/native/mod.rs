@@ -54,6 +54,20 @@ pub(crate) fn repeat_rows(row: &[f32], m: usize) -> Vec<f32> {
     out
 }
 
+/// `len` zeros, written in parallel (`vec![0.0; len]` is one serial pass; a training step
+/// allocates each layer's gradients this way).
+pub(crate) fn zeros(len: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    out.spare_capacity_mut()[..len]
+        .par_chunks_mut(64 * 1024)
+        .for_each(|chunk| chunk.fill(std::mem::MaybeUninit::new(0.0)));
+    // SAFETY: the capacity is at least `len`, and the chunks cover the first `len` slots, each
+    // of which was written above.
+    unsafe { out.set_len(len) };
+    out
+}
+
 /// `C = α·A·B`, or `C += α·A·B` with `beta_one`, on the `gemm` crate (the f32 GEMM Burn Flex
 /// runs), over rayon: C row-major `a.rows × b.cols` at row stride `ldc`.
 ///
@@ -83,7 +97,8 @@ pub(crate) fn gemm_crate(
     // SAFETY: every element the product reads is inside its slice: A's (i, p) at offset +
     // i·rs + p·cs ≤ last(a) < len (asserted; strides non-negative), B's likewise; every element
     // it writes, C's (i, j) at i·ldc + j ≤ (m − 1)·ldc + n − 1 < c.len() (asserted). C does not
-    // alias A or B (a `&mut` and two `&`). The crate reads C only with `read_dst`.
+    // alias A or B (a `&mut` and two `&`). C is initialized: without `read_dst` the crate
+    // may still copy an edge tile of C to scratch before overwriting it.
     unsafe {
         gemm::gemm(
             m,
@@ -135,5 +150,14 @@ mod tests {
             assert_eq!(super::repeat_rows(&row, m), row.repeat(m), "m = {m}");
         }
         assert!(super::repeat_rows(&[], 7).is_empty());
+    }
+
+    #[test]
+    fn zeros_are_zeros() {
+        for len in [0, 1, 65_536, 200_003] {
+            let z = super::zeros(len);
+            assert_eq!(z.len(), len);
+            assert!(z.iter().all(|&v| v.to_bits() == 0), "len = {len}");
+        }
     }
 }
