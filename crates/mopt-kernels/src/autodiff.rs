@@ -83,6 +83,36 @@ pub fn softmax<C: CheckpointStrategy>(x: Ad<C>) -> Ad<C> {
 }
 
 #[derive(Debug)]
+struct SoftmaxBiasedBackward {
+    scale: f32,
+}
+
+impl Backward<Flex, 1> for SoftmaxBiasedBackward {
+    type State = FlexTensor;
+
+    fn backward(self, ops: Ops<FlexTensor, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let y = ops.state;
+        unary::<Flex, _>(ops.parents, ops.node, grads, |g| {
+            flex::softmax_biased_backward(&y, g, self.scale)
+        });
+    }
+}
+
+/// `softmax(scale·x + bias)`; the bias (an attention mask) carries no gradient.
+pub fn softmax_biased<C: CheckpointStrategy>(x: Ad<C>, bias: &FlexTensor, scale: f32) -> Ad<C> {
+    let node = SoftmaxBiasedBackward { scale };
+    match node.prepare::<C>([x.node()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let y = flex::softmax_biased(x.primitive().clone(), bias, scale);
+            prep.finish(y.clone(), y)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(flex::softmax_biased(x.into_primitive(), bias, scale))
+        }
+    }
+}
+
+#[derive(Debug)]
 struct LayerNormBackward {
     eps: f64,
 }

@@ -297,19 +297,77 @@ simd_fn! {
 
 /// `g ← y ⊙ (g − Σ g⊙y)` per row, in place (the softmax vector-Jacobian product).
 pub fn softmax_backward(y: &[f32], g: &mut [f32], n: usize) {
+    softmax_backward_scaled(y, g, n, 1.0);
+}
+
+/// [`softmax_backward`] times `scale` (the gradient of `softmax(scale·x + bias)` w.r.t. `x`).
+pub fn softmax_backward_scaled(y: &[f32], g: &mut [f32], n: usize, scale: f32) {
     let per = rows_per_task(n) * n;
     g.par_chunks_mut(per)
         .zip(y.par_chunks(per))
-        .for_each(|(g, y)| softmax_backward_rows(y, g, n));
+        .for_each(|(g, y)| softmax_backward_rows(y, g, n, scale));
+}
+
+/// Row-wise `softmax(scale·x + bias)` for `x` of rows of `n` (in place with `x = None`, on
+/// `out`'s own values): `bias` holds one row of `n` per `rows_per_bias` consecutive rows (an
+/// attention mask `[batch, 1, 1, n]` over scores `[batch, heads, rows, n]`: `heads·rows`).
+pub fn softmax_biased(
+    x: Option<&[f32]>,
+    out: &mut [f32],
+    (bias, rows_per_bias): (&[f32], usize),
+    scale: f32,
+    n: usize,
+) {
+    let rows = rows_per_task(n);
+    out.par_chunks_mut(rows * n).enumerate().for_each(|(c, o)| {
+        let x = x.map(|x| &x[c * rows * n..][..o.len()]);
+        softmax_biased_rows(x, o, (bias, rows_per_bias, c * rows), scale, n);
+    });
+}
+
+simd_fn! {
+    /// [`softmax_biased`] on whole rows, the first being row `row0`.
+    fn softmax_biased_rows<'a>(
+        x: Option<&'a [f32]>,
+        o: &'a mut [f32],
+        bias: (&'a [f32], usize, usize),
+        scale: f32,
+        n: usize,
+    ) {
+        let (bias, rows_per_bias, row0) = bias;
+        for (i, o) in o.chunks_exact_mut(n).enumerate() {
+            let b = &bias[(row0 + i) / rows_per_bias * n..][..n];
+            match x {
+                Some(x) => {
+                    for ((o, &x), &b) in o.iter_mut().zip(&x[i * n..][..n]).zip(b) {
+                        *o = x * scale + b;
+                    }
+                }
+                None => {
+                    for (o, &b) in o.iter_mut().zip(b) {
+                        *o = *o * scale + b;
+                    }
+                }
+            }
+            let m = max(o);
+            for v in o.iter_mut() {
+                *v = exp(*v - m);
+            }
+            let inv = 1.0 / sum(o);
+            for v in o.iter_mut() {
+                *v *= inv;
+            }
+        }
+    }
 }
 
 simd_fn! {
     /// [`softmax_backward`] on whole rows.
-    fn softmax_backward_rows<'a>(y: &'a [f32], g: &'a mut [f32], n: usize) {
+    fn softmax_backward_rows<'a>(y: &'a [f32], g: &'a mut [f32], n: usize, scale: f32) {
         for (g, y) in g.chunks_exact_mut(n).zip(y.chunks_exact(n)) {
             let s = dot(g, y);
             for (g, &y) in g.iter_mut().zip(y) {
-                *g = y * (*g - s);
+                *g = scale * (y * (*g - s));
             }
         }
     }

@@ -105,6 +105,28 @@ pub fn softmax_backward(y: &FlexTensor, g: FlexTensor) -> FlexTensor {
     in_place(g, |g| cpu::softmax_backward(f32s(&y), g, n))
 }
 
+/// `softmax(scale·x + bias)` over the last dimension, `bias` `[batch, 1, 1, n]` for `x`
+/// `[batch, heads, rows, n]` ([`cpu::softmax_biased`]).
+pub fn softmax_biased(x: FlexTensor, bias: &FlexTensor, scale: f32) -> FlexTensor {
+    let bias = contiguous(bias.clone());
+    let (n, b) = (last_dim(&x), f32s(&bias));
+    let shape = x.shape();
+    // Rows of x per bias row (heads · rows for an attention mask).
+    let bias = (b, (shape.num_elements() / b.len().max(1)).max(1));
+    in_place_or(
+        x,
+        |v| cpu::softmax_biased(None, v, bias, scale, n),
+        |x, o| cpu::softmax_biased(Some(x), o, bias, scale, n),
+    )
+}
+
+/// (dx) of [`softmax_biased`] from its output `y`.
+pub fn softmax_biased_backward(y: &FlexTensor, g: FlexTensor, scale: f32) -> FlexTensor {
+    let y = contiguous(y.clone());
+    let n = last_dim(&y);
+    in_place(g, |g| cpu::softmax_backward_scaled(f32s(&y), g, n, scale))
+}
+
 pub fn layer_norm(x: FlexTensor, gamma: &FlexTensor, beta: &FlexTensor, eps: f64) -> FlexTensor {
     let (gamma, beta) = (contiguous(gamma.clone()), contiguous(beta.clone()));
     let (g, b, eps) = (f32s(&gamma), f32s(&beta), eps as f32);

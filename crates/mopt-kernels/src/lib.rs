@@ -172,6 +172,40 @@ pub fn softmax<const D: usize>(x: Tensor<D>, dim: usize) -> Tensor<D> {
     }
 }
 
+/// `softmax(scale·x + bias)` over the last dimension in one parallel pass (in place when `x`
+/// is held nowhere else): the attention probabilities from raw scores `Q·Kᵀ`, the scale
+/// `1/√d` and an additive mask, without the two element-wise passes (single-threaded in Burn
+/// Flex) of `softmax(x / √d + mask)`. The bias carries no gradient (a mask).
+///
+/// # Shapes
+/// - x: `[batch, heads, rows, n]`; bias: `[batch, 1, 1, n]` → `[batch, heads, rows, n]`
+///
+/// # Panics
+/// When the bias is not `[batch, 1, 1, n]` for x's batch and n.
+pub fn softmax_biased(x: Tensor<4>, bias: Tensor<4>, scale: f32) -> Tensor<4> {
+    let ([b, _, _, n], bd) = (x.dims(), bias.dims());
+    assert_eq!(bd, [b, 1, 1, n], "bias shape for scores {:?}", x.dims());
+    let bias_plain = if bias.device().is_autodiff() {
+        bias.clone().inner()
+    } else {
+        bias.clone()
+    };
+    let Ok(bp) = bias_plain.try_into_primitive::<Flex>() else {
+        return reference::softmax_biased(x, bias, scale);
+    };
+    let bp = flex::contiguous(bp);
+    match route(x) {
+        Route::Flex(p) => Tensor::from_primitive::<Flex>(flex::softmax_biased(p, &bp, scale)),
+        Route::Autodiff(p) => {
+            Tensor::from_primitive::<Ad>(autodiff::softmax_biased::<NoCheckpointing>(p, &bp, scale))
+        }
+        Route::Checkpointed(p) => Tensor::from_primitive::<AdCk>(autodiff::softmax_biased::<
+            BalancedCheckpointing,
+        >(p, &bp, scale)),
+        Route::Other(x) => reference::softmax_biased(x, bias, scale),
+    }
+}
+
 /// LayerNorm over the last dimension: `(x − mean) / √(var + eps) · gamma + beta` (biased
 /// variance).
 ///

@@ -13,6 +13,11 @@ pub fn softmax<const D: usize>(x: Tensor<D>, dim: usize) -> Tensor<D> {
     burn::tensor::activation::softmax(x, dim)
 }
 
+/// `softmax(scale·x + bias, 3)`, Burn's ops (`bias` broadcast over heads and rows).
+pub fn softmax_biased(x: Tensor<4>, bias: Tensor<4>, scale: f32) -> Tensor<4> {
+    softmax(x.mul_scalar(scale) + bias, 3)
+}
+
 /// LayerNorm over the last axis, Burn's.
 pub fn layer_norm<const D: usize>(
     x: Tensor<D>,

@@ -13,7 +13,7 @@ use burn::nn::{
 use burn::prelude::*;
 use burn::tensor::activation::tanh;
 use mopt_kernels::autocast::{self, matmul};
-use mopt_kernels::{gelu, softmax};
+use mopt_kernels::{gelu, softmax_biased};
 use mopt_quant::node::{LinearQuant, Phase};
 
 use super::config::BertConfig;
@@ -218,16 +218,24 @@ impl BertSelfAttention {
     /// # Shapes
     /// - x: `[batch, seq, hidden]`
     /// - mask_bias: `[batch, 1, 1, seq]` (0 for real tokens, [`MASK_BIAS`] for padding)
-    /// - output: (`[batch, seq, heads × head_size]`, scores and probabilities `[batch, heads, seq, seq]`)
-    pub fn forward(&self, x: Tensor<3>, mask_bias: Tensor<4>) -> (Tensor<3>, Tensor<4>, Tensor<4>) {
+    /// - output: (`[batch, seq, heads × head_size]`, scores (when `want_scores`) and
+    ///   probabilities `[batch, heads, seq, seq]`)
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        mask_bias: Tensor<4>,
+        want_scores: bool,
+    ) -> (Tensor<3>, Option<Tensor<4>>, Tensor<4>) {
         let [batch, seq, _] = x.dims();
         let (h, d) = (self.num_heads, self.head_size);
         let split = |t: Tensor<3>| t.reshape([batch, seq, h, d]).swap_dims(1, 2);
         let q = split(linear(&self.query, &self.query_quant, x.clone()));
         let k = split(linear(&self.key, &self.key_quant, x.clone()));
         let v = split(linear(&self.value, &self.value_quant, x));
-        let scores = matmul(q, k.swap_dims(2, 3)).div_scalar((d as f32).sqrt());
-        let probs = softmax(scores.clone() + mask_bias, 3);
+        // softmax(QKᵀ/√d + mask) in one pass; the scores themselves only when asked for.
+        let raw = matmul(q, k.swap_dims(2, 3));
+        let scores = want_scores.then(|| raw.clone().div_scalar((d as f32).sqrt()));
+        let probs = softmax_biased(raw, mask_bias, 1.0 / (d as f32).sqrt());
         let ctx = matmul(dropout(&self.dropout, probs.clone()), v);
         (
             ctx.swap_dims(1, 2).reshape([batch, seq, h * d]),
@@ -337,9 +345,18 @@ impl BertLayer {
 
     /// # Shapes
     /// - x: `[batch, seq, hidden]`, mask_bias `[batch, 1, 1, seq]`
-    /// - output: (`[batch, seq, hidden]`, attention scores and probabilities `[batch, heads, seq, seq]`)
-    pub fn forward(&self, x: Tensor<3>, mask_bias: Tensor<4>) -> (Tensor<3>, Tensor<4>, Tensor<4>) {
-        let (ctx, scores, probs) = self.attention.self_attn.forward(x.clone(), mask_bias);
+    /// - output: (`[batch, seq, hidden]`, attention scores (when `want_scores`) and
+    ///   probabilities `[batch, heads, seq, seq]`)
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        mask_bias: Tensor<4>,
+        want_scores: bool,
+    ) -> (Tensor<3>, Option<Tensor<4>>, Tensor<4>) {
+        let (ctx, scores, probs) =
+            self.attention
+                .self_attn
+                .forward(x.clone(), mask_bias, want_scores);
         let attn_out = self.attention.output.forward(ctx, x);
         (self.ffn(attn_out), scores, probs)
     }
@@ -349,7 +366,10 @@ impl BertLayer {
     /// # Shapes
     /// - x: `[batch, seq, hidden]`, mask_bias `[batch, 1, 1, seq]`; output `[batch, seq, hidden]`
     pub fn attention_block(&self, x: Tensor<3>, mask_bias: Tensor<4>) -> Tensor<3> {
-        let (ctx, _, _) = self.attention.self_attn.forward(x.clone(), mask_bias);
+        let (ctx, _, _) = self
+            .attention
+            .self_attn
+            .forward(x.clone(), mask_bias, false);
         self.attention.output.forward(ctx, x)
     }
 
@@ -494,11 +514,9 @@ impl BertForSequenceClassification {
             hidden_states.push(x.clone());
         }
         for layer in &self.bert.encoder.layer {
-            let (out, scores, probs) = layer.forward(x, mask_bias.clone());
+            let (out, scores, probs) = layer.forward(x, mask_bias.clone(), opts.attention_scores);
             x = out;
-            if opts.attention_scores {
-                attention_scores.push(scores);
-            }
+            attention_scores.extend(scores);
             if opts.hidden_states {
                 hidden_states.push(x.clone());
             }

@@ -447,7 +447,8 @@ mod tests {
             .bert
             .embeddings
             .forward(ids(), Tensor::zeros([2, 4], &dev));
-        let (x, _, _) = m.bert.encoder.layer[1].forward(x, Tensor::zeros([2, 1, 1, 4], &dev));
+        let (x, _, _) =
+            m.bert.encoder.layer[1].forward(x, Tensor::zeros([2, 1, 1, 4], &dev), false);
         let (_, want) = m.head(x);
         close(&logits(&p), &vals(want), 1e-5);
         // Per-layer shapes follow their layer: prune heads of layer 1 first, then drop layer 0.
