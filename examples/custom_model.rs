@@ -923,6 +923,10 @@ fn export(
 
 #[allow(dead_code)]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // As mopt-train starts: the allocator keeps freed memory, this thread is the kernels'
+    // worker 0 (see mopt_kernels::init_pool).
+    mopt_kernels::tune_allocator();
+    mopt_kernels::init_pool(None)?;
     let tiny = std::env::args().any(|a| a == "--tiny");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = root.join(if tiny {

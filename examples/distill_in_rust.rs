@@ -81,6 +81,10 @@ impl Stage for DropLastLayer {
 }
 
 fn main() -> anyhow::Result<()> {
+    // As mopt-train starts: the allocator keeps freed memory, this thread is the kernels'
+    // worker 0 (see mopt_kernels::init_pool).
+    mopt_kernels::tune_allocator();
+    mopt_kernels::init_pool(None)?;
     let keep: Option<usize> = std::env::args().nth(1).map(|s| s.parse()).transpose()?;
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut recipe = mopt_recipe::load(root.join("recipes/distill_bert.toml"))?;

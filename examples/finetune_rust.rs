@@ -12,6 +12,10 @@ use mopt_stages::{Pipeline, RunOptions};
 use mopt_train::DeviceSpec;
 
 fn main() -> anyhow::Result<()> {
+    // As mopt-train starts: the allocator keeps freed memory, this thread is the kernels'
+    // worker 0 (see mopt_kernels::init_pool).
+    mopt_kernels::tune_allocator();
+    mopt_kernels::init_pool(None)?;
     let mut args = std::env::args().skip(1);
     let recipe_path = PathBuf::from(
         args.next()

@@ -444,6 +444,55 @@ simd_fn! {
     }
 }
 
+/// `layer_norm(x + r)` per row into `out` (with `x = None`: `out` holds x and is overwritten):
+/// the residual sum and the norm in one pass.
+pub fn add_layer_norm(
+    x: Option<&[f32]>,
+    out: &mut [f32],
+    r: &[f32],
+    (gamma, beta): (&[f32], &[f32]),
+    eps: f32,
+) {
+    let per = rows_per_task(gamma.len()) * gamma.len();
+    out.par_chunks_mut(per).enumerate().for_each(|(c, o)| {
+        let span = c * per..c * per + o.len();
+        let x = x.map(|x| &x[span.clone()]);
+        add_layer_norm_rows(x, o, &r[span], (gamma, beta), eps);
+    });
+}
+
+simd_fn! {
+    /// [`add_layer_norm`] on whole rows.
+    fn add_layer_norm_rows<'a>(
+        x: Option<&'a [f32]>,
+        o: &'a mut [f32],
+        r: &'a [f32],
+        gb: (&'a [f32], &'a [f32]),
+        eps: f32,
+    ) {
+        let (gamma, beta) = gb;
+        let n = gamma.len();
+        match x {
+            Some(x) => {
+                for ((o, &x), &r) in o.iter_mut().zip(x).zip(r) {
+                    *o = x + r;
+                }
+            }
+            None => {
+                for (o, &r) in o.iter_mut().zip(r) {
+                    *o += r;
+                }
+            }
+        }
+        for o in o.chunks_exact_mut(n) {
+            let (mean, rstd) = moments(o, eps);
+            for i in 0..n {
+                o[i] = (o[i] - mean) * rstd * gamma[i] + beta[i];
+            }
+        }
+    }
+}
+
 /// LayerNorm backward: `g` (upstream, rows of `n`) becomes `dx` in place; returns
 /// (`dgamma`, `dbeta`), summed over rows.
 pub fn layer_norm_backward(

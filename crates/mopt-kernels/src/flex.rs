@@ -137,6 +137,26 @@ pub fn layer_norm(x: FlexTensor, gamma: &FlexTensor, beta: &FlexTensor, eps: f64
     )
 }
 
+/// `layer_norm(x + r)` in one pass ([`cpu::add_layer_norm`]), in place when `x` is unshared.
+pub fn add_layer_norm(
+    x: FlexTensor,
+    r: &FlexTensor,
+    (gamma, beta): (&FlexTensor, &FlexTensor),
+    eps: f64,
+) -> FlexTensor {
+    let (r, gamma, beta) = (
+        contiguous(r.clone()),
+        contiguous(gamma.clone()),
+        contiguous(beta.clone()),
+    );
+    let (r, gb, eps) = ((f32s(&r)), (f32s(&gamma), f32s(&beta)), eps as f32);
+    in_place_or(
+        x,
+        |v| cpu::add_layer_norm(None, v, r, gb, eps),
+        |x, o| cpu::add_layer_norm(Some(x), o, r, gb, eps),
+    )
+}
+
 /// (dx, dgamma, dbeta)
 pub fn layer_norm_backward(
     x: &FlexTensor,

@@ -21,6 +21,10 @@
 //! ([`conv`]). The CPU instructions stable Rust reaches only through `unsafe` (AMX, the
 //! AVX512_BF16 dot product) live in one private module, `native`, the only `unsafe` code in
 //! mopt, each block with its safety argument.
+//!
+//! A binary calls [`tune_allocator`] and [`init_pool`] first (`mopt-train` and the benches do):
+//! the calling thread becomes the kernels' worker 0, as OpenMP's main thread is PyTorch's, and
+//! the other workers stay awake between a pass's products instead of sleeping after each.
 
 #![deny(missing_docs)]
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -203,6 +207,40 @@ pub fn softmax_biased(x: Tensor<4>, bias: Tensor<4>, scale: f32) -> Tensor<4> {
             BalancedCheckpointing,
         >(p, &bp, scale)),
         Route::Other(x) => reference::softmax_biased(x, bias, scale),
+    }
+}
+
+/// `layer_norm(x + residual)` (a transformer block's residual output): on plain Flex tensors
+/// (inference) the sum and the norm in one parallel pass, in place when `x` is held nowhere
+/// else, where Burn Flex adds on one thread; under autodiff the composition with [`layer_norm`].
+///
+/// # Shapes
+/// - x, residual: `[.., n]`, the same; gamma, beta: `[n]` → `[.., n]`
+pub fn add_layer_norm<const D: usize>(
+    x: Tensor<D>,
+    residual: Tensor<D>,
+    gamma: Tensor<1>,
+    beta: Tensor<1>,
+    eps: f64,
+) -> Tensor<D> {
+    let composed = |x: Tensor<D>, r, g, b| layer_norm(x + r, g, b, eps);
+    if x.dims() != residual.dims() || gamma.dtype() != DType::F32 || beta.dtype() != DType::F32 {
+        return composed(x, residual, gamma, beta);
+    }
+    let Route::Flex(p) = route(x.clone()) else {
+        return composed(x, residual, gamma, beta);
+    };
+    drop(x);
+    let parts = (
+        residual.clone().try_into_primitive::<Flex>(),
+        gamma.clone().try_into_primitive::<Flex>(),
+        beta.clone().try_into_primitive::<Flex>(),
+    );
+    match parts {
+        (Ok(r), Ok(g), Ok(b)) => {
+            Tensor::from_primitive::<Flex>(flex::add_layer_norm(p, &r, (&g, &b), eps))
+        }
+        _ => composed(Tensor::from_primitive::<Flex>(p), residual, gamma, beta),
     }
 }
 

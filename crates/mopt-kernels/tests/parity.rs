@@ -527,3 +527,49 @@ fn softmax_biased_matches_the_scaled_masked_composition() {
     );
     assert_close("softmax_biased (plain)", shared, values(composed(x)), 1e-5);
 }
+
+/// `layer_norm(x + r)` in one pass on the plain device (in place or not) against the
+/// composition; under autodiff it is the composition itself (values and gradients).
+#[test]
+fn add_layer_norm_matches_the_sum_then_the_norm() {
+    let (x, r) = (random([3, 5, 40], 2.0), random([3, 5, 40], 1.0));
+    let (gamma, beta) = (random([40], 1.0), random([40], 1.0));
+    let fused =
+        |x: Tensor<3>, r| mopt_kernels::add_layer_norm(x, r, gamma.clone(), beta.clone(), 1e-12);
+    let composed = |x: Tensor<3>, r: Tensor<3>| {
+        reference::layer_norm(x + r, gamma.clone(), beta.clone(), 1e-12)
+    };
+    let shared = values(fused(x.clone(), r.clone()));
+    let unshared = Tensor::<3>::from_data(x.to_data(), &Device::flex());
+    assert_eq!(
+        values(fused(unshared, r.clone())),
+        shared,
+        "in place, same bits"
+    );
+    assert_close(
+        "add_layer_norm",
+        shared,
+        values(composed(x.clone(), r.clone())),
+        1e-5,
+    );
+    let w = random([3, 5, 40], 1.0);
+    let rd = Tensor::<3>::from_data(r.to_data(), &ad());
+    let (y1, g1) = value_and_grad(&x, &w, |t| {
+        let (g, b) = (gamma.clone(), beta.clone());
+        let (g, b) = (
+            Tensor::from_data(g.to_data(), &ad()),
+            Tensor::from_data(b.to_data(), &ad()),
+        );
+        mopt_kernels::add_layer_norm(t, rd.clone(), g, b, 1e-12)
+    });
+    let (y2, g2) = value_and_grad(&x, &w, |t| {
+        let (g, b) = (gamma.clone(), beta.clone());
+        let (g, b) = (
+            Tensor::from_data(g.to_data(), &ad()),
+            Tensor::from_data(b.to_data(), &ad()),
+        );
+        reference::layer_norm(t + rd.clone(), g, b, 1e-12)
+    });
+    assert_close("add_layer_norm (autodiff)", y1, y2, 1e-5);
+    assert_close("add_layer_norm grad", g1, g2, 1e-5);
+}

@@ -53,6 +53,20 @@ fn norm<const D: usize>(ln: &LayerNorm, eps: f64, x: Tensor<D>) -> Tensor<D> {
     }
 }
 
+/// [`norm`] of `x + residual`, the sum and the norm in one pass in inference
+/// (`mopt_kernels::add_layer_norm`).
+fn add_norm<const D: usize>(
+    ln: &LayerNorm,
+    eps: f64,
+    x: Tensor<D>,
+    residual: Tensor<D>,
+) -> Tensor<D> {
+    match &ln.beta {
+        Some(beta) => mopt_kernels::add_layer_norm(x, residual, ln.gamma.val(), beta.val(), eps),
+        None => ln.forward(x + residual),
+    }
+}
+
 /// A linear layer over the last dimension of `[batch, seq, d_in]`, run as one 2-D GEMM over
 /// all `batch × seq` rows with mopt's fused linear kernel (bias in the GEMM's output, both
 /// backward products on the same GEMM). Burn's `Linear` on a 3-D input broadcasts the weight
@@ -276,8 +290,8 @@ impl BertResidualOutput {
     /// # Shapes
     /// - x: `[batch, seq, d_in]`, residual: `[batch, seq, hidden]` → `[batch, seq, hidden]`
     pub fn forward(&self, x: Tensor<3>, residual: Tensor<3>) -> Tensor<3> {
-        let x = dropout(&self.dropout, linear(&self.dense, &self.dense_quant, x)) + residual;
-        norm(&self.layer_norm, self.eps, x)
+        let x = dropout(&self.dropout, linear(&self.dense, &self.dense_quant, x));
+        add_norm(&self.layer_norm, self.eps, x, residual)
     }
 }
 
