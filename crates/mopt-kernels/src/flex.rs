@@ -23,22 +23,26 @@ fn f32s(t: &FlexTensor) -> &[f32] {
     t.as_slice::<f32>().expect("contiguous f32 tensor")
 }
 
+/// `x`'s values, writable, when `x` (contiguous) is uniquely owned and fills its buffer.
+fn owned_values(x: &mut FlexTensor) -> Option<&mut [f32]> {
+    let n = x.shape().num_elements();
+    if x.layout().start_offset() != 0 {
+        return None;
+    }
+    x.try_storage_mut::<f32>().filter(|s| s.len() == n)
+}
+
 /// Run `f` on `g`'s values in place when `g` is uniquely owned and contiguous, on a copy
 /// otherwise.
 fn in_place(g: FlexTensor, f: impl FnOnce(&mut [f32])) -> FlexTensor {
     let mut g = contiguous(g);
-    let shape = g.shape();
-    if g.layout().start_offset() == 0 {
-        if let Some(s) = g.try_storage_mut::<f32>() {
-            if s.len() == shape.num_elements() {
-                f(s);
-                return g;
-            }
-        }
+    if let Some(s) = owned_values(&mut g) {
+        f(s);
+        return g;
     }
     let mut v = f32s(&g).to_vec();
     f(&mut v);
-    make(v, shape)
+    make(v, g.shape())
 }
 
 /// A map over `x`'s values: `in_place` on them when `x` is uniquely owned and contiguous (an
@@ -50,15 +54,11 @@ fn in_place_or(
     fresh: impl FnOnce(&[f32], &mut [f32]),
 ) -> FlexTensor {
     let mut x = contiguous(x);
-    let shape = x.shape();
-    if x.layout().start_offset() == 0 {
-        if let Some(s) = x.try_storage_mut::<f32>() {
-            if s.len() == shape.num_elements() {
-                in_place(s);
-                return x;
-            }
-        }
+    if let Some(s) = owned_values(&mut x) {
+        in_place(s);
+        return x;
     }
+    let shape = x.shape();
     let mut out = cpu::zeros(shape.num_elements());
     fresh(f32s(&x), &mut out);
     make(out, shape)
