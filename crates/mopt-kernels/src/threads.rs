@@ -18,8 +18,9 @@ use std::time::Instant;
 
 use rayon::{ThreadPoolBuildError, Yield};
 
-/// Whether [`init_pool`] built the pool with the caller as worker 0 (the workers are kept warm).
-static WARM: AtomicBool = AtomicBool::new(false);
+/// Threads of the pool [`init_pool`] built with the caller as worker 0 (0: none; the workers
+/// are kept warm only then).
+static WARM: AtomicUsize = AtomicUsize::new(0);
 /// Whether spinners run (or are queued) on the background workers.
 static SPINNING: AtomicBool = AtomicBool::new(false);
 /// Spinners still running.
@@ -45,7 +46,7 @@ pub fn init_pool(threads: Option<usize>) -> Result<(), ThreadPoolBuildError> {
     let builder = rayon::ThreadPoolBuilder::new().num_threads(n);
     if n >= 2 {
         builder.use_current_thread().build_global()?;
-        WARM.store(true, Ordering::Relaxed);
+        WARM.store(n, Ordering::Relaxed);
         Ok(())
     } else {
         builder.build_global()
@@ -64,7 +65,10 @@ pub fn init_pool(threads: Option<usize>) -> Result<(), ThreadPoolBuildError> {
 /// [`IDLE_NS`], then returns, and the worker sleeps as before. Only on a pool [`init_pool`] built
 /// with two threads or more.
 pub(crate) fn keep_warm() {
-    if !WARM.load(Ordering::Relaxed) {
+    // Only for that pool (a product run inside another pool, as some tests do, would queue
+    // the spinners there).
+    let threads = WARM.load(Ordering::Relaxed);
+    if threads == 0 || rayon::current_num_threads() != threads {
         return;
     }
     LAST_ASK.store(now_ns(), Ordering::Relaxed);
@@ -75,7 +79,7 @@ pub(crate) fn keep_warm() {
     {
         return;
     }
-    LIVE.store(rayon::current_num_threads() - 1, Ordering::Release);
+    LIVE.store(threads - 1, Ordering::Release);
     // One job per worker; worker 0 (the caller) returns at once whenever it picks its copy up.
     rayon::spawn_broadcast(|ctx| {
         if ctx.index() != 0 {
