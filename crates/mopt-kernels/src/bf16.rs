@@ -151,7 +151,7 @@ pub fn gemm_batched<'a>(
         });
 }
 
-/// [`gemm`] on `path` (one this CPU runs).
+/// [`gemm()`] on `path` (one this CPU runs).
 fn on(path: Path, a: View, b: View, c: &mut [f32], beta_one: bool) {
     match path {
         #[cfg(target_arch = "x86_64")]
@@ -419,7 +419,7 @@ mod tiles {
         });
     }
 
-    /// The row tasks of [`gemm`] over packed B.
+    /// The row tasks of [`gemm()`] over packed B.
     fn run(
         amx: bool,
         a: &View,

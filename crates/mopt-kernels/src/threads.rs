@@ -25,7 +25,7 @@ static WARM: AtomicUsize = AtomicUsize::new(0);
 static SPINNING: AtomicBool = AtomicBool::new(false);
 /// Spinners still running.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
-/// When a product last asked for warm workers ([`keep_warm`]), in ns since [`epoch`].
+/// When a product last asked for warm workers ([`keep_warm`]), in [`now_ns`] nanoseconds.
 static LAST_ASK: AtomicU64 = AtomicU64::new(0);
 
 /// How long a spinner goes on without work and without a product asking: longer than the gaps
