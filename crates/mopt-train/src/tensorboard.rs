@@ -10,6 +10,25 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// The time field of a new file's name in `dir`: `now`, or one second past the newest event
+/// file already there. TensorBoard reads a folder's files in name order; a run resumed within
+/// the second it was killed in would otherwise sort by process id, possibly before its own
+/// earlier file, and its points would come out of step order (a resume test caught this once
+/// runs got fast enough).
+fn name_secs(dir: &Path, now: u64) -> u64 {
+    let newest = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let rest = name.to_str()?.strip_prefix("events.out.tfevents.")?;
+            rest.split('.').next()?.parse::<u64>().ok()
+        })
+        .max();
+    newest.map_or(now, |t| now.max(t + 1))
+}
+
 /// One event file being appended to.
 pub struct EventWriter {
     file: std::io::BufWriter<File>,
@@ -27,7 +46,7 @@ impl EventWriter {
             .unwrap_or_else(|_| "localhost".into());
         let name = format!(
             "events.out.tfevents.{:010}.{host}.{}.0",
-            now.as_secs(),
+            name_secs(dir, now.as_secs()),
             std::process::id()
         );
         let path = dir.join(name);
@@ -130,6 +149,28 @@ mod tests {
         // The CRC-32C check value (RFC 3720's test vector "123456789").
         assert_eq!(crc32c(b"123456789"), 0xE306_9283);
         assert_eq!(crc32c(&[0u8; 32]), 0x8A91_36AA);
+    }
+
+    /// Files made in the same second still sort in the order they were made.
+    #[test]
+    fn event_files_sort_in_creation_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths: Vec<PathBuf> = (0..3)
+            .map(|_| {
+                EventWriter::create(dir.path())
+                    .unwrap()
+                    .path()
+                    .to_path_buf()
+            })
+            .collect();
+        let mut sorted = paths.clone();
+        sorted.sort();
+        assert_eq!(sorted, paths);
+        let secs = |p: &Path| -> u64 {
+            let name = p.file_name().unwrap().to_str().unwrap();
+            name.split('.').nth(3).unwrap().parse().unwrap()
+        };
+        assert_eq!(secs(&paths[1]), secs(&paths[0]) + 1);
     }
 
     #[test]
