@@ -14,7 +14,8 @@
 //! layers' and [`matmul`]'s (the attention core's) bf16 products run there, the operands
 //! rounded while they are packed, and the backward products round their operands too, the
 //! output gradient included (PyTorch's autocast backward does the same). Elsewhere, and for
-//! f16, the operands are rounded in the graph and multiplied on f32 kernels, at f32 speed. (Burn's bf16 matmul, the first path, was 2-3x slower than f32 on the CPU.)
+//! f16, the operands are rounded in the graph and multiplied on f32 kernels, at f32 speed.
+//! (Burn's bf16 matmul, the first path, was 2-3x slower than f32 on the CPU.)
 //!
 //! The compute type is per thread (a data-parallel worker enters its own scope) and restored
 //! when the scope ends, also on a panic.

@@ -189,7 +189,7 @@ mod tiles {
     use std::cell::RefCell;
     use std::thread::LocalKey;
 
-    use pulp::{Arch, Simd, WithSimd};
+    use crate::cpu::simd_fn;
     use rayon::prelude::*;
 
     use super::to_bf16;
@@ -202,129 +202,90 @@ mod tiles {
     /// Rows and columns of the register block.
     const BLOCK: usize = 2 * TILE;
 
-    /// A packed into tiles: for each 16-row group, its depth chunks in order, each chunk a
-    /// 16 × 32 tile of bf16 (row-major, zero-padded past `rows` and the depth).
-    fn pack_a(a: &View, rows: (usize, usize), chunks: usize, out: &mut [u16]) {
-        // The body inlined into the CPU-feature dispatch (a closure calling it was not, and
-        // ran as SSE2 code).
-        struct Pack<'a, 'v> {
-            a: &'a View<'v>,
-            rows: (usize, usize),
-            chunks: usize,
-            out: &'a mut [u16],
-        }
-        impl WithSimd for Pack<'_, '_> {
-            type Output = ();
-            #[inline(always)]
-            fn with_simd<S: Simd>(self, _: S) {
-                pack_a_body(self.a, self.rows, self.chunks, self.out)
-            }
-        }
-        Arch::new().dispatch(Pack {
-            a,
-            rows,
-            chunks,
-            out,
-        });
-    }
-
-    #[inline(always)]
-    fn pack_a_body(a: &View, (i0, rows): (usize, usize), chunks: usize, out: &mut [u16]) {
-        let group = chunks * TILE_ELEMS;
-        // Where A[i0 + r, p] goes: its group's tile of chunk p / 32, row r % 16, column p % 32.
-        let slot = |r: usize, p: usize| {
-            (r / TILE) * group + (p / K_TILE) * TILE_ELEMS + (r % TILE) * K_TILE + p % K_TILE
-        };
-        if a.cs == 1 {
-            // Rows are runs: each chunk of 32 is one tile row.
-            for r in 0..rows {
-                let s = a.offset + (i0 + r) * a.rs;
-                let row = &a.data[s..s + a.cols];
-                for (q, run) in row.chunks(K_TILE).enumerate() {
-                    let dst = &mut out[slot(r, q * K_TILE)..][..run.len()];
-                    dst.iter_mut().zip(run).for_each(|(d, &v)| *d = to_bf16(v));
+    simd_fn! {
+        /// A packed into tiles: for each 16-row group, its depth chunks in order, each chunk a
+        /// 16 × 32 tile of bf16 (row-major, zero-padded past `rows` and the depth).
+        fn pack_a<'a>(a: &'a View<'a>, rows: (usize, usize), chunks: usize, out: &'a mut [u16]) {
+            let (i0, rows) = rows;
+            let group = chunks * TILE_ELEMS;
+            // Where A[i0 + r, p] goes: its group's tile of chunk p / 32, row r % 16, column p % 32.
+            let slot = |r: usize, p: usize| {
+                (r / TILE) * group + (p / K_TILE) * TILE_ELEMS + (r % TILE) * K_TILE + p % K_TILE
+            };
+            if a.cs == 1 {
+                // Rows are runs: each chunk of 32 is one tile row.
+                for r in 0..rows {
+                    let s = a.offset + (i0 + r) * a.rs;
+                    let row = &a.data[s..s + a.cols];
+                    for (q, run) in row.chunks(K_TILE).enumerate() {
+                        let dst = &mut out[slot(r, q * K_TILE)..][..run.len()];
+                        dst.iter_mut().zip(run).for_each(|(d, &v)| *d = to_bf16(v));
+                    }
                 }
-            }
-        } else if a.rs == 1 {
-            // A transposed operand (Xᵀ in dW = Xᵀ·G): column p of the block is a run of
-            // `rows` values; read the runs in order (one pass over memory), spread each over
-            // the tiles (the 32 columns of a chunk write the same cache lines).
-            for p in 0..a.cols {
-                let s = a.offset + i0 + p * a.cs;
-                // The runs are a row of X apart (pages, for wide X): prefetch 4 ahead.
-                for off in (0..rows).step_by(16) {
-                    prefetch(a.data, s + 4 * a.cs + off);
-                }
-                for (r, &v) in a.data[s..s + rows].iter().enumerate() {
-                    out[slot(r, p)] = to_bf16(v);
-                }
-            }
-        } else {
-            for r in 0..rows {
+            } else if a.rs == 1 {
+                // A transposed operand (Xᵀ in dW = Xᵀ·G): column p of the block is a run of
+                // `rows` values; read the runs in order (one pass over memory), spread each over
+                // the tiles (the 32 columns of a chunk write the same cache lines).
                 for p in 0..a.cols {
-                    out[slot(r, p)] = to_bf16(a.data[a.offset + (i0 + r) * a.rs + p * a.cs]);
-                }
-            }
-        }
-    }
-
-    /// [`pack_b_group`] compiled for this CPU's features (a closure calling it was not inlined
-    /// into the dispatch, and ran as SSE2 code).
-    fn pack_b_dispatch(b: &View, g: usize, group: &mut [u32]) {
-        struct Pack<'a, 'v> {
-            b: &'a View<'v>,
-            g: usize,
-            group: &'a mut [u32],
-        }
-        impl WithSimd for Pack<'_, '_> {
-            type Output = ();
-            #[inline(always)]
-            fn with_simd<S: Simd>(self, _: S) {
-                pack_b_group(self.b, self.g, self.group)
-            }
-        }
-        Arch::new().dispatch(Pack { b, g, group });
-    }
-
-    /// Column group `g` of B (16 columns) packed into tiles, inlined into the feature dispatch:
-    /// its depth chunks in order, each chunk 16 rows of k-pairs × 16 columns × 2 (the VNNI
-    /// layout `tdpbf16ps` reads), zero-padded; held as u32 pairs (`bf16(B[2q, j]) |
-    /// bf16(B[2q+1, j]) << 16`).
-    #[inline(always)]
-    fn pack_b_group(b: &View, g: usize, group: &mut [u32]) {
-        let pairs = TILE_ELEMS / 2;
-        let k = b.rows;
-        let pair = |hi: u16, lo: u16| lo as u32 | (hi as u32) << 16;
-        let width = TILE.min(b.cols.saturating_sub(g * TILE));
-        if width == 0 {
-            return; // a padding group: zeros
-        }
-        let j0 = b.offset + g * TILE * b.cs;
-        if b.rs == 1 && b.cs != 1 {
-            // A transposed operand (Wᵀ in dX = G·Wᵀ): each column is a run of k.
-            for j in 0..width {
-                let col = &b.data[j0 + j * b.cs..][..k];
-                for (q, two) in col.chunks(2).enumerate() {
-                    let hi = two.get(1).map_or(0, |&v| to_bf16(v));
-                    group[(q / TILE) * pairs + (q % TILE) * TILE + j] = pair(hi, to_bf16(two[0]));
-                }
-            }
-            return;
-        }
-        for q in 0..k.div_ceil(2) {
-            let dst = &mut group[(q / TILE) * pairs + (q % TILE) * TILE..][..width];
-            let (p0, p1) = (2 * q, 2 * q + 1);
-            let at = |p: usize, j: usize| b.data[j0 + p * b.rs + j * b.cs];
-            if p1 < k && b.cs == 1 {
-                let r0 = &b.data[j0 + p0 * b.rs..][..width];
-                let r1 = &b.data[j0 + p1 * b.rs..][..width];
-                for ((d, &x0), &x1) in dst.iter_mut().zip(r0).zip(r1) {
-                    *d = pair(to_bf16(x1), to_bf16(x0));
+                    let s = a.offset + i0 + p * a.cs;
+                    // The runs are a row of X apart (pages, for wide X): prefetch 4 ahead.
+                    for off in (0..rows).step_by(16) {
+                        prefetch(a.data, s + 4 * a.cs + off);
+                    }
+                    for (r, &v) in a.data[s..s + rows].iter().enumerate() {
+                        out[slot(r, p)] = to_bf16(v);
+                    }
                 }
             } else {
-                for (j, d) in dst.iter_mut().enumerate() {
-                    let hi = if p1 < k { to_bf16(at(p1, j)) } else { 0 };
-                    *d = pair(hi, to_bf16(at(p0, j)));
+                for r in 0..rows {
+                    for p in 0..a.cols {
+                        out[slot(r, p)] = to_bf16(a.data[a.offset + (i0 + r) * a.rs + p * a.cs]);
+                    }
+                }
+            }
+        }
+    }
+
+    simd_fn! {
+        /// Column group `g` of B (16 columns) packed into tiles: its depth chunks in order, each
+        /// chunk 16 rows of k-pairs × 16 columns × 2 (the VNNI layout `tdpbf16ps` reads),
+        /// zero-padded; held as u32 pairs (`bf16(B[2q, j]) | bf16(B[2q+1, j]) << 16`).
+        fn pack_b_group<'a>(b: &'a View<'a>, g: usize, group: &'a mut [u32]) {
+            let pairs = TILE_ELEMS / 2;
+            let k = b.rows;
+            let pair = |hi: u16, lo: u16| lo as u32 | (hi as u32) << 16;
+            let width = TILE.min(b.cols.saturating_sub(g * TILE));
+            if width == 0 {
+                return; // a padding group: zeros
+            }
+            let j0 = b.offset + g * TILE * b.cs;
+            if b.rs == 1 && b.cs != 1 {
+                // A transposed operand (Wᵀ in dX = G·Wᵀ): each column is a run of k.
+                for j in 0..width {
+                    let col = &b.data[j0 + j * b.cs..][..k];
+                    for (q, two) in col.chunks(2).enumerate() {
+                        let hi = two.get(1).map_or(0, |&v| to_bf16(v));
+                        let at = (q / TILE) * pairs + (q % TILE) * TILE + j;
+                        group[at] = pair(hi, to_bf16(two[0]));
+                    }
+                }
+                return;
+            }
+            for q in 0..k.div_ceil(2) {
+                let dst = &mut group[(q / TILE) * pairs + (q % TILE) * TILE..][..width];
+                let (p0, p1) = (2 * q, 2 * q + 1);
+                let at = |p: usize, j: usize| b.data[j0 + p * b.rs + j * b.cs];
+                if p1 < k && b.cs == 1 {
+                    let r0 = &b.data[j0 + p0 * b.rs..][..width];
+                    let r1 = &b.data[j0 + p1 * b.rs..][..width];
+                    for ((d, &x0), &x1) in dst.iter_mut().zip(r0).zip(r1) {
+                        *d = pair(to_bf16(x1), to_bf16(x0));
+                    }
+                } else {
+                    for (j, d) in dst.iter_mut().enumerate() {
+                        let hi = if p1 < k { to_bf16(at(p1, j)) } else { 0 };
+                        *d = pair(hi, to_bf16(at(p0, j)));
+                    }
                 }
             }
         }
@@ -373,13 +334,13 @@ mod tiles {
         with_buffer(&B_PACK, (groups * group, padded(n, k)), |packed| {
             if serial {
                 for (g, part) in packed.chunks_exact_mut(group).enumerate() {
-                    pack_b_dispatch(&b, g, part);
+                    pack_b_group(&b, g, part);
                 }
             } else {
                 packed
                     .par_chunks_mut(group)
                     .enumerate()
-                    .for_each(|(g, part)| pack_b_dispatch(&b, g, part));
+                    .for_each(|(g, part)| pack_b_group(&b, g, part));
             }
             let bp: &[u16] = pulp::bytemuck::cast_slice(packed);
             if serial {

@@ -12,27 +12,13 @@ const LANES: usize = 8;
 /// Elements per parallel task (below this, work stays on one thread).
 const GRAIN: usize = 16 * 1024;
 
-struct Dispatch<F>(F);
-
-impl<R, F: FnOnce() -> R> WithSimd for Dispatch<F> {
-    type Output = R;
-    #[inline(always)]
-    fn with_simd<S: Simd>(self, _simd: S) -> R {
-        (self.0)()
-    }
-}
-
-#[inline(always)]
-pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
-    Arch::new().dispatch(Dispatch(f))
-}
-
 /// Defines a function whose body is compiled for the CPU's widest SIMD level: the body goes
 /// into a `pulp::WithSimd` struct's `#[inline(always)]` method, which `pulp` inlines into its
-/// AVX2 / AVX-512 functions. A closure passed to [`simd`] cannot carry that attribute, and a
-/// large one was not inlined there: softmax, LayerNorm, the backward passes and BatchNorm ran
-/// as baseline SSE2 code (found with `perf annotate`; a function item passed as a closure
-/// compiled the same way). Arguments with references name the lifetime `'a`.
+/// AVX2 / AVX-512 functions. A closure handed to `pulp`'s dispatch cannot carry that
+/// attribute, and a large one was not inlined there: softmax, LayerNorm, the backward passes
+/// and BatchNorm ran as baseline SSE2 code (found with `perf annotate`; a function item passed
+/// as a closure compiled the same way). Every kernel of this crate's element-wise passes goes
+/// through here. Arguments with references name the lifetime `'a`.
 macro_rules! simd_fn {
     (
         $(#[$m:meta])* $vis:vis fn $name:ident<'a>($($arg:ident: $ty:ty),* $(,)?)
@@ -209,13 +195,15 @@ fn max(v: &[f32]) -> f32 {
 pub fn gelu(x: &[f32], out: &mut [f32]) {
     out.par_chunks_mut(GRAIN)
         .zip(x.par_chunks(GRAIN))
-        .for_each(|(o, x)| {
-            simd(|| {
-                for (o, &x) in o.iter_mut().zip(x) {
-                    *o = gelu_one(x);
-                }
-            })
-        });
+        .for_each(|(o, x)| gelu_chunk(x, o));
+}
+
+simd_fn! {
+    fn gelu_chunk<'a>(x: &'a [f32], o: &'a mut [f32]) {
+        for (o, &x) in o.iter_mut().zip(x) {
+            *o = gelu_one(x);
+        }
+    }
 }
 
 /// `v ← gelu(v)` in place (an inference pass's intermediate, owned by nobody else).
@@ -262,15 +250,22 @@ simd_fn! {
     /// [`softmax`] on whole rows.
     fn softmax_rows<'a>(x: &'a [f32], o: &'a mut [f32], n: usize) {
         for (o, x) in o.chunks_exact_mut(n).zip(x.chunks_exact(n)) {
-            let m = max(x);
-            for (o, &x) in o.iter_mut().zip(x) {
-                *o = exp(x - m);
-            }
-            let inv = 1.0 / sum(o);
-            for o in o.iter_mut() {
-                *o *= inv;
-            }
+            o.copy_from_slice(x);
+            softmax_row(o);
         }
+    }
+}
+
+/// One row's softmax, in place.
+#[inline(always)]
+fn softmax_row(o: &mut [f32]) {
+    let m = max(o);
+    for v in o.iter_mut() {
+        *v = exp(*v - m);
+    }
+    let inv = 1.0 / sum(o);
+    for v in o.iter_mut() {
+        *v *= inv;
     }
 }
 
@@ -282,16 +277,7 @@ pub fn softmax_in_place(v: &mut [f32], n: usize) {
 
 simd_fn! {
     fn softmax_rows_in_place<'a>(v: &'a mut [f32], n: usize) {
-        for o in v.chunks_exact_mut(n) {
-            let m = max(o);
-            for x in o.iter_mut() {
-                *x = exp(*x - m);
-            }
-            let inv = 1.0 / sum(o);
-            for x in o.iter_mut() {
-                *x *= inv;
-            }
-        }
+        v.chunks_exact_mut(n).for_each(softmax_row);
     }
 }
 
@@ -349,14 +335,7 @@ simd_fn! {
                     }
                 }
             }
-            let m = max(o);
-            for v in o.iter_mut() {
-                *v = exp(*v - m);
-            }
-            let inv = 1.0 / sum(o);
-            for v in o.iter_mut() {
-                *v *= inv;
-            }
+            softmax_row(o);
         }
     }
 }
@@ -417,11 +396,18 @@ simd_fn! {
     ) {
         let n = gamma.len();
         for (o, x) in o.chunks_exact_mut(n).zip(x.chunks_exact(n)) {
-            let (mean, rstd) = moments(x, eps);
-            for i in 0..n {
-                o[i] = (x[i] - mean) * rstd * gamma[i] + beta[i];
-            }
+            o.copy_from_slice(x);
+            normalize_row(o, (gamma, beta), eps);
         }
+    }
+}
+
+/// One row's LayerNorm, in place.
+#[inline(always)]
+fn normalize_row(o: &mut [f32], (gamma, beta): (&[f32], &[f32]), eps: f32) {
+    let (mean, rstd) = moments(o, eps);
+    for i in 0..o.len() {
+        o[i] = (o[i] - mean) * rstd * gamma[i] + beta[i];
     }
 }
 
@@ -429,17 +415,13 @@ simd_fn! {
 pub fn layer_norm_in_place(v: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32) {
     let n = gamma.len();
     v.par_chunks_mut(rows_per_task(n) * n)
-        .for_each(|c| layer_norm_rows_in_place(c, gamma, beta, eps));
+        .for_each(|c| layer_norm_rows_in_place(c, (gamma, beta), eps));
 }
 
 simd_fn! {
-    fn layer_norm_rows_in_place<'a>(v: &'a mut [f32], gamma: &'a [f32], beta: &'a [f32], eps: f32) {
-        let n = gamma.len();
-        for o in v.chunks_exact_mut(n) {
-            let (mean, rstd) = moments(o, eps);
-            for i in 0..n {
-                o[i] = (o[i] - mean) * rstd * gamma[i] + beta[i];
-            }
+    fn layer_norm_rows_in_place<'a>(v: &'a mut [f32], gb: (&'a [f32], &'a [f32]), eps: f32) {
+        for o in v.chunks_exact_mut(gb.0.len()) {
+            normalize_row(o, gb, eps);
         }
     }
 }
@@ -470,8 +452,6 @@ simd_fn! {
         gb: (&'a [f32], &'a [f32]),
         eps: f32,
     ) {
-        let (gamma, beta) = gb;
-        let n = gamma.len();
         match x {
             Some(x) => {
                 for ((o, &x), &r) in o.iter_mut().zip(x).zip(r) {
@@ -484,11 +464,8 @@ simd_fn! {
                 }
             }
         }
-        for o in o.chunks_exact_mut(n) {
-            let (mean, rstd) = moments(o, eps);
-            for i in 0..n {
-                o[i] = (o[i] - mean) * rstd * gamma[i] + beta[i];
-            }
+        for o in o.chunks_exact_mut(gb.0.len()) {
+            normalize_row(o, gb, eps);
         }
     }
 }
@@ -568,15 +545,20 @@ pub fn embedding(table: &[f32], ids: &[usize], n: usize, out: &mut [f32]) {
 /// buffer comes from the allocator's zeroed pages, so only touched rows cost work here.
 pub fn embedding_backward(ids: &[usize], g: &[f32], vocab: usize, n: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; vocab * n];
-    simd(|| {
+    scatter_add_rows(ids, g, &mut out, n);
+    out
+}
+
+simd_fn! {
+    /// `out[id] += row` for each id and row of `g` (rows of `n`).
+    fn scatter_add_rows<'a>(ids: &'a [usize], g: &'a [f32], out: &'a mut [f32], n: usize) {
         for (&id, row) in ids.iter().zip(g.chunks_exact(n)) {
             let dst = &mut out[id * n..(id + 1) * n];
             for (d, &s) in dst.iter_mut().zip(row) {
                 *d += s;
             }
         }
-    });
-    out
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -611,36 +593,42 @@ pub fn dropout(x: &[f32], out: &mut [f32], seed: u64, keep: f32) {
     out.par_chunks_mut(GRAIN)
         .zip(x.par_chunks(GRAIN))
         .enumerate()
-        .for_each(|(c, (o, x))| {
-            simd(|| {
-                let base = c * GRAIN;
+        .for_each(|(c, (o, x))| dropout_chunk(Some(x), o, (seed, c * GRAIN, t), scale));
+}
+
+simd_fn! {
+    /// One chunk of [`dropout`] (`x = None`: of [`dropout_backward`], on `o`'s own values),
+    /// its first element being element `base` of the whole.
+    fn dropout_chunk<'a>(
+        x: Option<&'a [f32]>,
+        o: &'a mut [f32],
+        mask: (u64, usize, u32),
+        scale: f32,
+    ) {
+        let (seed, base, t) = mask;
+        let keep = |j: usize, v: f32| if kept(seed, base + j, t) { v * scale } else { 0.0 };
+        match x {
+            Some(x) => {
                 for (j, (o, &x)) in o.iter_mut().zip(x).enumerate() {
-                    *o = if kept(seed, base + j, t) {
-                        x * scale
-                    } else {
-                        0.0
-                    };
+                    *o = keep(j, x);
                 }
-            })
-        });
+            }
+            None => {
+                for (j, o) in o.iter_mut().enumerate() {
+                    *o = keep(j, *o);
+                }
+            }
+        }
+    }
 }
 
 /// `g ← g · mask / keep` in place, the mask regenerated from `seed`.
 pub fn dropout_backward(g: &mut [f32], seed: u64, keep: f32) {
     let t = threshold(keep);
     let scale = 1.0 / keep;
-    g.par_chunks_mut(GRAIN).enumerate().for_each(|(c, g)| {
-        simd(|| {
-            let base = c * GRAIN;
-            for (j, g) in g.iter_mut().enumerate() {
-                *g = if kept(seed, base + j, t) {
-                    *g * scale
-                } else {
-                    0.0
-                };
-            }
-        })
-    });
+    g.par_chunks_mut(GRAIN)
+        .enumerate()
+        .for_each(|(c, g)| dropout_chunk(None, g, (seed, c * GRAIN, t), scale));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1022,19 +1010,28 @@ pub fn adamw(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: AdamWSte
         .zip(g.par_chunks(GRAIN))
         .zip(m.par_chunks_mut(GRAIN))
         .zip(v.par_chunks_mut(GRAIN))
-        .for_each(|(((p, g), m), v)| {
-            simd(|| {
-                for i in 0..p.len() {
-                    let gi = g[i];
-                    let mi = m[i] * s.beta_1 + gi * f1;
-                    let vi = v[i] * s.beta_2 + gi * gi * f2;
-                    m[i] = mi;
-                    v[i] = vi;
-                    let delta = (mi / s.correction_1) / ((vi / s.correction_2).sqrt() + s.epsilon);
-                    p[i] = p[i] * s.decay - delta * s.lr;
-                }
-            })
-        });
+        .for_each(|(((p, g), m), v)| adamw_chunk(p, g, (m, v), (s, f1, f2)));
+}
+
+simd_fn! {
+    /// One chunk of [`adamw`] (`f1 = 1 − β₁`, `f2 = 1 − β₂`).
+    fn adamw_chunk<'a>(
+        p: &'a mut [f32],
+        g: &'a [f32],
+        mv: (&'a mut [f32], &'a mut [f32]),
+        step: (AdamWStep, f32, f32),
+    ) {
+        let ((m, v), (s, f1, f2)) = (mv, step);
+        for i in 0..p.len() {
+            let gi = g[i];
+            let mi = m[i] * s.beta_1 + gi * f1;
+            let vi = v[i] * s.beta_2 + gi * gi * f2;
+            m[i] = mi;
+            v[i] = vi;
+            let delta = (mi / s.correction_1) / ((vi / s.correction_2).sqrt() + s.epsilon);
+            p[i] = p[i] * s.decay - delta * s.lr;
+        }
+    }
 }
 
 /// Σx² in f64 (partial sums in f32 lanes per chunk), the chunks added in order: the same
@@ -1047,53 +1044,59 @@ pub fn sum_squares(x: &[f32]) -> f64 {
 
 /// `x ← x · factor` in place.
 pub fn scale(x: &mut [f32], factor: f32) {
-    x.par_chunks_mut(GRAIN).for_each(|c| {
-        simd(|| {
-            for v in c.iter_mut() {
-                *v *= factor;
-            }
-        })
-    });
+    x.par_chunks_mut(GRAIN).for_each(|c| scale_chunk(c, factor));
+}
+
+simd_fn! {
+    fn scale_chunk<'a>(c: &'a mut [f32], factor: f32) {
+        for v in c.iter_mut() {
+            *v *= factor;
+        }
+    }
 }
 
 /// `x ← bf16(x)` in place, kept in f32 ([`crate::bf16::to_bf16`]: round to nearest, ties to
 /// even, overflow to ±inf, NaN stays NaN).
 pub fn round_bf16(x: &mut [f32]) {
-    x.par_chunks_mut(GRAIN).for_each(|c| {
-        simd(|| {
-            for v in c.iter_mut() {
-                *v = f32::from_bits((crate::bf16::to_bf16(*v) as u32) << 16);
-            }
-        })
-    });
+    x.par_chunks_mut(GRAIN).for_each(round_bf16_chunk);
+}
+
+simd_fn! {
+    fn round_bf16_chunk<'a>(c: &'a mut [f32]) {
+        for v in c.iter_mut() {
+            *v = f32::from_bits((crate::bf16::to_bf16(*v) as u32) << 16);
+        }
+    }
 }
 
 /// `x ← f16(x)` in place, kept in f32: round to nearest, ties to even, to 11 significant bits
 /// in f16's normal range, to multiples of 2^-24 below it (f16's subnormals), ±inf from 65520 up
 /// (what `half::f16::from_f32` gives; NaN stays NaN).
 pub fn round_f16(x: &mut [f32]) {
-    x.par_chunks_mut(GRAIN).for_each(|c| {
-        simd(|| {
-            for v in c.iter_mut() {
-                let b = v.to_bits();
-                let sign = b & 0x8000_0000;
-                let a = f32::from_bits(b & 0x7FFF_FFFF);
-                let normal = (b & 0x7FFF_FFFF).wrapping_add(0xFFF + ((b >> 13) & 1)) & 0x7FFF_E000;
-                // Below 2^-14, f32's own rounding of a + 0.5 lands on a multiple of 2^-24.
-                let sub = ((a + 0.5) - 0.5).to_bits();
-                let mag = if a.is_nan() {
-                    (b & 0x7FFF_FFFF) | 0x0040_0000
-                } else if a >= 65520.0 {
-                    0x7F80_0000
-                } else if a < 6.103_515_6e-5 {
-                    sub
-                } else {
-                    normal
-                };
-                *v = f32::from_bits(sign | mag);
-            }
-        })
-    });
+    x.par_chunks_mut(GRAIN).for_each(round_f16_chunk);
+}
+
+simd_fn! {
+    fn round_f16_chunk<'a>(c: &'a mut [f32]) {
+        for v in c.iter_mut() {
+            let b = v.to_bits();
+            let sign = b & 0x8000_0000;
+            let a = f32::from_bits(b & 0x7FFF_FFFF);
+            let normal = (b & 0x7FFF_FFFF).wrapping_add(0xFFF + ((b >> 13) & 1)) & 0x7FFF_E000;
+            // Below 2^-14, f32's own rounding of a + 0.5 lands on a multiple of 2^-24.
+            let sub = ((a + 0.5) - 0.5).to_bits();
+            let mag = if a.is_nan() {
+                (b & 0x7FFF_FFFF) | 0x0040_0000
+            } else if a >= 65520.0 {
+                0x7F80_0000
+            } else if a < 6.103_515_6e-5 {
+                sub
+            } else {
+                normal
+            };
+            *v = f32::from_bits(sign | mag);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -149,7 +149,7 @@ pub fn add_layer_norm(
         contiguous(gamma.clone()),
         contiguous(beta.clone()),
     );
-    let (r, gb, eps) = ((f32s(&r)), (f32s(&gamma), f32s(&beta)), eps as f32);
+    let (r, gb, eps) = (f32s(&r), (f32s(&gamma), f32s(&beta)), eps as f32);
     in_place_or(
         x,
         |v| cpu::add_layer_norm(None, v, r, gb, eps),
