@@ -55,8 +55,17 @@ pub(crate) fn zeros(len: usize) -> Vec<f32> {
     return vec![0.0f32; len];
 }
 
+/// `m` copies of `row` one after the other, written once (in parallel where the `native`
+/// module is built; `row.repeat(m)` elsewhere).
+pub(crate) fn repeat_rows(row: &[f32], m: usize) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    return crate::native::repeat_rows(row, m);
+    #[cfg(not(target_arch = "x86_64"))]
+    return row.repeat(m);
+}
+
 /// Rows per parallel task for rows of `row_len` elements.
-fn rows_per_task(row_len: usize) -> usize {
+pub(crate) fn rows_per_task(row_len: usize) -> usize {
     (GRAIN / row_len.max(1)).max(1)
 }
 
@@ -927,10 +936,7 @@ pub fn linear(
     bf16: bool,
 ) -> Vec<f32> {
     // The bias in every row, written once (no zeroing first), then C += x·w.
-    #[cfg(target_arch = "x86_64")]
-    let mut out = crate::native::repeat_rows(b, m);
-    #[cfg(not(target_arch = "x86_64"))]
-    let mut out = b.repeat(m);
+    let mut out = repeat_rows(b, m);
     product(
         bf16,
         crate::gemm::View::row_major(x, m, k),

@@ -37,9 +37,8 @@ pub(crate) fn repeat_rows(row: &[f32], m: usize) -> Vec<f32> {
     if len == 0 {
         return out;
     }
-    let rows_per_task = (16 * 1024 / n).max(1);
     out.spare_capacity_mut()[..len]
-        .par_chunks_mut(rows_per_task * n)
+        .par_chunks_mut(crate::cpu::rows_per_task(n) * n)
         .for_each(|chunk| {
             for dst in chunk.chunks_exact_mut(n) {
                 for (d, &v) in dst.iter_mut().zip(row) {
