@@ -112,7 +112,7 @@ pub fn gemm(a: View, b: View, c: &mut [f32], beta_one: bool) {
         return;
     }
     crate::threads::keep_warm();
-    on(chosen(), a, b, c, beta_one);
+    on(chosen(), a, b, c, (beta_one, false));
 }
 
 /// `C_i = bf16(A_i)·bf16(B_i)` for `batch` small products (an attention core's, one per
@@ -135,27 +135,19 @@ pub fn gemm_batched<'a>(
         .enumerate()
         .for_each(|(i, ci)| {
             let (a, b) = views(i);
-            assert!(
-                a.rows == m && b.cols == n && a.cols == b.rows,
-                "item shapes"
-            );
-            if a.cols == 0 {
-                ci.fill(0.0);
-                return;
-            }
-            match path {
-                #[cfg(target_arch = "x86_64")]
-                Path::Amx | Path::Dpbf16 => tiles::gemm(path == Path::Amx, a, b, ci, false, true),
-                _ => emulated(a, b, ci, false),
+            assert!(a.rows == m && b.cols == n, "item shapes");
+            if !crate::gemm::degenerate(&a, &b, ci, false) {
+                on(path, a, b, ci, (false, true));
             }
         });
 }
 
-/// [`gemm()`] on `path` (one this CPU runs).
-fn on(path: Path, a: View, b: View, c: &mut [f32], beta_one: bool) {
+/// [`gemm()`] on `path` (one this CPU runs); with `serial`, on this thread only (the native
+/// paths: a batch item).
+fn on(path: Path, a: View, b: View, c: &mut [f32], (beta_one, serial): (bool, bool)) {
     match path {
         #[cfg(target_arch = "x86_64")]
-        Path::Amx | Path::Dpbf16 => tiles::gemm(path == Path::Amx, a, b, c, beta_one, false),
+        Path::Amx | Path::Dpbf16 => tiles::gemm(path == Path::Amx, a, b, c, beta_one, serial),
         _ => emulated(a, b, c, beta_one),
     }
 }
@@ -524,7 +516,13 @@ pub(crate) mod tests {
                 };
                 for path in Path::supported() {
                     let mut c = init.clone();
-                    on(path, av, View::row_major(&b, k, n), &mut c, beta_one);
+                    on(
+                        path,
+                        av,
+                        View::row_major(&b, k, n),
+                        &mut c,
+                        (beta_one, false),
+                    );
                     for i in 0..m {
                         for j in 0..n {
                             let init = if beta_one {
