@@ -183,9 +183,4 @@ mod tests {
         });
         caller.join().unwrap();
     }
-
-    #[test]
-    fn default_threads_is_positive() {
-        assert!(default_threads() >= 1);
-    }
 }
