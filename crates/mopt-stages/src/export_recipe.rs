@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::data::Split;
 use crate::error::StageError;
-use crate::family::recipe_family;
+use crate::Registry;
 
 /// ONNX Runtime latency of one exported model.
 #[derive(Debug, Clone, Serialize)]
@@ -53,6 +53,7 @@ pub struct RecipeExport {
 }
 
 fn export_one(
+    fam: &dyn crate::family::Family,
     recipe: &Recipe,
     ckpt: &Path,
     out: &Path,
@@ -66,7 +67,6 @@ fn export_one(
         .into());
     }
     let labels = LabelMap::load(&ckpt.join("labels.json")).map_err(mopt_train::TrainError::from)?;
-    let fam = recipe_family(recipe)?;
     let data = fam.load_data(recipe, Some(labels), 0)?;
     let accuracy = fam.accuracy(ckpt, &data, Split::Test)?;
     let n = opts.samples.min(data.len(Split::Test));
@@ -81,8 +81,14 @@ fn export_one(
 }
 
 /// Export the recipe's best checkpoint (default `<run>/best` → `<run>/export`), plus the teacher of
-/// a distillation recipe (→ `<out>/teacher`), and benchmark them in ONNX Runtime.
-pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSummary, StageError> {
+/// a distillation recipe (→ `<out>/teacher`), and benchmark them in ONNX Runtime. The recipe's
+/// family is looked up in `registry`.
+pub fn export_recipe(
+    registry: &Registry,
+    recipe: &Recipe,
+    opts: &RecipeExport,
+) -> Result<ExportSummary, StageError> {
+    let fam = registry.recipe_family(recipe)?;
     let run_dir = recipe.run.run_dir();
     let ckpt = opts
         .checkpoint
@@ -98,6 +104,7 @@ pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSumma
     }
     eprintln!("exporting {} -> {}", ckpt.display(), out.display());
     let student = export_one(
+        fam,
         recipe,
         &ckpt,
         &out,
@@ -110,6 +117,7 @@ pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSumma
         Some(t) => {
             eprintln!("exporting the teacher {}", t.checkpoint.display());
             Some(export_one(
+                fam,
                 recipe,
                 &t.checkpoint,
                 &out.join("teacher"),
@@ -123,7 +131,6 @@ pub fn export_recipe(recipe: &Recipe, opts: &RecipeExport) -> Result<ExportSumma
     };
     let mut latency = Vec::new();
     if opts.latency_runs > 0 {
-        let fam = recipe_family(recipe)?;
         let mut models = vec![("student".to_string(), ckpt.clone(), out.join("model.onnx"))];
         if let Some(t) = &recipe.teacher {
             models.push((

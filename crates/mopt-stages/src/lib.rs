@@ -9,8 +9,10 @@
 //! `--resume` at the first unfinished stage, reusing finished ones after checking their outputs'
 //! sha256. One `report.md`/`report.json` with `chart.svg` covers the whole run.
 //!
-//! Stage kinds ([`kinds()`]) own their recipe keys and their runner; Rust programs add their own
-//! stages with [`Pipeline::push`].
+//! Model families and stage kinds are looked up in a [`Registry`] the program passes in
+//! ([`Registry::builtin`] is what `mopt-train` ships; [`Pipeline::load_with`] takes one with a
+//! family of the program's own). Stage kinds own their recipe keys and their runner; Rust
+//! programs add their own stages with [`Pipeline::push`].
 //!
 //! ```no_run
 //! use mopt_stages::{Pipeline, RunOptions};
@@ -37,6 +39,7 @@ pub mod lr_find;
 pub mod plan;
 pub mod predict;
 pub mod record;
+mod registry;
 pub mod report;
 mod runner;
 pub mod seeds;
@@ -47,9 +50,10 @@ use std::path::Path;
 
 pub use error::StageError;
 pub use predict::{Prediction, Predictor};
+pub use registry::Registry;
 pub use report::PipelineReport;
 pub use runner::{obtain_checkpoint, recipe_device, recipe_devices, GoldenReference, RunOptions};
-pub use stage::{kinds, Stage, StageContext, StageKind, StageOutput, StagePlan};
+pub use stage::{Stage, StageContext, StageKind, StageOutput, StagePlan};
 
 use mopt_recipe::{Recipe, StageEntry, TrainSpec};
 
@@ -59,28 +63,54 @@ pub struct Pipeline {
     pub recipe: Recipe,
     /// The stages, each with its recipe entry.
     pub stages: Vec<(StageEntry, Box<dyn Stage>)>,
+    /// The families and stage kinds the recipe's names are looked up in.
+    pub registry: Registry,
 }
 
 impl Pipeline {
-    /// Read and validate a recipe, every stage with its kind.
+    /// Read and validate a recipe, every stage with its kind, with the shipped families and
+    /// kinds ([`Registry::builtin`]).
     pub fn load(path: impl AsRef<Path>) -> Result<Self, StageError> {
-        Self::from_recipe(mopt_recipe::load(path)?)
+        Self::load_with(path, &Registry::builtin())
     }
 
-    /// Validate the stages of a loaded recipe with their kinds.
+    /// Read and validate a recipe with the families and kinds of `registry`.
+    pub fn load_with(path: impl AsRef<Path>, registry: &Registry) -> Result<Self, StageError> {
+        Self::from_recipe_with(mopt_recipe::load(path)?, registry)
+    }
+
+    /// Validate the stages of a loaded recipe with the shipped kinds ([`Registry::builtin`]).
     pub fn from_recipe(recipe: Recipe) -> Result<Self, StageError> {
-        let parsed = stage::parse_stages(&recipe.stages, family::recipe_family(&recipe)?)?;
-        let stages = recipe.stages.iter().cloned().zip(parsed).collect();
-        Ok(Self { recipe, stages })
+        Self::from_recipe_with(recipe, &Registry::builtin())
     }
 
-    /// The recipe's shared sections with no stages yet (for pipelines declared in Rust).
+    /// Validate the stages of a loaded recipe with the kinds and families of `registry`.
+    pub fn from_recipe_with(recipe: Recipe, registry: &Registry) -> Result<Self, StageError> {
+        let parsed =
+            stage::parse_stages(registry, &recipe.stages, registry.recipe_family(&recipe)?)?;
+        let stages = recipe.stages.iter().cloned().zip(parsed).collect();
+        Ok(Self {
+            recipe,
+            stages,
+            registry: registry.clone(),
+        })
+    }
+
+    /// The recipe's shared sections with no stages yet (for pipelines declared in Rust), with
+    /// the shipped families ([`Pipeline::with_registry`] to use others).
     pub fn shared(mut recipe: Recipe) -> Self {
         recipe.stages.clear();
         Self {
             recipe,
             stages: Vec::new(),
+            registry: Registry::builtin(),
         }
+    }
+
+    /// Look the recipe's families up in `registry` instead.
+    pub fn with_registry(mut self, registry: &Registry) -> Self {
+        self.registry = registry.clone();
+        self
     }
 
     /// Append a stage declared in Rust: `name` names its folder, `train` its training settings

@@ -10,7 +10,6 @@ use mopt_train::memory::human_bytes;
 use mopt_train::{DeviceSpec, TrainError};
 
 use crate::error::StageError;
-use crate::family::recipe_family;
 use crate::record::shown;
 use crate::shape::Shape;
 use crate::stage::{PlanContext, StagePlan};
@@ -78,12 +77,12 @@ impl Pipeline {
             let cfg = t.checkpoint.join("config.json");
             if cfg.is_file() {
                 return Ok((
-                    recipe_family(r)?.read_shape(&t.checkpoint)?,
+                    self.registry.recipe_family(r)?.read_shape(&t.checkpoint)?,
                     format!("teacher {} (exists)", shown(&t.checkpoint)),
                 ));
             }
             let path = t.recipe.as_ref().expect("validated");
-            let teacher = Pipeline::load(path)?;
+            let teacher = Pipeline::load_with(path, &self.registry)?;
             let chain = teacher.plan_chain()?;
             let out = chain
                 .stages
@@ -99,7 +98,7 @@ impl Pipeline {
             ));
         }
         let m = r.model.as_ref().expect("validated");
-        let c = recipe_family(r)?.model_shape(
+        let c = self.registry.recipe_family(r)?.model_shape(
             m,
             r.tokenizer.as_ref(),
             &r.scope.nested("model"),
@@ -126,7 +125,8 @@ impl Pipeline {
         let mut earlier = vec!["baseline".to_string()];
         for (entry, stage) in &self.stages {
             let cx = PlanContext {
-                family: recipe_family(r)?,
+                family: self.registry.recipe_family(r)?,
+                registry: &self.registry,
                 tokenizer: r.tokenizer.as_ref(),
                 data: &r.data,
                 vocab,

@@ -19,7 +19,7 @@ use mopt_recipe::Recipe;
 use mopt_train::TrainError;
 
 use crate::error::StageError;
-use crate::family::recipe_family;
+use crate::Registry;
 
 /// A loaded text classifier (inference mode), whatever its family.
 pub trait TextClassifier {
@@ -55,14 +55,25 @@ pub struct Predictor {
 
 impl Predictor {
     /// The checkpoint folder `checkpoint` (a run's `best`, a stage's model), tokenised as
-    /// `recipe`'s `[tokenizer]` says, on the CPU.
+    /// `recipe`'s `[tokenizer]` says, on the CPU (the shipped families).
     pub fn load(recipe: &Recipe, checkpoint: &Path) -> Result<Self, StageError> {
+        Self::load_with(&Registry::builtin(), recipe, checkpoint)
+    }
+
+    /// [`Predictor::load`] with the recipe's family looked up in `registry`.
+    pub fn load_with(
+        registry: &Registry,
+        recipe: &Recipe,
+        checkpoint: &Path,
+    ) -> Result<Self, StageError> {
         let device = Device::flex();
         let labels = LabelMap::load(&checkpoint.join("labels.json")).map_err(TrainError::from)?;
         let t = recipe.text_tokenizer()?;
         let tokenizer =
             TextTokenizer::from_file(&t.path, t.max_len, t.lowercase).map_err(TrainError::from)?;
-        let model = recipe_family(recipe)?.classifier(checkpoint, &device)?;
+        let model = registry
+            .recipe_family(recipe)?
+            .classifier(checkpoint, &device)?;
         Ok(Self {
             model,
             tokenizer,

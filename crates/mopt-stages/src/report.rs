@@ -233,7 +233,7 @@ pub(crate) fn write_report(
     let recipe = &p.recipe;
     let analysis = if recipe.evaluation.analysis {
         eprintln!("analysis: where the baseline's time goes");
-        crate::family::recipe_family(recipe)?.analyse(
+        p.registry.recipe_family(recipe)?.analyse(
             baseline_ckpt,
             recipe.evaluation.latency_seq_len,
             recipe.evaluation.latency_runs.max(3) / 3,

@@ -278,7 +278,9 @@ impl Pipeline {
 
         // The baseline: the teacher (trained first when missing) or the recipe's [model].
         let base_dir = run_dir.join("00-baseline");
-        let family = crate::family::recipe_family(recipe)
+        let family = self
+            .registry
+            .recipe_family(recipe)
             .map_err(StageError::from)
             .map_err(undo)?;
         let (data, baseline_ckpt, baseline_note) = self
@@ -393,8 +395,13 @@ impl Pipeline {
                 format!("teacher {}", shown(&t.checkpoint)),
             ));
         };
-        let (ckpt, note) =
-            obtain_checkpoint(&t.checkpoint, path, &base_dir.join("teacher-run"), opts)?;
+        let (ckpt, note) = obtain_checkpoint(
+            &self.registry,
+            &t.checkpoint,
+            path,
+            &base_dir.join("teacher-run"),
+            opts,
+        )?;
         if !ckpt.join("model.bpk").is_file() {
             return Err(TrainError::Recipe(self.recipe.invalid(
                 "teacher.checkpoint",
@@ -599,6 +606,7 @@ impl RunShared<'_> {
         let cx = StageContext {
             entry,
             family: self.family,
+            registry: &self.pipeline.registry,
             device: &opts.device,
             data: self.data,
             data_spec: &recipe.data,
@@ -688,7 +696,9 @@ type Finished = (StageRecord, Vec<Vec<f32>>, PathBuf);
 /// that recipe's run when it was interrupted). With `--max-steps` the recipe runs as a smoke run
 /// into `smoke_dir` instead, so that a smoke model never becomes the shared checkpoint. Returns
 /// the checkpoint to use and a note for the report.
+/// The recipe's families and kinds are looked up in `registry`.
 pub fn obtain_checkpoint(
+    registry: &crate::Registry,
     ckpt: &Path,
     recipe: &Path,
     smoke_dir: &Path,
@@ -697,7 +707,7 @@ pub fn obtain_checkpoint(
     if ckpt.join("model.bpk").is_file() {
         return Ok((ckpt.to_path_buf(), format!("{} (reused)", shown(ckpt))));
     }
-    let producer = Pipeline::load(recipe)?;
+    let producer = Pipeline::load_with(recipe, registry)?;
     let mut popts = RunOptions {
         force: false,
         resume: true,

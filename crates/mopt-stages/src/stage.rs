@@ -1,6 +1,7 @@
 //! The stage abstraction: a stage takes a checkpoint in and gives a checkpoint out plus facts for
 //! the report. A stage *kind* owns its recipe keys (schema and validation) and builds the stage;
-//! adding a kind is one module under `kinds/` plus one line in [`kinds`].
+//! adding a kind is one module and one [`crate::Registry::with_kind`] (the shipped ones:
+//! [`crate::Registry::builtin`]).
 
 use std::path::{Path, PathBuf};
 
@@ -16,23 +17,9 @@ use crate::error::StageError;
 use crate::family::Family;
 use crate::shape::Shape;
 
-/// The registered stage kinds, in the order the book (docs/src/stages/) lists them.
-pub fn kinds() -> &'static [&'static dyn StageKind] {
-    &[
-        &crate::kinds::finetune::Finetune,
-        &crate::kinds::checkpoint::Checkpoint,
-        &crate::kinds::distill::Distill,
-        &crate::kinds::prune::Prune,
-        &crate::kinds::vocab::Vocab,
-        &crate::kinds::quantize::Ptq,
-        &crate::kinds::quantize::Qat,
-        &crate::kinds::export::Export,
-    ]
-}
-
 /// A kind of stage (`finetune`, `distill`, `export`, …): validates a `[[stage]]` block's own keys
 /// and builds the stage.
-pub trait StageKind: Sync {
+pub trait StageKind: Send + Sync {
     /// The `kind = "…"` value.
     fn name(&self) -> &'static str;
     /// One line for `--check` and error messages.
@@ -45,11 +32,6 @@ pub trait StageKind: Sync {
     fn has_retry(&self) -> bool {
         false
     }
-}
-
-/// The kind named `name`.
-pub fn kind(name: &str) -> Option<&'static dyn StageKind> {
-    kinds().iter().copied().find(|k| k.name() == name)
 }
 
 /// What `--check` learns from a stage without running it.
@@ -68,6 +50,8 @@ pub struct StagePlan {
 pub struct PlanContext<'a> {
     /// The model family of the run (`[model] arch`).
     pub family: &'a dyn crate::family::Family,
+    /// The families and kinds of the run (a stage that plans another recipe looks them up here).
+    pub registry: &'a crate::Registry,
     /// `[tokenizer]` (text data only).
     pub tokenizer: Option<&'a TokenizerSpec>,
     /// `[data]`.
@@ -97,6 +81,8 @@ pub struct StageContext<'a> {
     pub entry: &'a StageEntry,
     /// The model family of the run (`[model] arch`): the stage's capabilities.
     pub family: &'a dyn crate::family::Family,
+    /// The families and kinds of the run (a stage that runs another recipe looks them up here).
+    pub registry: &'a crate::Registry,
     /// The device.
     pub device: &'a DeviceSpec,
     /// The run's splits (and the golden set), as the family's loader read them.
@@ -235,20 +221,21 @@ pub trait Stage {
 
 /// Validate every stage of a recipe with its kind.
 pub fn parse_stages(
+    registry: &crate::Registry,
     entries: &[StageEntry],
     family: &dyn Family,
 ) -> Result<Vec<Box<dyn Stage>>, RecipeError> {
     entries
         .iter()
         .map(|e| {
-            let kind = kinds().iter().find(|k| k.name() == e.kind).ok_or_else(|| {
+            let kind = registry.kind(&e.kind).ok_or_else(|| {
                 e.scope.err(
                     "kind",
                     format!("unknown stage kind `{}`", e.kind),
                     format!(
                         "use one of: {}",
-                        kinds()
-                            .iter()
+                        registry
+                            .kinds()
                             .map(|k| format!("`{}` ({})", k.name(), k.about()))
                             .collect::<Vec<_>>()
                             .join(", ")

@@ -1,7 +1,8 @@
 //! Model families as the runner and the stage kinds see them: one object per family that does
 //! each capability with the family's own types, so a kind calls `cx.family.export(…)` and never
 //! names a model. A family implements the `mopt-core` / `mopt-export` contracts in its own crate
-//! and is registered here with one line in [`families`].
+//! and joins a run through the [`crate::Registry`] its program passes to the runner
+//! ([`crate::Registry::builtin`] lists the shipped ones).
 //!
 //! A family also loads the run's data ([`crate::data`]: the loader of the modality its models
 //! read) and measures its checkpoints on it ([`Family::measure`]).
@@ -17,7 +18,7 @@ use burn::prelude::*;
 use mopt_core::{Checkpoint, Examples, Labeled, ModelConfig};
 use mopt_data::LabelMap;
 use mopt_export::{ExportOptions, ModelCard};
-use mopt_recipe::{ModelSpec, Recipe, Scope, StageEntry, TokenizerSpec, DEFAULT_ARCH};
+use mopt_recipe::{ModelSpec, Recipe, Scope, StageEntry, TokenizerSpec};
 use mopt_train::trainer::evaluate;
 
 use crate::analysis::Analysis;
@@ -32,7 +33,7 @@ use crate::shape::Shape;
 use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
 
 /// What the stage kinds ask of a model family.
-pub trait Family: Sync {
+pub trait Family: Send + Sync {
     /// The `[model] arch` name (`bert`).
     fn arch(&self) -> &'static str;
 
@@ -259,79 +260,6 @@ pub trait Family: Sync {
     }
 }
 
-/// The registered families.
-pub fn families() -> &'static [&'static dyn Family] {
-    &[&bert::Bert, &resnet::RESNET, &cnn::CNN]
-}
-
-/// The family of a recipe: its `[model] arch`, or for a recipe that continues from a
-/// `[teacher]` checkpoint, the family that checkpoint's `config.json` names (`model_type`; BERT
-/// when it names none). An unknown name is an error naming the key and the registered families;
-/// so is data of another modality than the family reads.
-pub fn recipe_family(recipe: &Recipe) -> Result<&'static dyn Family, mopt_recipe::RecipeError> {
-    let f = named_family(recipe)?;
-    let format = &recipe.data.format;
-    if f.modality() != format.modality() {
-        return Err(recipe.scope.nested("data").err(
-            "format",
-            format!(
-                "`{}` holds {}, and `{}` models read {}",
-                format.name(),
-                format.modality(),
-                f.arch(),
-                f.modality()
-            ),
-            "pair the model with data of its kind (a ResNet or a CNN with `idx` / `pixels-csv`, BERT with text)",
-        ));
-    }
-    Ok(f)
-}
-
-/// The family a checkpoint folder's `config.json` names in `model_type`.
-fn checkpoint_arch(dir: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    Some(v.get("model_type")?.as_str()?.to_string())
-}
-
-fn named_family(recipe: &Recipe) -> Result<&'static dyn Family, mopt_recipe::RecipeError> {
-    let Some(m) = &recipe.model else {
-        // The teacher's family: its checkpoint's, or the family of the recipe that trains it.
-        let Some(t) = &recipe.teacher else {
-            return Ok(family(DEFAULT_ARCH).expect("the default family is registered"));
-        };
-        if let Some(f) = checkpoint_arch(&t.checkpoint).and_then(|a| family(&a)) {
-            return Ok(f);
-        }
-        return match &t.recipe {
-            Some(p) => named_family(&mopt_recipe::load(p)?),
-            None => Ok(family(DEFAULT_ARCH).expect("the default family is registered")),
-        };
-    };
-    family(&m.arch).ok_or_else(|| {
-        let known: Vec<String> = families()
-            .iter()
-            .map(|f| format!("`{}`", f.arch()))
-            .collect();
-        recipe.scope.nested("model").err(
-            "arch",
-            format!("unknown architecture `{}`", m.arch),
-            format!(
-                "use one of {} (a model family of your own is registered in mopt-stages/src/family/)",
-                known.join(", ")
-            ),
-        )
-    })
-}
-
-/// The family named `arch` (its name or an alias).
-pub fn family(arch: &str) -> Option<&'static dyn Family> {
-    families()
-        .iter()
-        .copied()
-        .find(|f| f.arch() == arch || f.aliases().contains(&arch))
-}
-
 /// Accuracy of an `M` checkpoint on the split `which` of `data`, on the inference device
 /// (batches of 64).
 pub fn checkpoint_accuracy<M>(ckpt: &Path, data: &RunData, which: Split) -> Result<f64, StageError>
@@ -505,7 +433,8 @@ mod tests {
 
     #[test]
     fn a_stage_that_needs_a_capability_the_family_lacks_says_which() {
-        let err = crate::stage::parse_stages(&[entry("prune")], &Bare)
+        let registry = crate::Registry::builtin();
+        let err = crate::stage::parse_stages(&registry, &[entry("prune")], &Bare)
             .err()
             .expect("a bare family cannot prune")
             .to_string();
@@ -516,7 +445,7 @@ mod tests {
             "{err}"
         );
         for kind in ["ptq", "qat"] {
-            let err = crate::stage::parse_stages(&[entry(kind)], &Bare)
+            let err = crate::stage::parse_stages(&registry, &[entry(kind)], &Bare)
                 .err()
                 .expect("a bare family cannot quantize")
                 .to_string();
@@ -528,11 +457,13 @@ mod tests {
             );
         }
         // The same stages parse for BERT, whose family declares its group kinds and layers.
-        let bert = family("bert-classifier").expect("BERT is registered under its alias");
+        let bert = registry
+            .family("bert-classifier")
+            .expect("BERT is registered under its alias");
         assert_eq!(bert.prune_targets(), ["heads", "ffn", "hidden", "layers"]);
         for kind in ["prune", "ptq", "qat"] {
             assert!(
-                crate::stage::parse_stages(&[entry(kind)], bert).is_ok(),
+                crate::stage::parse_stages(&registry, &[entry(kind)], bert).is_ok(),
                 "{kind}"
             );
         }

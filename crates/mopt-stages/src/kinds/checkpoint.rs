@@ -87,7 +87,7 @@ impl Stage for CheckpointStage {
                 .recipe
                 .as_ref()
                 .expect("validated: recipe or checkpoint");
-            let chain = Pipeline::load(recipe)?.plan_chain()?;
+            let chain = Pipeline::load_with(recipe, cx.registry)?.plan_chain()?;
             let out = chain
                 .stages
                 .last()
@@ -109,7 +109,13 @@ impl Stage for CheckpointStage {
                     max_steps: cx.opts.max_steps,
                     ..RunOptions::new(cx.device.clone())
                 };
-                obtain_checkpoint(&self.path, recipe, &cx.dir.join("producer-run"), &opts)?
+                obtain_checkpoint(
+                    cx.registry,
+                    &self.path,
+                    recipe,
+                    &cx.dir.join("producer-run"),
+                    &opts,
+                )?
             }
             None => (self.path.clone(), format!("{} (reused)", shown(&self.path))),
         };

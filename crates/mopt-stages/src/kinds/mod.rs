@@ -1,4 +1,5 @@
-//! The stage kinds. A new kind is a module here plus one line in [`crate::stage::kinds`].
+//! The stage kinds. A new kind is a module here plus one line in [`crate::Registry::builtin`]
+//! (a program registers a kind of its own with [`crate::Registry::with_kind`]).
 
 pub mod checkpoint;
 pub mod distill;

@@ -110,6 +110,22 @@ impl PruneStage {
             .collect()
     }
 
+    /// The layers of an `M` of `config`, checked against its layer-scoped target kinds (a
+    /// model that declares such a kind counts its layers in `Prunable::layers`).
+    fn layers<M: Prunable>(&self, config: &M::Config) -> Result<Vec<usize>, StageError> {
+        let n = M::layers(config);
+        for k in self.groups::<M>().into_iter().filter(|k| k.layer_scoped()) {
+            if k.scopes(config) > n {
+                return Err(StageError::Unsupported(format!(
+                    "group kind `{}` is layer-scoped with {} scopes, but the model counts {n} layers: implement `Prunable::layers` for it",
+                    k.name(),
+                    k.scopes(config)
+                )));
+            }
+        }
+        Ok((0..n).collect())
+    }
+
     /// The units round `r` keeps. `origin[l]`: the input layer that layer `l` is.
     fn keep<M: Prunable>(
         &self,
@@ -467,7 +483,7 @@ impl PruneStage {
         let ad = cx.device.train_device(&cx.entry.train);
         let (mut model, mut config) = M::load(input, &device)?;
         let orig = self.units::<M>(&config);
-        let mut origin: Vec<usize> = (0..M::layers(&config)).collect();
+        let mut origin = self.layers::<M>(&config)?;
         let golden_split = cx.golden::<M::Batch>()?;
         let golden = |m: &M, c: &M::Config| {
             let bs = cx.entry.train.eval_batch_size;
@@ -637,7 +653,7 @@ impl PruneStage {
             self.limits.scopes
         )];
         let mut c = input.clone();
-        let mut origin: Vec<usize> = (0..M::layers(&c)).collect();
+        let mut origin = self.layers::<M>(&c)?;
         let scored = if self.ranking == Ranking::Global {
             " (global: the split across layers follows the scores)"
         } else if self.targets.contains(&"layers") {

@@ -104,7 +104,9 @@ pub fn student_config(
     tokenizer: &mopt_recipe::TokenizerSpec,
     vocab: usize,
 ) -> Result<(BertConfig, MatchPlan), StageError> {
-    if crate::family::family(&stage.student.arch).map(|f| f.arch()) != Some("bert") {
+    use crate::family::Family;
+    let bert = super::Bert;
+    if stage.student.arch != bert.arch() && !bert.aliases().contains(&stage.student.arch.as_str()) {
         let err = stage.scope.nested("student").err(
             "arch",
             format!(

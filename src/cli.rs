@@ -1,0 +1,422 @@
+//! `mopt-train`'s command line as a function of the families and stage kinds it knows:
+//! `mopt-train` is [`main`] with [`Registry::builtin`], and a program with a model family of its
+//! own gets the whole command line (a run, `--check`, `--resume`, `--seeds`, `--max-steps`,
+//! `export`, `cache`, `lr-find`) with a main of a few lines:
+//!
+//! ```no_run
+//! # struct MyFamily;
+//! # fn my_family() -> mopt_stages::family::image::ImageFamily<mopt_models::cnn::Cnn> {
+//! #     mopt_stages::family::image::ImageFamily::new()
+//! # }
+//! fn main() -> std::process::ExitCode {
+//!     mopt::cli::main(mopt::Registry::builtin().with_family(my_family()))
+//! }
+//! ```
+//!
+//! Exit codes: 0 success; 2 bad recipe or input (nothing is written); 1 failure while running.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use mopt_stages::Registry;
+use mopt_train::{rundir, DeviceSpec, TrainError};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mopt-train",
+    version,
+    about = "Make trained networks smaller and faster: run a mopt recipe",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// The TOML recipe to run.
+    #[arg(required = true)]
+    recipe: Option<PathBuf>,
+    /// Validate the recipe and print the stage plan (shapes, parameters, settings, gates, memory)
+    /// without running anything (a dry run: an existing run folder does not stop it).
+    #[arg(long)]
+    check: bool,
+    /// Replace an existing run folder (otherwise refused).
+    #[arg(long, conflicts_with = "resume")]
+    force: bool,
+    /// Continue an interrupted run at its first unfinished stage; finished stages are reused
+    /// after their outputs' sha256 is checked.
+    #[arg(long)]
+    resume: bool,
+    /// Stop every training after N optimizer steps (smoke runs), a teacher trained on the way
+    /// included; validation and test still run.
+    #[arg(long, value_name = "N")]
+    max_steps: Option<usize>,
+    /// Run every stage here even when another run in the same output folder finished the same
+    /// stage (same settings, input and baseline by sha256), which is reused by default.
+    #[arg(long)]
+    no_reuse: bool,
+    /// Device to run on (overrides [run] device): `cpu`.
+    #[arg(long)]
+    device: Option<String>,
+    /// Seed to run with (overrides `[run] seed`; the data split keeps `[data] split-seed`); the run
+    /// folder becomes `<name>-seed<N>`, so that several seeds of one recipe sit side by side.
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// Run once per seed (`--seeds 42,1,2`, each as `--seed`), then write
+    /// `<output-dir>/<name>-seeds/summary.md` and `.json`: every stage's accuracy as mean ± std,
+    /// and each stage against its references (the hard-label twin) as a paired difference with
+    /// its 95% interval.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        conflicts_with = "seed"
+    )]
+    seeds: Option<Vec<u64>>,
+}
+
+#[derive(Subcommand, Debug)]
+enum CacheAction {
+    /// Every cache file under the folders: kind, size, age, path; totals by kind.
+    List {
+        /// Folders searched for `.mopt-cache/` (recursively).
+        #[arg(default_value = "datasets/data")]
+        roots: Vec<PathBuf>,
+    },
+    /// Remove cache files: all of them, or those the options select.
+    Clean {
+        /// Folders searched for `.mopt-cache/` (recursively).
+        #[arg(default_value = "datasets/data")]
+        roots: Vec<PathBuf>,
+        /// Only files last written more than DAYS days ago.
+        #[arg(long, value_name = "DAYS")]
+        older_than: Option<f64>,
+        /// Keep the newest N files of each kind in each cache folder.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        keep_latest: usize,
+        /// List what would be removed, remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// LR range test: exponential sweep, loss curve written to `<run>-lr-find/`, suggested LR printed.
+    LrFind {
+        recipe: PathBuf,
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        device: Option<String>,
+    },
+    /// Export a run's best checkpoint to ONNX (and its teacher, for distillation recipes), with
+    /// parity on real test sentences, a model card, and ONNX Runtime latency side by side.
+    Export {
+        recipe: PathBuf,
+        /// Checkpoint folder (default `<run>/best`).
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+        /// Output folder (default `<run>/export`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Test sentences for the parity check.
+        #[arg(long, default_value_t = 500)]
+        samples: usize,
+        /// ONNX Runtime latency runs at batch 32 (4x at batch 1); 0 skips the benchmark.
+        #[arg(long, default_value_t = 30)]
+        latency_runs: usize,
+        #[arg(long)]
+        force: bool,
+    },
+    /// The caches runs keep beside their data (`.mopt-cache/`: token ids, teacher outputs, teacher
+    /// logits): list them, or remove old ones (a run rebuilds what it needs).
+    Cache {
+        #[command(subcommand)]
+        action: CacheAction,
+    },
+    /// Write a mopt checkpoint folder as HF-style `model.safetensors` + `config.json`.
+    ExportHf {
+        /// A checkpoint folder (e.g. `checkpoints/<run>/best`).
+        checkpoint: PathBuf,
+        /// Output folder.
+        out: PathBuf,
+    },
+}
+
+fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
+    // Failure injection for the tests of the binary's own error paths.
+    if std::env::var("MOPT_FAILPOINT").as_deref() == Ok("panic") {
+        panic!("failpoint MOPT_FAILPOINT=panic");
+    }
+    match cli.command {
+        Some(Command::LrFind {
+            recipe,
+            force,
+            device,
+        }) => {
+            let recipe = mopt_recipe::load(&recipe)?;
+            let device = mopt_stages::recipe_device(&recipe, device.as_deref())?;
+            let dir = recipe
+                .run
+                .output_dir
+                .join(format!("{}-lr-find", recipe.run.name));
+            rundir::create_run_dir(&recipe, &dir, force)?;
+            let result = mopt_stages::lr_find::lr_find(&recipe, &device, &dir)?;
+            println!(
+                "suggested lr: {:.2e} (steepest descent of the smoothed loss; {} points{}) — curve in {}",
+                result.suggested_lr,
+                result.points.len(),
+                if result.stopped_early { ", stopped when the loss diverged" } else { "" },
+                dir.join("lr-find.csv").display()
+            );
+        }
+        Some(Command::Export {
+            recipe,
+            checkpoint,
+            out,
+            samples,
+            latency_runs,
+            force,
+        }) => {
+            let recipe = mopt_recipe::load(&recipe)?;
+            let opts = mopt_stages::export_recipe::RecipeExport {
+                checkpoint,
+                out,
+                samples,
+                force,
+                latency_runs,
+            };
+            let s = mopt_stages::export_recipe::export_recipe(registry, &recipe, &opts)?;
+            for (name, card) in std::iter::once(("student", &s.student))
+                .chain(s.teacher.as_ref().map(|t| ("teacher", t)))
+            {
+                println!(
+                    "{name}: parity max |ORT - mopt| {:.2e}, prediction agreement {:.2}% on {} test sentences{}; accuracy {:.4}; {} ops {:?}",
+                    card.parity.max_abs_err,
+                    card.parity.agreement * 100.0,
+                    card.parity.samples,
+                    if card.quantization.is_some() { " (QDQ)" } else { "" },
+                    card.accuracy_at_export.unwrap_or(f64::NAN),
+                    if card.quantization.is_some() { "ONNX Runtime's optimised graph" } else { "fused" },
+                    card.fused_ops
+                );
+            }
+            for l in &s.latency {
+                println!("ONNX Runtime {}: {}", l.model, l.latency);
+            }
+            println!("export folder: {}", s.out.display());
+        }
+        Some(Command::Cache { action }) => cache(action)?,
+        Some(Command::ExportHf { checkpoint, out }) => {
+            let device = DeviceSpec::Cpu.device();
+            let (model, config) = mopt_models::bert::weights::load_checkpoint(&checkpoint, &device)
+                .map_err(mopt_stages::StageError::from)?;
+            mopt_models::bert::weights::save_hf(&model, &config, &out)
+                .map_err(mopt_stages::StageError::from)?;
+            println!("wrote {}/model.safetensors and config.json", out.display());
+        }
+        None => {
+            let args = cli.run;
+            let path = args.recipe.clone().expect("clap requires RECIPE");
+            let loaded = mopt_recipe::load(&path)?;
+            // `--seeds`, else `--seed`, else `[run] seeds`, else the recipe's one seed.
+            let several = match (&args.seeds, args.seed) {
+                (Some(list), _) => Some(list.clone()),
+                (None, Some(_)) => None,
+                (None, None) => (!loaded.run.seeds.is_empty()).then(|| loaded.run.seeds.clone()),
+            };
+            let seeds: Vec<Option<u64>> = match &several {
+                Some(list) => list.iter().map(|&s| Some(s)).collect(),
+                None => vec![args.seed],
+            };
+            let mut reports = Vec::new();
+            for seed in seeds {
+                let recipe = match seed {
+                    Some(s) => loaded.clone().with_seed(s),
+                    None => loaded.clone(),
+                };
+                let seed = recipe.run.seed;
+                match run_recipe(registry, recipe, &args)? {
+                    Some(report) => reports.push((seed, report)),
+                    None => return Ok(()),
+                }
+            }
+            if several.is_some() {
+                let summary = mopt_stages::seeds::summarize(&reports);
+                let dir = loaded
+                    .run
+                    .output_dir
+                    .join(format!("{}-seeds", loaded.run.name));
+                mopt_stages::seeds::write(&dir, &summary)?;
+                print!("{}", mopt_stages::seeds::markdown(&summary));
+                println!("summary: {}/summary.md", dir.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Run (or `--check`) one recipe; the report, unless only checked.
+fn run_recipe(
+    registry: &Registry,
+    recipe: mopt_recipe::Recipe,
+    args: &RunArgs,
+) -> anyhow::Result<Option<mopt_stages::report::PipelineReport>> {
+    let pipeline = mopt_stages::Pipeline::from_recipe_with(recipe, registry)?;
+    let (device, replicas) = mopt_stages::recipe_devices(&pipeline.recipe, args.device.as_deref())?;
+    if args.check {
+        print!("{}", pipeline.check(&device)?);
+        println!("recipe OK");
+        return Ok(None);
+    }
+    let opts = mopt_stages::RunOptions {
+        device,
+        force: args.force,
+        resume: args.resume,
+        max_steps: args.max_steps,
+        run_dir: None,
+        reuse: !args.no_reuse,
+        replicas,
+    };
+    let report = pipeline.run(&opts)?;
+    for st in &report.stages {
+        println!(
+            "{} {} ({}): {}; validation accuracy {:.4}, test {:.4}, {:.2}M params",
+            st.index,
+            st.name,
+            st.kind,
+            st.decision.action.label(),
+            st.model.valid.accuracy,
+            st.model.test.accuracy,
+            st.model.params as f64 / 1e6
+        );
+    }
+    println!(
+        "final model: stage {} -> {}/best (test accuracy {:.4}); {:.0}s wall",
+        report.final_stage, report.run_dir, report.final_model.test.accuracy, report.wall_time_s
+    );
+    println!("report: {}/report.md", report.run_dir);
+    Ok(Some(report))
+}
+
+/// `mopt-train cache list|clean`.
+fn cache(action: CacheAction) -> anyhow::Result<()> {
+    use mopt_train::cache::{clean, scan, select, CacheFile, CleanRule};
+    let show = |files: &[CacheFile]| {
+        let now = std::time::SystemTime::now();
+        for f in files {
+            let age = now.duration_since(f.modified).unwrap_or_default();
+            println!(
+                "{:<8} {:>10.2} MiB {:>7.1} days  {}",
+                f.kind.label(),
+                f.bytes as f64 / 1048576.0,
+                age.as_secs_f64() / 86400.0,
+                f.path.display()
+            );
+        }
+        let total: u64 = files.iter().map(|f| f.bytes).sum();
+        println!("{} files, {:.2} MiB", files.len(), total as f64 / 1048576.0);
+    };
+    match action {
+        CacheAction::List { roots } => show(&scan(&roots)?),
+        CacheAction::Clean {
+            roots,
+            older_than,
+            keep_latest,
+            dry_run,
+        } => {
+            let older_than = match older_than {
+                Some(d) if !(d.is_finite() && d >= 0.0) => {
+                    return Err(TrainError::Input(format!(
+                        "--older-than {d}: give a number of days, 0 or more"
+                    ))
+                    .into())
+                }
+                d => d.map(|d| std::time::Duration::from_secs_f64(d * 86400.0)),
+            };
+            let rule = CleanRule {
+                older_than,
+                keep_latest,
+            };
+            let picked = select(&scan(&roots)?, &rule, std::time::SystemTime::now());
+            show(&picked);
+            if dry_run {
+                println!("dry run: nothing removed");
+            } else {
+                let freed = clean(&picked)?;
+                println!("removed; {:.2} MiB freed", freed as f64 / 1048576.0);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn exit_code(err: &anyhow::Error) -> u8 {
+    if let Some(e) = err.downcast_ref::<mopt_stages::StageError>() {
+        return if e.is_input_error() { 2 } else { 1 };
+    }
+    if let Some(e) = err.downcast_ref::<mopt_export::ExportError>() {
+        return if e.is_input_error() { 2 } else { 1 };
+    }
+    if let Some(e) = err.downcast_ref::<TrainError>() {
+        return if e.is_input_error() { 2 } else { 1 };
+    }
+    if err.downcast_ref::<mopt_recipe::RecipeError>().is_some() {
+        return 2;
+    }
+    1
+}
+
+/// Run the command line of `std::env::args` with the families and stage kinds of `registry`:
+/// the allocator and the kernels' thread pool set up first (as [`mopt_kernels::tune_allocator`]
+/// and [`mopt_kernels::init_pool`] say), then [`run_from`].
+pub fn main(registry: Registry) -> ExitCode {
+    mopt_kernels::tune_allocator();
+    // This thread as the kernels' worker 0 (rayon's global pool is built nowhere else before).
+    if let Err(e) = mopt_kernels::init_pool(None) {
+        eprintln!("warning: mopt-train runs on rayon's default pool: {e}");
+    }
+    ExitCode::from(run_from(registry, std::env::args_os()))
+}
+
+/// Run the command line `args` (the program's name first) with the families and stage kinds of
+/// `registry`: errors printed and mapped to the exit code (2: bad input, nothing written; 1: a
+/// failure while running, or a bug), which is returned. Usage errors exit as clap's (2; 0 for
+/// `--help`).
+pub fn run_from<I, T>(registry: Registry, args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return e.exit_code().clamp(0, 255) as u8;
+        }
+    };
+    // A panic is a bug: say so (after Rust's own message with its location) and exit with 1,
+    // never 101; finished stages stay on disk for `--resume`.
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli, &registry))) {
+        Ok(Ok(())) => 0,
+        Ok(Err(err)) => {
+            eprintln!("error: {err:#}");
+            exit_code(&err)
+        }
+        Err(_) => {
+            eprintln!(
+                "error: mopt-train stopped on an internal error (the panic above): this is a bug in mopt, \
+                 not a problem with your input; please report it with the command and the recipe. \
+                 Finished stages are kept: `--resume` continues the run."
+            );
+            1
+        }
+    }
+}
