@@ -160,23 +160,7 @@ fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
             recipe,
             force,
             device,
-        }) => {
-            let recipe = mopt_recipe::load(&recipe)?;
-            let device = mopt_stages::recipe_device(&recipe, device.as_deref())?;
-            let dir = recipe
-                .run
-                .output_dir
-                .join(format!("{}-lr-find", recipe.run.name));
-            rundir::create_run_dir(&recipe, &dir, force)?;
-            let result = mopt_stages::lr_find::lr_find(&recipe, &device, &dir)?;
-            println!(
-                "suggested lr: {:.2e} (steepest descent of the smoothed loss; {} points{}) — curve in {}",
-                result.suggested_lr,
-                result.points.len(),
-                if result.stopped_early { ", stopped when the loss diverged" } else { "" },
-                dir.join("lr-find.csv").display()
-            );
-        }
+        }) => lr_find(&recipe, force, device.as_deref()),
         Some(Command::Export {
             recipe,
             checkpoint,
@@ -185,7 +169,6 @@ fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
             latency_runs,
             force,
         }) => {
-            let recipe = mopt_recipe::load(&recipe)?;
             let opts = mopt_stages::export_recipe::RecipeExport {
                 checkpoint,
                 out,
@@ -193,27 +176,9 @@ fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
                 force,
                 latency_runs,
             };
-            let s = mopt_stages::export_recipe::export_recipe(registry, &recipe, &opts)?;
-            for (name, card) in std::iter::once(("student", &s.student))
-                .chain(s.teacher.as_ref().map(|t| ("teacher", t)))
-            {
-                println!(
-                    "{name}: parity max |ORT - mopt| {:.2e}, prediction agreement {:.2}% on {} test sentences{}; accuracy {:.4}; {} ops {:?}",
-                    card.parity.max_abs_err,
-                    card.parity.agreement * 100.0,
-                    card.parity.samples,
-                    if card.quantization.is_some() { " (QDQ)" } else { "" },
-                    card.accuracy_at_export.unwrap_or(f64::NAN),
-                    if card.quantization.is_some() { "ONNX Runtime's optimised graph" } else { "fused" },
-                    card.fused_ops
-                );
-            }
-            for l in &s.latency {
-                println!("ONNX Runtime {}: {}", l.model, l.latency);
-            }
-            println!("export folder: {}", s.out.display());
+            export(registry, &recipe, &opts)
         }
-        Some(Command::Cache { action }) => cache(action)?,
+        Some(Command::Cache { action }) => cache(action),
         Some(Command::ExportHf { checkpoint, out }) => {
             let device = DeviceSpec::Cpu.device();
             let (model, config) = mopt_models::bert::weights::load_checkpoint(&checkpoint, &device)
@@ -221,44 +186,100 @@ fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
             mopt_models::bert::weights::save_hf(&model, &config, &out)
                 .map_err(mopt_stages::StageError::from)?;
             println!("wrote {}/model.safetensors and config.json", out.display());
+            Ok(())
         }
-        None => {
-            let args = cli.run;
-            let path = args.recipe.clone().expect("clap requires RECIPE");
-            let loaded = mopt_recipe::load(&path)?;
-            // `--seeds`, else `--seed`, else `[run] seeds`, else the recipe's one seed.
-            let several = match (&args.seeds, args.seed) {
-                (Some(list), _) => Some(list.clone()),
-                (None, Some(_)) => None,
-                (None, None) => (!loaded.run.seeds.is_empty()).then(|| loaded.run.seeds.clone()),
-            };
-            let seeds: Vec<Option<u64>> = match &several {
-                Some(list) => list.iter().map(|&s| Some(s)).collect(),
-                None => vec![args.seed],
-            };
-            let mut reports = Vec::new();
-            for seed in seeds {
-                let recipe = match seed {
-                    Some(s) => loaded.clone().with_seed(s),
-                    None => loaded.clone(),
-                };
-                let seed = recipe.run.seed;
-                match run_recipe(registry, recipe, &args)? {
-                    Some(report) => reports.push((seed, report)),
-                    None => return Ok(()),
-                }
-            }
-            if several.is_some() {
-                let summary = mopt_stages::seeds::summarize(&reports);
-                let dir = loaded
-                    .run
-                    .output_dir
-                    .join(format!("{}-seeds", loaded.run.name));
-                mopt_stages::seeds::write(&dir, &summary)?;
-                print!("{}", mopt_stages::seeds::markdown(&summary));
-                println!("summary: {}/summary.md", dir.display());
-            }
+        None => run_seeds(registry, &cli.run),
+    }
+}
+
+/// `mopt-train lr-find`.
+fn lr_find(recipe: &std::path::Path, force: bool, device: Option<&str>) -> anyhow::Result<()> {
+    let recipe = mopt_recipe::load(recipe)?;
+    let device = mopt_stages::recipe_device(&recipe, device)?;
+    let dir = recipe
+        .run
+        .output_dir
+        .join(format!("{}-lr-find", recipe.run.name));
+    rundir::create_run_dir(&recipe, &dir, force)?;
+    let result = mopt_stages::lr_find::lr_find(&recipe, &device, &dir)?;
+    println!(
+        "suggested lr: {:.2e} (steepest descent of the smoothed loss; {} points{}) — curve in {}",
+        result.suggested_lr,
+        result.points.len(),
+        if result.stopped_early {
+            ", stopped when the loss diverged"
+        } else {
+            ""
+        },
+        dir.join("lr-find.csv").display()
+    );
+    Ok(())
+}
+
+/// `mopt-train export`.
+fn export(
+    registry: &Registry,
+    recipe: &std::path::Path,
+    opts: &mopt_stages::export_recipe::RecipeExport,
+) -> anyhow::Result<()> {
+    let recipe = mopt_recipe::load(recipe)?;
+    let s = mopt_stages::export_recipe::export_recipe(registry, &recipe, opts)?;
+    for (name, card) in
+        std::iter::once(("student", &s.student)).chain(s.teacher.as_ref().map(|t| ("teacher", t)))
+    {
+        println!(
+            "{name}: parity max |ORT - mopt| {:.2e}, prediction agreement {:.2}% on {} test sentences{}; accuracy {:.4}; {} ops {:?}",
+            card.parity.max_abs_err,
+            card.parity.agreement * 100.0,
+            card.parity.samples,
+            if card.quantization.is_some() { " (QDQ)" } else { "" },
+            card.accuracy_at_export.unwrap_or(f64::NAN),
+            if card.quantization.is_some() { "ONNX Runtime's optimised graph" } else { "fused" },
+            card.fused_ops
+        );
+    }
+    for l in &s.latency {
+        println!("ONNX Runtime {}: {}", l.model, l.latency);
+    }
+    println!("export folder: {}", s.out.display());
+    Ok(())
+}
+
+/// A run: once, or once per seed (`--seeds`, else `--seed`, else `[run] seeds`, else the
+/// recipe's one seed) followed by the seeds' summary.
+fn run_seeds(registry: &Registry, args: &RunArgs) -> anyhow::Result<()> {
+    let path = args.recipe.clone().expect("clap requires RECIPE");
+    let loaded = mopt_recipe::load(&path)?;
+    let several = match (&args.seeds, args.seed) {
+        (Some(list), _) => Some(list.clone()),
+        (None, Some(_)) => None,
+        (None, None) => (!loaded.run.seeds.is_empty()).then(|| loaded.run.seeds.clone()),
+    };
+    let seeds: Vec<Option<u64>> = match &several {
+        Some(list) => list.iter().map(|&s| Some(s)).collect(),
+        None => vec![args.seed],
+    };
+    let mut reports = Vec::new();
+    for seed in seeds {
+        let recipe = match seed {
+            Some(s) => loaded.clone().with_seed(s),
+            None => loaded.clone(),
+        };
+        let seed = recipe.run.seed;
+        match run_recipe(registry, recipe, args)? {
+            Some(report) => reports.push((seed, report)),
+            None => return Ok(()),
         }
+    }
+    if several.is_some() {
+        let summary = mopt_stages::seeds::summarize(&reports);
+        let dir = loaded
+            .run
+            .output_dir
+            .join(format!("{}-seeds", loaded.run.name));
+        mopt_stages::seeds::write(&dir, &summary)?;
+        print!("{}", mopt_stages::seeds::markdown(&summary));
+        println!("summary: {}/summary.md", dir.display());
     }
     Ok(())
 }

@@ -133,24 +133,30 @@ pub(crate) fn argmax(v: impl Iterator<Item = f64>) -> usize {
         .0
 }
 
-/// How ONNX Runtime's outputs compare with mopt's.
+/// How ONNX Runtime's outputs compare with mopt's: the parity check's outcome, as [`parity`]
+/// measures it and the model card (`model-card.json`, under `parity`) records it.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Parity {
-    /// Max |ONNX Runtime − mopt| over every logit.
-    pub max_abs_diff: f64,
-    /// Share of examples with the same predicted class.
-    pub agreement: f64,
     /// Examples compared.
-    pub examples: usize,
+    pub samples: usize,
+    /// The largest |ONNX Runtime − mopt| logit difference, over every logit.
+    pub max_abs_err: f64,
+    /// The float tolerance `max_abs_err` is held to (a quantized export is held to a prediction
+    /// agreement instead, [`QDQ_MIN_AGREEMENT`](crate::export::QDQ_MIN_AGREEMENT)).
+    pub tolerance: f64,
+    /// Share of examples where ONNX Runtime and mopt predict the same class.
+    pub agreement: f64,
 }
 
 /// Run the exported graph at `onnx` in ONNX Runtime on `examples` (in batches of `batch_size`)
-/// and compare with `model`'s logits (inference device `device`). `work` holds the feeds.
+/// and compare with `model`'s logits (inference device `device`), recording the float
+/// `tolerance` the result is held to. `work` holds the feeds.
 pub fn parity<M, E>(
     model: &M,
     onnx: &Path,
     examples: &E,
     batch_size: usize,
+    tolerance: f64,
     device: &Device,
     work: &Path,
 ) -> Result<Parity, ExportError>
@@ -180,9 +186,10 @@ where
         }
     }
     Ok(Parity {
-        max_abs_diff: max,
+        samples: n,
+        max_abs_err: max,
+        tolerance,
         agreement: same as f64 / n.max(1) as f64,
-        examples: n,
     })
 }
 

@@ -12,7 +12,7 @@ use mopt_quant::node::QuantConfig;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::contract::{parity, Exportable, InputType};
+use crate::contract::{parity, Exportable, InputType, Parity};
 use crate::error::ExportError;
 use crate::onnx::{Dim, IR_VERSION, OPSET};
 use crate::python;
@@ -44,19 +44,6 @@ pub struct TensorSpec {
     pub dtype: String,
     /// Its dimensions (`batch`, sizes).
     pub shape: Vec<String>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-/// The parity check's outcome, as the model card records it.
-pub struct Parity {
-    /// Examples compared.
-    pub samples: usize,
-    /// The largest |ONNX Runtime − mopt| logit difference.
-    pub max_abs_err: f64,
-    /// The float tolerance.
-    pub tolerance: f64,
-    /// Share of samples where ONNX Runtime and mopt predict the same class.
-    pub agreement: f64,
 }
 
 /// `model-card.json`: what a deployment needs to know about the exported model.
@@ -213,36 +200,25 @@ where
 {
     let onnx_path = at.dir.join("model.onnx");
     crate::contract::write_checked(&model.onnx(config)?, &onnx_path)?;
-    let p = parity(model, &onnx_path, examples, PARITY_BATCH, at.device, at.dir)?;
-    let (max_abs_err, agreement, samples) = (p.max_abs_diff, p.agreement, p.examples);
+    let p = parity(
+        model,
+        &onnx_path,
+        examples,
+        PARITY_BATCH,
+        opts.tolerance,
+        at.device,
+        at.dir,
+    )?;
     let quantization = M::quantization(config);
-    check_parity(&p, quantization.is_some(), opts.tolerance)?;
+    check_parity(&p, quantization.is_some())?;
     let fused = python::ops(&fused_ops(
         &onnx_path,
         M::ort_fusion(config),
         quantization.is_some(),
         at.dir,
     )?);
-    // The fused graph is the one timed and deployed: checked like `model.onnx`.
-    let fused_path = at.dir.join(FUSED);
-    let fused_parity = if fused_path.is_file() {
-        let p = parity(
-            model,
-            &fused_path,
-            examples,
-            PARITY_BATCH,
-            at.device,
-            at.dir,
-        )?;
-        check_parity(&p, quantization.is_some(), opts.tolerance)?;
-        Some(serde_json::json!({
-            "file": FUSED,
-            "agreement": p.agreement,
-            "max_abs_err": p.max_abs_diff,
-        }))
-    } else {
-        None
-    };
+    let fused_parity =
+        fused_graph_parity(model, examples, at, opts.tolerance, quantization.is_some())?;
     let sha256 = copy_side_files(at.ckpt, at.dir)?;
     let card = ModelCard {
         mopt_version: env!("CARGO_PKG_VERSION"),
@@ -250,18 +226,7 @@ where
         onnxruntime_checked_with: ort_version(),
         opset: OPSET,
         ir_version: IR_VERSION,
-        inputs: M::inputs(config)
-            .iter()
-            .map(|i| TensorSpec {
-                name: i.name.clone(),
-                dtype: match i.dtype {
-                    InputType::Float => "float32",
-                    InputType::Int64 => "int64",
-                }
-                .into(),
-                shape: i.dims.iter().map(dim_name).collect(),
-            })
-            .collect(),
+        inputs: input_specs::<M>(config),
         outputs: vec![TensorSpec {
             name: OUTPUT.into(),
             dtype: "float32".into(),
@@ -272,12 +237,7 @@ where
         architecture: M::card_facts(config),
         params: config.num_params(),
         accuracy_at_export: opts.accuracy,
-        parity: Parity {
-            samples,
-            max_abs_err,
-            tolerance: opts.tolerance,
-            agreement,
-        },
+        parity: p,
         quantization: quantization.as_ref().map(|q| {
             serde_json::json!({
                 "config": q,
@@ -290,13 +250,70 @@ where
         fused_graph: fused_parity,
         sha256,
     };
-    let card_path = at.dir.join("model-card.json");
+    write_card(&card, at.dir)?;
+    Ok(card)
+}
+
+/// The [`FUSED`] graph's checked parity for the card (`file`, `agreement`, `max_abs_err`), when
+/// the export wrote one.
+fn fused_graph_parity<M, E>(
+    model: &M,
+    examples: &E,
+    at: &Target,
+    tolerance: f64,
+    quantized: bool,
+) -> Result<Option<serde_json::Value>, ExportError>
+where
+    M: Exportable,
+    E: Examples<Batch = M::Batch>,
+{
+    // The fused graph is the one timed and deployed: checked like `model.onnx`.
+    let fused_path = at.dir.join(FUSED);
+    if fused_path.is_file() {
+        let p = parity(
+            model,
+            &fused_path,
+            examples,
+            PARITY_BATCH,
+            tolerance,
+            at.device,
+            at.dir,
+        )?;
+        check_parity(&p, quantized)?;
+        Ok(Some(serde_json::json!({
+            "file": FUSED,
+            "agreement": p.agreement,
+            "max_abs_err": p.max_abs_err,
+        })))
+    } else {
+        Ok(None)
+    }
+}
+
+/// The card's description of the graph inputs of an `M` of `config`.
+fn input_specs<M: Exportable>(config: &M::Config) -> Vec<TensorSpec> {
+    M::inputs(config)
+        .iter()
+        .map(|i| TensorSpec {
+            name: i.name.clone(),
+            dtype: match i.dtype {
+                InputType::Float => "float32",
+                InputType::Int64 => "int64",
+            }
+            .into(),
+            shape: i.dims.iter().map(dim_name).collect(),
+        })
+        .collect()
+}
+
+/// Write `card` to `model-card.json` in `dir`.
+fn write_card(card: &ModelCard, dir: &Path) -> Result<(), ExportError> {
+    let card_path = dir.join("model-card.json");
     std::fs::write(
         &card_path,
-        serde_json::to_string_pretty(&card).expect("json"),
+        serde_json::to_string_pretty(card).expect("json"),
     )
-    .map_err(|e| ExportError::Io(card_path.display().to_string(), e))?;
-    Ok(card)
+    .map_err(|e| ExportError::Io(card_path.display().to_string(), e))
 }
 
 /// The card's description of a QDQ graph's formats: which kernels its weights suit.
@@ -321,13 +338,9 @@ fn qdq_format(q: &QuantConfig) -> String {
 }
 
 /// A quantized graph must agree with mopt on the predicted class ([`QDQ_MIN_AGREEMENT`]), a
-/// float one match its logits within `tolerance`.
-fn check_parity(
-    p: &crate::contract::Parity,
-    quantized: bool,
-    tolerance: f64,
-) -> Result<(), ExportError> {
-    let (max_abs_err, samples) = (p.max_abs_diff, p.examples);
+/// float one match its logits within its `tolerance`.
+fn check_parity(p: &Parity, quantized: bool) -> Result<(), ExportError> {
+    let (max_abs_err, tolerance, samples) = (p.max_abs_err, p.tolerance, p.samples);
     if quantized && (p.agreement < QDQ_MIN_AGREEMENT || max_abs_err.is_nan()) {
         return Err(ExportError::Agreement {
             agreement: p.agreement,

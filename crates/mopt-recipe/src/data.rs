@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::error::RecipeError;
-use crate::raw::{RawData, RawTokenizer};
+use crate::raw::{RawAugment, RawData, RawTokenizer};
 use crate::scope::Scope;
 
 /// `[tokenizer]`.
@@ -188,156 +188,14 @@ pub fn tokenizer_spec(cx: &Scope, raw: RawTokenizer) -> Result<TokenizerSpec, Re
 
 /// Validate `[data]` (`cx` is the root scope).
 pub fn data_spec(cx: &Scope, d: RawData) -> Result<DataSpec, RecipeError> {
-    let format = match d.format.as_str() {
-        "rotten-tomatoes" => DataFormat::RottenTomatoes,
-        "orange-tab" => DataFormat::OrangeTab,
-        "csv" => DataFormat::Delimited { delimiter: b',' },
-        "tsv" => DataFormat::Delimited { delimiter: b'\t' },
-        "jsonl" => DataFormat::Jsonl,
-        "idx" => DataFormat::Idx,
-        "pixels-csv" => DataFormat::PixelsCsv,
-        other => {
-            return Err(cx.err(
-                "data.format",
-                format!("unknown data format `{other}`"),
-                "use one of `rotten-tomatoes`, `orange-tab`, `csv`, `tsv`, `jsonl` (text), `idx`, `pixels-csv` (images)",
-            ))
-        }
-    };
-    let pixel_max = match (d.pixel_max, format.is_image()) {
-        (Some(_), false) => {
-            return Err(cx.err(
-                "data.pixel-max",
-                "only images have pixels",
-                "remove it (or use `format = \"idx\"` / `\"pixels-csv\"`)",
-            ))
-        }
-        (Some(m), true) if !(m.is_finite() && m > 0.0) => {
-            return Err(cx.err(
-                "data.pixel-max",
-                format!("{m} is not a positive grey value"),
-                "255 for 8-bit images, 16 for scikit-learn's digits",
-            ))
-        }
-        (m, _) => m.unwrap_or(255.0),
-    };
-    let augment = match (d.augment, format.is_image()) {
-        (None, _) => Augment::default(),
-        (Some(_), false) => {
-            return Err(cx.err(
-                "data.augment",
-                "only images are cropped and flipped",
-                "remove `[data.augment]` (or use `format = \"idx\"` / `\"pixels-csv\"`)",
-            ))
-        }
-        (Some(a), true) => {
-            let crop = a.crop.unwrap_or(0);
-            if crop > 8 {
-                return Err(cx.err(
-                    "data.augment.crop",
-                    format!("{crop} pixels of padding is more than a small image keeps"),
-                    "at most 8; 2 for 28×28 Fashion-MNIST, 4 for 32×32 images",
-                ));
-            }
-            Augment {
-                crop,
-                flip: a.flip.unwrap_or(false),
-            }
-        }
-    };
-    if format == DataFormat::Idx && d.path.is_some() {
-        return Err(cx.err(
-            "data.path",
-            "IDX data comes as separate training and test files",
-            "write `train = \"…/train-images-idx3-ubyte.gz\"` and `test = \"…/t10k-images-idx3-ubyte.gz\"`",
-        ));
-    }
-    if format.is_image() && (d.text_column.is_some() || d.label_column.is_some()) {
-        return Err(cx.err(
-            "data.text-column",
-            "images have no columns to name",
-            "remove `text-column` / `label-column` (the label is the last value of a row, or the IDX labels file)",
-        ));
-    }
-    let split_hint = "a fraction such as 0.1";
-    let valid_fraction = cx.fraction("data.valid-fraction", d.valid_fraction, 0.1, split_hint)?;
-    let data_source = match (&d.path, &d.train, &d.test) {
-        (Some(p), None, None) => {
-            let test_fraction = cx.fraction("data.test-fraction", d.test_fraction, 0.1, split_hint)?;
-            if valid_fraction + test_fraction >= 0.9 {
-                return Err(cx.err(
-                    "data.test-fraction",
-                    "valid-fraction + test-fraction leave less than 10% for training",
-                    "lower the fractions (0.1 and 0.1 are typical)",
-                ));
-            }
-            if d.valid.is_some() {
-                return Err(cx.err("data.valid", "`valid` needs `train` and `test` files, not `path`", "use `train`/`valid`/`test`, or only `path`"));
-            }
-            DataSource::Single {
-                path: cx.input_file("data.path", p)?,
-                valid_fraction,
-                test_fraction,
-            }
-        }
-        (None, Some(train), Some(test)) => {
-            if d.test_fraction.is_some() {
-                return Err(cx.err("data.test-fraction", "only used with a single `path`", "remove it: the test split is the `test` file"));
-            }
-            DataSource::Files {
-                train: cx.input_file("data.train", train)?,
-                valid: match &d.valid {
-                    Some(v) => Some(cx.input_file("data.valid", v)?),
-                    None => None,
-                },
-                test: cx.input_file("data.test", test)?,
-                valid_fraction,
-            }
-        }
-        _ => {
-            return Err(cx.err(
-                "data",
-                "give either `path` (one file, split by fractions) or both `train` and `test` (and optionally `valid`)",
-                "e.g. `path = \"../datasets/data/rotten_tomatoes/rotten_tomatoes_corpus_full.csv.bz2\"`",
-            ))
-        }
-    };
-    let needs_columns = matches!(format, DataFormat::Delimited { .. } | DataFormat::Jsonl);
-    let (text_column, label_column) = match (d.text_column, d.label_column) {
-        (Some(t), Some(l)) => (t, l),
-        (t, l) if !needs_columns => (
-            t.unwrap_or_else(|| "text".into()),
-            l.unwrap_or_else(|| match format {
-                DataFormat::RottenTomatoes => "category".into(),
-                _ => "category".into(),
-            }),
-        ),
-        (None, _) => {
-            return Err(cx.err(
-                "data.text-column",
-                "required for csv/tsv/jsonl data",
-                "name the column that holds the text, e.g. `text-column = \"sentence\"`",
-            ))
-        }
-        (_, None) => {
-            return Err(cx.err(
-                "data.label-column",
-                "required for csv/tsv/jsonl data",
-                "name the column that holds the label, e.g. `label-column = \"label\"`",
-            ))
-        }
-    };
+    let format = data_format(cx, &d.format)?;
+    let pixel_max = pixel_max(cx, d.pixel_max, format.is_image())?;
+    let augment = augment(cx, d.augment.as_ref(), format.is_image())?;
+    check_image_layout(cx, &format, &d)?;
+    let data_source = data_source(cx, &d)?;
+    let (text_column, label_column) = columns(cx, &format, d.text_column, d.label_column)?;
     if let Some(labels) = &d.labels {
-        let mut sorted = labels.clone();
-        sorted.sort();
-        sorted.dedup();
-        if labels.len() < 2 || sorted.len() != labels.len() {
-            return Err(cx.err(
-                "data.labels",
-                "needs at least two distinct labels",
-                "list each class name once",
-            ));
-        }
+        check_labels(cx, labels)?;
     }
     Ok(DataSpec {
         format,
@@ -351,4 +209,174 @@ pub fn data_spec(cx: &Scope, d: RawData) -> Result<DataSpec, RecipeError> {
         pixel_max,
         augment,
     })
+}
+
+/// The data set's format, from `format = "…"`.
+fn data_format(cx: &Scope, format: &str) -> Result<DataFormat, RecipeError> {
+    match format {
+        "rotten-tomatoes" => Ok(DataFormat::RottenTomatoes),
+        "orange-tab" => Ok(DataFormat::OrangeTab),
+        "csv" => Ok(DataFormat::Delimited { delimiter: b',' }),
+        "tsv" => Ok(DataFormat::Delimited { delimiter: b'\t' }),
+        "jsonl" => Ok(DataFormat::Jsonl),
+        "idx" => Ok(DataFormat::Idx),
+        "pixels-csv" => Ok(DataFormat::PixelsCsv),
+        other => Err(cx.err(
+            "data.format",
+            format!("unknown data format `{other}`"),
+            "use one of `rotten-tomatoes`, `orange-tab`, `csv`, `tsv`, `jsonl` (text), `idx`, `pixels-csv` (images)",
+        )),
+    }
+}
+
+/// `pixel-max` (default 255), which only image data may set.
+fn pixel_max(cx: &Scope, value: Option<f64>, is_image: bool) -> Result<f64, RecipeError> {
+    match (value, is_image) {
+        (Some(_), false) => Err(cx.err(
+            "data.pixel-max",
+            "only images have pixels",
+            "remove it (or use `format = \"idx\"` / `\"pixels-csv\"`)",
+        )),
+        (Some(m), true) if !(m.is_finite() && m > 0.0) => Err(cx.err(
+            "data.pixel-max",
+            format!("{m} is not a positive grey value"),
+            "255 for 8-bit images, 16 for scikit-learn's digits",
+        )),
+        (m, _) => Ok(m.unwrap_or(255.0)),
+    }
+}
+
+/// `[data.augment]` (default: none), which only image data may have.
+fn augment(cx: &Scope, raw: Option<&RawAugment>, is_image: bool) -> Result<Augment, RecipeError> {
+    match (raw, is_image) {
+        (None, _) => Ok(Augment::default()),
+        (Some(_), false) => Err(cx.err(
+            "data.augment",
+            "only images are cropped and flipped",
+            "remove `[data.augment]` (or use `format = \"idx\"` / `\"pixels-csv\"`)",
+        )),
+        (Some(a), true) => {
+            let crop = a.crop.unwrap_or(0);
+            if crop > 8 {
+                return Err(cx.err(
+                    "data.augment.crop",
+                    format!("{crop} pixels of padding is more than a small image keeps"),
+                    "at most 8; 2 for 28×28 Fashion-MNIST, 4 for 32×32 images",
+                ));
+            }
+            Ok(Augment {
+                crop,
+                flip: a.flip.unwrap_or(false),
+            })
+        }
+    }
+}
+
+/// Refuse a single `path` for IDX data and named columns for image data.
+fn check_image_layout(cx: &Scope, format: &DataFormat, d: &RawData) -> Result<(), RecipeError> {
+    if *format == DataFormat::Idx && d.path.is_some() {
+        return Err(cx.err(
+            "data.path",
+            "IDX data comes as separate training and test files",
+            "write `train = \"…/train-images-idx3-ubyte.gz\"` and `test = \"…/t10k-images-idx3-ubyte.gz\"`",
+        ));
+    }
+    if format.is_image() && (d.text_column.is_some() || d.label_column.is_some()) {
+        return Err(cx.err(
+            "data.text-column",
+            "images have no columns to name",
+            "remove `text-column` / `label-column` (the label is the last value of a row, or the IDX labels file)",
+        ));
+    }
+    Ok(())
+}
+
+/// Where the splits come from: one `path` split by fractions, or `train`/`valid`/`test` files.
+fn data_source(cx: &Scope, d: &RawData) -> Result<DataSource, RecipeError> {
+    let split_hint = "a fraction such as 0.1";
+    let valid_fraction = cx.fraction("data.valid-fraction", d.valid_fraction, 0.1, split_hint)?;
+    match (&d.path, &d.train, &d.test) {
+        (Some(p), None, None) => {
+            let test_fraction = cx.fraction("data.test-fraction", d.test_fraction, 0.1, split_hint)?;
+            if valid_fraction + test_fraction >= 0.9 {
+                return Err(cx.err(
+                    "data.test-fraction",
+                    "valid-fraction + test-fraction leave less than 10% for training",
+                    "lower the fractions (0.1 and 0.1 are typical)",
+                ));
+            }
+            if d.valid.is_some() {
+                return Err(cx.err("data.valid", "`valid` needs `train` and `test` files, not `path`", "use `train`/`valid`/`test`, or only `path`"));
+            }
+            Ok(DataSource::Single {
+                path: cx.input_file("data.path", p)?,
+                valid_fraction,
+                test_fraction,
+            })
+        }
+        (None, Some(train), Some(test)) => {
+            if d.test_fraction.is_some() {
+                return Err(cx.err("data.test-fraction", "only used with a single `path`", "remove it: the test split is the `test` file"));
+            }
+            Ok(DataSource::Files {
+                train: cx.input_file("data.train", train)?,
+                valid: match &d.valid {
+                    Some(v) => Some(cx.input_file("data.valid", v)?),
+                    None => None,
+                },
+                test: cx.input_file("data.test", test)?,
+                valid_fraction,
+            })
+        }
+        _ => Err(cx.err(
+            "data",
+            "give either `path` (one file, split by fractions) or both `train` and `test` (and optionally `valid`)",
+            "e.g. `path = \"../datasets/data/rotten_tomatoes/rotten_tomatoes_corpus_full.csv.bz2\"`",
+        )),
+    }
+}
+
+/// The text and label columns: required for csv/tsv/jsonl, defaulted for the other formats.
+fn columns(
+    cx: &Scope,
+    format: &DataFormat,
+    text_column: Option<String>,
+    label_column: Option<String>,
+) -> Result<(String, String), RecipeError> {
+    let needs_columns = matches!(format, DataFormat::Delimited { .. } | DataFormat::Jsonl);
+    match (text_column, label_column) {
+        (Some(t), Some(l)) => Ok((t, l)),
+        (t, l) if !needs_columns => Ok((
+            t.unwrap_or_else(|| "text".into()),
+            l.unwrap_or_else(|| match format {
+                DataFormat::RottenTomatoes => "category".into(),
+                _ => "category".into(),
+            }),
+        )),
+        (None, _) => Err(cx.err(
+            "data.text-column",
+            "required for csv/tsv/jsonl data",
+            "name the column that holds the text, e.g. `text-column = \"sentence\"`",
+        )),
+        (_, None) => Err(cx.err(
+            "data.label-column",
+            "required for csv/tsv/jsonl data",
+            "name the column that holds the label, e.g. `label-column = \"label\"`",
+        )),
+    }
+}
+
+/// Refuse a `labels` list with fewer than two labels or a label listed twice.
+fn check_labels(cx: &Scope, labels: &[String]) -> Result<(), RecipeError> {
+    let mut sorted = labels.to_vec();
+    sorted.sort();
+    sorted.dedup();
+    if labels.len() < 2 || sorted.len() != labels.len() {
+        return Err(cx.err(
+            "data.labels",
+            "needs at least two distinct labels",
+            "list each class name once",
+        ));
+    }
+    Ok(())
 }

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::data::{data_spec, tokenizer_spec, DataSpec, TokenizerSpec};
+use crate::data::{data_spec, tokenizer_spec, DataFormat, DataSpec, TokenizerSpec};
 use crate::error::RecipeError;
 use crate::model::{model_spec, ModelSpec};
 use crate::raw::*;
@@ -212,50 +212,14 @@ fn lr_find_spec(cx: &Scope, lf: RawLrFind) -> Result<LrFindSpec, RecipeError> {
 
 pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Recipe, RecipeError> {
     let cx = Scope::root(path, source);
-    if raw.distill.is_some() {
-        return Err(cx.err(
-            "distill",
-            "`[distill]` is now a stage",
-            "write `[[stage]]` with `kind = \"distill\"` and move the [distill] keys under it (`[[distill.match]]` becomes `[[stage.match]]`, the student's [model] becomes `[stage.student]`); see recipes/distill_bert.toml",
-        ));
-    }
-    if raw.report.is_some() {
-        return Err(cx.err(
-            "report",
-            "`[report]` is now `[evaluation]`",
-            "rename the section to [evaluation] (same keys)",
-        ));
-    }
+    refuse_old_sections(&cx, raw.distill.as_ref(), raw.report.as_ref())?;
     let run = run_spec(&cx, raw.run)?;
     let model = match raw.model {
         Some(m) => Some(model_spec(&cx.nested("model"), m)?),
         None => None,
     };
     let data = data_spec(&cx, raw.data)?;
-    let tokenizer = match (raw.tokenizer, data.format.is_image()) {
-        (Some(t), false) => Some(tokenizer_spec(&cx, t)?),
-        (None, true) => None,
-        (None, false) => {
-            return Err(cx.err(
-                "tokenizer",
-                format!(
-                    "text data (`format = \"{}\"`) needs a [tokenizer]",
-                    data.format.name()
-                ),
-                "add [tokenizer] path = \"…/tokenizer.json\" (and max-len)",
-            ))
-        }
-        (Some(_), true) => {
-            return Err(cx.err(
-                "tokenizer",
-                format!(
-                    "image data (`format = \"{}\"`) has no tokenizer",
-                    data.format.name()
-                ),
-                "remove the [tokenizer] section",
-            ))
-        }
-    };
+    let tokenizer = tokenizer_for(&cx, raw.tokenizer, &data.format)?;
     let train_cx = cx.nested("train");
     let train = train_spec(&train_cx, train_cx.deserialize(raw.train.clone())?)?;
     let lr_find = lr_find_spec(&cx, raw.lr_find)?;
@@ -263,36 +227,13 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
         Some(t) => Some(teacher_spec(&cx, t)?),
         None => None,
     };
-    match (&model, &teacher) {
-        (None, None) => {
-            return Err(cx.err(
-                "model",
-                "a recipe needs a baseline: [model] (what the first stage starts from) or [teacher]",
-                "add [model] config = \"…/config.json\" (and weights), or [teacher] checkpoint = \"…/best\"",
-            ))
-        }
-        (Some(_), Some(_)) => {
-            return Err(cx.err(
-                "model",
-                "[model] and [teacher] both name the baseline",
-                "keep [teacher] and move the student's [model] keys into the distill stage's [stage.student]",
-            ))
-        }
-        _ => {}
-    }
+    check_baseline(&cx, model.as_ref(), teacher.as_ref())?;
     let evaluation = evaluation_spec(
         &cx,
         raw.evaluation,
         tokenizer.as_ref().map_or(0, |t| t.max_len),
     )?;
-    let raw_stages = if raw.stage.is_empty() {
-        let mut t = toml::Table::new();
-        t.insert("kind".into(), toml::Value::String("finetune".into()));
-        vec![t]
-    } else {
-        raw.stage
-    };
-    let stages = stage_entries(&cx, raw_stages, &raw.train)?;
+    let stages = stage_entries(&cx, stages_or_finetune(raw.stage), &raw.train)?;
     Ok(Recipe {
         path: path.to_path_buf(),
         source: source.to_string(),
@@ -307,6 +248,89 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
         stages,
         scope: cx,
     })
+}
+
+/// Refuse the pre-stages sections `[distill]` and `[report]`, with how to migrate them.
+fn refuse_old_sections(
+    cx: &Scope,
+    distill: Option<&toml::Value>,
+    report: Option<&toml::Value>,
+) -> Result<(), RecipeError> {
+    if distill.is_some() {
+        return Err(cx.err(
+            "distill",
+            "`[distill]` is now a stage",
+            "write `[[stage]]` with `kind = \"distill\"` and move the [distill] keys under it (`[[distill.match]]` becomes `[[stage.match]]`, the student's [model] becomes `[stage.student]`); see recipes/distill_bert.toml",
+        ));
+    }
+    if report.is_some() {
+        return Err(cx.err(
+            "report",
+            "`[report]` is now `[evaluation]`",
+            "rename the section to [evaluation] (same keys)",
+        ));
+    }
+    Ok(())
+}
+
+/// Validate `[tokenizer]`, which text data needs and image data (by `format`) must not have.
+fn tokenizer_for(
+    cx: &Scope,
+    raw: Option<RawTokenizer>,
+    format: &DataFormat,
+) -> Result<Option<TokenizerSpec>, RecipeError> {
+    match (raw, format.is_image()) {
+        (Some(t), false) => Ok(Some(tokenizer_spec(cx, t)?)),
+        (None, true) => Ok(None),
+        (None, false) => Err(cx.err(
+            "tokenizer",
+            format!(
+                "text data (`format = \"{}\"`) needs a [tokenizer]",
+                format.name()
+            ),
+            "add [tokenizer] path = \"…/tokenizer.json\" (and max-len)",
+        )),
+        (Some(_), true) => Err(cx.err(
+            "tokenizer",
+            format!(
+                "image data (`format = \"{}\"`) has no tokenizer",
+                format.name()
+            ),
+            "remove the [tokenizer] section",
+        )),
+    }
+}
+
+/// Refuse a recipe whose baseline is neither or both of `[model]` and `[teacher]`.
+fn check_baseline(
+    cx: &Scope,
+    model: Option<&ModelSpec>,
+    teacher: Option<&TeacherSpec>,
+) -> Result<(), RecipeError> {
+    match (model, teacher) {
+        (None, None) => Err(cx.err(
+            "model",
+            "a recipe needs a baseline: [model] (what the first stage starts from) or [teacher]",
+            "add [model] config = \"…/config.json\" (and weights), or [teacher] checkpoint = \"…/best\"",
+        )),
+        (Some(_), Some(_)) => Err(cx.err(
+            "model",
+            "[model] and [teacher] both name the baseline",
+            "keep [teacher] and move the student's [model] keys into the distill stage's [stage.student]",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The recipe's `[[stage]]` blocks, or one `finetune` stage when it has none.
+fn stages_or_finetune(stages: Vec<toml::Table>) -> Vec<toml::Table> {
+    if stages.is_empty() {
+        let mut t = toml::Table::new();
+        t.insert("kind".into(), toml::Value::String("finetune".into()));
+        vec![t]
+    } else {
+        stages
+    }
 }
 
 impl Recipe {

@@ -240,68 +240,11 @@ pub fn stage_entries(
     for (i, mut t) in raw.into_iter().enumerate() {
         let index = i + 1;
         let cx = root.stage(index);
-        let kind = match t.remove("kind") {
-            Some(toml::Value::String(k)) => k,
-            Some(_) => return Err(cx.err("kind", "must be a string", "e.g. kind = \"distill\"")),
-            None => {
-                return Err(cx.err(
-                    "kind",
-                    "every [[stage]] needs a kind",
-                    "add e.g. kind = \"finetune\" (kinds: finetune, distill, export)",
-                ))
-            }
-        };
-        let (name, explicit) = match t.remove("name") {
-            Some(toml::Value::String(n)) => (n, true),
-            Some(_) => {
-                return Err(cx.err("name", "must be a string", "e.g. name = \"distill-3l\""))
-            }
-            None => (kind.clone(), false),
-        };
-        let name = if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            return Err(cx.err(
-                "name",
-                format!("`{name}` is not a usable stage name"),
-                "use letters, digits, `-` and `_` (it names the stage's folder)",
-            ));
-        } else if let Some(first) = out.iter().find(|s| s.name == name) {
-            if explicit {
-                return Err(cx.err(
-                    "name",
-                    format!(
-                        "`{name}` already names stage {} (a `reference` or a folder would be ambiguous)",
-                        first.index
-                    ),
-                    "give each stage its own name",
-                ));
-            }
-            format!("{name}-{index}")
-        } else {
-            name
-        };
+        let kind = stage_kind(&cx, &mut t)?;
+        let name = stage_name(&cx, &mut t, &kind, index, &out)?;
         let overrides = take_table(&cx, &mut t, "train")?;
-        let train_cx = cx.nested("train");
-        let train = match &overrides {
-            Some(o) => {
-                let raw: RawTrain = train_cx.deserialize(merge_tables(shared_train, o))?;
-                train_spec(&train_cx, raw)?
-            }
-            None => {
-                let raw: RawTrain = train_cx.deserialize(shared_train.clone())?;
-                train_spec(&root.nested("train"), raw)?
-            }
-        };
-        let gate = match take_table(&cx, &mut t, "gate")? {
-            Some(g) => {
-                let gcx = cx.nested("gate");
-                Some(gate_spec(&gcx, gcx.deserialize(g)?)?)
-            }
-            None => None,
-        };
+        let train = stage_train(root, &cx, overrides.as_ref(), shared_train)?;
+        let gate = stage_gate(&cx, take_table(&cx, &mut t, "gate")?)?;
         out.push(StageEntry {
             index,
             kind,
@@ -314,4 +257,90 @@ pub fn stage_entries(
         });
     }
     Ok(out)
+}
+
+/// Take the stage's `kind` out of its table `t`.
+fn stage_kind(cx: &Scope, t: &mut toml::Table) -> Result<String, RecipeError> {
+    match t.remove("kind") {
+        Some(toml::Value::String(k)) => Ok(k),
+        Some(_) => Err(cx.err("kind", "must be a string", "e.g. kind = \"distill\"")),
+        None => Err(cx.err(
+            "kind",
+            "every [[stage]] needs a kind",
+            "add e.g. kind = \"finetune\" (kinds: finetune, distill, export)",
+        )),
+    }
+}
+
+/// Take the stage's `name` (default: its `kind`) out of `t`; a default name that an `earlier`
+/// stage already has gets the stage's `index` appended.
+fn stage_name(
+    cx: &Scope,
+    t: &mut toml::Table,
+    kind: &str,
+    index: usize,
+    earlier: &[StageEntry],
+) -> Result<String, RecipeError> {
+    let (name, explicit) = match t.remove("name") {
+        Some(toml::Value::String(n)) => (n, true),
+        Some(_) => return Err(cx.err("name", "must be a string", "e.g. name = \"distill-3l\"")),
+        None => (kind.to_string(), false),
+    };
+    let name = if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(cx.err(
+            "name",
+            format!("`{name}` is not a usable stage name"),
+            "use letters, digits, `-` and `_` (it names the stage's folder)",
+        ));
+    } else if let Some(first) = earlier.iter().find(|s| s.name == name) {
+        if explicit {
+            return Err(cx.err(
+                "name",
+                format!(
+                    "`{name}` already names stage {} (a `reference` or a folder would be ambiguous)",
+                    first.index
+                ),
+                "give each stage its own name",
+            ));
+        }
+        format!("{name}-{index}")
+    } else {
+        name
+    };
+    Ok(name)
+}
+
+/// The stage's training settings: `shared_train` with its `[stage.train]` `overrides`, if any.
+fn stage_train(
+    root: &Scope,
+    cx: &Scope,
+    overrides: Option<&toml::Table>,
+    shared_train: &toml::Table,
+) -> Result<TrainSpec, RecipeError> {
+    let train_cx = cx.nested("train");
+    match overrides {
+        Some(o) => {
+            let raw: RawTrain = train_cx.deserialize(merge_tables(shared_train, o))?;
+            train_spec(&train_cx, raw)
+        }
+        None => {
+            let raw: RawTrain = train_cx.deserialize(shared_train.clone())?;
+            train_spec(&root.nested("train"), raw)
+        }
+    }
+}
+
+/// Validate the stage's `[stage.gate]` table, if it has one.
+fn stage_gate(cx: &Scope, gate: Option<toml::Table>) -> Result<Option<GateSpec>, RecipeError> {
+    match gate {
+        Some(g) => {
+            let gcx = cx.nested("gate");
+            Ok(Some(gate_spec(&gcx, gcx.deserialize(g)?)?))
+        }
+        None => Ok(None),
+    }
 }

@@ -185,61 +185,12 @@ pub struct LrFindSpec {
 
 /// Validate a train table; `cx` is the scope of the table (`train.` or `stage[2].train.`).
 pub fn train_spec(cx: &Scope, t: RawTrain) -> Result<TrainSpec, RecipeError> {
-    let lr = t.lr.unwrap_or(5e-5);
-    if !(lr > 0.0 && lr <= 1.0) {
-        return Err(cx.err(
-            "lr",
-            format!("{lr} is not in (0, 1]"),
-            "BERT fine-tuning uses 2e-5 to 1e-4",
-        ));
-    }
-    let weight_decay = t.weight_decay.unwrap_or(0.01);
-    if !(0.0..1.0).contains(&weight_decay) {
-        return Err(cx.err(
-            "weight-decay",
-            format!("{weight_decay} is outside [0, 1)"),
-            "0.01 is the usual AdamW value",
-        ));
-    }
-    let final_lr_ratio = t.final_lr_ratio.unwrap_or(0.1);
-    if !(0.0..=1.0).contains(&final_lr_ratio) {
-        return Err(cx.err(
-            "final-lr-ratio",
-            format!("{final_lr_ratio} is outside [0, 1]"),
-            "0.1 decays to a tenth of the peak",
-        ));
-    }
-    let grad_clip_norm = match t.grad_clip_norm {
-        Some(n) if n < 0.0 || !n.is_finite() => {
-            return Err(cx.err(
-                "grad-clip-norm",
-                format!("{n} must be positive (0 turns clipping off)"),
-                "1.0 is a good start",
-            ))
-        }
-        Some(0.0) => None,
-        Some(n) => Some(n),
-        None => Some(1.0),
-    };
-    let best_metric = match t.best_metric.as_deref().unwrap_or("accuracy") {
-        "accuracy" => BestMetric::Accuracy,
-        "macro-f1" => BestMetric::MacroF1,
-        "loss" => BestMetric::Loss,
-        other => {
-            return Err(cx.err(
-                "best-metric",
-                format!("unknown metric `{other}`"),
-                "use `accuracy`, `macro-f1` or `loss`",
-            ))
-        }
-    };
-    let beta1 = t.adam_beta1.unwrap_or(0.9);
-    let beta2 = t.adam_beta2.unwrap_or(0.999);
-    for (k, b) in [("adam-beta1", beta1), ("adam-beta2", beta2)] {
-        if !(0.0..1.0).contains(&b) {
-            return Err(cx.err(k, format!("{b} is outside [0, 1)"), "use 0.9 / 0.999"));
-        }
-    }
+    let lr = peak_lr(cx, t.lr)?;
+    let weight_decay = weight_decay(cx, t.weight_decay)?;
+    let final_lr_ratio = final_lr_ratio(cx, t.final_lr_ratio)?;
+    let grad_clip_norm = grad_clip_norm(cx, t.grad_clip_norm)?;
+    let best_metric = best_metric(cx, t.best_metric.as_deref())?;
+    let (beta1, beta2) = adam_betas(cx, t.adam_beta1, t.adam_beta2)?;
     let batch_size = cx.positive("batch-size", t.batch_size, 32)?;
     let (precision, loss_scale) = precision(cx, &t)?;
     Ok(TrainSpec {
@@ -272,6 +223,89 @@ pub fn train_spec(cx: &Scope, t: RawTrain) -> Result<TrainSpec, RecipeError> {
         )?,
         state_every: cx.positive("state-every", t.state_every, DEFAULT_STATE_EVERY)?,
     })
+}
+
+/// `lr`, the peak learning rate (default 5e-5), which must lie in (0, 1].
+fn peak_lr(cx: &Scope, value: Option<f64>) -> Result<f64, RecipeError> {
+    let lr = value.unwrap_or(5e-5);
+    if !(lr > 0.0 && lr <= 1.0) {
+        return Err(cx.err(
+            "lr",
+            format!("{lr} is not in (0, 1]"),
+            "BERT fine-tuning uses 2e-5 to 1e-4",
+        ));
+    }
+    Ok(lr)
+}
+
+/// `weight-decay` (default 0.01), which must lie in [0, 1).
+fn weight_decay(cx: &Scope, value: Option<f64>) -> Result<f64, RecipeError> {
+    let weight_decay = value.unwrap_or(0.01);
+    if !(0.0..1.0).contains(&weight_decay) {
+        return Err(cx.err(
+            "weight-decay",
+            format!("{weight_decay} is outside [0, 1)"),
+            "0.01 is the usual AdamW value",
+        ));
+    }
+    Ok(weight_decay)
+}
+
+/// `final-lr-ratio` (default 0.1), which must lie in [0, 1].
+fn final_lr_ratio(cx: &Scope, value: Option<f64>) -> Result<f64, RecipeError> {
+    let final_lr_ratio = value.unwrap_or(0.1);
+    if !(0.0..=1.0).contains(&final_lr_ratio) {
+        return Err(cx.err(
+            "final-lr-ratio",
+            format!("{final_lr_ratio} is outside [0, 1]"),
+            "0.1 decays to a tenth of the peak",
+        ));
+    }
+    Ok(final_lr_ratio)
+}
+
+/// `grad-clip-norm` (default 1.0); 0 turns clipping off (`None`).
+fn grad_clip_norm(cx: &Scope, value: Option<f32>) -> Result<Option<f32>, RecipeError> {
+    match value {
+        Some(n) if n < 0.0 || !n.is_finite() => Err(cx.err(
+            "grad-clip-norm",
+            format!("{n} must be positive (0 turns clipping off)"),
+            "1.0 is a good start",
+        )),
+        Some(0.0) => Ok(None),
+        Some(n) => Ok(Some(n)),
+        None => Ok(Some(1.0)),
+    }
+}
+
+/// `best-metric` (default `accuracy`).
+fn best_metric(cx: &Scope, value: Option<&str>) -> Result<BestMetric, RecipeError> {
+    match value.unwrap_or("accuracy") {
+        "accuracy" => Ok(BestMetric::Accuracy),
+        "macro-f1" => Ok(BestMetric::MacroF1),
+        "loss" => Ok(BestMetric::Loss),
+        other => Err(cx.err(
+            "best-metric",
+            format!("unknown metric `{other}`"),
+            "use `accuracy`, `macro-f1` or `loss`",
+        )),
+    }
+}
+
+/// `adam-beta1` and `adam-beta2` (default 0.9 and 0.999), each in [0, 1).
+fn adam_betas(
+    cx: &Scope,
+    beta1: Option<f32>,
+    beta2: Option<f32>,
+) -> Result<(f32, f32), RecipeError> {
+    let beta1 = beta1.unwrap_or(0.9);
+    let beta2 = beta2.unwrap_or(0.999);
+    for (k, b) in [("adam-beta1", beta1), ("adam-beta2", beta2)] {
+        if !(0.0..1.0).contains(&b) {
+            return Err(cx.err(k, format!("{b} is outside [0, 1)"), "use 0.9 / 0.999"));
+        }
+    }
+    Ok((beta1, beta2))
 }
 
 /// `precision` and, for fp16, the `loss-scale-*` keys.

@@ -69,6 +69,24 @@ pub fn decide(
         GateReference::Baseline => baseline,
         GateReference::Previous => input,
     };
+    let (failures, checks) = tolerance_lines(g, valid, reference, logit_error_vs_input);
+    if failures.is_empty() {
+        return Decision {
+            action: Action::Kept,
+            passed: true,
+            reason: format!("gate passed: {}", checks.join("; ")),
+        };
+    }
+    failed_decision(g.on_fail, &failures)
+}
+
+/// One line per tolerance of the gate, split into (failures, checks).
+fn tolerance_lines(
+    g: &GateSpec,
+    valid: &EvalMetrics,
+    reference: &EvalMetrics,
+    logit_error_vs_input: f64,
+) -> (Vec<String>, Vec<String>) {
     let (name, now, then) = (
         g.metric.name(),
         metric(g.metric, valid),
@@ -115,14 +133,12 @@ pub fn decide(
             logit_error_vs_input > max || !logit_error_vs_input.is_finite(),
         );
     }
-    if failures.is_empty() {
-        return Decision {
-            action: Action::Kept,
-            passed: true,
-            reason: format!("gate passed: {}", checks.join("; ")),
-        };
-    }
-    let action = match g.on_fail {
+    (failures, checks)
+}
+
+/// The failing verdict for a gate's `on-fail` policy, listing the failed tolerances.
+fn failed_decision(on_fail: OnFail, failures: &[String]) -> Decision {
+    let action = match on_fail {
         OnFail::Abort => Action::Aborted,
         // Kinds with a gentler retry run it before the runner sees a failure.
         OnFail::Rollback | OnFail::Retry => Action::RolledBack,

@@ -57,7 +57,7 @@ impl Registry {
             .with_family(resnet::RESNET)
             .with_family(cnn::CNN)
             .with_kind(kinds::finetune::Finetune)
-            .with_kind(kinds::checkpoint::Checkpoint)
+            .with_kind(kinds::checkpoint::CheckpointKind)
             .with_kind(kinds::distill::Distill)
             .with_kind(kinds::prune::Prune)
             .with_kind(kinds::vocab::Vocab)

@@ -91,20 +91,34 @@ pub fn markdown(r: &PipelineReport) -> String {
         r.final_stage,
         r.run_dir
     );
-    let seq = r
-        .stages
+    push_stage_table(&mut s, &r.stages);
+    push_references(&mut s, &r.stages);
+    let _ = writeln!(s, "\n![accuracy against latency](chart.svg)\n");
+    push_decisions(&mut s, &r.stages);
+    push_stage_details(&mut s, &r.stages);
+    push_golden(&mut s, &r.golden);
+    if let Some(a) = &r.analysis {
+        push_analysis(&mut s, a);
+    }
+    push_environment(&mut s, &r.environment);
+    s
+}
+
+/// The `## Stages` section: its preamble and one table row per stage.
+fn push_stage_table(s: &mut String, stages: &[StageRecord]) {
+    let seq = stages
         .first()
         .and_then(|b| b.model.latency.first())
         .map_or(0, |l| l.seq_len);
-    s += "## Stages\n\n";
+    s.push_str("## Stages\n\n");
     let _ = writeln!(
         s,
         "Decisions use the validation split only; test accuracy is reported, never used to decide. Latency: mopt on this CPU, p50 / p90 ms at batch 1 and 32{}. FLOPs: forward, per example.\n",
         if seq > 0 { format!(" x {seq} tokens") } else { String::new() }
     );
-    s += "| # | stage | kind | decision | valid acc | test acc | params | GFLOPs/ex | ckpt MiB | b1 ms | b32 ms | Δ valid vs baseline | Δ test vs baseline | max logit err vs input / baseline | wall s | peak RSS MiB |\n";
-    s += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    for st in &r.stages {
+    s.push_str("| # | stage | kind | decision | valid acc | test acc | params | GFLOPs/ex | ckpt MiB | b1 ms | b32 ms | Δ valid vs baseline | Δ test vs baseline | max logit err vs input / baseline | wall s | peak RSS MiB |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for st in stages {
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} | {:+.2} pts | {:+.2} pts | {:.2e} / {:.2e} | {:.0} | {:.0} |",
@@ -121,13 +135,13 @@ pub fn markdown(r: &PipelineReport) -> String {
             st.peak_rss_bytes.map_or(0.0, mib)
         );
     }
-    let refs: Vec<_> = r
-        .stages
-        .iter()
-        .flat_map(|st| st.references.iter())
-        .collect();
+}
+
+/// The table of models reported beside the chain, when any stage has some.
+fn push_references(s: &mut String, stages: &[StageRecord]) {
+    let refs: Vec<_> = stages.iter().flat_map(|st| st.references.iter()).collect();
     if !refs.is_empty() {
-        s += "\nReported beside the chain (not passed on):\n\n| model | about | valid acc | test acc | params | GFLOPs/ex | ckpt MiB | b1 ms | b32 ms |\n|---|---|---|---|---|---|---|---|---|\n";
+        s.push_str("\nReported beside the chain (not passed on):\n\n| model | about | valid acc | test acc | params | GFLOPs/ex | ckpt MiB | b1 ms | b32 ms |\n|---|---|---|---|---|---|---|---|---|\n");
         for rf in refs {
             let _ = writeln!(
                 s,
@@ -138,9 +152,12 @@ pub fn markdown(r: &PipelineReport) -> String {
             );
         }
     }
-    let _ = writeln!(s, "\n![accuracy against latency](chart.svg)\n");
-    s += "## Decisions\n\n";
-    for st in &r.stages {
+}
+
+/// The `## Decisions` section: one bullet per stage.
+fn push_decisions(s: &mut String, stages: &[StageRecord]) {
+    s.push_str("## Decisions\n\n");
+    for st in stages {
         let _ = writeln!(
             s,
             "- **{} {}** ({}): {}",
@@ -150,8 +167,12 @@ pub fn markdown(r: &PipelineReport) -> String {
             st.decision.reason
         );
     }
-    s += "\n## Stage details\n\n";
-    for st in &r.stages {
+}
+
+/// The `## Stage details` section: input, output, settings and notes of each stage.
+fn push_stage_details(s: &mut String, stages: &[StageRecord]) {
+    s.push_str("\n## Stage details\n\n");
+    for st in stages {
         let _ = writeln!(s, "### {} {} ({})\n", st.index, st.name, st.kind);
         if let Some(i) = &st.input {
             let _ = writeln!(s, "- input `{}` (sha256 {}…)", i.path, short_sha(&i.sha256));
@@ -169,9 +190,12 @@ pub fn markdown(r: &PipelineReport) -> String {
         for n in &st.notes {
             let _ = writeln!(s, "- {n}");
         }
-        s += "\n";
+        s.push('\n');
     }
-    let g = &r.golden;
+}
+
+/// The `## Golden reference` section.
+fn push_golden(s: &mut String, g: &GoldenSummary) {
     let _ = writeln!(
         s,
         "## Golden reference\n\nThe baseline's logits on the first {} examples of the {} split (`{}`, baseline sha256 {}…); every stage's max logit error is measured on them.\n",
@@ -180,31 +204,36 @@ pub fn markdown(r: &PipelineReport) -> String {
         g.file,
         short_sha(&g.baseline_sha256)
     );
-    if let Some(a) = &r.analysis {
+}
+
+/// The `## Baseline analysis` section: one table row per module.
+fn push_analysis(s: &mut String, a: &Analysis) {
+    let _ = writeln!(
+        s,
+        "## Baseline analysis\n\nWhere the baseline's parameters, FLOPs and forward time go at {} tokens (summed module times: {:.1} ms at batch 1, {:.1} ms at batch 32).\n",
+        a.seq_len, a.forward_ms_b1, a.forward_ms_b32
+    );
+    let total: usize = a.rows.iter().map(|m| m.params).sum();
+    let flops: u64 = a.rows.iter().map(|m| m.flops_per_example).sum();
+    s.push_str("| module | params | share of params | GFLOPs/ex | share of FLOPs | time share b1 | time share b32 |\n|---|---|---|---|---|---|---|\n");
+    for m in &a.rows {
         let _ = writeln!(
             s,
-            "## Baseline analysis\n\nWhere the baseline's parameters, FLOPs and forward time go at {} tokens (summed module times: {:.1} ms at batch 1, {:.1} ms at batch 32).\n",
-            a.seq_len, a.forward_ms_b1, a.forward_ms_b32
+            "| {} | {:.2}M | {:.1}% | {:.3} | {:.1}% | {:.1}% | {:.1}% |",
+            m.module,
+            m.params as f64 / 1e6,
+            100.0 * m.params as f64 / total.max(1) as f64,
+            m.flops_per_example as f64 / 1e9,
+            100.0 * m.flops_per_example as f64 / flops.max(1) as f64,
+            100.0 * m.time_share_b1,
+            100.0 * m.time_share_b32
         );
-        let total: usize = a.rows.iter().map(|m| m.params).sum();
-        let flops: u64 = a.rows.iter().map(|m| m.flops_per_example).sum();
-        s += "| module | params | share of params | GFLOPs/ex | share of FLOPs | time share b1 | time share b32 |\n|---|---|---|---|---|---|---|\n";
-        for m in &a.rows {
-            let _ = writeln!(
-                s,
-                "| {} | {:.2}M | {:.1}% | {:.3} | {:.1}% | {:.1}% | {:.1}% |",
-                m.module,
-                m.params as f64 / 1e6,
-                100.0 * m.params as f64 / total.max(1) as f64,
-                m.flops_per_example as f64 / 1e9,
-                100.0 * m.flops_per_example as f64 / flops.max(1) as f64,
-                100.0 * m.time_share_b1,
-                100.0 * m.time_share_b32
-            );
-        }
-        s += "\n";
     }
-    let e = &r.environment;
+    s.push('\n');
+}
+
+/// The `## Environment` section (the report's last line).
+fn push_environment(s: &mut String, e: &Environment) {
     let _ = writeln!(
         s,
         "## Environment\n\nmopt {}, Burn {}; CPU {} ({} logical CPUs, {} threads), SIMD {}, mopt GEMM path {}, bf16 products {}; {}.",
@@ -218,7 +247,6 @@ pub fn markdown(r: &PipelineReport) -> String {
         e.bf16_path,
         e.os
     );
-    s
 }
 
 pub(crate) fn write_report(

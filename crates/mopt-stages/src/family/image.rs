@@ -2,7 +2,7 @@
 //! distillation (logits, or feature maps with the teacher live), channel pruning, export and
 //! ONNX Runtime latency through the generic kinds; quantization where the model type says it
 //! quantizes. A model type joins by implementing [`ImageModel`] (its arch name; its config a
-//! [`ShapeFile`]) in one file and one line in [`super::families`].
+//! [`ShapeFile`]) in one file and registering `ImageFamily::<M>::new()` ([`crate::Registry`]).
 
 use std::marker::PhantomData;
 use std::path::Path;

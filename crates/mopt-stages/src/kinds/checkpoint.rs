@@ -17,8 +17,8 @@ use crate::shape::Shape;
 use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
 use crate::Pipeline;
 
-/// The kind.
-pub struct Checkpoint;
+/// The `checkpoint` kind (named apart from the `mopt_core::Checkpoint` contract).
+pub struct CheckpointKind;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -36,7 +36,7 @@ pub struct CheckpointStage {
     pub recipe: Option<PathBuf>,
 }
 
-impl StageKind for Checkpoint {
+impl StageKind for CheckpointKind {
     fn name(&self) -> &'static str {
         "checkpoint"
     }
