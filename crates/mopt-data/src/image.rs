@@ -184,12 +184,13 @@ impl Raw {
     }
 }
 
-/// Read a file whole, gunzipping it when its name ends in `.gz`.
+/// Read a file whole, gunzipping it as it streams past when its name ends in `.gz` (the
+/// compressed bytes are never held beside the content).
 fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
-    let raw = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
     if path.extension().is_some_and(|e| e == "gz") {
+        let file = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
         let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&raw[..])
+        flate2::read::GzDecoder::new(std::io::BufReader::new(file))
             .read_to_end(&mut out)
             .map_err(|e| {
                 DataError::format(
@@ -200,7 +201,7 @@ fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
             })?;
         return Ok(out);
     }
-    Ok(raw)
+    std::fs::read(path).map_err(|e| DataError::io(path, e))
 }
 
 /// The labels file that belongs to an IDX images file (`train-images-idx3-ubyte.gz` →

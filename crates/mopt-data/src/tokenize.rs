@@ -214,8 +214,8 @@ pub fn encode_splits(
     let cache_file = cache_dir.map(|d| d.join(format!("{key}.json")));
     let cached: Option<CacheFile> = cache_file
         .as_ref()
-        .and_then(|f| std::fs::read(f).ok())
-        .and_then(|b| serde_json::from_slice(&b).ok());
+        .and_then(|f| std::fs::File::open(f).ok())
+        .and_then(|f| serde_json::from_reader(std::io::BufReader::new(f)).ok());
     let from_cache = cached.is_some();
     let ids = match cached {
         Some(c) => c,
@@ -233,8 +233,14 @@ pub fn encode_splits(
                 if let Some(dir) = f.parent() {
                     let _ = std::fs::create_dir_all(dir);
                 }
+                // Streamed to the file: no second copy of the ids as text in memory.
                 let tmp = f.with_extension(format!("{}.part", std::process::id()));
-                if std::fs::write(&tmp, serde_json::to_vec(&c).expect("json")).is_ok() {
+                let written = std::fs::File::create(&tmp).ok().is_some_and(|file| {
+                    let mut w = std::io::BufWriter::new(file);
+                    serde_json::to_writer(&mut w, &c).is_ok()
+                        && std::io::Write::flush(&mut w).is_ok()
+                });
+                if written {
                     let _ = std::fs::rename(&tmp, f);
                 }
             }

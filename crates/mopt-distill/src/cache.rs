@@ -83,7 +83,63 @@ fn rows(data: Vec<f32>, b: usize, per: usize) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// Run the teacher (inference device, no gradients) over `examples` in length-sorted batches.
+/// One batch through the teacher (inference device, no gradients): its taps and its padded
+/// length.
+fn teacher_forward<'a, M: Tapped<Batch = TextBatch>>(
+    teacher: &'a M,
+    needs: &'a TeacherNeeds,
+    batcher: &'a Batcher,
+    device: &'a Device,
+) -> impl FnMut(&[&Encoded]) -> (Taps, usize) + 'a {
+    move |items| {
+        let b = batcher.batch(items, device);
+        let seq = b.input_ids.dims()[1];
+        (teacher.forward_taps(&b, needs.request()), seq)
+    }
+}
+
+/// A batch's taps and its padded length, from whatever computes them.
+pub type Forward<'a> = dyn FnMut(&[&Encoded]) -> (Taps, usize) + 'a;
+
+/// Where each example's outputs go as its batch finishes: its index and outputs, with the
+/// shapes met so far.
+type Sink<'a> = dyn FnMut(&Shapes, usize, ExampleOutputs) -> std::io::Result<()> + 'a;
+
+/// The teacher pass: `forward` over `examples` in length-sorted batches of `batch_size`, each
+/// example's outputs (cropped to its length) handed to `sink` as its batch finishes.
+fn teacher_pass(
+    examples: &[Encoded],
+    needs: &TeacherNeeds,
+    batch_size: usize,
+    forward: &mut Forward,
+    sink: &mut Sink,
+) -> std::io::Result<Shapes> {
+    let mut order: Vec<usize> = (0..examples.len()).collect();
+    order.sort_by_key(|&i| examples[i].ids.len());
+    let mut shapes = Shapes::default();
+    let batch_size = batch_size.max(1);
+    let n_batches = examples.len().div_ceil(batch_size);
+    let mut progress = mopt_train::logging::Progress::new("teacher pass", n_batches);
+    let mut done = 0;
+    for (bi, chunk) in order.chunks(batch_size).enumerate() {
+        done += chunk.len();
+        progress.update(bi + 1, &format!("{done} examples"));
+        let items: Vec<&Encoded> = chunk.iter().map(|&i| &examples[i]).collect();
+        let (o, seq) = forward(&items);
+        let lens: Vec<usize> = items.iter().map(|e| e.ids.len()).collect();
+        for (r, e) in split_batch(o, needs, &lens, seq, &mut shapes)
+            .into_iter()
+            .enumerate()
+        {
+            sink(&shapes, chunk[r], e)?;
+        }
+    }
+    progress.finish("teacher outputs computed");
+    Ok(shapes)
+}
+
+/// Run the teacher over `examples` in length-sorted batches, the outputs kept in memory (see
+/// [`compute_to_file`] for a cache whose build holds one batch).
 pub fn compute<M: Tapped<Batch = TextBatch>>(
     teacher: &M,
     examples: &[Encoded],
@@ -92,30 +148,25 @@ pub fn compute<M: Tapped<Batch = TextBatch>>(
     batch_size: usize,
     device: &Device,
 ) -> TeacherCache {
+    let mut forward = teacher_forward(teacher, needs, batcher, device);
+    compute_with(examples, needs, batch_size, &mut forward)
+}
+
+/// [`compute`] over any `forward` (a batch's taps and padded length).
+pub fn compute_with(
+    examples: &[Encoded],
+    needs: &TeacherNeeds,
+    batch_size: usize,
+    forward: &mut Forward,
+) -> TeacherCache {
     let start = Instant::now();
-    let mut order: Vec<usize> = (0..examples.len()).collect();
-    order.sort_by_key(|&i| examples[i].ids.len());
     let mut out: Vec<Option<ExampleOutputs>> = vec![None; examples.len()];
-    let mut shapes = Shapes::default();
-    let n_batches = examples.len().div_ceil(batch_size.max(1));
-    let mut progress = mopt_train::logging::Progress::new("teacher pass", n_batches);
-    let mut done = 0;
-    for (bi, chunk) in order.chunks(batch_size).enumerate() {
-        done += chunk.len();
-        progress.update(bi + 1, &format!("{done} examples"));
-        let items: Vec<&Encoded> = chunk.iter().map(|&i| &examples[i]).collect();
-        let b = batcher.batch(&items, device);
-        let seq = b.input_ids.dims()[1];
-        let o = teacher.forward_taps(&b, needs.request());
-        let lens: Vec<usize> = items.iter().map(|e| e.ids.len()).collect();
-        for (r, e) in split_batch(o, needs, &lens, seq, &mut shapes)
-            .into_iter()
-            .enumerate()
-        {
-            out[chunk[r]] = Some(e);
-        }
-    }
-    progress.finish("teacher outputs computed");
+    let mut keep = |_: &Shapes, i: usize, e: ExampleOutputs| {
+        out[i] = Some(e);
+        Ok(())
+    };
+    let shapes = teacher_pass(examples, needs, batch_size, forward, &mut keep)
+        .expect("a memory sink does not fail");
     TeacherCache {
         needs: needs.clone(),
         num_labels: shapes.num_labels,
@@ -133,12 +184,95 @@ pub fn compute<M: Tapped<Batch = TextBatch>>(
     }
 }
 
+/// Run the teacher over `examples` into the cache file `path`, written as the pass goes, and
+/// open it (verified): the build holds one batch of outputs and the logits, whatever the data
+/// set's size, and training reads the file batch by batch. The file is the one
+/// [`TeacherCache::save`] writes for the same outputs, byte for byte.
+pub fn compute_to_file<M: Tapped<Batch = TextBatch>>(
+    teacher: &M,
+    examples: &[Encoded],
+    needs: &TeacherNeeds,
+    (batcher, batch_size): (&Batcher, usize),
+    device: &Device,
+    path: &Path,
+) -> std::io::Result<TeacherCache> {
+    let mut forward = teacher_forward(teacher, needs, batcher, device);
+    build_file(examples, needs, batch_size, path, &mut forward)
+}
+
+/// [`compute_to_file`] over any `forward` (a batch's taps and padded length): the teacher pass
+/// streamed into the cache at `path`. A pass that fails or is killed leaves no file at `path`
+/// (only a temporary file that never verifies, removed by the next build).
+pub fn build_file(
+    examples: &[Encoded],
+    needs: &TeacherNeeds,
+    batch_size: usize,
+    path: &Path,
+    forward: &mut Forward,
+) -> std::io::Result<TeacherCache> {
+    let start = Instant::now();
+    let lengths: Vec<usize> = examples.iter().map(|e| e.ids.len()).collect();
+    let mut writer: Option<cache_file::Writer> = None;
+    let mut put = |shapes: &Shapes, i: usize, e: ExampleOutputs| {
+        if writer.is_none() {
+            let sizes: Vec<u64> = lengths
+                .iter()
+                .map(|&l| shapes.record_len(needs, l))
+                .collect();
+            let header = shapes.header(needs);
+            let w = cache_file::Writer::create(
+                path,
+                &header,
+                shapes.num_labels,
+                lengths.clone(),
+                &sizes,
+            )?;
+            writer = Some(w);
+        }
+        writer
+            .as_mut()
+            .expect("created")
+            .put(i, &e.logits, &e.record())
+    };
+    let shapes = teacher_pass(examples, needs, batch_size, forward, &mut put)?;
+    match writer {
+        Some(w) => w.finish()?,
+        None => cache_file::write(path, &shapes.header(needs), &[], &[], &|_| Vec::new())?,
+    }
+    Ok(TeacherCache {
+        build_s: start.elapsed().as_secs_f64(),
+        teacher_forwards: examples.len(),
+        hit: false,
+        ..TeacherCache::load(path, needs)?
+    })
+}
+
 /// Shapes met while computing: classes, hidden width, heads per (1-based) layer.
 #[derive(Default)]
 struct Shapes {
     num_labels: usize,
     hidden_size: usize,
     heads: BTreeMap<usize, usize>,
+}
+
+impl Shapes {
+    /// Floats in the feature record of an example of `len` tokens.
+    fn record_len(&self, needs: &TeacherNeeds, len: usize) -> u64 {
+        let hidden = needs.hidden.len() * len * self.hidden_size;
+        let maps = needs.attentions.iter().chain(&needs.scores);
+        let attention: usize = maps.map(|l| self.heads[l] * len * len).sum();
+        (hidden + attention) as u64
+    }
+
+    /// The cache file's header.
+    fn header(&self, needs: &TeacherNeeds) -> Header {
+        Header {
+            num_labels: self.num_labels,
+            hidden_size: self.hidden_size,
+            heads: self.heads.clone(),
+            counts: counts(needs),
+        }
+    }
 }
 
 /// One batch's teacher outputs `o` (padded to `seq`), per example, cropped to its `lens[r]`

@@ -4,7 +4,7 @@
 //! `L = α·CE(student, labels) + (1−α)·soft(student, teacher; T)` ([`KdTask`]) for mopt's
 //! trainer. Intermediate matches need the model's taps ([`crate::task`]).
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -40,19 +40,22 @@ impl LogitCache {
         let teacher = teacher.valid();
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by_key(|&i| examples.size(i));
-        let mut rows: Vec<Vec<f32>> = vec![Vec::new(); n];
+        // Written in place, in example order: one copy of the logits, however many examples.
+        let mut logits: Vec<f32> = Vec::new();
         let mut num_labels = 0;
         for chunk in order.chunks(batch_size.max(1)) {
             let out = teacher.logits(&examples.batch(chunk, device));
             num_labels = out.dims()[1];
+            logits.resize(n * num_labels, 0.0);
             let flat: Vec<f32> = out.into_data().convert::<f32>().try_to_vec().expect("f32");
             for (r, &i) in chunk.iter().enumerate() {
-                rows[i] = flat[r * num_labels..(r + 1) * num_labels].to_vec();
+                logits[i * num_labels..(i + 1) * num_labels]
+                    .copy_from_slice(&flat[r * num_labels..(r + 1) * num_labels]);
             }
         }
         Self {
             num_labels,
-            logits: Arc::new(rows.concat()),
+            logits: Arc::new(logits),
         }
     }
 
@@ -96,56 +99,71 @@ impl LogitCache {
     }
 
     /// The cache file at `path` if it holds `n` examples' logits and its bytes are the ones
-    /// written (a sha256 trailer); otherwise why not.
+    /// written (a sha256 trailer); otherwise why not. Read in one streamed pass.
     fn read(path: &Path, n: usize) -> Result<Self, String> {
-        let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-        let (data, sum) = bytes
-            .split_at_checked(bytes.len().saturating_sub(32))
-            .filter(|(d, _)| d.len() >= LOGIT_MAGIC.len() + 16)
-            .ok_or("truncated")?;
-        let (head, body) = data.split_at(LOGIT_MAGIC.len() + 16);
+        let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+        let size = file.metadata().map_err(|e| e.to_string())?.len();
+        let head_len = LOGIT_MAGIC.len() + 16;
+        if size < (head_len + 32) as u64 {
+            return Err("truncated".into());
+        }
+        let mut r = std::io::BufReader::new(file);
+        let mut sha = Sha256::new();
+        let mut head = vec![0u8; head_len];
+        r.read_exact(&mut head).map_err(|e| e.to_string())?;
         if &head[..8] != LOGIT_MAGIC {
             return Err("not a mopt logit cache of this version".into());
         }
-        if Sha256::digest(data).as_slice() != sum {
+        sha.update(&head);
+        let word = |i: usize| u64::from_le_bytes(head[8 + 8 * i..16 + 8 * i].try_into().unwrap());
+        let (rows, num_labels) = (word(0) as usize, word(1) as usize);
+        let body = size - (head_len + 32) as u64;
+        if rows != n || body != 4 * (rows * num_labels) as u64 {
+            return Err(format!(
+                "it holds {rows} examples, {n} expected (or is truncated)"
+            ));
+        }
+        let mut logits = Vec::with_capacity(rows * num_labels);
+        let mut word4 = [0u8; 4];
+        for _ in 0..rows * num_labels {
+            r.read_exact(&mut word4).map_err(|e| e.to_string())?;
+            sha.update(word4);
+            logits.push(f32::from_le_bytes(word4));
+        }
+        let mut sum = [0u8; 32];
+        r.read_exact(&mut sum).map_err(|e| e.to_string())?;
+        if sha.finalize().as_slice() != sum {
             return Err(
                 "its sha256 differs from the one written with it: truncated or altered".into(),
             );
         }
-        let word = |i: usize| u64::from_le_bytes(head[8 + 8 * i..16 + 8 * i].try_into().unwrap());
-        let (rows, num_labels) = (word(0) as usize, word(1) as usize);
-        if rows != n || body.len() != 4 * rows * num_labels {
-            return Err(format!("it holds {rows} examples, {n} expected"));
-        }
-        let logits = body
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
         Ok(Self {
             num_labels,
             logits: Arc::new(logits),
         })
     }
 
-    /// Write to `path` through a temporary file and a rename (never half-written), with a
-    /// sha256 trailer over everything before it.
+    /// Write to `path` through a per-process temporary file and a rename (never half-written),
+    /// streamed, with a sha256 trailer over everything before it.
     fn write(&self, path: &Path) -> std::io::Result<()> {
         if let Some(d) = path.parent() {
             std::fs::create_dir_all(d)?;
         }
-        let mut data = Vec::with_capacity(LOGIT_MAGIC.len() + 16 + 4 * self.logits.len() + 32);
-        data.extend_from_slice(LOGIT_MAGIC);
-        data.extend_from_slice(&(self.len() as u64).to_le_bytes());
-        data.extend_from_slice(&(self.num_labels as u64).to_le_bytes());
+        let tmp = path.with_extension(format!("bin.{}.tmp", std::process::id()));
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        let mut sha = Sha256::new();
+        let mut put = |w: &mut std::io::BufWriter<std::fs::File>, b: &[u8]| {
+            sha.update(b);
+            w.write_all(b)
+        };
+        put(&mut w, LOGIT_MAGIC)?;
+        put(&mut w, &(self.len() as u64).to_le_bytes())?;
+        put(&mut w, &(self.num_labels as u64).to_le_bytes())?;
         for v in self.logits.iter() {
-            data.extend_from_slice(&v.to_le_bytes());
+            put(&mut w, &v.to_le_bytes())?;
         }
-        let sum = Sha256::digest(&data);
-        data.extend_from_slice(&sum);
-        let tmp = path.with_extension("bin.tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&data)?;
-        f.sync_all()?;
+        w.write_all(&sha.finalize())?;
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         std::fs::rename(&tmp, path)
     }
 
@@ -340,10 +358,8 @@ mod tests {
             .contains("3 expected"));
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
-        assert!(
-            LogitCache::read(&path, 2).unwrap_err().contains("sha256"),
-            "truncated"
-        );
+        let err = LogitCache::read(&path, 2).unwrap_err();
+        assert!(err.contains("truncated"), "{err}");
         // One flipped bit in a logit, the length unchanged: caught by the checksum.
         let mut altered = bytes.clone();
         altered[LOGIT_MAGIC.len() + 16 + 5] ^= 0x10;
@@ -351,6 +367,10 @@ mod tests {
         assert!(LogitCache::read(&path, 2).unwrap_err().contains("altered"));
         std::fs::write(&path, b"MOPTTC1\n0000000000000000").unwrap();
         assert!(LogitCache::read(&path, 2).is_err(), "another format");
-        assert!(!dir.path().join("sub/logits-x.bin.tmp").exists());
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("sub"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["logits-x.bin"], "no temporary file left");
     }
 }

@@ -12,7 +12,7 @@ use mopt_train::setup::cache_dir;
 use mopt_train::TrainError;
 use serde::Serialize;
 
-use crate::cache::{cache_key, compute, TeacherCache};
+use crate::cache::{cache_key, compute, compute_to_file, TeacherCache};
 use crate::matching::MatchPlan;
 use crate::spec::{DistillSpec, Feature};
 use crate::task::{DistillTask, TeacherSource};
@@ -91,61 +91,9 @@ pub fn teacher_source<M: Tapped<Batch = TextBatch>>(
     let key = cache_key(t.teacher_dir, t.train, &plan.needs)
         .map_err(|e| TrainError::Failed(format!("teacher cache key: {e}")))?;
     let file = cache_dir(t.data).map(|d| d.join(format!("teacher-{key}.safetensors")));
-    let cached = file
-        .as_ref()
-        .filter(|f| f.exists())
-        .and_then(|f| match TeacherCache::load(f, &plan.needs) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                eprintln!(
-                    "teacher cache {} is unusable ({e}): running the teacher again",
-                    f.display()
-                );
-                None
-            }
-        })
-        .filter(|c| c.len() == t.train.len());
-    let cache = match cached {
-        Some(c) => {
-            eprintln!(
-                "teacher cache: reusing {}",
-                c.file
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default()
-            );
-            c
-        }
-        None => {
-            eprintln!(
-                "teacher cache: running the teacher over {} training examples",
-                t.train.len()
-            );
-            let mut c = compute(
-                t.teacher,
-                t.train,
-                &plan.needs,
-                &Batcher::new(t.pad_id),
-                t.batch_size,
-                device,
-            );
-            if let Some(f) = &file {
-                // Saved, the outputs are read back from the file batch by batch: training
-                // does not hold them in memory.
-                match c.save(f) {
-                    Ok(()) => match c.clone().reopened(f) {
-                        Ok(r) => c = r,
-                        Err(e) => eprintln!(
-                            "warning: teacher cache {} unreadable after saving: {e}",
-                            f.display()
-                        ),
-                    },
-                    Err(e) => eprintln!("warning: teacher cache not saved ({}): {e}", f.display()),
-                }
-            }
-            eprintln!("teacher cache: {:.1}s of teacher forwards", c.build_s);
-            c
-        }
+    let cache = match file.as_deref().and_then(|f| cached(f, plan, t.train.len())) {
+        Some(c) => c,
+        None => build(t, plan, device, file.as_deref()),
     };
     let summary = CacheSummary {
         enabled: true,
@@ -155,4 +103,68 @@ pub fn teacher_source<M: Tapped<Batch = TextBatch>>(
         file: cache.file.as_ref().map(|p| p.display().to_string()),
     };
     Ok((TeacherSource::Cache(cache), summary))
+}
+
+/// The cache at `file` when it exists, verifies, holds the features the matches read and `n`
+/// examples.
+fn cached(file: &Path, plan: &MatchPlan, n: usize) -> Option<TeacherCache> {
+    if !file.exists() {
+        return None;
+    }
+    match TeacherCache::load(file, &plan.needs) {
+        Ok(c) if c.len() == n => {
+            eprintln!("teacher cache: reusing {}", file.display());
+            Some(c)
+        }
+        Ok(_) => None,
+        Err(e) => {
+            eprintln!(
+                "teacher cache {} is unusable ({e}): running the teacher again",
+                file.display()
+            );
+            None
+        }
+    }
+}
+
+/// Run the teacher over the training split: into `file`, written as the pass goes and then
+/// read back batch by batch (neither the build nor training holds the outputs in memory), or
+/// in memory when there is no file or it cannot be written.
+fn build<M: Tapped<Batch = TextBatch>>(
+    t: &TeacherOutputs<M>,
+    plan: &MatchPlan,
+    device: &Device,
+    file: Option<&Path>,
+) -> TeacherCache {
+    eprintln!(
+        "teacher cache: running the teacher over {} training examples",
+        t.train.len()
+    );
+    let batcher = Batcher::new(t.pad_id);
+    let in_memory = || {
+        compute(
+            t.teacher,
+            t.train,
+            &plan.needs,
+            &batcher,
+            t.batch_size,
+            device,
+        )
+    };
+    let c = match file {
+        Some(f) => {
+            let batches = (&batcher, t.batch_size);
+            compute_to_file(t.teacher, t.train, &plan.needs, batches, device, f)
+                .unwrap_or_else(|e| {
+                    eprintln!(
+                        "warning: teacher cache not written ({}): {e}; keeping the outputs in memory",
+                        f.display()
+                    );
+                    in_memory()
+                })
+        }
+        None => in_memory(),
+    };
+    eprintln!("teacher cache: {:.1}s of teacher forwards", c.build_s);
+    c
 }

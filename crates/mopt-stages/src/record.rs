@@ -232,11 +232,15 @@ pub struct StageRecord {
     pub references: Vec<ReferenceRecord>,
 }
 
-/// Write `value` as JSON to `path` atomically (a temporary file renamed over it).
+/// Write `value` as JSON to `path` atomically (a temporary file renamed over it), streamed to
+/// the file (no copy of the text in memory).
 pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), StageError> {
+    use std::io::Write;
     let tmp = PathBuf::from(format!("{}.tmp", path.display()));
-    std::fs::write(&tmp, serde_json::to_vec_pretty(value).expect("json"))
-        .map_err(|e| StageError::io(&tmp, e))?;
+    let io = |e: std::io::Error| StageError::io(&tmp, e);
+    let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
+    serde_json::to_writer_pretty(&mut w, value).map_err(|e| io(e.into()))?;
+    w.flush().map_err(io)?;
     std::fs::rename(&tmp, path).map_err(|e| StageError::io(path, e))
 }
 

@@ -219,12 +219,18 @@ pub fn plan(
             cx.mean_tokens,
             cx.mean_tokens_sq,
         );
+        let batch = entry.train.eval_batch_size as u64;
         extra.push((
             format!(
-                "teacher cache ({n} examples x {:.1} tokens on average, held in memory)",
+                "teacher cache build: one batch of {batch} examples' outputs (the cache, {} on disk for {n} examples x {:.1} tokens on average, is written as it is computed and read a batch at a time)",
+                mopt_train::memory::human_bytes(n * per),
                 cx.mean_tokens
             ),
-            n * per,
+            batch * per,
+        ));
+        extra.push((
+            format!("teacher logits and cache index ({n} examples; these grow with the data set)"),
+            n * (4 * input.num_labels as u64 + 16),
         ));
     }
     Ok(StagePlan {
