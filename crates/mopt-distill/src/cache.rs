@@ -234,10 +234,17 @@ pub fn build_file(
             .expect("created")
             .put(i, &e.logits, &e.record())
     };
-    let shapes = teacher_pass(examples, needs, batch_size, forward, &mut put)?;
-    match writer {
-        Some(w) => w.finish()?,
-        None => cache_file::write(path, &shapes.header(needs), &[], &[], &|_| Vec::new())?,
+    let written =
+        teacher_pass(examples, needs, batch_size, forward, &mut put).and_then(
+            |shapes| match writer {
+                Some(w) => w.finish(),
+                None => cache_file::write(path, &shapes.header(needs), &[], &[], &|_| Vec::new()),
+            },
+        );
+    if let Err(e) = written {
+        // A failed write (a full disk) leaves no temporary file the size of the cache behind.
+        let _ = std::fs::remove_file(cache_file::part_path(path));
+        return Err(e);
     }
     Ok(TeacherCache {
         build_s: start.elapsed().as_secs_f64(),

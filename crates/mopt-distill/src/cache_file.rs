@@ -91,7 +91,7 @@ fn header_bytes(
 }
 
 /// The per-process temporary file a cache at `path` is written to before its rename.
-fn part_path(path: &Path) -> PathBuf {
+pub(crate) fn part_path(path: &Path) -> PathBuf {
     path.with_extension(format!("{}.part", std::process::id()))
 }
 

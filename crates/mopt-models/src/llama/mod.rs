@@ -1,0 +1,30 @@
+//! Llama decoder language models (SmolLM2, TinyLlama, Llama 2 shapes): the model with per-layer
+//! widths that pruning can shrink, a KV cache, a GGUF loader and text generation.
+//!
+//! ```no_run
+//! use burn::prelude::*;
+//! use mopt_models::llama::{generate, load_gguf, GenerateConfig};
+//!
+//! let device = Device::flex();
+//! let path = std::path::Path::new("datasets/data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+//! let (config, model) = load_gguf(path, &device)?;
+//! let gguf = mopt_gguf::Gguf::open(path)?;
+//! let tokenizer = mopt_gguf::GgufTokenizer::from_gguf(&gguf)?;
+//! let prompt = tokenizer.encode("Shall I compare thee to a summer's day?")?;
+//! let eos = config.eos_token_id.into_iter();
+//! let new = generate(&model, &prompt, &GenerateConfig::greedy(32).with_stop_tokens(eos));
+//! println!("{}", tokenizer.decode(&new)?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod cache;
+mod config;
+pub mod generate;
+pub mod gguf;
+mod model;
+
+pub use cache::{KvCache, LayerCache};
+pub use config::LlamaConfig;
+pub use generate::{generate, token_ids, GenerateConfig, Sampler, Sampling};
+pub use gguf::{config_from_gguf, load_gguf, model_from_gguf};
+pub use model::*;
