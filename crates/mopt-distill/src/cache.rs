@@ -404,18 +404,6 @@ impl TeacherCache {
         })
     }
 
-    /// This cache read from the file it was saved to (its outputs leave memory), keeping how
-    /// it was built.
-    pub fn reopened(self, path: &Path) -> std::io::Result<Self> {
-        let loaded = Self::load(path, &self.needs)?;
-        Ok(Self {
-            hit: self.hit,
-            build_s: self.build_s,
-            teacher_forwards: self.teacher_forwards,
-            ..loaded
-        })
-    }
-
     /// Example `i`'s outputs (read from the file when it is file-backed).
     fn example(&self, i: usize) -> Cow<'_, ExampleOutputs> {
         match &self.store {

@@ -194,23 +194,16 @@ impl BertConfig {
                 self.hidden_size, self.num_attention_heads
             ));
         }
-        for (name, v) in [
-            ("mopt_layer_heads", &self.mopt_layer_heads),
-            (
-                "mopt_layer_intermediate_sizes",
-                &self.mopt_layer_intermediate_sizes,
-            ),
-        ] {
-            if let Some(v) = v {
-                if v.len() != self.num_hidden_layers {
-                    return Err(format!(
-                        "{name} has {} entries but num_hidden_layers is {}",
-                        v.len(),
-                        self.num_hidden_layers
-                    ));
-                }
-            }
-        }
+        crate::check_layer_lists(
+            self.num_hidden_layers,
+            &[
+                ("mopt_layer_heads", &self.mopt_layer_heads),
+                (
+                    "mopt_layer_intermediate_sizes",
+                    &self.mopt_layer_intermediate_sizes,
+                ),
+            ],
+        )?;
         if let Some(map) = &self.mopt_vocab_map {
             if let Some(&row) = map.iter().find(|&&r| r as usize >= self.vocab_size) {
                 return Err(format!(

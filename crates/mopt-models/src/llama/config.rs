@@ -241,24 +241,17 @@ impl LlamaConfig {
                 self.rms_norm_eps, self.rope_theta
             ));
         }
-        for (name, v) in [
-            ("mopt_layer_heads", &self.mopt_layer_heads),
-            ("mopt_layer_kv_heads", &self.mopt_layer_kv_heads),
-            (
-                "mopt_layer_intermediate_sizes",
-                &self.mopt_layer_intermediate_sizes,
-            ),
-        ] {
-            if let Some(v) = v {
-                if v.len() != self.num_hidden_layers {
-                    return Err(format!(
-                        "{name} has {} entries but num_hidden_layers is {}",
-                        v.len(),
-                        self.num_hidden_layers
-                    ));
-                }
-            }
-        }
+        crate::check_layer_lists(
+            self.num_hidden_layers,
+            &[
+                ("mopt_layer_heads", &self.mopt_layer_heads),
+                ("mopt_layer_kv_heads", &self.mopt_layer_kv_heads),
+                (
+                    "mopt_layer_intermediate_sizes",
+                    &self.mopt_layer_intermediate_sizes,
+                ),
+            ],
+        )?;
         for i in 0..self.num_hidden_layers {
             let (h, kv, f) = (self.heads(i), self.kv_heads(i), self.ffn(i));
             if kv == 0 || h == 0 || !h.is_multiple_of(kv) {
