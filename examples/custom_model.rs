@@ -32,8 +32,9 @@ use mopt_export::{ExportError, Exportable, InputSpec};
 use mopt_models::burnpack::load_burnpack;
 use mopt_models::shape_file::{self, ShapeFile};
 use mopt_quant::node::{LinearQuant, Phase, QuantConfig};
-use mopt_stages::family::image::{ImageFamily, ImageModel, QuantHooks};
-use mopt_stages::kinds::quantize::QuantStage;
+use mopt_stages::family::image::{ImageFamily, ImageModel};
+use mopt_stages::family::Capabilities;
+use mopt_stages::kinds::quantize;
 use serde::{Deserialize, Serialize};
 
 /// An MLP on `channels × image_size²` pixels: `hidden[0] → … → num_labels`, ReLU between.
@@ -310,12 +311,8 @@ impl ImageModel for Mlp {
     const ARCH: &'static str = "mlp";
     const NAME: &'static str = "an MLP";
 
-    fn quant_hooks() -> Option<QuantHooks> {
-        Some(QuantHooks {
-            default_float: Vec::new(),
-            plan: QuantStage::plan::<Mlp>,
-            run: QuantStage::run::<Mlp>,
-        })
+    fn more_capabilities(capabilities: Capabilities) -> Capabilities {
+        capabilities.with(quantize::capability::<Mlp>())
     }
 }
 

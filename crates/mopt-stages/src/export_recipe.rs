@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::data::Split;
 use crate::error::StageError;
+use crate::kinds::export::{ort_latency, CanExport};
 use crate::Registry;
 
 /// ONNX Runtime latency of one exported model.
@@ -53,7 +54,7 @@ pub struct RecipeExport {
 }
 
 fn export_one(
-    fam: &dyn crate::family::Family,
+    fam: &crate::family::FamilyEntry,
     recipe: &Recipe,
     ckpt: &Path,
     out: &Path,
@@ -67,17 +68,18 @@ fn export_one(
         .into());
     }
     let labels = LabelMap::load(&ckpt.join("labels.json")).map_err(mopt_train::TrainError::from)?;
-    let data = fam.load_data(recipe, Some(labels), 0)?;
-    let accuracy = fam.accuracy(ckpt, &data, Split::Test)?;
+    let data = fam.data().load(recipe, Some(labels), 0)?;
+    let can = fam.require::<dyn CanExport>("export", "an ONNX exporter", "declares none")?;
+    let accuracy = can.accuracy(ckpt, &data, Split::Test)?;
     let n = opts.samples.min(data.len(Split::Test));
     let eo = ExportOptions {
         tolerance: FLOAT_TOLERANCE,
-        input_notes: fam.input_notes(recipe.example_size()),
+        input_notes: can.input_notes(recipe.example_size()),
         labels: data.labels().labels.clone(),
         accuracy: Some(accuracy),
         force: opts.force,
     };
-    fam.export(ckpt, out, &data, (Split::Test, n), &eo)
+    can.export(ckpt, out, &data, (Split::Test, n), &eo)
 }
 
 /// Export the recipe's best checkpoint (default `<run>/best` → `<run>/export`), plus the teacher of
@@ -143,7 +145,7 @@ pub fn export_recipe(
         let e = &recipe.evaluation;
         let settings = (e.latency_seq_len, (e.latency_warmup, opts.latency_runs));
         let mut notes = Vec::new();
-        for r in crate::family::ort_latency(fam, &models, settings, &mut notes)? {
+        for r in ort_latency(fam, &models, settings, &mut notes)? {
             latency.push(OrtLatency {
                 model: r["model"].as_str().unwrap_or("").to_string(),
                 graph: r["graph"].as_str().unwrap_or("").to_string(),

@@ -34,6 +34,32 @@ impl<M: mopt_core::Classifier<Batch = TextBatch>> TextClassifier for M {
     }
 }
 
+/// A family's `predict` capability: load a checkpoint as a [`TextClassifier`].
+pub trait CanClassifyText: Send + Sync {
+    /// The checkpoint at `ckpt` loaded as a text classifier on `device`.
+    fn load(&self, ckpt: &Path, device: &Device) -> Result<Box<dyn TextClassifier>, StageError>;
+}
+
+/// The `predict` capability of the text classifier type `M`.
+pub fn capability<M>() -> Box<dyn CanClassifyText>
+where
+    M: mopt_core::Checkpoint<Batch = TextBatch> + 'static,
+{
+    Box::new(Generic::<M>(std::marker::PhantomData))
+}
+
+struct Generic<M>(std::marker::PhantomData<fn() -> M>);
+
+impl<M> CanClassifyText for Generic<M>
+where
+    M: mopt_core::Checkpoint<Batch = TextBatch> + 'static,
+{
+    fn load(&self, ckpt: &Path, device: &Device) -> Result<Box<dyn TextClassifier>, StageError> {
+        let (model, _) = M::load(ckpt, device)?;
+        Ok(Box::new(burn::module::Module::valid(&model)))
+    }
+}
+
 /// One text's prediction.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prediction {
@@ -73,7 +99,8 @@ impl Predictor {
             TextTokenizer::from_file(&t.path, t.max_len, t.lowercase).map_err(TrainError::from)?;
         let model = registry
             .recipe_family(recipe)?
-            .classifier(checkpoint, &device)?;
+            .require::<dyn CanClassifyText>("predict", "a text classifier", "reads no text")?
+            .load(checkpoint, &device)?;
         Ok(Self {
             model,
             tokenizer,

@@ -20,14 +20,14 @@ use std::sync::Arc;
 
 use mopt_recipe::{Recipe, RecipeError, DEFAULT_ARCH};
 
-use crate::family::{bert, cnn, resnet, Family};
+use crate::family::{bert, cnn, resnet, Family, FamilyEntry};
 use crate::kinds;
 use crate::stage::StageKind;
 
 /// Model families and stage kinds by name. Cloning is cheap (shared entries).
 #[derive(Clone, Default)]
 pub struct Registry {
-    families: Vec<Arc<dyn Family>>,
+    families: Vec<Arc<FamilyEntry>>,
     kinds: Vec<Arc<dyn StageKind>>,
 }
 
@@ -79,7 +79,7 @@ impl Registry {
                 "model family `{name}` is registered twice"
             );
         }
-        self.families.push(Arc::new(family));
+        self.families.push(Arc::new(FamilyEntry::new(family)));
         self
     }
 
@@ -98,7 +98,7 @@ impl Registry {
     }
 
     /// The registered families, in registration order.
-    pub fn families(&self) -> impl Iterator<Item = &dyn Family> {
+    pub fn families(&self) -> impl Iterator<Item = &FamilyEntry> {
         self.families.iter().map(|f| f.as_ref())
     }
 
@@ -108,7 +108,7 @@ impl Registry {
     }
 
     /// The family named `arch` (its name or an alias).
-    pub fn family(&self, arch: &str) -> Option<&dyn Family> {
+    pub fn family(&self, arch: &str) -> Option<&FamilyEntry> {
         self.families()
             .find(|f| f.arch() == arch || f.aliases().contains(&arch))
     }
@@ -122,10 +122,10 @@ impl Registry {
     /// `[teacher]` checkpoint, the family that checkpoint's `config.json` names (`model_type`;
     /// BERT when it names none). An unknown name is an error naming the key and the registered
     /// families; so is data of another modality than the family reads.
-    pub fn recipe_family(&self, recipe: &Recipe) -> Result<&dyn Family, RecipeError> {
+    pub fn recipe_family(&self, recipe: &Recipe) -> Result<&FamilyEntry, RecipeError> {
         let f = self.named_family(recipe)?;
         let format = &recipe.data.format;
-        if f.modality() != format.modality() {
+        if f.data().modality() != format.modality() {
             return Err(recipe.scope.nested("data").err(
                 "format",
                 format!(
@@ -133,7 +133,7 @@ impl Registry {
                     format.name(),
                     format.modality(),
                     f.arch(),
-                    f.modality()
+                    f.data().modality()
                 ),
                 "pair the model with data of its kind (a ResNet or a CNN with `idx` / `pixels-csv`, BERT with text)",
             ));
@@ -141,7 +141,7 @@ impl Registry {
         Ok(f)
     }
 
-    fn named_family(&self, recipe: &Recipe) -> Result<&dyn Family, RecipeError> {
+    fn named_family(&self, recipe: &Recipe) -> Result<&FamilyEntry, RecipeError> {
         let Some(m) = &recipe.model else {
             // The teacher's family: its checkpoint's, or the family of the recipe that trains it.
             let Some(t) = &recipe.teacher else {
@@ -160,7 +160,7 @@ impl Registry {
     }
 
     /// The family of a recipe that names none (BERT's, when registered).
-    fn default_family(&self, recipe: &Recipe) -> Result<&dyn Family, RecipeError> {
+    fn default_family(&self, recipe: &Recipe) -> Result<&FamilyEntry, RecipeError> {
         self.family(DEFAULT_ARCH)
             .ok_or_else(|| self.unknown(recipe, "arch", DEFAULT_ARCH))
     }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::{RunData, Split};
 use crate::error::StageError;
-use crate::family::Family;
+use crate::family::FamilyEntry;
 use crate::gate::{decide, Action, Decision};
 use crate::record::*;
 use crate::report::{write_report, PipelineReport};
@@ -343,7 +343,7 @@ impl Pipeline {
     /// built and saved into `base_dir`) with a note for the report.
     fn data_and_baseline(
         &self,
-        family: &dyn Family,
+        family: &FamilyEntry,
         base_dir: &Path,
         opts: &RunOptions,
     ) -> Result<(RunData, PathBuf, String), StageError> {
@@ -356,7 +356,7 @@ impl Pipeline {
         };
         eprintln!("preparing data ({})", recipe.data.source_label());
         let golden = recipe.evaluation.golden_samples.unwrap_or(usize::MAX);
-        let data = family.load_data(recipe, labels, golden)?;
+        let data = family.data().load(recipe, labels, golden)?;
         let sizes = [Split::Train, Split::Valid, Split::Test].map(|s| data.len(s));
         if sizes.contains(&0) {
             return Err(TrainError::Input(format!(
@@ -420,7 +420,7 @@ impl Pipeline {
     /// baseline checkpoint.
     fn build_baseline(
         &self,
-        family: &dyn Family,
+        family: &FamilyEntry,
         base_dir: &Path,
         data: &RunData,
         opts: &RunOptions,
@@ -503,7 +503,7 @@ impl Pipeline {
 
 /// What the runner measures every model with: the family on the run's data.
 struct Evaluator<'a> {
-    family: &'a dyn Family,
+    family: &'a FamilyEntry,
     data: &'a RunData,
     settings: EvalSettings<'a>,
 }
@@ -524,7 +524,7 @@ struct RunShared<'a> {
     opts: &'a RunOptions,
     train_opts: &'a TrainOptions,
     run_dir: &'a Path,
-    family: &'a dyn Family,
+    family: &'a FamilyEntry,
     data: &'a RunData,
     ev: &'a Evaluator<'a>,
     baseline_ckpt: &'a Path,

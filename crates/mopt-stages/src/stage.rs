@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::{RunData, Split};
 use crate::error::StageError;
-use crate::family::Family;
+use crate::family::FamilyEntry;
 use crate::shape::Shape;
 
 /// A kind of stage (`finetune`, `distill`, `export`, …): validates a `[[stage]]` block's own keys
@@ -26,8 +26,11 @@ pub trait StageKind: Send + Sync {
     fn about(&self) -> &'static str;
     /// Validate `entry.settings` (errors through `entry.scope`) into a stage for a model of
     /// `family` (a kind that needs a capability the family lacks says so here).
-    fn parse(&self, entry: &StageEntry, family: &dyn Family)
-        -> Result<Box<dyn Stage>, RecipeError>;
+    fn parse(
+        &self,
+        entry: &StageEntry,
+        family: &FamilyEntry,
+    ) -> Result<Box<dyn Stage>, RecipeError>;
     /// Whether the kind has a gentler retry for `on-fail = "retry"`.
     fn has_retry(&self) -> bool {
         false
@@ -49,7 +52,7 @@ pub struct StagePlan {
 /// Read-only context of planning.
 pub struct PlanContext<'a> {
     /// The model family of the run (`[model] arch`).
-    pub family: &'a dyn crate::family::Family,
+    pub family: &'a crate::family::FamilyEntry,
     /// The families and kinds of the run (a stage that plans another recipe looks them up here).
     pub registry: &'a crate::Registry,
     /// `[tokenizer]` (text data only).
@@ -80,7 +83,7 @@ pub struct StageContext<'a> {
     /// The stage's recipe entry.
     pub entry: &'a StageEntry,
     /// The model family of the run (`[model] arch`): the stage's capabilities.
-    pub family: &'a dyn crate::family::Family,
+    pub family: &'a crate::family::FamilyEntry,
     /// The families and kinds of the run (a stage that runs another recipe looks them up here).
     pub registry: &'a crate::Registry,
     /// The device.
@@ -223,7 +226,7 @@ pub trait Stage {
 pub fn parse_stages(
     registry: &crate::Registry,
     entries: &[StageEntry],
-    family: &dyn Family,
+    family: &FamilyEntry,
 ) -> Result<Vec<Box<dyn Stage>>, RecipeError> {
     entries
         .iter()

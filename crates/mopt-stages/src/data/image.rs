@@ -12,6 +12,26 @@ use mopt_train::TrainError;
 use super::{RunSplits, Split};
 use crate::error::StageError;
 
+/// Grey images ([`ImageData`]) as a family's data source.
+pub struct Images;
+
+impl super::DataSource for Images {
+    fn modality(&self) -> &'static str {
+        "images"
+    }
+
+    fn load(
+        &self,
+        recipe: &Recipe,
+        labels: Option<LabelMap>,
+        golden: usize,
+    ) -> Result<super::RunData, StageError> {
+        Ok(super::RunData::new(ImageData::load(
+            recipe, labels, golden,
+        )?))
+    }
+}
+
 /// The splits of an image recipe, normalised by the training split's statistics.
 pub struct ImageData {
     /// The training split.

@@ -33,6 +33,22 @@ pub enum Split {
     Golden,
 }
 
+/// Where a family's data comes from: the modality a recipe's `[data] format` must be, and the
+/// loader that reads it ([`text::Text`], [`image::Images`]).
+pub trait DataSource: Send + Sync {
+    /// What the data is: `"text"` or `"images"` (a `[data] format`'s modality).
+    fn modality(&self) -> &'static str;
+
+    /// Load the recipe's data (`labels`: a teacher's label map; the golden set is the first
+    /// `golden` validation examples).
+    fn load(
+        &self,
+        recipe: &mopt_recipe::Recipe,
+        labels: Option<LabelMap>,
+        golden: usize,
+    ) -> Result<RunData, StageError>;
+}
+
 /// What a modality's loader hands the runner.
 pub trait RunSplits: Send + Sync + 'static {
     /// What the models of this data read.

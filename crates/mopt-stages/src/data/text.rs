@@ -12,6 +12,24 @@ use mopt_train::TrainError;
 use super::{RunSplits, Split};
 use crate::error::StageError;
 
+/// Tokenized text ([`TextData`]) as a family's data source.
+pub struct Text;
+
+impl super::DataSource for Text {
+    fn modality(&self) -> &'static str {
+        "text"
+    }
+
+    fn load(
+        &self,
+        recipe: &Recipe,
+        labels: Option<LabelMap>,
+        golden: usize,
+    ) -> Result<super::RunData, StageError> {
+        Ok(super::RunData::new(TextData::load(recipe, labels, golden)?))
+    }
+}
+
 /// The splits of a text recipe, tokenized, with their tokenizer.
 pub struct TextData {
     /// The training split.

@@ -1,7 +1,7 @@
 //! Image classifiers as families, once for every model type: image data, fine-tuning,
 //! distillation (logits, or feature maps with the teacher live), channel pruning, export and
-//! ONNX Runtime latency through the generic kinds; quantization where the model type says it
-//! quantizes. A model type joins by implementing [`ImageModel`] (its arch name; its config a
+//! ONNX Runtime latency through the generic kinds; more (quantization) where the model type
+//! adds it. A model type joins by implementing [`ImageModel`] (its arch name; its config a
 //! [`ShapeFile`]) in one file and registering `ImageFamily::<M>::new()` ([`crate::Registry`]).
 
 use std::marker::PhantomData;
@@ -10,22 +10,20 @@ use std::path::Path;
 use burn::prelude::*;
 use mopt_core::prune::Prunable;
 use mopt_core::FeatureMaps;
-use mopt_data::{ImageBatch, LabelMap};
-use mopt_export::{ExportOptions, Exportable, ModelCard};
+use mopt_data::ImageBatch;
+use mopt_export::Exportable;
 use mopt_models::shape_file::ShapeFile;
 use mopt_models::ModelError;
 use mopt_recipe::{ModelSpec, Recipe, RecipeError, Scope, StageEntry, TokenizerSpec};
 use mopt_train::trainer::save_checkpoint_dir;
 use mopt_train::TrainError;
 
-use super::{checkpoint_accuracy, export_split, Family};
-use crate::data::image::ImageData;
-use crate::data::{RunData, Split};
+use super::{Capabilities, Family};
+use crate::data::image::Images;
+use crate::data::{DataSource, RunData};
 use crate::error::StageError;
-use crate::kinds::distill::DistillStage;
-use crate::kinds::prune::PruneStage;
-use crate::kinds::quantize::QuantStage;
-use crate::kinds::{kd_maps, kd_student};
+use crate::kinds::distill::{CanDistill, DistillStage};
+use crate::kinds::{export, finetune, kd_maps, kd_student, prune};
 use crate::record::{measure_checkpoint, EvalSettings, ModelFacts};
 use crate::shape::Shape;
 use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
@@ -47,21 +45,11 @@ pub trait ImageModel:
         self
     }
 
-    /// How the type quantizes (`ptq` / `qat` stages); `None` (the default): it does not.
-    fn quant_hooks() -> Option<QuantHooks> {
-        None
+    /// Capabilities beyond those every image model has (`finetune`, `distill`, `prune`,
+    /// `export`): a quantizable type adds `kinds::quantize::capability::<Self>()`.
+    fn more_capabilities(capabilities: Capabilities) -> Capabilities {
+        capabilities
     }
-}
-
-/// A quantizable image model's part in `ptq` / `qat` stages: the generic stage code
-/// instantiated for it, and the layers it keeps float by default.
-pub struct QuantHooks {
-    /// The layers kept float unless a recipe says otherwise.
-    pub default_float: Vec<String>,
-    /// [`QuantStage::plan`] for the model type.
-    pub plan: fn(&QuantStage, &StageEntry, &Shape, &PlanContext) -> Result<StagePlan, StageError>,
-    /// [`QuantStage::run`] for the model type.
-    pub run: fn(&QuantStage, &Path, &StageContext) -> Result<StageOutput, StageError>,
 }
 
 /// The family of the image model type `M`.
@@ -142,26 +130,24 @@ fn student_config<M: ImageModel>(
     model_config::<M>(&stage.student, &scope, labels)
 }
 
-impl<M: ImageModel> Family for ImageFamily<M> {
+impl<M: ImageModel + 'static> Family for ImageFamily<M> {
     fn arch(&self) -> &'static str {
         M::ARCH
     }
 
-    fn modality(&self) -> &'static str {
-        "images"
+    fn data(&self) -> &'static dyn DataSource {
+        &Images
     }
 
-    fn input_notes(&self, _size: usize) -> String {
-        "float32 images [batch, channels, side, side]; normalise grey values as the checkpoint's preprocess.json says: (pixel / pixel_max - mean) / std".into()
-    }
-
-    fn load_data(
+    fn model_shape(
         &self,
-        recipe: &Recipe,
-        labels: Option<LabelMap>,
-        golden: usize,
-    ) -> Result<RunData, StageError> {
-        Ok(RunData::new(ImageData::load(recipe, labels, golden)?))
+        model: &ModelSpec,
+        _tokenizer: Option<&TokenizerSpec>,
+        scope: &Scope,
+        labels: &[String],
+        _vocab: usize,
+    ) -> Result<Shape, StageError> {
+        Ok(Shape::new(model_config::<M>(model, scope, labels)?))
     }
 
     fn build(
@@ -183,6 +169,12 @@ impl<M: ImageModel> Family for ImageFamily<M> {
         Ok(())
     }
 
+    fn read_shape(&self, dir: &Path) -> Result<Shape, StageError> {
+        Ok(Shape::new(
+            M::Shape::from_file(&dir.join("config.json")).map_err(fault)?,
+        ))
+    }
+
     fn measure(
         &self,
         ckpt: &Path,
@@ -192,92 +184,25 @@ impl<M: ImageModel> Family for ImageFamily<M> {
         measure_checkpoint::<M>(ckpt, data, ev, M::for_measurement)
     }
 
-    fn read_shape(&self, dir: &Path) -> Result<Shape, StageError> {
-        Ok(Shape::new(
-            M::Shape::from_file(&dir.join("config.json")).map_err(fault)?,
-        ))
+    fn capabilities(&self) -> Capabilities {
+        M::more_capabilities(
+            Capabilities::default()
+                .with(finetune::capability::<M>())
+                .with(prune::capability::<M>())
+                .with::<dyn CanDistill>(Box::new(ImageDistill::<M>(PhantomData)))
+                .with(export::capability::<M>(|_| {
+                    "float32 images [batch, channels, side, side]; normalise grey values as the checkpoint's preprocess.json says: (pixel / pixel_max - mean) / std".into()
+                })),
+        )
     }
+}
 
-    fn model_shape(
-        &self,
-        model: &ModelSpec,
-        _tokenizer: Option<&TokenizerSpec>,
-        scope: &Scope,
-        labels: &[String],
-        _vocab: usize,
-    ) -> Result<Shape, StageError> {
-        Ok(Shape::new(model_config::<M>(model, scope, labels)?))
-    }
+/// The `distill` capability of an image model type: logit KD from the cache, or feature maps
+/// (and augmented batches) with the teacher live.
+struct ImageDistill<M>(PhantomData<fn() -> M>);
 
-    fn finetune(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
-        crate::kinds::finetune::run::<M>(input, cx)
-    }
-
-    fn prune_targets(&self) -> Vec<&'static str> {
-        M::group_kinds().iter().map(|k| k.name()).collect()
-    }
-
-    fn plan_prune(
-        &self,
-        stage: &PruneStage,
-        entry: &StageEntry,
-        input: &Shape,
-        cx: &PlanContext,
-    ) -> Result<StagePlan, StageError> {
-        stage.plan::<M>(entry, input, cx)
-    }
-
-    fn prune(
-        &self,
-        stage: &PruneStage,
-        input: &Path,
-        cx: &StageContext,
-    ) -> Result<StageOutput, StageError> {
-        stage.run::<M>(input, cx)
-    }
-
-    fn quantizable(&self) -> bool {
-        M::quant_hooks().is_some()
-    }
-
-    fn quant_default_exclude(&self) -> Vec<String> {
-        M::quant_hooks().map_or_else(Vec::new, |q| q.default_float)
-    }
-
-    fn plan_quantize(
-        &self,
-        stage: &QuantStage,
-        entry: &StageEntry,
-        input: &Shape,
-        cx: &PlanContext,
-    ) -> Result<StagePlan, StageError> {
-        match M::quant_hooks() {
-            Some(q) => (q.plan)(stage, entry, input, cx),
-            None => Err(self.lacks(
-                "ptq/qat",
-                "a quantizable model",
-                "declares no quantizable layers",
-            )),
-        }
-    }
-
-    fn quantize(
-        &self,
-        stage: &QuantStage,
-        input: &Path,
-        cx: &StageContext,
-    ) -> Result<StageOutput, StageError> {
-        match M::quant_hooks() {
-            Some(q) => (q.run)(stage, input, cx),
-            None => Err(self.lacks(
-                "ptq/qat",
-                "a quantizable model",
-                "declares no quantizable layers",
-            )),
-        }
-    }
-
-    fn plan_distill(
+impl<M: ImageModel + 'static> CanDistill for ImageDistill<M> {
+    fn plan(
         &self,
         stage: &DistillStage,
         entry: &StageEntry,
@@ -298,7 +223,7 @@ impl<M: ImageModel> Family for ImageFamily<M> {
         Ok(plan)
     }
 
-    fn distill(
+    fn run(
         &self,
         stage: &DistillStage,
         input: &Path,
@@ -313,30 +238,6 @@ impl<M: ImageModel> Family for ImageFamily<M> {
         } else {
             kd_student::run_maps::<M>(stage, input, cx, &student, matches)
         }
-    }
-
-    fn accuracy(&self, ckpt: &Path, data: &RunData, which: Split) -> Result<f64, StageError> {
-        checkpoint_accuracy::<M>(ckpt, data, which)
-    }
-
-    fn export(
-        &self,
-        ckpt: &Path,
-        out: &Path,
-        data: &RunData,
-        samples: (Split, usize),
-        opts: &ExportOptions,
-    ) -> Result<ModelCard, StageError> {
-        export_split::<M>(ckpt, out, data, samples, opts)
-    }
-
-    fn bench_feeds(
-        &self,
-        ckpt: &Path,
-        size: usize,
-    ) -> Result<Option<serde_json::Value>, StageError> {
-        let config = M::Shape::from_file(&ckpt.join("config.json")).map_err(fault)?;
-        Ok(mopt_export::bench_feeds::<M>(&config, size))
     }
 }
 

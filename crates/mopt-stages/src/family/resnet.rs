@@ -4,8 +4,9 @@
 use mopt_core::Quantizable;
 use mopt_models::resnet::{ResNet, ResNetConfig};
 
-use super::image::{ImageFamily, ImageModel, QuantHooks};
-use crate::kinds::quantize::QuantStage;
+use super::image::{ImageFamily, ImageModel};
+use super::Capabilities;
+use crate::kinds::quantize;
 
 /// The ResNet family.
 pub const RESNET: ImageFamily<ResNet> = ImageFamily::new();
@@ -20,11 +21,7 @@ impl ImageModel for ResNet {
         self.with_baked_weights()
     }
 
-    fn quant_hooks() -> Option<QuantHooks> {
-        Some(QuantHooks {
-            default_float: ResNet::default_float_paths(),
-            plan: QuantStage::plan::<ResNet>,
-            run: QuantStage::run::<ResNet>,
-        })
+    fn more_capabilities(capabilities: Capabilities) -> Capabilities {
+        capabilities.with(quantize::capability::<ResNet>())
     }
 }

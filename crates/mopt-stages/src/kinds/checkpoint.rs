@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::StageError;
-use crate::family::Family;
+use crate::family::FamilyEntry;
 use crate::record::shown;
 use crate::runner::{obtain_checkpoint, RunOptions};
 use crate::shape::Shape;
@@ -48,7 +48,7 @@ impl StageKind for CheckpointKind {
     fn parse(
         &self,
         entry: &StageEntry,
-        _family: &dyn Family,
+        _family: &FamilyEntry,
     ) -> Result<Box<dyn Stage>, RecipeError> {
         let cx = &entry.scope;
         let r: RawCheckpoint = cx.deserialize(entry.settings.clone())?;

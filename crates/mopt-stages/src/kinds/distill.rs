@@ -12,7 +12,7 @@ use mopt_recipe::{model_spec, ModelSpec, RecipeError, Scope, StageEntry, TrainSp
 use serde::Deserialize;
 
 use crate::error::StageError;
-use crate::family::Family;
+use crate::family::FamilyEntry;
 use crate::shape::Shape;
 use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
 
@@ -370,6 +370,29 @@ impl DistillStage {
     }
 }
 
+/// What a family without the capability lacks.
+const NEEDS: (&str, &str) = ("distillation support", "declares none");
+
+/// A family's `distill` capability: build the `[stage.student]` of its models and train it
+/// against the input (the teacher).
+pub trait CanDistill: Send + Sync {
+    /// Plan a `distill` stage: the student's shape and memory.
+    fn plan(
+        &self,
+        stage: &DistillStage,
+        entry: &StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError>;
+    /// Run a `distill` stage on the teacher at `input`.
+    fn run(
+        &self,
+        stage: &DistillStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError>;
+}
+
 impl StageKind for Distill {
     fn name(&self) -> &'static str {
         "distill"
@@ -382,8 +405,13 @@ impl StageKind for Distill {
     fn parse(
         &self,
         entry: &StageEntry,
-        _family: &dyn Family,
+        family: &FamilyEntry,
     ) -> Result<Box<dyn Stage>, RecipeError> {
+        family.check::<dyn CanDistill>(
+            entry,
+            NEEDS,
+            "register a `CanDistill` in the family's `capabilities` (`kinds::kd_student::capability::<M>()` for logit KD)",
+        )?;
         Ok(Box::new(DistillStage::from_entry(entry)?))
     }
 }
@@ -442,11 +470,15 @@ impl Stage for DistillStage {
         shape: &Shape,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
-        cx.family.plan_distill(self, entry, shape, cx)
+        cx.family
+            .require::<dyn CanDistill>("distill", NEEDS.0, NEEDS.1)?
+            .plan(self, entry, shape, cx)
     }
 
     fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
-        cx.family.distill(self, input, cx)
+        cx.family
+            .require::<dyn CanDistill>("distill", NEEDS.0, NEEDS.1)?
+            .run(self, input, cx)
     }
 
     fn reuse_key(&self) -> Option<String> {

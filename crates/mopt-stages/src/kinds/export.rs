@@ -4,20 +4,176 @@
 
 use std::path::Path;
 
+use burn::prelude::*;
+use mopt_core::{Examples, Labeled, ModelConfig};
 use mopt_export::export::{ExportOptions, ModelCard, FLOAT_TOLERANCE};
+use mopt_export::Exportable;
 use mopt_recipe::{RecipeError, StageEntry};
+use mopt_train::trainer::evaluate;
 
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::data::Split;
+use crate::data::{RunData, Split};
 use crate::error::StageError;
-use crate::family::Family;
+use crate::family::FamilyEntry;
 use crate::shape::Shape;
 use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
 
 /// The kind.
 pub struct Export;
+
+/// What a family without the capability lacks.
+const NEEDS: (&str, &str) = ("an ONNX exporter", "declares none");
+
+/// A family's `export` capability (also `mopt-train export`'s): ONNX out with parity, the
+/// inputs ONNX Runtime latency is timed on, and what a deployment must know.
+pub trait CanExport: Send + Sync {
+    /// How a deployment feeds the exported graph (padding, truncation at `size` tokens; an
+    /// image's normalisation), for the model card.
+    fn input_notes(&self, size: usize) -> String;
+    /// Export the checkpoint at `ckpt` to the folder `out`, parity checked on the first
+    /// `samples` examples of the split `which` of `data`.
+    fn export(
+        &self,
+        ckpt: &Path,
+        out: &Path,
+        data: &RunData,
+        samples: (Split, usize),
+        opts: &ExportOptions,
+    ) -> Result<ModelCard, StageError>;
+    /// The synthetic inputs (`size` tokens, or ignored) ONNX Runtime latency is timed on for a
+    /// model of `shape`, one per batch size; `None` when the model declares none.
+    fn bench_feeds(
+        &self,
+        shape: &Shape,
+        size: usize,
+    ) -> Result<Option<serde_json::Value>, StageError>;
+    /// Accuracy of the checkpoint at `ckpt` on the split `which` of `data` (the model card's).
+    fn accuracy(&self, ckpt: &Path, data: &RunData, which: Split) -> Result<f64, StageError>;
+}
+
+/// The `export` capability of the model type `M` ([`Exportable`]), its deployment notes from
+/// `input_notes` (given the example size).
+pub fn capability<M>(input_notes: fn(usize) -> String) -> Box<dyn CanExport>
+where
+    M: Exportable<Batch: Labeled> + 'static,
+{
+    Box::new(Generic::<M> {
+        input_notes,
+        model: std::marker::PhantomData,
+    })
+}
+
+struct Generic<M> {
+    input_notes: fn(usize) -> String,
+    model: std::marker::PhantomData<fn() -> M>,
+}
+
+impl<M: Exportable<Batch: Labeled> + 'static> CanExport for Generic<M> {
+    fn input_notes(&self, size: usize) -> String {
+        (self.input_notes)(size)
+    }
+
+    fn export(
+        &self,
+        ckpt: &Path,
+        out: &Path,
+        data: &RunData,
+        (which, n): (Split, usize),
+        opts: &ExportOptions,
+    ) -> Result<ModelCard, StageError> {
+        let examples = Head {
+            examples: data.split::<M::Batch>(which)?,
+            n,
+        };
+        Ok(mopt_export::export_checkpoint::<M, _>(
+            ckpt, out, &examples, opts,
+        )?)
+    }
+
+    fn bench_feeds(
+        &self,
+        shape: &Shape,
+        size: usize,
+    ) -> Result<Option<serde_json::Value>, StageError> {
+        Ok(mopt_export::bench_feeds::<M>(
+            shape.get::<M::Config>()?,
+            size,
+        ))
+    }
+
+    fn accuracy(&self, ckpt: &Path, data: &RunData, which: Split) -> Result<f64, StageError> {
+        let examples = data.split::<M::Batch>(which)?;
+        let device = Device::flex();
+        let (model, config) = M::load(ckpt, &device)?;
+        let eval = evaluate(&model.valid(), &examples, 64, config.num_labels(), &device);
+        Ok(eval.metrics.accuracy)
+    }
+}
+
+/// ONNX Runtime latency of `models` (name, checkpoint, exported graph), interleaved, with
+/// `family`'s benchmark inputs; models without inputs are left out and named in `notes`.
+pub fn ort_latency(
+    family: &FamilyEntry,
+    models: &[(String, std::path::PathBuf, std::path::PathBuf)],
+    (size, warmup_runs): (usize, (usize, usize)),
+    notes: &mut Vec<String>,
+) -> Result<Vec<serde_json::Value>, StageError> {
+    let can = family.require::<dyn CanExport>("export", NEEDS.0, NEEDS.1)?;
+    let mut bench = Vec::new();
+    for (name, ckpt, onnx) in models {
+        match can.bench_feeds(&family.read_shape(ckpt)?, size)? {
+            Some(feeds) => bench.push(mopt_export::BenchModel {
+                name: name.clone(),
+                onnx: onnx.clone(),
+                feeds,
+            }),
+            None => notes.push(format!(
+                "No ONNX Runtime latency for the {name}: its family declares no benchmark input."
+            )),
+        }
+    }
+    let work = models
+        .first()
+        .and_then(|m| m.2.parent())
+        .unwrap_or(Path::new("."));
+    Ok(mopt_export::ort_latency_interleaved(
+        &bench,
+        warmup_runs,
+        work,
+    )?)
+}
+
+/// The first `n` examples of a split.
+struct Head<E> {
+    examples: E,
+    n: usize,
+}
+
+impl<E: Examples> Examples for Head<E> {
+    type Batch = E::Batch;
+
+    fn len(&self) -> usize {
+        self.n.min(self.examples.len())
+    }
+
+    fn label(&self, i: usize) -> usize {
+        self.examples.label(i)
+    }
+
+    fn size(&self, i: usize) -> usize {
+        self.examples.size(i)
+    }
+
+    fn batch(&self, indices: &[usize], device: &Device) -> Self::Batch {
+        self.examples.batch(indices, device)
+    }
+
+    fn record(&self, i: usize) -> serde_json::Value {
+        self.examples.record(i)
+    }
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -62,8 +218,13 @@ impl StageKind for Export {
     fn parse(
         &self,
         entry: &StageEntry,
-        _family: &dyn Family,
+        family: &FamilyEntry,
     ) -> Result<Box<dyn Stage>, RecipeError> {
+        family.check::<dyn CanExport>(
+            entry,
+            NEEDS,
+            "implement `mopt_export::Exportable` for the model and register `kinds::export::capability::<M>(..)` in the family's `capabilities`",
+        )?;
         let cx = &entry.scope;
         let r: RawExport = cx.deserialize(entry.settings.clone())?;
         let tolerance = r.tolerance.unwrap_or(FLOAT_TOLERANCE);
@@ -133,17 +294,20 @@ impl Stage for ExportStage {
     }
 
     fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+        let can = cx
+            .family
+            .require::<dyn CanExport>("export", NEEDS.0, NEEDS.1)?;
         let samples = (Split::Golden, self.samples.min(cx.golden_len()));
         let opts = ExportOptions {
             tolerance: self.tolerance,
-            input_notes: cx.family.input_notes(cx.size),
+            input_notes: can.input_notes(cx.size),
             labels: cx.data.labels().labels.clone(),
             accuracy: None,
             force: true,
         };
         let out = cx.dir.join("onnx");
         eprintln!("export: {} -> {}", input.display(), out.display());
-        let card = cx.family.export(input, &out, cx.data, samples, &opts)?;
+        let card = can.export(input, &out, cx.data, samples, &opts)?;
         let mut notes = vec![self.card_note(&card, &out.join("model.onnx"))];
         let mut models = vec![Exported {
             name: "model".into(),
@@ -254,7 +418,9 @@ impl ExportStage {
                 dir.display(),
                 b.display()
             );
-            cx.family.export(dir, &b, cx.data, samples, opts)?;
+            cx.family
+                .require::<dyn CanExport>("export", NEEDS.0, NEEDS.1)?
+                .export(dir, &b, cx.data, samples, opts)?;
             out.push(Exported {
                 name: name.clone(),
                 checkpoint: dir.clone(),
@@ -288,7 +454,7 @@ fn latency(
         .map(|m| (m.name.clone(), m.checkpoint.clone(), m.onnx.clone()))
         .collect();
     let settings = (e.latency_seq_len, (e.latency_warmup, runs));
-    let rows = crate::family::ort_latency(cx.family, &list, settings, notes)?;
+    let rows = ort_latency(cx.family, &list, settings, notes)?;
     for r in &rows {
         let name = r["model"].as_str().unwrap_or("");
         notes.push(format!(

@@ -10,13 +10,16 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::StageError;
-use crate::family::Family;
+use crate::family::FamilyEntry;
 use crate::plan::train_settings;
 use crate::shape::Shape;
 use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
 
 /// The kind.
 pub struct Finetune;
+
+/// What a family without the capability lacks.
+const NEEDS: (&str, &str) = ("a trainable model", "lists no finetune capability");
 
 /// A finetune stage has no keys of its own besides `[stage.train]` and `[stage.gate]`.
 #[derive(Debug, Deserialize)]
@@ -35,8 +38,13 @@ impl StageKind for Finetune {
     fn parse(
         &self,
         entry: &StageEntry,
-        _family: &dyn Family,
+        family: &FamilyEntry,
     ) -> Result<Box<dyn Stage>, RecipeError> {
+        family.check::<dyn CanFinetune>(
+            entry,
+            NEEDS,
+            "register `kinds::finetune::capability::<M>()` in the family's `capabilities`",
+        )?;
         let _: RawFinetune = entry.scope.deserialize(entry.settings.clone())?;
         Ok(Box::new(FinetuneStage))
     }
@@ -65,7 +73,9 @@ impl Stage for FinetuneStage {
     }
 
     fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
-        cx.family.finetune(input, cx)
+        cx.family
+            .require::<dyn CanFinetune>("finetune", NEEDS.0, NEEDS.1)?
+            .finetune(input, cx)
     }
 
     fn reuse_key(&self) -> Option<String> {
@@ -74,8 +84,32 @@ impl Stage for FinetuneStage {
     }
 }
 
-/// Fine-tune the `M` checkpoint at `input` on the stage's data (what a family's
-/// [`crate::family::Family::finetune`] calls with its model type).
+/// A family's `finetune` capability: train a checkpoint of its models on the run's data.
+pub trait CanFinetune: Send + Sync {
+    /// Fine-tune the checkpoint at `input` on the stage's data.
+    fn finetune(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError>;
+}
+
+/// The `finetune` capability of the model type `M` ([`run`]).
+pub fn capability<M>() -> Box<dyn CanFinetune>
+where
+    M: Checkpoint<Batch: mopt_core::Labeled> + 'static,
+{
+    Box::new(Generic::<M>(std::marker::PhantomData))
+}
+
+struct Generic<M>(std::marker::PhantomData<fn() -> M>);
+
+impl<M> CanFinetune for Generic<M>
+where
+    M: Checkpoint<Batch: mopt_core::Labeled> + 'static,
+{
+    fn finetune(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
+        run::<M>(input, cx)
+    }
+}
+
+/// Fine-tune the `M` checkpoint at `input` on the stage's data.
 pub fn run<M>(input: &Path, cx: &StageContext) -> Result<StageOutput, StageError>
 where
     M: Checkpoint<Batch: mopt_core::Labeled>,

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::error::StageError;
-use crate::family::Family;
+use crate::family::FamilyEntry;
 use crate::kinds::kd::kd_objective;
 use crate::plan::train_settings;
 use crate::record::max_abs_diff;
@@ -34,6 +34,61 @@ use crate::stage::{
 
 /// The kind.
 pub struct Prune;
+
+/// A family's `prune` capability: its dependency-group kinds and the stage generic over its
+/// model type ([`capability`]).
+pub trait CanPrune: Send + Sync {
+    /// The group kinds a stage can target, in the order pruning applies them (the first two
+    /// are the default targets).
+    fn targets(&self) -> Vec<&'static str>;
+    /// Plan a `prune` stage ([`PruneStage::plan`]).
+    fn plan(
+        &self,
+        stage: &PruneStage,
+        entry: &StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError>;
+    /// Run a `prune` stage ([`PruneStage::run`]).
+    fn run(
+        &self,
+        stage: &PruneStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError>;
+}
+
+/// The `prune` capability of the model type `M`: its [`Prunable`] groups.
+pub fn capability<M: Prunable<Batch: Labeled> + 'static>() -> Box<dyn CanPrune> {
+    Box::new(Generic::<M>(std::marker::PhantomData))
+}
+
+struct Generic<M>(std::marker::PhantomData<fn() -> M>);
+
+impl<M: Prunable<Batch: Labeled> + 'static> CanPrune for Generic<M> {
+    fn targets(&self) -> Vec<&'static str> {
+        M::group_kinds().iter().map(|k| k.name()).collect()
+    }
+
+    fn plan(
+        &self,
+        stage: &PruneStage,
+        entry: &StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        stage.plan::<M>(entry, input, cx)
+    }
+
+    fn run(
+        &self,
+        stage: &PruneStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        stage.run::<M>(input, cx)
+    }
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -192,20 +247,23 @@ fn one_of<T: Copy>(
         })
 }
 
+/// What a family without the capability lacks.
+const NEEDS: (&str, &str) = ("a prunable model", "declares no dependency groups");
+
 /// `targets`, validated against the family's group kinds, in the family's order.
 fn parse_targets(
     cx: &mopt_recipe::Scope,
     targets: Option<Vec<String>>,
-    family: &dyn Family,
+    family: &FamilyEntry,
 ) -> Result<Vec<&'static str>, RecipeError> {
-    let known = family.prune_targets();
-    if known.is_empty() {
+    let Some(can) = family.capability::<dyn CanPrune>() else {
         return Err(cx.err(
-                "kind",
-                format!("kind `prune` needs a prunable model: `{}` declares no dependency groups", family.arch()),
-                "implement `mopt_core::prune::Prunable` for the model and return its group kinds from the family's `prune_targets`",
-            ));
-    }
+            "kind",
+            family.lacks("prune", NEEDS.0, NEEDS.1),
+            "implement `mopt_core::prune::Prunable` for the model and register `kinds::prune::capability::<M>()` in the family's `capabilities`",
+        ));
+    };
+    let known = can.targets();
     let listed = known
         .iter()
         .map(|k| format!("\"{k}\""))
@@ -272,7 +330,7 @@ impl StageKind for Prune {
     fn parse(
         &self,
         entry: &StageEntry,
-        family: &dyn Family,
+        family: &FamilyEntry,
     ) -> Result<Box<dyn Stage>, RecipeError> {
         let cx = &entry.scope;
         let r: RawPrune = cx.deserialize(entry.settings.clone())?;
@@ -881,11 +939,15 @@ impl Stage for PruneStage {
         shape: &Shape,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
-        cx.family.plan_prune(self, entry, shape, cx)
+        cx.family
+            .require::<dyn CanPrune>("prune", NEEDS.0, NEEDS.1)?
+            .plan(self, entry, shape, cx)
     }
 
     fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
-        cx.family.prune(self, input, cx)
+        cx.family
+            .require::<dyn CanPrune>("prune", NEEDS.0, NEEDS.1)?
+            .run(self, input, cx)
     }
 
     fn reuse_key(&self) -> Option<String> {

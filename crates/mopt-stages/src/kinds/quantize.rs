@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::error::StageError;
-use crate::family::Family;
+use crate::family::FamilyEntry;
 use crate::kinds::kd::kd_objective;
 use crate::plan::train_settings;
 use crate::record::max_abs_diff;
@@ -206,19 +206,15 @@ fn parse_observer(cx: &Scope, r: &RawQuant) -> Result<ObserverKind, RecipeError>
 fn parse(
     entry: &StageEntry,
     train: bool,
-    family: &dyn Family,
+    family: &FamilyEntry,
 ) -> Result<Box<dyn Stage>, RecipeError> {
-    if !family.quantizable() {
+    let Some(can) = family.capability::<dyn CanQuantize>() else {
         return Err(entry.scope.err(
             "kind",
-            format!(
-                "kind `{}` needs a quantizable model: `{}` declares no quantizable layers",
-                entry.kind,
-                family.arch()
-            ),
-            "implement `mopt_core::Quantizable` for the model and say so in the family's `quantizable`",
+            family.lacks(&entry.kind, NEEDS.0, NEEDS.1),
+            "implement `mopt_core::Quantizable` for the model and register `kinds::quantize::capability::<M>()` in the family's `capabilities`",
         ));
-    }
+    };
     let cx: &Scope = &entry.scope;
     let r: RawQuant = cx.deserialize(entry.settings.clone())?;
     check_kind_keys(cx, &r, train)?;
@@ -275,7 +271,7 @@ fn parse(
         include: r.include.unwrap_or_else(|| vec!["*".into()]),
         // The family's default float layers (BERT: the pooler and classifier, tiny and right
         // before the logits).
-        exclude: r.exclude.unwrap_or_else(|| family.quant_default_exclude()),
+        exclude: r.exclude.unwrap_or_else(|| can.default_exclude()),
         calibration_samples: cx.positive("calibration-samples", r.calibration_samples, 512)?,
         embeddings: r.embeddings.unwrap_or(false),
         auto_bits: matches!(&r.weight_bits, Some(Bits::Name(_))),
@@ -306,7 +302,7 @@ impl StageKind for Ptq {
     fn parse(
         &self,
         entry: &StageEntry,
-        family: &dyn Family,
+        family: &FamilyEntry,
     ) -> Result<Box<dyn Stage>, RecipeError> {
         parse(entry, false, family)
     }
@@ -322,9 +318,66 @@ impl StageKind for Qat {
     fn parse(
         &self,
         entry: &StageEntry,
-        family: &dyn Family,
+        family: &FamilyEntry,
     ) -> Result<Box<dyn Stage>, RecipeError> {
         parse(entry, true, family)
+    }
+}
+
+/// What a family without the capability lacks.
+const NEEDS: (&str, &str) = ("a quantizable model", "declares no quantizable layers");
+
+/// A family's `ptq` / `qat` capability: the stage generic over its model type ([`capability`]).
+pub trait CanQuantize: Send + Sync {
+    /// The layers kept float unless a recipe sets `exclude`
+    /// ([`mopt_core::Quantizable::default_float_paths`]).
+    fn default_exclude(&self) -> Vec<String>;
+    /// Plan a `ptq` / `qat` stage ([`QuantStage::plan`]).
+    fn plan(
+        &self,
+        stage: &QuantStage,
+        entry: &StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError>;
+    /// Run a `ptq` / `qat` stage ([`QuantStage::run`]).
+    fn run(
+        &self,
+        stage: &QuantStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError>;
+}
+
+/// The `ptq` / `qat` capability of the model type `M`: its [`Quantizable`] layers.
+pub fn capability<M: Quantizable<Batch: Labeled> + 'static>() -> Box<dyn CanQuantize> {
+    Box::new(Generic::<M>(std::marker::PhantomData))
+}
+
+struct Generic<M>(std::marker::PhantomData<fn() -> M>);
+
+impl<M: Quantizable<Batch: Labeled> + 'static> CanQuantize for Generic<M> {
+    fn default_exclude(&self) -> Vec<String> {
+        M::default_float_paths()
+    }
+
+    fn plan(
+        &self,
+        stage: &QuantStage,
+        entry: &StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        stage.plan::<M>(entry, input, cx)
+    }
+
+    fn run(
+        &self,
+        stage: &QuantStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        stage.run::<M>(input, cx)
     }
 }
 
@@ -844,11 +897,15 @@ impl Stage for QuantStage {
         shape: &Shape,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
-        cx.family.plan_quantize(self, entry, shape, cx)
+        cx.family
+            .require::<dyn CanQuantize>(self.name(), NEEDS.0, NEEDS.1)?
+            .plan(self, entry, shape, cx)
     }
 
     fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
-        cx.family.quantize(self, input, cx)
+        cx.family
+            .require::<dyn CanQuantize>(self.name(), NEEDS.0, NEEDS.1)?
+            .run(self, input, cx)
     }
 
     fn reuse_key(&self) -> Option<String> {

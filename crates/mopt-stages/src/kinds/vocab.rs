@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::StageError;
-use crate::family::Family;
+use crate::family::FamilyEntry;
 use crate::shape::Shape;
 use crate::stage::{PlanContext, Stage, StageContext, StageKind, StageOutput, StagePlan};
 
@@ -48,6 +48,29 @@ pub struct Corpus<'a> {
     pub unk: u32,
 }
 
+/// What a family without the capability lacks.
+const NEEDS: (&str, &str) = ("a token-embedding table", "declares none");
+
+/// A family's `vocab` capability: the stage on its model type with the run's token ids
+/// ([`VocabStage::plan`], [`VocabStage::run`] with a [`Corpus`]).
+pub trait CanPruneVocab: Send + Sync {
+    /// Plan a `vocab` stage.
+    fn plan(
+        &self,
+        stage: &VocabStage,
+        entry: &StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError>;
+    /// Run a `vocab` stage.
+    fn run(
+        &self,
+        stage: &VocabStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError>;
+}
+
 impl StageKind for Vocab {
     fn name(&self) -> &'static str {
         "vocab"
@@ -60,8 +83,13 @@ impl StageKind for Vocab {
     fn parse(
         &self,
         entry: &StageEntry,
-        _family: &dyn Family,
+        family: &FamilyEntry,
     ) -> Result<Box<dyn Stage>, RecipeError> {
+        family.check::<dyn CanPruneVocab>(
+            entry,
+            NEEDS,
+            "implement `mopt_prune::VocabPrunable` for the model and register a `CanPruneVocab` (its corpus of token ids) in the family's `capabilities`",
+        )?;
         let cx = &entry.scope;
         let r: RawVocab = cx.deserialize(entry.settings.clone())?;
         if entry.train_overridden {
@@ -88,11 +116,15 @@ impl Stage for VocabStage {
         input: &Shape,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
-        cx.family.plan_vocab(self, entry, input, cx)
+        cx.family
+            .require::<dyn CanPruneVocab>("vocab", NEEDS.0, NEEDS.1)?
+            .plan(self, entry, input, cx)
     }
 
     fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
-        cx.family.prune_vocab(self, input, cx)
+        cx.family
+            .require::<dyn CanPruneVocab>("vocab", NEEDS.0, NEEDS.1)?
+            .run(self, input, cx)
     }
 
     fn reuse_key(&self) -> Option<String> {

@@ -2,11 +2,8 @@
 
 use std::path::Path;
 
-use mopt_data::LabelMap;
-use mopt_export::{ExportOptions, ModelCard};
 use mopt_models::bert::{onnx, BertConfig, BertForSequenceClassification as Model};
 
-use mopt_core::prune::Prunable;
 use mopt_core::Quantizable;
 use mopt_models::bert::setup::{build_model, model_config};
 use mopt_recipe::{ModelSpec, Recipe, Scope, StageEntry, TokenizerSpec};
@@ -15,15 +12,13 @@ use mopt_train::trainer::save_checkpoint_dir;
 pub mod analysis;
 pub mod distill;
 
-use super::{checkpoint_accuracy, export_split, Family};
-use crate::data::text::TextData;
-use crate::data::{RunData, Split};
+use super::{Capabilities, Family};
+use crate::data::text::{Text, TextData};
+use crate::data::{DataSource, RunData};
 use crate::error::StageError;
-use crate::kinds::distill::DistillStage;
-use crate::kinds::prune::PruneStage;
-use crate::kinds::quantize::QuantStage;
-use crate::kinds::vocab::{Corpus, VocabStage};
-use crate::predict::TextClassifier;
+use crate::kinds::distill::{CanDistill, DistillStage};
+use crate::kinds::vocab::{CanPruneVocab, Corpus, VocabStage};
+use crate::kinds::{export, finetune, prune, quantize};
 use crate::record::{measure_checkpoint, EvalSettings, ModelFacts};
 use crate::shape::Shape;
 use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
@@ -36,25 +31,8 @@ impl Family for Bert {
         "bert"
     }
 
-    fn modality(&self) -> &'static str {
-        "text"
-    }
-
     fn aliases(&self) -> &'static [&'static str] {
         &["bert-classifier"]
-    }
-
-    fn input_notes(&self, max_len: usize) -> String {
-        onnx::input_notes(max_len)
-    }
-
-    fn load_data(
-        &self,
-        recipe: &Recipe,
-        labels: Option<LabelMap>,
-        golden: usize,
-    ) -> Result<RunData, StageError> {
-        Ok(RunData::new(TextData::load(recipe, labels, golden)?))
     }
 
     fn build(
@@ -123,10 +101,8 @@ impl Family for Bert {
         vocab: usize,
     ) -> Result<Shape, StageError> {
         let tokenizer = tokenizer.ok_or_else(|| {
-            self.lacks(
-                "the recipe's [model]",
-                "text data and a [tokenizer]",
-                "reads text",
+            StageError::Unsupported(
+                "the recipe's [model] needs text data and a [tokenizer]: `bert` reads text".into(),
             )
         })?;
         Ok(Shape::new(model_config(
@@ -134,42 +110,27 @@ impl Family for Bert {
         )?))
     }
 
-    fn finetune(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
-        crate::kinds::finetune::run::<Model>(input, cx)
+    fn data(&self) -> &'static dyn DataSource {
+        &Text
     }
 
-    fn prune_targets(&self) -> Vec<&'static str> {
-        Model::group_kinds().iter().map(|k| k.name()).collect()
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+            .with(finetune::capability::<Model>())
+            .with(prune::capability::<Model>())
+            .with(quantize::capability::<Model>())
+            .with::<dyn CanPruneVocab>(Box::new(BertVocab))
+            .with::<dyn CanDistill>(Box::new(BertDistill))
+            .with(export::capability::<Model>(onnx::input_notes))
+            .with(crate::predict::capability::<Model>())
     }
+}
 
-    fn plan_prune(
-        &self,
-        stage: &PruneStage,
-        entry: &StageEntry,
-        input: &Shape,
-        cx: &PlanContext,
-    ) -> Result<StagePlan, StageError> {
-        stage.plan::<Model>(entry, input, cx)
-    }
+/// BERT's `vocab` capability: the run's token ids, `[UNK]` for dropped tokens.
+struct BertVocab;
 
-    fn prune(
-        &self,
-        stage: &PruneStage,
-        input: &Path,
-        cx: &StageContext,
-    ) -> Result<StageOutput, StageError> {
-        stage.run::<Model>(input, cx)
-    }
-
-    fn quantizable(&self) -> bool {
-        true
-    }
-
-    fn quant_default_exclude(&self) -> Vec<String> {
-        Model::default_float_paths()
-    }
-
-    fn plan_vocab(
+impl CanPruneVocab for BertVocab {
+    fn plan(
         &self,
         stage: &VocabStage,
         entry: &StageEntry,
@@ -179,7 +140,7 @@ impl Family for Bert {
         stage.plan::<Model>(entry, input)
     }
 
-    fn prune_vocab(
+    fn run(
         &self,
         stage: &VocabStage,
         input: &Path,
@@ -203,36 +164,14 @@ impl Family for Bert {
         };
         stage.run::<Model>(input, &corpus, cx)
     }
+}
 
-    fn plan_quantize(
-        &self,
-        stage: &QuantStage,
-        entry: &StageEntry,
-        input: &Shape,
-        cx: &PlanContext,
-    ) -> Result<StagePlan, StageError> {
-        stage.plan::<Model>(entry, input, cx)
-    }
+/// BERT's `distill` capability: matches of hidden states, attention and embeddings, student
+/// initialisation from teacher layers ([`distill`]).
+struct BertDistill;
 
-    fn quantize(
-        &self,
-        stage: &QuantStage,
-        input: &Path,
-        cx: &StageContext,
-    ) -> Result<StageOutput, StageError> {
-        stage.run::<Model>(input, cx)
-    }
-
-    fn classifier(
-        &self,
-        ckpt: &Path,
-        device: &burn::prelude::Device,
-    ) -> Result<Box<dyn TextClassifier>, StageError> {
-        let (model, _) = <Model as mopt_core::Checkpoint>::load(ckpt, device)?;
-        Ok(Box::new(burn::module::Module::valid(&model)))
-    }
-
-    fn plan_distill(
+impl CanDistill for BertDistill {
+    fn plan(
         &self,
         stage: &DistillStage,
         entry: &StageEntry,
@@ -242,36 +181,12 @@ impl Family for Bert {
         distill::plan(stage, entry, input, cx)
     }
 
-    fn distill(
+    fn run(
         &self,
         stage: &DistillStage,
         input: &Path,
         cx: &StageContext,
     ) -> Result<StageOutput, StageError> {
         distill::run(stage, input, cx)
-    }
-
-    fn accuracy(&self, ckpt: &Path, data: &RunData, which: Split) -> Result<f64, StageError> {
-        checkpoint_accuracy::<Model>(ckpt, data, which)
-    }
-
-    fn export(
-        &self,
-        ckpt: &Path,
-        out: &Path,
-        data: &RunData,
-        samples: (Split, usize),
-        opts: &ExportOptions,
-    ) -> Result<ModelCard, StageError> {
-        export_split::<Model>(ckpt, out, data, samples, opts)
-    }
-
-    fn bench_feeds(
-        &self,
-        ckpt: &Path,
-        size: usize,
-    ) -> Result<Option<serde_json::Value>, StageError> {
-        let config = BertConfig::from_file(&ckpt.join("config.json"))?;
-        Ok(mopt_export::bench_feeds::<Model>(&config, size))
     }
 }
