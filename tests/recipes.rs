@@ -182,11 +182,22 @@ fn stages_default_merge_their_training_and_get_unique_names() {
     );
     assert!(r.stages[1].train_overridden && !r.stages[0].train_overridden);
     let g = r.stages[1].gate.as_ref().unwrap();
-    assert_eq!(g.max_drop, Some(0.02));
+    assert_eq!(g.max_worse, Some(0.02));
     assert_eq!(g.against, mopt_recipe::GateReference::Previous);
     assert_eq!(
         g.to_toml(),
         "{ metric = \"accuracy\", max-drop = 0.02, against = \"previous\", on-fail = \"rollback\" }"
+    );
+    // A lower-is-better metric: its tolerance is a rise, and best-metric may name it too.
+    let src = format!("{s}\n[[stage]]\nkind = \"finetune\"\n[stage.train]\nbest-metric = \"perplexity\"\n[stage.gate]\nmetric = \"perplexity\"\nmax-relative-rise = 0.3\n");
+    let r = parse(&p, &src).unwrap();
+    let g = r.stages[0].gate.as_ref().unwrap();
+    assert_eq!(g.metric, mopt_recipe::Metric::Perplexity);
+    assert_eq!((g.max_worse, g.max_relative_worse), (None, Some(0.3)));
+    assert_eq!(r.stages[0].train.best_metric, BestMetric::Perplexity);
+    assert_eq!(
+        g.to_toml(),
+        "{ metric = \"perplexity\", max-relative-rise = 0.3, against = \"baseline\", on-fail = \"rollback\" }"
     );
 }
 
@@ -194,7 +205,7 @@ fn stages_default_merge_their_training_and_get_unique_names() {
 fn stage_errors_name_the_stage_its_line_and_the_fix() {
     let tmp = tempfile::tempdir().unwrap();
     let (p, s) = good(tmp.path());
-    let cases: [(&str, &str, &[&str]); 10] = [
+    let cases: [(&str, &str, &[&str]); 13] = [
         (
             "[[stage]]\nkind = \"sparsify\"\n",
             "kind = \"sparsify\"",
@@ -219,6 +230,21 @@ fn stage_errors_name_the_stage_its_line_and_the_fix() {
             "[[stage]]\nkind = \"finetune\"\n[stage.gate]\nmax-drop = 0.01\non-fail = \"retry\"\n",
             "on-fail = \"retry\"",
             &["`stage[1].gate.on-fail`", "has no gentler retry", "rollback"],
+        ),
+        (
+            "[[stage]]\nkind = \"finetune\"\n[stage.gate]\nmetric = \"perplexity\"\nmax-drop = 0.5\n",
+            "max-drop = 0.5",
+            &["`stage[1].gate.max-drop`", "perplexity is lower better: a gate on it limits its rise", "write `max-rise` instead"],
+        ),
+        (
+            "[[stage]]\nkind = \"finetune\"\n[stage.gate]\nmax-relative-rise = 0.1\n",
+            "max-relative-rise = 0.1",
+            &["`stage[1].gate.max-relative-rise`", "accuracy is higher better", "write `max-relative-drop` instead"],
+        ),
+        (
+            "[[stage]]\nkind = \"finetune\"\n[stage.gate]\nmetric = \"bleu\"\nmax-drop = 0.5\n",
+            "metric = \"bleu\"",
+            &["`stage[1].gate.metric`", "unknown gate metric `bleu`", "`perplexity`"],
         ),
         (
             "[[stage]]\nkind = \"export\"\nsamples = 0\n",

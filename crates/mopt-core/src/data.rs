@@ -4,10 +4,11 @@ use burn::prelude::*;
 
 /// A batch that carries its labels.
 pub trait Labeled {
-    /// Class indices.
+    /// The class index of every row of the model's logits (a classifier's: one an example;
+    /// a language model's: the next token at every position).
     ///
     /// # Shapes
-    /// - output: `[batch]`
+    /// - output: `[rows]` (`[batch]` for a classifier)
     fn labels(&self) -> Tensor<1, Int>;
 }
 

@@ -57,14 +57,19 @@ pub trait ModelConfig: Clone + Send + Sync + 'static {
     fn training_memory(&self, batch: usize, size: usize) -> MemoryEstimate;
 }
 
-/// A classifier: a Burn module whose forward pass turns a batch into logits. Fine-tuning,
-/// evaluation, the gates and the golden reference need nothing else.
+/// A classifier: a Burn module whose forward pass turns a batch into rows of logits, one row a
+/// prediction: one an example for a sequence or image classifier, one a position for a model
+/// of per-token outputs (a language model's next-token logits, `[batch × positions, vocab]`),
+/// the batch's [`crate::Labeled::labels`] one a row. Fine-tuning (cross-entropy a row),
+/// evaluation (accuracy, macro-F1, loss and perplexity over rows), the gates and the golden
+/// reference need nothing else.
 pub trait Classifier: Module + ModuleDisplay + 'static {
     /// What [`logits`](Classifier::logits) reads.
     type Batch: Clone + Send + 'static;
 
     /// # Shapes
-    /// - output: `[batch, num_labels]`
+    /// - output: `[rows, num_labels]`, rows a whole number an example (`[batch, num_labels]`
+    ///   for a classifier)
     fn logits(&self, batch: &Self::Batch) -> Tensor<2>;
 }
 

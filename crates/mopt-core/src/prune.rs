@@ -120,6 +120,14 @@ pub trait GroupKind: Sync {
     /// Unit `u` of scope `s`.
     fn members(&self, config: &Self::Config, s: usize, u: usize) -> Vec<Member>;
 
+    /// The runs scope `s`'s units fall in: `r` > 1 splits them into `r` equal runs of
+    /// consecutive units that must keep equal counts, each run keeping its own best-scored
+    /// units (a Llama layer's query heads, a run per key/value group, so that every group keeps
+    /// as many queries). 1 (the default): the scope's best units, wherever they lie.
+    fn runs(&self, _config: &Self::Config, _s: usize) -> usize {
+        1
+    }
+
     /// The config after keeping `keep[s]` units of every scope.
     fn resize(&self, config: &Self::Config, keep: &[Vec<usize>]) -> Self::Config;
 

@@ -10,10 +10,16 @@
 //! ordered `[[stage]]` blocks, each with a `kind`, its own `[stage.train]` overrides and
 //! `[stage.gate]`. The common parts of a stage are validated here ([`StageEntry`]); each stage
 //! kind validates its own keys through the [`Scope`] it is handed (`mopt_stages`).
+//!
+//! [`Recipe::builder`] sets the shared sections in Rust instead, typed, with the same defaults
+//! and the same validation (see [`RecipeBuilder`]).
 
 #![deny(missing_docs)]
+mod builder;
+pub use builder::{ModelBuilder, RecipeBuilder, BUILDER_FILE};
 mod data;
 mod error;
+mod metric;
 mod model;
 mod raw;
 pub use raw::{RawModel, RawOverrides};
@@ -24,6 +30,7 @@ mod train;
 
 pub use data::*;
 pub use error::{locate, Invalid, RecipeError};
+pub use metric::Metric;
 pub use model::*;
 pub use scope::{normalize, Scope};
 pub use spec::*;

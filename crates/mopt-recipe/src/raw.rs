@@ -170,6 +170,8 @@ pub struct RawGate {
     pub against: Option<String>,
     pub max_drop: Option<f64>,
     pub max_relative_drop: Option<f64>,
+    pub max_rise: Option<f64>,
+    pub max_relative_rise: Option<f64>,
     pub max_logit_error: Option<f64>,
     pub on_fail: Option<String>,
 }

@@ -6,24 +6,8 @@ use crate::raw::{RawGate, RawTrain};
 use crate::scope::Scope;
 use crate::train::{merge_tables, train_spec, TrainSpec};
 
-/// Which validation metric a gate compares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GateMetric {
-    /// Validation accuracy.
-    Accuracy,
-    /// Validation macro-F1.
-    MacroF1,
-}
-
-impl GateMetric {
-    /// The metric's recipe name.
-    pub fn name(self) -> &'static str {
-        match self {
-            GateMetric::Accuracy => "accuracy",
-            GateMetric::MacroF1 => "macro-f1",
-        }
-    }
-}
+/// Which validation metric a gate compares (any [`crate::Metric`], by its direction).
+pub type GateMetric = crate::Metric;
 
 /// What a gate compares against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,10 +57,12 @@ pub struct GateSpec {
     pub metric: GateMetric,
     /// What it is compared against.
     pub against: GateReference,
-    /// Largest allowed drop of the metric, absolute (0.02 = 2 points of accuracy).
-    pub max_drop: Option<f64>,
-    /// Largest allowed drop as a fraction of the reference's value.
-    pub max_relative_drop: Option<f64>,
+    /// How much worse than the reference the metric may get, absolute: a drop of accuracy
+    /// (`max-drop = 0.02`: 2 points) or a rise of perplexity (`max-rise = 2.0`).
+    pub max_worse: Option<f64>,
+    /// How much worse as a fraction of the reference's value (`max-relative-drop`,
+    /// `max-relative-rise = 0.3`: at most 1.3x the reference's perplexity).
+    pub max_relative_worse: Option<f64>,
     /// Largest allowed max |logit − input model's logit| on the golden set.
     pub max_logit_error: Option<f64>,
     /// What happens on failure.
@@ -90,8 +76,8 @@ impl GateSpec {
         Self {
             metric: GateMetric::Accuracy,
             against,
-            max_drop: Some(max_drop),
-            max_relative_drop: None,
+            max_worse: Some(max_drop),
+            max_relative_worse: None,
             max_logit_error: None,
             on_fail: OnFail::Rollback,
         }
@@ -106,11 +92,12 @@ impl GateSpec {
     /// The gate as a recipe writes it: `{ max-drop = 0.03, against = "baseline", on-fail = "rollback" }`.
     pub fn to_toml(&self) -> String {
         let mut parts = vec![format!("metric = \"{}\"", self.metric.name())];
-        if let Some(v) = self.max_drop {
-            parts.push(format!("max-drop = {v}"));
+        let (abs, rel) = worse_keys(self.metric);
+        if let Some(v) = self.max_worse {
+            parts.push(format!("{abs} = {v}"));
         }
-        if let Some(v) = self.max_relative_drop {
-            parts.push(format!("max-relative-drop = {v}"));
+        if let Some(v) = self.max_relative_worse {
+            parts.push(format!("{rel} = {v}"));
         }
         if let Some(v) = self.max_logit_error {
             parts.push(format!("max-logit-error = {v:?}"));
@@ -165,18 +152,71 @@ fn take_table(
     }
 }
 
-fn gate_spec(cx: &Scope, g: RawGate) -> Result<GateSpec, RecipeError> {
-    let metric = match g.metric.as_deref().unwrap_or("accuracy") {
-        "accuracy" => GateMetric::Accuracy,
-        "macro-f1" => GateMetric::MacroF1,
-        other => {
-            return Err(cx.err(
-                "metric",
-                format!("unknown gate metric `{other}`"),
-                "use `accuracy` or `macro-f1` (measured on the validation split)",
-            ))
-        }
+/// The keys of a gate's tolerances on `metric`: `max-drop` / `max-relative-drop` where higher is
+/// better, `max-rise` / `max-relative-rise` where lower is.
+pub fn worse_keys(metric: GateMetric) -> (&'static str, &'static str) {
+    if metric.higher_is_better() {
+        ("max-drop", "max-relative-drop")
+    } else {
+        ("max-rise", "max-relative-rise")
+    }
+}
+
+/// The gate's tolerance of worsening on `metric` (absolute, relative), refusing the keys of
+/// the other direction by name.
+fn worse_tolerances(
+    cx: &Scope,
+    metric: GateMetric,
+    g: &RawGate,
+) -> Result<(Option<f64>, Option<f64>), RecipeError> {
+    let (drop, rise) = (
+        (g.max_drop, g.max_relative_drop),
+        (g.max_rise, g.max_relative_rise),
+    );
+    let (mine, other) = if metric.higher_is_better() {
+        (drop, rise)
+    } else {
+        (rise, drop)
     };
+    let (abs, rel) = worse_keys(metric);
+    let (other_abs, other_rel) = if metric.higher_is_better() {
+        ("max-rise", "max-relative-rise")
+    } else {
+        ("max-drop", "max-relative-drop")
+    };
+    for (key, set, instead) in [(other_abs, other.0, abs), (other_rel, other.1, rel)] {
+        if set.is_some() {
+            return Err(cx.err(
+                key,
+                format!(
+                    "{} is {} better: a gate on it limits its {}",
+                    metric.name(),
+                    if metric.higher_is_better() {
+                        "higher"
+                    } else {
+                        "lower"
+                    },
+                    metric.worsening()
+                ),
+                format!("write `{instead}` instead"),
+            ));
+        }
+    }
+    Ok(mine)
+}
+
+fn gate_spec(cx: &Scope, g: RawGate) -> Result<GateSpec, RecipeError> {
+    let name = g.metric.as_deref().unwrap_or("accuracy");
+    let metric = GateMetric::from_name(name).ok_or_else(|| {
+        cx.err(
+            "metric",
+            format!("unknown gate metric `{name}`"),
+            format!(
+                "use {} (measured on the validation split)",
+                GateMetric::listed()
+            ),
+        )
+    })?;
     let against = match g.against.as_deref().unwrap_or("baseline") {
         "baseline" => GateReference::Baseline,
         "previous" => GateReference::Previous,
@@ -198,9 +238,11 @@ fn gate_spec(cx: &Scope, g: RawGate) -> Result<GateSpec, RecipeError> {
             ))
         }
     };
+    let (max_worse, max_relative_worse) = worse_tolerances(cx, metric, &g)?;
+    let (abs, rel) = worse_keys(metric);
     for (k, v) in [
-        ("max-drop", g.max_drop),
-        ("max-relative-drop", g.max_relative_drop),
+        (abs, max_worse),
+        (rel, max_relative_worse),
         ("max-logit-error", g.max_logit_error),
     ] {
         if let Some(v) = v {
@@ -208,23 +250,23 @@ fn gate_spec(cx: &Scope, g: RawGate) -> Result<GateSpec, RecipeError> {
                 return Err(cx.err(
                     k,
                     format!("{v} must be a finite number >= 0"),
-                    "e.g. max-drop = 0.02 (two points of accuracy)",
+                    "e.g. max-drop = 0.02 (two points of accuracy), max-relative-rise = 0.3 (perplexity at most 1.3x the reference's)",
                 ));
             }
         }
     }
-    if g.max_drop.is_none() && g.max_relative_drop.is_none() && g.max_logit_error.is_none() {
+    if max_worse.is_none() && max_relative_worse.is_none() && g.max_logit_error.is_none() {
         return Err(cx.err(
-            "max-drop",
+            abs,
             "a gate needs a tolerance",
-            "set `max-drop` (absolute), `max-relative-drop` (fraction of the reference) or `max-logit-error`, or remove [stage.gate]",
+            format!("set `{abs}` (absolute), `{rel}` (fraction of the reference) or `max-logit-error`, or remove [stage.gate]"),
         ));
     }
     Ok(GateSpec {
         metric,
         against,
-        max_drop: g.max_drop,
-        max_relative_drop: g.max_relative_drop,
+        max_worse,
+        max_relative_worse,
         max_logit_error: g.max_logit_error,
         on_fail,
     })

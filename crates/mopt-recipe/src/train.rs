@@ -4,31 +4,8 @@ use crate::error::RecipeError;
 use crate::raw::RawTrain;
 use crate::scope::Scope;
 
-/// Metric that picks the best checkpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BestMetric {
-    /// Validation accuracy (higher is better).
-    Accuracy,
-    /// Validation macro-F1 (higher is better).
-    MacroF1,
-    /// Validation loss (lower is better).
-    Loss,
-}
-
-impl BestMetric {
-    /// The metric's recipe name.
-    pub fn name(self) -> &'static str {
-        match self {
-            BestMetric::Accuracy => "accuracy",
-            BestMetric::MacroF1 => "macro-f1",
-            BestMetric::Loss => "loss",
-        }
-    }
-    /// Whether a larger value is better.
-    pub fn higher_is_better(self) -> bool {
-        !matches!(self, BestMetric::Loss)
-    }
-}
+/// Metric that picks the best checkpoint (any [`Metric`], by its direction).
+pub type BestMetric = crate::Metric;
 
 /// Compute precision of training (`precision` in `[train]` or a stage's train table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -280,16 +257,14 @@ fn grad_clip_norm(cx: &Scope, value: Option<f32>) -> Result<Option<f32>, RecipeE
 
 /// `best-metric` (default `accuracy`).
 fn best_metric(cx: &Scope, value: Option<&str>) -> Result<BestMetric, RecipeError> {
-    match value.unwrap_or("accuracy") {
-        "accuracy" => Ok(BestMetric::Accuracy),
-        "macro-f1" => Ok(BestMetric::MacroF1),
-        "loss" => Ok(BestMetric::Loss),
-        other => Err(cx.err(
+    let name = value.unwrap_or("accuracy");
+    crate::Metric::from_name(name).ok_or_else(|| {
+        cx.err(
             "best-metric",
-            format!("unknown metric `{other}`"),
-            "use `accuracy`, `macro-f1` or `loss`",
-        )),
-    }
+            format!("unknown metric `{name}`"),
+            format!("use {}", crate::Metric::listed()),
+        )
+    })
 }
 
 /// `adam-beta1` and `adam-beta2` (default 0.9 and 0.999), each in [0, 1).

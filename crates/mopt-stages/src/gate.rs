@@ -1,7 +1,7 @@
 //! Gate decisions: a stage's validation metric against the baseline or its input, and its logit
 //! error against its input, under the stage's `[stage.gate]` tolerances.
 
-use mopt_recipe::{GateMetric, GateReference, GateSpec, OnFail};
+use mopt_recipe::{worse_keys, GateReference, GateSpec, OnFail};
 use mopt_train::metrics::EvalMetrics;
 use serde::{Deserialize, Serialize};
 
@@ -42,13 +42,6 @@ pub struct Decision {
     pub reason: String,
 }
 
-fn metric(m: GateMetric, e: &EvalMetrics) -> f64 {
-    match m {
-        GateMetric::Accuracy => e.accuracy,
-        GateMetric::MacroF1 => e.macro_f1,
-    }
-}
-
 /// Decide on a stage from its validation metrics, the baseline's and its input's, and its max
 /// logit error against its input (on the golden set). Test metrics are never an input.
 pub fn decide(
@@ -87,12 +80,16 @@ fn tolerance_lines(
     reference: &EvalMetrics,
     logit_error_vs_input: f64,
 ) -> (Vec<String>, Vec<String>) {
-    let (name, now, then) = (
-        g.metric.name(),
-        metric(g.metric, valid),
-        metric(g.metric, reference),
-    );
-    let drop = then - now;
+    let m = g.metric;
+    let (name, now, then) = (m.name(), valid.value(m), reference.value(m));
+    let worse = m.worse_by(now, then);
+    let (word, (abs_key, rel_key)) = (m.worsening(), worse_keys(m));
+    // Accuracy and macro-F1 differences read in points; loss and perplexity as they are.
+    let (scale, unit) = if m.in_points() {
+        (100.0, " points")
+    } else {
+        (1.0, "")
+    };
     // Each tolerance gives a line, filed under failures or checks.
     let (mut failures, mut checks) = (Vec::new(), Vec::new());
     let mut file = |line: String, failed: bool| {
@@ -102,22 +99,22 @@ fn tolerance_lines(
             checks.push(line)
         }
     };
-    if let Some(max) = g.max_drop {
+    if let Some(max) = g.max_worse {
         file(
             format!(
-                "validation {name} {now:.4} vs {} {then:.4}: drop {:.2} points (max-drop {:.2})",
+                "validation {name} {now:.4} vs {} {then:.4}: {word} {:.2}{unit} ({abs_key} {:.2})",
                 g.against.name(),
-                drop * 100.0,
-                max * 100.0
+                worse * scale,
+                max * scale
             ),
-            drop > max + 1e-12,
+            worse > max + 1e-12,
         );
     }
-    if let Some(max) = g.max_relative_drop {
-        let rel = if then > 0.0 { drop / then } else { 0.0 };
+    if let Some(max) = g.max_relative_worse {
+        let rel = if then > 0.0 { worse / then } else { 0.0 };
         file(
             format!(
-                "validation {name} {now:.4} vs {} {then:.4}: relative drop {:.2}% (max-relative-drop {:.2}%)",
+                "validation {name} {now:.4} vs {} {then:.4}: relative {word} {:.2}% ({rel_key} {:.2}%)",
                 g.against.name(),
                 rel * 100.0,
                 max * 100.0
@@ -161,6 +158,7 @@ fn failed_decision(on_fail: OnFail, failures: &[String]) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mopt_recipe::GateMetric;
 
     fn m(acc: f64) -> EvalMetrics {
         EvalMetrics {
@@ -180,8 +178,8 @@ mod tests {
         GateSpec {
             metric: GateMetric::Accuracy,
             against,
-            max_drop,
-            max_relative_drop: rel,
+            max_worse: max_drop,
+            max_relative_worse: rel,
             max_logit_error: logit,
             on_fail: OnFail::Rollback,
         }
@@ -205,6 +203,36 @@ mod tests {
         let r = gate(None, Some(0.05), None, GateReference::Baseline);
         assert!(decide(Some(&r), &m(0.77), &m(0.80), &m(0.80), 0.0).passed);
         assert!(!decide(Some(&r), &m(0.75), &m(0.80), &m(0.80), 0.0).passed);
+    }
+
+    #[test]
+    fn perplexity_is_gated_on_its_rise() {
+        // Perplexity is exp(loss): 20.0 for the reference, 25.0 and 27.0 for two candidates.
+        let ppl = |p: f64| EvalMetrics {
+            loss: f64::ln(p),
+            ..m(0.3)
+        };
+        let mut g = gate(None, Some(0.3), None, GateReference::Baseline);
+        g.metric = GateMetric::Perplexity;
+        let kept = decide(Some(&g), &ppl(25.0), &ppl(20.0), &ppl(20.0), 0.0);
+        assert!(kept.passed, "{kept:?}");
+        assert!(
+            kept.reason.contains(
+                "validation perplexity 25.0000 vs baseline 20.0000: relative rise 25.00% (max-relative-rise 30.00%)"
+            ),
+            "{}",
+            kept.reason
+        );
+        assert!(!decide(Some(&g), &ppl(27.0), &ppl(20.0), &ppl(20.0), 0.0).passed);
+        // A lower perplexity than the reference is no rise at all.
+        g.max_worse = Some(0.0);
+        assert!(decide(Some(&g), &ppl(19.0), &ppl(20.0), &ppl(20.0), 0.0).passed);
+        let d = decide(Some(&g), &ppl(20.5), &ppl(20.0), &ppl(20.0), 0.0);
+        assert!(
+            d.reason.contains("rise 0.50 (max-rise 0.00)"),
+            "{}",
+            d.reason
+        );
     }
 
     #[test]

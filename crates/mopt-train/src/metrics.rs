@@ -1,5 +1,7 @@
-//! Classification metrics.
+//! Validation metrics: accuracy and macro-F1 of the predicted rows, the mean cross-entropy, and
+//! its `exp`, the perplexity; [`EvalMetrics::value`] reads any [`Metric`] a recipe names.
 
+use mopt_recipe::Metric;
 use serde::Serialize;
 
 /// Accuracy, macro-F1 and mean loss over a data split.
@@ -13,6 +15,18 @@ pub struct EvalMetrics {
     pub macro_f1: f64,
     /// Examples evaluated.
     pub examples: usize,
+}
+
+impl EvalMetrics {
+    /// The value of `metric` (perplexity: `exp` of the mean cross-entropy).
+    pub fn value(&self, metric: Metric) -> f64 {
+        match metric {
+            Metric::Accuracy => self.accuracy,
+            Metric::MacroF1 => self.macro_f1,
+            Metric::Loss => self.loss,
+            Metric::Perplexity => self.loss.exp(),
+        }
+    }
 }
 
 /// Fraction of `pred` equal to `truth`.

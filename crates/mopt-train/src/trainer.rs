@@ -27,7 +27,7 @@ use crate::state::{EpochSums, Fingerprint, Position, WindowSums};
 use crate::step::Stepper;
 
 pub use crate::checkpoint::{save_checkpoint_dir, CheckpointExtras, Golden, NoExtras, TextExtras};
-pub use crate::eval::{argmax, evaluate, EvalOutput};
+pub use crate::eval::{argmax, evaluate, evaluate_keeping, EvalOutput};
 pub use crate::task::{BatchOf, FinetuneTask, Parts, Replica, Task};
 
 /// Options that do not belong in a recipe.
@@ -138,11 +138,7 @@ impl TrainState {
 }
 
 fn better(metric: BestMetric, new: &EvalMetrics, old: &EvalMetrics) -> bool {
-    match metric {
-        BestMetric::Accuracy => new.accuracy > old.accuracy,
-        BestMetric::MacroF1 => new.macro_f1 > old.macro_f1,
-        BestMetric::Loss => new.loss < old.loss,
-    }
+    metric.better(new.value(metric), old.value(metric))
 }
 
 /// The three splits a training run reads.

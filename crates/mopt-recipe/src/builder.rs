@@ -1,0 +1,1031 @@
+//! A recipe built in Rust: typed settings with the recipe's defaults, no TOML file.
+//!
+//! [`RecipeBuilder`] writes each setting under the key a recipe file would use (`.max_len(64)` is
+//! `[tokenizer] max-len = 64`), and [`RecipeBuilder::build`] renders the equivalent TOML and
+//! validates it with [`crate::parse`], exactly as [`crate::load`] validates a file: a built
+//! recipe is the recipe of that text (defaults included), a bad value is the same typed error
+//! naming the key (the file shows as `<rust builder>`), relative paths resolve against
+//! [`RecipeBuilder::base_dir`] (as a file's resolve against its folder), and [`Recipe::source`]
+//! is that text, which the run folder keeps as `recipe.toml`.
+//!
+//! A setter given `None` removes its key (back to the default). Stages are not set here: push
+//! them with `mopt_stages::Pipeline::shared(recipe).push(…)` (a built recipe has the one implicit
+//! `finetune` stage of a recipe without `[[stage]]`, which `Pipeline::shared` replaces).
+//! [`ModelBuilder`] makes the [`ModelSpec`] of a model table (a distill stage's student) the same
+//! way.
+
+use std::path::{Path, PathBuf};
+
+use crate::data::DataFormat;
+use crate::error::{Invalid, RecipeError};
+use crate::model::{model_spec, ModelSpec};
+use crate::raw::{RawModel, RawOverrides};
+use crate::scope::Scope;
+use crate::spec::Recipe;
+use crate::train::{BestMetric, Precision};
+
+/// How a built recipe's "file" shows in errors and reports.
+pub const BUILDER_FILE: &str = "<rust builder>";
+
+/// The order of the shared sections in the rendered TOML.
+const SECTIONS: [&str; 8] = [
+    "run",
+    "teacher",
+    "model",
+    "tokenizer",
+    "data",
+    "train",
+    "lr-find",
+    "evaluation",
+];
+
+/// A setting's value as a recipe writes it.
+trait Setting {
+    fn value(self) -> Result<toml::Value, String>;
+}
+
+/// The largest integer a TOML file holds.
+fn integer<T: TryInto<i64> + std::fmt::Display + Copy>(v: T) -> Result<toml::Value, String> {
+    v.try_into().map(toml::Value::Integer).map_err(|_| {
+        format!(
+            "{v} is above {}, the largest integer a recipe holds",
+            i64::MAX
+        )
+    })
+}
+
+impl Setting for usize {
+    fn value(self) -> Result<toml::Value, String> {
+        integer(self)
+    }
+}
+
+impl Setting for u64 {
+    fn value(self) -> Result<toml::Value, String> {
+        integer(self)
+    }
+}
+
+impl Setting for f64 {
+    fn value(self) -> Result<toml::Value, String> {
+        Ok(toml::Value::Float(self))
+    }
+}
+
+impl Setting for f32 {
+    /// Through its shortest decimal form, so that `0.9_f32` is written `0.9` and reads back as
+    /// the same `f32`.
+    fn value(self) -> Result<toml::Value, String> {
+        Ok(toml::Value::Float(
+            self.to_string().parse().unwrap_or(f64::from(self)),
+        ))
+    }
+}
+
+impl Setting for bool {
+    fn value(self) -> Result<toml::Value, String> {
+        Ok(toml::Value::Boolean(self))
+    }
+}
+
+impl Setting for &str {
+    fn value(self) -> Result<toml::Value, String> {
+        Ok(toml::Value::String(self.to_string()))
+    }
+}
+
+impl Setting for BestMetric {
+    fn value(self) -> Result<toml::Value, String> {
+        self.name().value()
+    }
+}
+
+impl Setting for Precision {
+    fn value(self) -> Result<toml::Value, String> {
+        self.name().value()
+    }
+}
+
+impl Setting for &DataFormat {
+    /// The `format` value; a delimiter other than `,` and tab has none, and is refused by
+    /// validation at `data.format`.
+    fn value(self) -> Result<toml::Value, String> {
+        Ok(toml::Value::String(match self {
+            DataFormat::Delimited { delimiter } if !matches!(delimiter, b',' | b'\t') => {
+                format!("csv with delimiter {:?}", char::from(*delimiter))
+            }
+            f => f.name().to_string(),
+        }))
+    }
+}
+
+impl<T: Setting + Copy> Setting for &[T] {
+    fn value(self) -> Result<toml::Value, String> {
+        self.iter()
+            .map(|v| v.value())
+            .collect::<Result<Vec<_>, _>>()
+            .map(toml::Value::Array)
+    }
+}
+
+/// A path as a recipe writes it (relative ones resolve against the base directory).
+fn path_value(p: &Path) -> Result<toml::Value, String> {
+    p.to_str()
+        .map(|s| toml::Value::String(s.to_string()))
+        .ok_or_else(|| format!("`{}` is not valid UTF-8", p.display()))
+}
+
+/// Typed setters, one a key: `name: type => "section.key"`.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty => $key:literal;)*) => {
+        $(
+            $(#[$doc])*
+            #[doc = concat!("\n\nThe recipe key `", $key, "`; `None` leaves the default.")]
+            pub fn $name(self, value: impl Into<Option<$ty>>) -> Self {
+                let value = value.into().map(Setting::value);
+                self.put($key, value)
+            }
+        )*
+    };
+}
+
+/// The shared sections of a recipe, set in Rust (see the [module](self)).
+///
+/// ```no_run
+/// # fn main() -> Result<(), mopt_recipe::RecipeError> {
+/// use mopt_recipe::{DataFormat, Recipe};
+/// let recipe = Recipe::builder("distill-in-rust")
+///     .teacher("checkpoints/finetune-teacher/best")
+///     .teacher_recipe("recipes/finetune_teacher.toml")
+///     .tokenizer("datasets/data/models/all-MiniLM-L6-v2/tokenizer.json")
+///     .max_len(64)
+///     .data(DataFormat::RottenTomatoes, "datasets/data/rotten_tomatoes/rotten_tomatoes_corpus_full.csv.bz2")
+///     .epochs(2)
+///     .lr(8e-5)
+///     .build()?;
+/// assert_eq!(recipe.train.batch_size, 32); // the default
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RecipeBuilder {
+    /// What relative paths resolve against (a recipe file's folder).
+    base: PathBuf,
+    /// The recipe as TOML tables, section by section.
+    doc: toml::Table,
+    /// The first setting that no recipe can hold (a path that is not UTF-8, an integer above
+    /// `i64::MAX`), reported by `build`.
+    error: Option<(String, String)>,
+}
+
+impl Recipe {
+    /// A recipe built in Rust, whose run folder is `checkpoints/name` until set otherwise (see
+    /// [`RecipeBuilder`]).
+    pub fn builder(name: &str) -> RecipeBuilder {
+        RecipeBuilder {
+            base: PathBuf::from("."),
+            doc: toml::Table::new(),
+            error: None,
+        }
+        .put("run.name", Some(name.value()))
+    }
+}
+
+impl RecipeBuilder {
+    /// Resolve relative paths against `dir` (default: the current directory), as a recipe
+    /// file's resolve against its folder.
+    pub fn base_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.base = dir.as_ref().to_path_buf();
+        self
+    }
+
+    /// Set any recipe key of the shared sections, dotted (`model.overrides.num-hidden-layers`):
+    /// the keys the typed setters leave out. A wrong key or type is the error a recipe file
+    /// would get.
+    pub fn set(self, key: &str, value: impl Into<toml::Value>) -> Self {
+        self.put(key, Some(Ok(value.into())))
+    }
+
+    /// Write (`Some(Ok)`), remove (`None`) or refuse (`Some(Err)`) the dotted `key`.
+    fn put(mut self, key: &str, value: Option<Result<toml::Value, String>>) -> Self {
+        let (tables, leaf) = key.rsplit_once('.').unwrap_or(("", key));
+        let mut table = &mut self.doc;
+        for t in tables.split('.').filter(|t| !t.is_empty()) {
+            let entry = table
+                .entry(t)
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if !entry.is_table() {
+                *entry = toml::Value::Table(toml::Table::new());
+            }
+            table = entry.as_table_mut().expect("a table was just put there");
+        }
+        match value {
+            Some(Ok(v)) => {
+                table.insert(leaf.to_string(), v);
+            }
+            Some(Err(message)) => {
+                self.error.get_or_insert((key.to_string(), message));
+            }
+            None => {
+                table.remove(leaf);
+            }
+        }
+        self
+    }
+
+    fn put_path(self, key: &str, path: &Path) -> Self {
+        self.put(key, Some(path_value(path)))
+    }
+
+    /// `[run] output-dir`: the run folder's parent (default `checkpoints`).
+    pub fn output_dir(self, dir: impl AsRef<Path>) -> Self {
+        self.put_path("run.output-dir", dir.as_ref())
+    }
+
+    /// `[run] seeds`: run the recipe once per seed (two or more) and summarize.
+    pub fn seeds(self, seeds: &[u64]) -> Self {
+        self.put("run.seeds", Some(seeds.value()))
+    }
+
+    /// `[run] device` (default `cpu`).
+    pub fn device(self, device: &str) -> Self {
+        self.put("run.device", Some(device.value()))
+    }
+
+    /// `[run] devices`: data-parallel device indices of `device`'s backend.
+    pub fn devices(self, devices: &[usize]) -> Self {
+        self.put("run.devices", Some(devices.value()))
+    }
+
+    /// `[teacher] checkpoint`: the baseline, a mopt checkpoint folder (it must exist unless
+    /// [`teacher_recipe`](Self::teacher_recipe) trains it).
+    pub fn teacher(self, checkpoint: impl AsRef<Path>) -> Self {
+        self.put_path("teacher.checkpoint", checkpoint.as_ref())
+    }
+
+    /// `[teacher] recipe`: the recipe that trains the teacher when its checkpoint is missing.
+    pub fn teacher_recipe(self, recipe: impl AsRef<Path>) -> Self {
+        self.put_path("teacher.recipe", recipe.as_ref())
+    }
+
+    /// `[model] config`: the baseline built from a model config instead of a teacher.
+    pub fn model(self, config: impl AsRef<Path>) -> Self {
+        self.put_path("model.config", config.as_ref())
+    }
+
+    /// `[model] arch` (default `bert`).
+    pub fn model_arch(self, arch: &str) -> Self {
+        self.put("model.arch", Some(arch.value()))
+    }
+
+    /// `[model] weights` (default: random init).
+    pub fn model_weights(self, weights: impl AsRef<Path>) -> Self {
+        self.put_path("model.weights", weights.as_ref())
+    }
+
+    /// `[tokenizer] path`: `tokenizer.json` or a WordPiece `vocab.txt` (text data).
+    pub fn tokenizer(self, path: impl AsRef<Path>) -> Self {
+        self.put_path("tokenizer.path", path.as_ref())
+    }
+
+    /// `[data] format` and `path`: one file, split by `valid-fraction` and `test-fraction`.
+    pub fn data(self, format: DataFormat, path: impl AsRef<Path>) -> Self {
+        self.put("data.format", Some(format.value()))
+            .put_path("data.path", path.as_ref())
+    }
+
+    /// `[data] format`, `train` and `test`: split files (see [`data_valid`](Self::data_valid)).
+    pub fn data_files(
+        self,
+        format: DataFormat,
+        train: impl AsRef<Path>,
+        test: impl AsRef<Path>,
+    ) -> Self {
+        self.put("data.format", Some(format.value()))
+            .put_path("data.train", train.as_ref())
+            .put_path("data.test", test.as_ref())
+    }
+
+    /// `[data] valid`: a validation file beside `train` and `test`.
+    pub fn data_valid(self, valid: impl AsRef<Path>) -> Self {
+        self.put_path("data.valid", valid.as_ref())
+    }
+
+    /// `[data] text-column` (csv, tsv, jsonl).
+    pub fn text_column(self, column: &str) -> Self {
+        self.put("data.text-column", Some(column.value()))
+    }
+
+    /// `[data] label-column` (csv, tsv, jsonl).
+    pub fn label_column(self, column: &str) -> Self {
+        self.put("data.label-column", Some(column.value()))
+    }
+
+    /// `[data] labels`: a fixed label order.
+    pub fn labels(self, labels: &[&str]) -> Self {
+        self.put("data.labels", Some(labels.value()))
+    }
+
+    setters! {
+        /// `[run] seed` (default 42).
+        seed: u64 => "run.seed";
+        /// `[model] allow-fresh-head` (default false).
+        allow_fresh_head: bool => "model.allow-fresh-head";
+        /// `[model] dropout`: overrides the config's dropout.
+        model_dropout: f64 => "model.dropout";
+        /// `[tokenizer] max-len`, in tokens (default 128).
+        max_len: usize => "tokenizer.max-len";
+        /// `[tokenizer] lowercase` (default true; `vocab.txt` only).
+        lowercase: bool => "tokenizer.lowercase";
+        /// `[data] valid-fraction` (default 0.1).
+        valid_fraction: f64 => "data.valid-fraction";
+        /// `[data] test-fraction` (default 0.1; one `path` only).
+        test_fraction: f64 => "data.test-fraction";
+        /// `[data] split-seed` (default 42).
+        split_seed: u64 => "data.split-seed";
+        /// `[data] max-train`: keep at most this many training examples.
+        max_train: usize => "data.max-train";
+        /// `[data] max-eval`: keep at most this many validation and test examples each.
+        max_eval: usize => "data.max-eval";
+        /// `[data] pixel-max` (images; default 255).
+        pixel_max: f64 => "data.pixel-max";
+        /// `[data.augment] crop` (images; default 0).
+        augment_crop: usize => "data.augment.crop";
+        /// `[data.augment] flip` (images; default false).
+        augment_flip: bool => "data.augment.flip";
+        /// `[train] epochs` (default 3).
+        epochs: usize => "train.epochs";
+        /// `[train] batch-size`, per device (default 32).
+        batch_size: usize => "train.batch-size";
+        /// `[train] eval-batch-size` (default twice `batch-size`).
+        eval_batch_size: usize => "train.eval-batch-size";
+        /// `[train] grad-accum-steps` (default 1).
+        grad_accum_steps: usize => "train.grad-accum-steps";
+        /// `[train] lr`, the peak learning rate (default 5e-5).
+        lr: f64 => "train.lr";
+        /// `[train] weight-decay` (default 0.01).
+        weight_decay: f64 => "train.weight-decay";
+        /// `[train] adam-beta1` (default 0.9).
+        adam_beta1: f32 => "train.adam-beta1";
+        /// `[train] adam-beta2` (default 0.999).
+        adam_beta2: f32 => "train.adam-beta2";
+        /// `[train] adam-epsilon` (default 1e-8).
+        adam_epsilon: f32 => "train.adam-epsilon";
+        /// `[train] warmup-fraction` (default 0.1).
+        warmup_fraction: f64 => "train.warmup-fraction";
+        /// `[train] final-lr-ratio` (default 0.1).
+        final_lr_ratio: f64 => "train.final-lr-ratio";
+        /// `[train] grad-clip-norm` (default 1.0; 0 turns clipping off).
+        grad_clip_norm: f32 => "train.grad-clip-norm";
+        /// `[train] best-metric` (default accuracy).
+        best_metric: BestMetric => "train.best-metric";
+        /// `[train] log-every`, in optimizer steps (default 20).
+        log_every: usize => "train.log-every";
+        /// `[train] gradient-checkpointing` (default false).
+        gradient_checkpointing: bool => "train.gradient-checkpointing";
+        /// `[train] max-nonfinite-steps` (default 10).
+        max_nonfinite_steps: usize => "train.max-nonfinite-steps";
+        /// `[train] state-every`, in optimizer steps (default 200).
+        state_every: usize => "train.state-every";
+        /// `[train] precision` (default fp32).
+        precision: Precision => "train.precision";
+        /// `[train] loss-scale-init` (fp16; default 65536).
+        loss_scale_init: f64 => "train.loss-scale-init";
+        /// `[train] loss-scale-growth-interval` (fp16; default 2000).
+        loss_scale_growth_interval: usize => "train.loss-scale-growth-interval";
+        /// `[train] loss-scale-growth-factor` (fp16; default 2).
+        loss_scale_growth_factor: f64 => "train.loss-scale-growth-factor";
+        /// `[train] loss-scale-backoff` (fp16; default 0.5).
+        loss_scale_backoff: f64 => "train.loss-scale-backoff";
+        /// `[lr-find] start-lr` (default 1e-7).
+        lr_find_start_lr: f64 => "lr-find.start-lr";
+        /// `[lr-find] end-lr` (default 1e-2).
+        lr_find_end_lr: f64 => "lr-find.end-lr";
+        /// `[lr-find] steps` (default 200).
+        lr_find_steps: usize => "lr-find.steps";
+        /// `[evaluation] golden-samples` (default: the whole validation split).
+        golden_samples: usize => "evaluation.golden-samples";
+        /// `[evaluation] latency-warmup` (default 10).
+        latency_warmup: usize => "evaluation.latency-warmup";
+        /// `[evaluation] latency-runs` (default 30; 0 skips the benchmark).
+        latency_runs: usize => "evaluation.latency-runs";
+        /// `[evaluation] latency-seq-len` (default `max-len`).
+        latency_seq_len: usize => "evaluation.latency-seq-len";
+        /// `[evaluation] analysis` (default true).
+        analysis: bool => "evaluation.analysis";
+    }
+
+    /// The "file" a built recipe names in errors, inside the base directory.
+    fn path(&self) -> PathBuf {
+        if self.base == Path::new(".") || self.base.as_os_str().is_empty() {
+            PathBuf::from(BUILDER_FILE)
+        } else {
+            self.base.join(BUILDER_FILE)
+        }
+    }
+
+    /// The equivalent recipe file: a comment, then the sections set, in the usual order.
+    pub fn to_toml(&self) -> String {
+        let mut out = format!(
+            "# Built in Rust (mopt_recipe::RecipeBuilder); relative paths resolve against `{}`.\n",
+            self.base.display()
+        );
+        let known = SECTIONS.iter().map(|s| s.to_string());
+        let others = self.doc.keys().filter(|k| !SECTIONS.contains(&k.as_str()));
+        for k in known.chain(others.cloned()) {
+            if let Some(v) = self.doc.get(&k) {
+                let mut section = toml::Table::new();
+                section.insert(k, v.clone());
+                let text = toml::to_string(&section)
+                    .unwrap_or_else(|e| format!("# not representable: {e}\n"));
+                out.push('\n');
+                out.push_str(&text);
+            }
+        }
+        out
+    }
+
+    /// Validate the recipe as [`crate::parse`] validates its TOML ([`to_toml`](Self::to_toml)):
+    /// the same [`Recipe`], or the same error naming the key (shown without a line: the text is
+    /// generated).
+    pub fn build(self) -> Result<Recipe, RecipeError> {
+        let path = self.path();
+        let invalid = |key: &str, message: String, hint: &str| {
+            RecipeError::Invalid(Box::new(Invalid {
+                path: path.clone(),
+                key: key.to_string(),
+                line: None,
+                message,
+                hint: hint.to_string(),
+            }))
+        };
+        if let Some((key, message)) = &self.error {
+            return Err(invalid(
+                key,
+                message.clone(),
+                "give a value a recipe file could hold",
+            ));
+        }
+        let data = self.doc.get("data").and_then(toml::Value::as_table);
+        if !data.is_some_and(|d| d.contains_key("format")) {
+            return Err(invalid(
+                "data.format",
+                "a recipe needs a data set".into(),
+                "call `.data(format, path)` or `.data_files(format, train, test)`",
+            ));
+        }
+        crate::parse(&path, &self.to_toml()).map_err(|e| match e {
+            RecipeError::Invalid(mut i) => {
+                i.line = None;
+                RecipeError::Invalid(i)
+            }
+            other => other,
+        })
+    }
+}
+
+/// A model table (`[model]`, a distill stage's `[stage.student]`) set in Rust, validated as a
+/// recipe's: [`ModelSpec::builder`].
+#[derive(Debug, Clone)]
+pub struct ModelBuilder {
+    config: PathBuf,
+    weights: Option<PathBuf>,
+    raw: RawModel,
+}
+
+impl ModelSpec {
+    /// A model built from the HF or mopt `config.json` at `config` (relative to the recipe's
+    /// folder, or the builder's base directory), defaults as in a recipe's model table.
+    ///
+    /// ```no_run
+    /// # use mopt_recipe::{ModelSpec, Recipe, RecipeError};
+    /// # fn student(recipe: &Recipe) -> Result<ModelSpec, RecipeError> {
+    /// ModelSpec::builder("datasets/data/models/all-MiniLM-L6-v2/config.json")
+    ///     .init_from_teacher_layers(&[1, 4])
+    ///     .num_hidden_layers(2)
+    ///     .build(&recipe.scope.stage(1).nested("student"))
+    /// # }
+    /// ```
+    pub fn builder(config: impl AsRef<Path>) -> ModelBuilder {
+        ModelBuilder {
+            config: config.as_ref().to_path_buf(),
+            weights: None,
+            raw: RawModel {
+                arch: None,
+                config: String::new(),
+                weights: None,
+                allow_fresh_head: None,
+                dropout: None,
+                init_from_teacher_layers: None,
+                overrides: RawOverrides::default(),
+            },
+        }
+    }
+}
+
+impl ModelBuilder {
+    /// `arch` (default `bert`).
+    pub fn arch(mut self, arch: &str) -> Self {
+        self.raw.arch = Some(arch.to_string());
+        self
+    }
+
+    /// `weights`: HF safetensors or a mopt `.bpk` (default: random init).
+    pub fn weights(mut self, weights: impl AsRef<Path>) -> Self {
+        self.weights = Some(weights.as_ref().to_path_buf());
+        self
+    }
+
+    /// `allow-fresh-head` (default false).
+    pub fn allow_fresh_head(mut self, allow: bool) -> Self {
+        self.raw.allow_fresh_head = Some(allow);
+        self
+    }
+
+    /// `dropout`: overrides the config's hidden and attention dropout.
+    pub fn dropout(mut self, p: f64) -> Self {
+        self.raw.dropout = Some(p);
+        self
+    }
+
+    /// `init-from-teacher-layers`: a student initialised from these teacher layers (0-based).
+    pub fn init_from_teacher_layers(mut self, layers: &[usize]) -> Self {
+        self.raw.init_from_teacher_layers = Some(layers.to_vec());
+        self
+    }
+
+    /// `overrides.num-hidden-layers`.
+    pub fn num_hidden_layers(mut self, n: usize) -> Self {
+        self.raw.overrides.num_hidden_layers = Some(n);
+        self
+    }
+
+    /// `overrides.hidden-size`.
+    pub fn hidden_size(mut self, n: usize) -> Self {
+        self.raw.overrides.hidden_size = Some(n);
+        self
+    }
+
+    /// `overrides.num-attention-heads`.
+    pub fn num_attention_heads(mut self, n: usize) -> Self {
+        self.raw.overrides.num_attention_heads = Some(n);
+        self
+    }
+
+    /// `overrides.intermediate-size`.
+    pub fn intermediate_size(mut self, n: usize) -> Self {
+        self.raw.overrides.intermediate_size = Some(n);
+        self
+    }
+
+    /// `overrides.layer-heads`: the heads of each layer.
+    pub fn layer_heads(mut self, heads: &[usize]) -> Self {
+        self.raw.overrides.layer_heads = Some(heads.to_vec());
+        self
+    }
+
+    /// `overrides.layer-intermediate-sizes`: the FFN width of each layer.
+    pub fn layer_intermediate_sizes(mut self, sizes: &[usize]) -> Self {
+        self.raw.overrides.layer_intermediate_sizes = Some(sizes.to_vec());
+        self
+    }
+
+    /// Validate the table as a recipe's, in `scope` (the table's own: `recipe.scope.nested("model")`,
+    /// `recipe.scope.stage(1).nested("student")`), whose folder relative paths resolve against.
+    pub fn build(self, scope: &Scope) -> Result<ModelSpec, RecipeError> {
+        let utf8 = |key: &str, p: &Path| {
+            p.to_str().map(str::to_string).ok_or_else(|| {
+                scope.err(
+                    key,
+                    format!("`{}` is not valid UTF-8", p.display()),
+                    "use a UTF-8 path",
+                )
+            })
+        };
+        let mut raw = self.raw;
+        raw.config = utf8("config", &self.config)?;
+        raw.weights = match &self.weights {
+            Some(w) => Some(utf8("weights", w)?),
+            None => None,
+        };
+        model_spec(scope, raw)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scratch folder laid out like the repository: `recipes/`, the files
+    /// `recipes/distill_bert.toml` names (empty: validation only checks they exist), and the
+    /// teacher's recipe.
+    struct Repo(PathBuf);
+
+    const TOKENIZER: &str = "datasets/data/models/all-MiniLM-L6-v2/tokenizer.json";
+    const CONFIG: &str = "datasets/data/models/all-MiniLM-L6-v2/config.json";
+    const CORPUS: &str = "datasets/data/rotten_tomatoes/rotten_tomatoes_corpus_full.csv.bz2";
+
+    impl Repo {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir()
+                .join(format!("mopt-recipe-builder-{}-{name}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            for f in [TOKENIZER, CONFIG, CORPUS, "recipes/finetune_teacher.toml"] {
+                let p = dir.join(f);
+                std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+                std::fs::write(p, "").unwrap();
+            }
+            Repo(dir)
+        }
+    }
+
+    impl Drop for Repo {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// The shared sections of `recipes/distill_bert.toml`, the example's settings: only what
+    /// differs from the defaults.
+    fn distill_bert(base: &Path) -> RecipeBuilder {
+        Recipe::builder("distill-bert")
+            .base_dir(base)
+            .teacher("checkpoints/finetune-teacher/best")
+            .teacher_recipe("recipes/finetune_teacher.toml")
+            .tokenizer(TOKENIZER)
+            .max_len(64)
+            .data(DataFormat::RottenTomatoes, CORPUS)
+            .epochs(2)
+            .lr(8e-5)
+    }
+
+    /// The validated shared sections, as text (the specs have no `PartialEq`; their `Debug`
+    /// shows every field).
+    fn shared(r: &Recipe) -> Vec<String> {
+        vec![
+            format!("{:?}", r.run),
+            format!("{:?}", r.model),
+            format!("{:?}", r.teacher),
+            format!("{:?}", r.tokenizer),
+            format!("{:?}", r.data),
+            format!("{:?}", r.train),
+            format!("{:?}", r.lr_find),
+            format!("{:?}", r.evaluation),
+        ]
+    }
+
+    fn invalid(e: RecipeError) -> Invalid {
+        match e {
+            RecipeError::Invalid(i) => *i,
+            other => panic!("expected a validation error, got {other}"),
+        }
+    }
+
+    #[test]
+    fn the_example_settings_are_the_shipped_distill_bert_recipe() {
+        let repo = Repo::new("shipped");
+        let shipped = include_str!("../../../recipes/distill_bert.toml");
+        let file = crate::parse(&repo.0.join("recipes/distill_bert.toml"), shipped).unwrap();
+        let built = distill_bert(&repo.0).build().unwrap();
+        assert_eq!(shared(&built), shared(&file));
+        // Real values, defaults included, not only equal ones.
+        let dir = &repo.0;
+        assert_eq!(built.run.output_dir, dir.join("checkpoints"));
+        assert_eq!(built.run.seed, 42);
+        let teacher = built.teacher.as_ref().unwrap();
+        assert_eq!(
+            teacher.checkpoint,
+            dir.join("checkpoints/finetune-teacher/best")
+        );
+        assert_eq!(
+            teacher.recipe.as_deref(),
+            Some(dir.join("recipes/finetune_teacher.toml").as_path())
+        );
+        let tok = built.tokenizer.as_ref().unwrap();
+        assert_eq!((tok.path.clone(), tok.max_len), (dir.join(TOKENIZER), 64));
+        assert_eq!(built.data.format, DataFormat::RottenTomatoes);
+        match &built.data.source {
+            crate::DataSource::Single {
+                path,
+                valid_fraction,
+                test_fraction,
+            } => assert_eq!(
+                (path.clone(), *valid_fraction, *test_fraction),
+                (dir.join(CORPUS), 0.1, 0.1)
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(built.data.split_seed, 42);
+        let t = &built.train;
+        assert_eq!((t.epochs, t.batch_size, t.eval_batch_size), (2, 32, 64));
+        assert_eq!((t.lr, t.weight_decay, t.warmup_fraction), (8e-5, 0.01, 0.1));
+        assert_eq!((t.final_lr_ratio, t.grad_clip_norm), (0.1, Some(1.0)));
+        assert_eq!((t.best_metric, t.log_every), (BestMetric::Accuracy, 20));
+        let e = &built.evaluation;
+        assert_eq!(
+            (e.latency_warmup, e.latency_runs, e.latency_seq_len),
+            (10, 30, 64)
+        );
+        assert!(e.analysis && e.golden_samples.is_none());
+        // No stages set: the implicit finetune stage of a recipe without [[stage]], which
+        // `Pipeline::shared` replaces with the pushed ones.
+        assert_eq!(built.stages.len(), 1);
+        assert_eq!(built.stages[0].kind, "finetune");
+        assert_eq!(format!("{:?}", built.stages[0].train), format!("{t:?}"));
+    }
+
+    #[test]
+    fn every_setter_gives_the_recipe_of_its_toml() {
+        let repo = Repo::new("every");
+        let dir = &repo.0;
+        let toml = format!(
+            r#"
+[run]
+name = "every"
+output-dir = "out"
+seed = 7
+seeds = [7, 8]
+device = "cpu"
+devices = [0, 1]
+
+[teacher]
+checkpoint = "checkpoints/t/best"
+recipe = "recipes/finetune_teacher.toml"
+
+[tokenizer]
+path = "{TOKENIZER}"
+max-len = 48
+lowercase = false
+
+[data]
+format = "rotten-tomatoes"
+path = "{CORPUS}"
+valid-fraction = 0.15
+test-fraction = 0.2
+split-seed = 3
+max-train = 500
+max-eval = 100
+labels = ["fresh", "rotten"]
+
+[train]
+epochs = 4
+batch-size = 16
+eval-batch-size = 8
+grad-accum-steps = 2
+lr = 3e-4
+weight-decay = 0.02
+adam-beta1 = 0.8
+adam-beta2 = 0.99
+adam-epsilon = 1e-6
+warmup-fraction = 0.05
+final-lr-ratio = 0.0
+grad-clip-norm = 0.0
+best-metric = "macro-f1"
+log-every = 5
+gradient-checkpointing = true
+max-nonfinite-steps = 3
+state-every = 50
+precision = "fp16"
+loss-scale-init = 1024.0
+loss-scale-growth-interval = 100
+loss-scale-growth-factor = 4.0
+loss-scale-backoff = 0.25
+
+[lr-find]
+start-lr = 1e-6
+end-lr = 0.1
+steps = 50
+
+[evaluation]
+golden-samples = 64
+latency-warmup = 2
+latency-runs = 0
+latency-seq-len = 32
+analysis = false
+"#
+        );
+        let file = crate::parse(&dir.join("every.toml"), &toml).unwrap();
+        let built = Recipe::builder("every")
+            .base_dir(dir)
+            .output_dir("out")
+            .seed(7)
+            .seeds(&[7, 8])
+            .device("cpu")
+            .devices(&[0, 1])
+            .teacher("checkpoints/t/best")
+            .teacher_recipe("recipes/finetune_teacher.toml")
+            .tokenizer(TOKENIZER)
+            .max_len(48)
+            .lowercase(false)
+            .data(DataFormat::RottenTomatoes, CORPUS)
+            .valid_fraction(0.15)
+            .test_fraction(0.2)
+            .split_seed(3)
+            .max_train(Some(500))
+            .max_eval(100)
+            .labels(&["fresh", "rotten"])
+            .epochs(4)
+            .batch_size(16)
+            .eval_batch_size(8)
+            .grad_accum_steps(2)
+            .lr(3e-4)
+            .weight_decay(0.02)
+            .adam_beta1(0.8)
+            .adam_beta2(0.99)
+            .adam_epsilon(1e-6)
+            .warmup_fraction(0.05)
+            .final_lr_ratio(0.0)
+            .grad_clip_norm(0.0)
+            .best_metric(BestMetric::MacroF1)
+            .log_every(5)
+            .gradient_checkpointing(true)
+            .max_nonfinite_steps(3)
+            .state_every(50)
+            .precision(Precision::Fp16)
+            .loss_scale_init(1024.0)
+            .loss_scale_growth_interval(100)
+            .loss_scale_growth_factor(4.0)
+            .loss_scale_backoff(0.25)
+            .lr_find_start_lr(1e-6)
+            .lr_find_end_lr(0.1)
+            .lr_find_steps(50)
+            .golden_samples(64)
+            .latency_warmup(2)
+            .latency_runs(0)
+            .latency_seq_len(32)
+            .analysis(false)
+            .build()
+            .unwrap();
+        assert_eq!(shared(&built), shared(&file));
+        assert_eq!(built.run.output_dir, dir.join("out"));
+        assert_eq!(built.run.devices, vec![0, 1]);
+        assert_eq!(built.data.max_train, Some(500));
+        assert_eq!(
+            built.data.labels,
+            Some(vec!["fresh".into(), "rotten".into()])
+        );
+        let t = &built.train;
+        assert_eq!(
+            (t.adam_beta1, t.adam_beta2, t.adam_epsilon),
+            (0.8, 0.99, 1e-6)
+        );
+        assert_eq!((t.grad_clip_norm, t.precision), (None, Precision::Fp16));
+        assert_eq!(t.loss_scale.unwrap().backoff, 0.25);
+        assert_eq!(built.lr_find.steps, 50);
+        assert_eq!(built.evaluation.latency_seq_len, 32);
+        // The copy the run folder keeps is a recipe file of the same settings, sections in order.
+        let at = |h: &str| built.source.find(h).unwrap();
+        assert!(at("[run]") < at("[teacher]") && at("[teacher]") < at("[tokenizer]"));
+        assert!(at("[data]") < at("[train]") && at("[lr-find]") < at("[evaluation]"));
+        let again = crate::parse(&dir.join("again.toml"), &built.source).unwrap();
+        assert_eq!(shared(&again), shared(&built));
+        // `None` removes a key: back to the default.
+        let unset = distill_bert(dir)
+            .max_train(500)
+            .max_train(None)
+            .build()
+            .unwrap();
+        assert_eq!(unset.data.max_train, None);
+    }
+
+    #[test]
+    fn a_model_baseline_and_split_files_validate_as_in_a_file() {
+        let repo = Repo::new("model");
+        let dir = &repo.0;
+        let toml = format!(
+            "[run]\nname = \"m\"\n[model]\narch = \"bert\"\nconfig = \"{CONFIG}\"\nallow-fresh-head = true\ndropout = 0.2\n[model.overrides]\nnum-hidden-layers = 2\n[tokenizer]\npath = \"{TOKENIZER}\"\n[data]\nformat = \"tsv\"\ntrain = \"{CORPUS}\"\ntest = \"{CORPUS}\"\nvalid = \"{CORPUS}\"\ntext-column = \"s\"\nlabel-column = \"l\"\n"
+        );
+        let file = crate::parse(&dir.join("m.toml"), &toml).unwrap();
+        let built = Recipe::builder("m")
+            .base_dir(dir)
+            .model(CONFIG)
+            .model_arch("bert")
+            .allow_fresh_head(true)
+            .model_dropout(0.2)
+            .set("model.overrides.num-hidden-layers", 2)
+            .tokenizer(TOKENIZER)
+            .data_files(DataFormat::Delimited { delimiter: b'\t' }, CORPUS, CORPUS)
+            .data_valid(CORPUS)
+            .text_column("s")
+            .label_column("l")
+            .build()
+            .unwrap();
+        assert_eq!(shared(&built), shared(&file));
+        let m = built.model.as_ref().unwrap();
+        assert_eq!(m.config, dir.join(CONFIG));
+        assert_eq!(m.overrides.num_hidden_layers, Some(2));
+        assert_eq!(built.tokenizer.as_ref().unwrap().max_len, 128);
+        assert_eq!(built.data.format.name(), "tsv");
+    }
+
+    #[test]
+    fn bad_values_are_the_recipe_errors_naming_the_key() {
+        let repo = Repo::new("bad");
+        let cases: [(RecipeBuilder, &str, &str); 6] = [
+            (
+                distill_bert(&repo.0).valid_fraction(1.5),
+                "data.valid-fraction",
+                "1.5 is outside [0, 1)",
+            ),
+            (
+                distill_bert(&repo.0).max_len(0),
+                "tokenizer.max-len",
+                "0 is outside 3..=512",
+            ),
+            (
+                distill_bert(&repo.0).epochs(0),
+                "train.epochs",
+                "must be at least 1",
+            ),
+            (
+                distill_bert(&repo.0).tokenizer("nowhere/tokenizer.json"),
+                "tokenizer.path",
+                "does not exist",
+            ),
+            (
+                distill_bert(&repo.0).data(DataFormat::Delimited { delimiter: b';' }, CORPUS),
+                "data.format",
+                "unknown data format",
+            ),
+            (
+                distill_bert(&repo.0).seed(u64::MAX),
+                "run.seed",
+                "the largest integer a recipe holds",
+            ),
+        ];
+        for (builder, key, message) in cases {
+            let e = invalid(builder.build().unwrap_err());
+            assert_eq!(e.key, key);
+            assert!(e.message.contains(message), "{key}: {}", e.message);
+            assert_eq!(e.path, repo.0.join(BUILDER_FILE));
+            assert_eq!(e.line, None);
+        }
+        // The same value in a file is the same error, with its line.
+        let shipped = include_str!("../../../recipes/distill_bert.toml")
+            .replace("valid-fraction = 0.1", "valid-fraction = 1.5");
+        let e = invalid(crate::parse(&repo.0.join("recipes/d.toml"), &shipped).unwrap_err());
+        assert_eq!(e.key, "data.valid-fraction");
+        assert_eq!(e.message, "1.5 is outside [0, 1)");
+        // No data set: named, not a serde message.
+        let e = invalid(Recipe::builder("x").build().unwrap_err());
+        assert_eq!(e.key, "data.format");
+        assert_eq!(e.path, PathBuf::from(BUILDER_FILE));
+    }
+
+    #[test]
+    fn relative_paths_default_to_the_current_directory() {
+        let repo = Repo::new("cwd");
+        let abs = |p: &str| repo.0.join(p);
+        let r = Recipe::builder("here")
+            .teacher(abs("checkpoints/t"))
+            .teacher_recipe(abs("recipes/finetune_teacher.toml"))
+            .tokenizer(abs(TOKENIZER))
+            .data(DataFormat::RottenTomatoes, abs(CORPUS))
+            .build()
+            .unwrap();
+        assert_eq!(r.run.output_dir, PathBuf::from("checkpoints"));
+        assert_eq!(r.run.run_dir(), PathBuf::from("checkpoints/here"));
+        assert_eq!(r.path, PathBuf::from(BUILDER_FILE));
+        assert_eq!(r.teacher.unwrap().checkpoint, abs("checkpoints/t"));
+    }
+
+    #[test]
+    fn a_student_table_validates_as_in_a_file() {
+        let repo = Repo::new("student");
+        let shipped = include_str!("../../../recipes/distill_bert.toml");
+        let file = crate::parse(&repo.0.join("recipes/distill_bert.toml"), shipped).unwrap();
+        let entry = &file.stages[0];
+        let raw: RawModel = entry
+            .scope
+            .deserialize(
+                entry
+                    .settings
+                    .get("student")
+                    .unwrap()
+                    .as_table()
+                    .unwrap()
+                    .clone(),
+            )
+            .unwrap();
+        let scope = entry.scope.nested("student");
+        let from_file = model_spec(&scope, raw).unwrap();
+        // The shipped student, relative to the recipe's folder as the file writes it.
+        let built = ModelSpec::builder(format!("../{CONFIG}"))
+            .init_from_teacher_layers(&[0, 2, 4])
+            .num_hidden_layers(3)
+            .build(&scope)
+            .unwrap();
+        assert_eq!(format!("{built:?}"), format!("{from_file:?}"));
+        assert_eq!(built.config, repo.0.join(CONFIG));
+        assert_eq!(built.arch, "bert");
+        assert_eq!(built.init_from_teacher_layers, Some(vec![0, 2, 4]));
+        assert_eq!(built.overrides.num_hidden_layers, Some(3));
+        let e = invalid(
+            ModelSpec::builder(format!("../{CONFIG}"))
+                .num_hidden_layers(0)
+                .build(&scope)
+                .unwrap_err(),
+        );
+        assert_eq!(e.key, "stage[1].student.overrides.num-hidden-layers");
+        assert_eq!(e.message, "must be at least 1");
+    }
+}
