@@ -2,7 +2,7 @@
 //! plain SVG (kept stages filled, rolled-back ones hollow).
 
 use crate::gate::Action;
-use crate::record::StageRecord;
+use crate::record::{Headline, StageRecord};
 
 /// One point of the chart.
 #[derive(Debug, Clone)]
@@ -24,9 +24,9 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// The points of a run: test accuracy against mopt CPU p50 latency at batch 32 (or FLOPs per
+/// The points of a run: the test headline metric (accuracy in %) against mopt CPU p50 latency at batch 32 (or FLOPs per
 /// example when latency was not measured). Returns the x-axis label too.
-pub fn points(records: &[StageRecord]) -> (Vec<Point>, &'static str) {
+pub fn points(records: &[StageRecord], h: Headline) -> (Vec<Point>, &'static str) {
     let have_latency = records.iter().all(|r| r.model.latency_at(32).is_some());
     let pts = records
         .iter()
@@ -37,7 +37,7 @@ pub fn points(records: &[StageRecord]) -> (Vec<Point>, &'static str) {
             } else {
                 r.model.flops_per_example as f64 / 1e9
             },
-            y: r.model.test.accuracy * 100.0,
+            y: h.chart(h.of(&r.model.test)),
             kept: matches!(r.decision.action, Action::Kept | Action::Baseline),
         })
         .collect();

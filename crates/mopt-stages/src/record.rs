@@ -201,9 +201,10 @@ pub struct StageRecord {
     pub model: ModelFacts,
     /// The gate's decision.
     pub decision: Decision,
-    /// Validation accuracy minus the baseline's (points).
+    /// The headline metric on validation minus the baseline's (accuracy: a fraction; the
+    /// report shows points).
     pub delta_valid_vs_baseline: f64,
-    /// Test accuracy minus the baseline's.
+    /// The same on test.
     pub delta_test_vs_baseline: f64,
     /// Largest logit change against the input on the golden set.
     pub max_logit_error_vs_input: f64,
@@ -247,4 +248,84 @@ pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), Sta
 /// Read a JSON file written by [`write_json_atomic`].
 pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
     serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+/// How the report, the seeds summary and the chart show a run's headline metric (its family's
+/// [`crate::family::Family::metric`]): accuracy and macro-F1 in points, loss and perplexity as
+/// they are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Headline(pub mopt_recipe::Metric);
+
+impl Headline {
+    /// The metric a report names (`accuracy` when it names none it knows).
+    pub fn named(name: &str) -> Self {
+        Self(mopt_recipe::Metric::from_name(name).unwrap_or(mopt_recipe::Metric::Accuracy))
+    }
+
+    /// Its value in `m`.
+    pub fn of(self, m: &EvalMetrics) -> f64 {
+        m.value(self.0)
+    }
+
+    /// A table column's short name (`acc`, `perplexity`).
+    pub fn column(self) -> &'static str {
+        match self.0 {
+            mopt_recipe::Metric::Accuracy => "acc",
+            m => m.name(),
+        }
+    }
+
+    /// A difference (`+1.20 pts` of accuracy, `+0.532` of perplexity).
+    pub fn delta(self, d: f64) -> String {
+        if self.0.in_points() {
+            format!("{:+.2} pts", d * 100.0)
+        } else {
+            format!("{d:+.3}")
+        }
+    }
+
+    /// A mean ± spread (`91.20 ± 0.35%`, `23.412 ± 0.210`).
+    pub fn spread(self, mean: f64, std: f64) -> String {
+        if self.0.in_points() {
+            format!("{:.2} ± {:.2}%", 100.0 * mean, 100.0 * std)
+        } else {
+            format!("{mean:.3} ± {std:.3}")
+        }
+    }
+
+    /// A difference's mean ± spread with its unit (`+0.60 ± 0.40 pt`, `-1.250 ± 0.300`).
+    pub fn spread_delta(self, mean: f64, std: f64) -> String {
+        if self.0.in_points() {
+            format!("{:+.2} ± {:.2} pt", 100.0 * mean, 100.0 * std)
+        } else {
+            format!("{mean:+.3} ± {std:.3}")
+        }
+    }
+
+    /// An interval of differences (`[-0.20, +1.40] pt`).
+    pub fn interval(self, lo: f64, hi: f64) -> String {
+        if self.0.in_points() {
+            format!("[{:+.2}, {:+.2}] pt", 100.0 * lo, 100.0 * hi)
+        } else {
+            format!("[{lo:+.3}, {hi:+.3}]")
+        }
+    }
+
+    /// The chart's value (accuracy in %) and its axis label.
+    pub fn chart(self, v: f64) -> f64 {
+        if self.0.in_points() {
+            100.0 * v
+        } else {
+            v
+        }
+    }
+
+    /// The chart's axis label (`test accuracy (%)`, `test perplexity`).
+    pub fn chart_label(self) -> String {
+        if self.0.in_points() {
+            format!("test {} (%)", self.0.name())
+        } else {
+            format!("test {}", self.0.name())
+        }
+    }
 }

@@ -11,7 +11,7 @@ use crate::chart;
 use crate::env::Environment;
 use crate::error::StageError;
 use crate::gate::Action;
-use crate::record::{short_sha, shown, write_json_atomic, ModelFacts, StageRecord};
+use crate::record::{short_sha, shown, write_json_atomic, Headline, ModelFacts, StageRecord};
 use crate::Pipeline;
 
 /// `report.json`.
@@ -19,6 +19,8 @@ use crate::Pipeline;
 pub struct PipelineReport {
     /// The run's name.
     pub run: String,
+    /// The headline metric (its family's): the tables' columns and deltas, the chart.
+    pub metric: String,
     /// The recipe file.
     pub recipe: String,
     /// The run folder.
@@ -65,11 +67,11 @@ fn lat(m: &ModelFacts, batch: usize) -> String {
         .map_or("-".into(), |l| format!("{:.1} / {:.1}", l.p50_ms, l.p90_ms))
 }
 
-fn model_cells(m: &ModelFacts) -> String {
+fn model_cells(h: Headline, m: &ModelFacts) -> String {
     format!(
         "{:.4} | {:.4} | {:.2}M | {:.2} | {:.1} | {} | {}",
-        m.valid.accuracy,
-        m.test.accuracy,
+        h.of(&m.valid),
+        h.of(&m.test),
         m.params as f64 / 1e6,
         m.flops_per_example as f64 / 1e9,
         mib(m.checkpoint_bytes),
@@ -91,9 +93,10 @@ pub fn markdown(r: &PipelineReport) -> String {
         r.final_stage,
         r.run_dir
     );
-    push_stage_table(&mut s, &r.stages);
-    push_references(&mut s, &r.stages);
-    let _ = writeln!(s, "\n![accuracy against latency](chart.svg)\n");
+    let h = Headline::named(&r.metric);
+    push_stage_table(&mut s, h, &r.stages);
+    push_references(&mut s, h, &r.stages);
+    let _ = writeln!(s, "\n![{} against latency](chart.svg)\n", h.0.name());
     push_decisions(&mut s, &r.stages);
     push_stage_details(&mut s, &r.stages);
     push_golden(&mut s, &r.golden);
@@ -105,7 +108,7 @@ pub fn markdown(r: &PipelineReport) -> String {
 }
 
 /// The `## Stages` section: its preamble and one table row per stage.
-fn push_stage_table(s: &mut String, stages: &[StageRecord]) {
+fn push_stage_table(s: &mut String, h: Headline, stages: &[StageRecord]) {
     let seq = stages
         .first()
         .and_then(|b| b.model.latency.first())
@@ -113,22 +116,24 @@ fn push_stage_table(s: &mut String, stages: &[StageRecord]) {
     s.push_str("## Stages\n\n");
     let _ = writeln!(
         s,
-        "Decisions use the validation split only; test accuracy is reported, never used to decide. Latency: mopt on this CPU, p50 / p90 ms at batch 1 and 32{}. FLOPs: forward, per example.\n",
+        "Decisions use the validation split only; test {} is reported, never used to decide. Latency: mopt on this CPU, p50 / p90 ms at batch 1 and 32{}. FLOPs: forward, per example.\n",
+        h.0.name(),
         if seq > 0 { format!(" x {seq} tokens") } else { String::new() }
     );
-    s.push_str("| # | stage | kind | decision | valid acc | test acc | params | GFLOPs/ex | ckpt MiB | b1 ms | b32 ms | Δ valid vs baseline | Δ test vs baseline | max logit err vs input / baseline | wall s | peak RSS MiB |\n");
+    let c = h.column();
+    let _ = writeln!(s, "| # | stage | kind | decision | valid {c} | test {c} | params | GFLOPs/ex | ckpt MiB | b1 ms | b32 ms | Δ valid vs baseline | Δ test vs baseline | max logit err vs input / baseline | wall s | peak RSS MiB |");
     s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for st in stages {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {:+.2} pts | {:+.2} pts | {:.2e} / {:.2e} | {:.0} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.2e} / {:.2e} | {:.0} | {:.0} |",
             st.index,
             st.name,
             st.kind,
             st.decision.action.label(),
-            model_cells(&st.model),
-            st.delta_valid_vs_baseline * 100.0,
-            st.delta_test_vs_baseline * 100.0,
+            model_cells(h, &st.model),
+            h.delta(st.delta_valid_vs_baseline),
+            h.delta(st.delta_test_vs_baseline),
             st.max_logit_error_vs_input,
             st.max_logit_error_vs_baseline,
             st.wall_time_s,
@@ -138,17 +143,18 @@ fn push_stage_table(s: &mut String, stages: &[StageRecord]) {
 }
 
 /// The table of models reported beside the chain, when any stage has some.
-fn push_references(s: &mut String, stages: &[StageRecord]) {
+fn push_references(s: &mut String, h: Headline, stages: &[StageRecord]) {
     let refs: Vec<_> = stages.iter().flat_map(|st| st.references.iter()).collect();
     if !refs.is_empty() {
-        s.push_str("\nReported beside the chain (not passed on):\n\n| model | about | valid acc | test acc | params | GFLOPs/ex | ckpt MiB | b1 ms | b32 ms |\n|---|---|---|---|---|---|---|---|---|\n");
+        let c = h.column();
+        let _ = write!(s, "\nReported beside the chain (not passed on):\n\n| model | about | valid {c} | test {c} | params | GFLOPs/ex | ckpt MiB | b1 ms | b32 ms |\n|---|---|---|---|---|---|---|---|---|\n");
         for rf in refs {
             let _ = writeln!(
                 s,
                 "| {} | {} | {} |",
                 rf.name,
                 rf.about,
-                model_cells(&rf.model)
+                model_cells(h, &rf.model)
             );
         }
     }
@@ -278,23 +284,26 @@ pub(crate) fn write_report(
                 && r.model.sha256 == final_model.sha256
         })
         .map_or("baseline".into(), |r| format!("{} {}", r.index, r.name));
-    let (points, x_label) = chart::points(records);
+    let h = Headline(p.registry.recipe_family(recipe)?.metric());
+    let (points, x_label) = chart::points(records, h);
     let chart_path = run_dir.join("chart.svg");
     std::fs::write(
         &chart_path,
         chart::svg(
             &format!(
-                "{}: test accuracy against speed, one point per stage",
-                recipe.run.name
+                "{}: test {} against speed, one point per stage",
+                recipe.run.name,
+                h.0.name()
             ),
             x_label,
-            "test accuracy (%)",
+            &h.chart_label(),
             &points,
         ),
     )
     .map_err(|e| StageError::io(&chart_path, e))?;
     let report = PipelineReport {
         run: recipe.run.name.clone(),
+        metric: h.0.name().into(),
         recipe: shown(&recipe.path),
         run_dir: shown(run_dir),
         stages: records.to_vec(),

@@ -820,6 +820,7 @@ fn finish_stage(
         } else {
             0.0
         });
+    let headline = crate::record::Headline(ev.family.metric());
     let decision = decide(
         entry.gate.as_ref(),
         &facts.valid,
@@ -855,8 +856,8 @@ fn finish_stage(
             path: shown(&current.dir),
             sha256: current.facts.sha256.clone(),
         }),
-        delta_valid_vs_baseline: facts.valid.accuracy - baseline.model.valid.accuracy,
-        delta_test_vs_baseline: facts.test.accuracy - baseline.model.test.accuracy,
+        delta_valid_vs_baseline: headline.of(&facts.valid) - headline.of(&baseline.model.valid),
+        delta_test_vs_baseline: headline.of(&facts.test) - headline.of(&baseline.model.test),
         model: facts,
         decision,
         max_logit_error_vs_input: err_input,

@@ -1,4 +1,4 @@
-//! Several seeds of one recipe: each stage's accuracy as mean and spread over the runs, and for
+//! Several seeds of one recipe: each stage's headline metric (its family's: accuracy, perplexity) as mean and spread over the runs, and for
 //! every model reported beside a stage (a distillation's hard-label twin, a pruning criterion
 //! compared) the paired difference stage − reference with its 95% interval. One seed is an
 //! anecdote; this is what a claim that one method beats another rests on.
@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::record::{write_json_atomic, ModelFacts, ReferenceRecord, StageRecord};
+use crate::record::{write_json_atomic, Headline, ModelFacts, ReferenceRecord, StageRecord};
 use crate::report::PipelineReport;
 use crate::StageError;
 
@@ -64,9 +64,9 @@ pub struct StageSpread {
     pub index: usize,
     /// Its name.
     pub name: String,
-    /// Validation accuracy.
+    /// The headline metric on validation.
     pub valid: Spread,
-    /// Test accuracy.
+    /// The same on test.
     pub test: Spread,
     /// The models reported beside it, paired with it seed by seed.
     pub references: Vec<PairedReference>,
@@ -77,17 +77,19 @@ pub struct StageSpread {
 pub struct PairedReference {
     /// Its name (e.g. the hard-label twin).
     pub name: String,
-    /// Its test accuracy.
+    /// Its test headline metric.
     pub test: Spread,
-    /// Stage − reference on test accuracy, seed by seed.
+    /// Stage − reference on the test metric, seed by seed.
     pub test_difference: Spread,
-    /// Stage − reference on validation accuracy.
+    /// Stage − reference on the validation metric.
     pub valid_difference: Spread,
 }
 
 /// The runs of one recipe under several seeds.
 #[derive(Debug, Clone, Serialize)]
 pub struct SeedSummary {
+    /// The headline metric (the runs' family's).
+    pub metric: String,
     /// The seeds, in run order.
     pub seeds: Vec<u64>,
     /// The run folders.
@@ -98,6 +100,7 @@ pub struct SeedSummary {
 
 /// Summarize `runs` (one report a seed, same recipe).
 pub fn summarize(runs: &[(u64, PipelineReport)]) -> SeedSummary {
+    let h = Headline::named(&runs[0].1.metric);
     let stages = runs[0]
         .1
         .stages
@@ -106,10 +109,11 @@ pub fn summarize(runs: &[(u64, PipelineReport)]) -> SeedSummary {
             let same = in_every(runs.iter().map(|(_, r)| &r.stages), |s: &StageRecord| {
                 s.index == st.index && s.name == st.name
             })?;
-            Some(stage_spread(st, &same))
+            Some(stage_spread(h, st, &same))
         })
         .collect();
     SeedSummary {
+        metric: h.0.name().into(),
         seeds: runs.iter().map(|(s, _)| *s).collect(),
         runs: runs.iter().map(|(_, r)| r.run_dir.clone()).collect(),
         stages,
@@ -125,7 +129,7 @@ fn in_every<'a, T: 'a>(
 }
 
 /// The spread of `same` (one stage, one record a seed) and of its references, paired.
-fn stage_spread(st: &StageRecord, same: &[&StageRecord]) -> StageSpread {
+fn stage_spread(h: Headline, st: &StageRecord, same: &[&StageRecord]) -> StageSpread {
     let spread = |f: &dyn Fn(&ModelFacts) -> f64| {
         Spread::of(&same.iter().map(|s| f(&s.model)).collect::<Vec<_>>())
     };
@@ -146,31 +150,36 @@ fn stage_spread(st: &StageRecord, same: &[&StageRecord]) -> StageSpread {
             };
             Some(PairedReference {
                 name: reference.name.clone(),
-                test: each(&|_, r| r.test.accuracy),
-                test_difference: each(&|s, r| s.test.accuracy - r.test.accuracy),
-                valid_difference: each(&|s, r| s.valid.accuracy - r.valid.accuracy),
+                test: each(&|_, r| h.of(&r.test)),
+                test_difference: each(&|s, r| h.of(&s.test) - h.of(&r.test)),
+                valid_difference: each(&|s, r| h.of(&s.valid) - h.of(&r.valid)),
             })
         })
         .collect();
     StageSpread {
         index: st.index,
         name: st.name.clone(),
-        valid: spread(&|m| m.valid.accuracy),
-        test: spread(&|m| m.test.accuracy),
+        valid: spread(&|m| h.of(&m.valid)),
+        test: spread(&|m| h.of(&m.test)),
         references,
     }
 }
 
 /// `summary.md`'s text.
 pub fn markdown(s: &SeedSummary) -> String {
-    let pct = |x: &Spread| format!("{:.2} ± {:.2}%", 100.0 * x.mean, 100.0 * x.std);
+    let h = Headline::named(&s.metric);
+    let pct = |x: &Spread| h.spread(x.mean, x.std);
     let mut out = format!(
         "# {} seeds: {:?}\n\nMean ± sample standard deviation over the runs ({}).\n\n",
         s.seeds.len(),
         s.seeds,
         s.runs.join(", ")
     );
-    out.push_str("| stage | validation accuracy | test accuracy |\n|---|---|---|\n");
+    let name = h.0.name();
+    let _ = writeln!(
+        out,
+        "| stage | validation {name} | test {name} |\n|---|---|---|"
+    );
     for st in &s.stages {
         let _ = writeln!(
             out,
@@ -193,23 +202,17 @@ pub fn markdown(s: &SeedSummary) -> String {
         );
         for (st, r) in paired {
             let d = &r.test_difference;
-            let ci = d.ci95().map_or("n/a (one seed)".to_string(), |h| {
-                format!(
-                    "[{:+.2}, {:+.2}] pt",
-                    100.0 * (d.mean - h),
-                    100.0 * (d.mean + h)
-                )
+            let ci = d.ci95().map_or("n/a (one seed)".to_string(), |w| {
+                h.interval(d.mean - w, d.mean + w)
             });
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {:+.2} ± {:.2} pt | {ci} | {:+.2} ± {:.2} pt |",
+                "| {} | {} | {} | {} | {ci} | {} |",
                 st.name,
                 r.name,
                 pct(&r.test),
-                100.0 * d.mean,
-                100.0 * d.std,
-                100.0 * r.valid_difference.mean,
-                100.0 * r.valid_difference.std
+                h.spread_delta(d.mean, d.std),
+                h.spread_delta(r.valid_difference.mean, r.valid_difference.std)
             );
         }
     }
@@ -238,5 +241,51 @@ mod tests {
         assert!((h - 4.303 * s.std / 3f64.sqrt()).abs() < 1e-12);
         assert_eq!(Spread::of(&[0.5]).ci95(), None);
         assert_eq!(t975(1000), 1.960);
+    }
+
+    #[test]
+    fn the_summary_speaks_of_the_headline_metric() {
+        let spread = |v: &[f64]| Spread::of(v);
+        let summary = |metric: &str| SeedSummary {
+            metric: metric.into(),
+            seeds: vec![1, 2],
+            runs: vec!["a".into(), "b".into()],
+            stages: vec![StageSpread {
+                index: 1,
+                name: "distill".into(),
+                valid: spread(&[0.90, 0.92]),
+                test: spread(&[0.89, 0.91]),
+                references: vec![PairedReference {
+                    name: "twin".into(),
+                    test: spread(&[0.88, 0.90]),
+                    test_difference: spread(&[0.01, 0.01]),
+                    valid_difference: spread(&[0.02, 0.0]),
+                }],
+            }],
+        };
+        let acc = markdown(&summary("accuracy"));
+        assert!(
+            acc.contains("| stage | validation accuracy | test accuracy |"),
+            "{acc}"
+        );
+        assert!(
+            acc.contains("| 1 distill | 91.00 ± 1.41% | 90.00 ± 1.41% |"),
+            "{acc}"
+        );
+        assert!(
+            acc.contains("| distill | twin | 89.00 ± 1.41% | +1.00 ± 0.00 pt | [+1.00, +1.00] pt | +1.00 ± 1.41 pt |"),
+            "{acc}"
+        );
+        // Perplexity is shown as it is, lower being better.
+        let mut p = summary("perplexity");
+        p.stages[0].valid = spread(&[21.0, 23.0]);
+        p.stages[0].references[0].test_difference = spread(&[-1.5, -0.5]);
+        let ppl = markdown(&p);
+        assert!(
+            ppl.contains("| stage | validation perplexity | test perplexity |"),
+            "{ppl}"
+        );
+        assert!(ppl.contains("| 1 distill | 22.000 ± 1.414 |"), "{ppl}");
+        assert!(ppl.contains("| -1.000 ± 0.707 |"), "{ppl}");
     }
 }

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use burn::prelude::*;
-use mopt_recipe::{ModelSpec, Recipe, RecipeError, Scope, StageEntry, TokenizerSpec};
+use mopt_recipe::{Metric, ModelSpec, Recipe, RecipeError, Scope, StageEntry, TokenizerSpec};
 
 use crate::analysis::Analysis;
 use crate::data::{DataSource, RunData};
@@ -74,6 +74,13 @@ pub trait Family: Send + Sync {
         data: &RunData,
         ev: &EvalSettings,
     ) -> Result<(ModelFacts, Vec<Vec<f32>>), StageError>;
+
+    /// The headline metric of its models' task: the report's and the seeds summary's columns,
+    /// deltas and chart (classification's accuracy, the default; a language model's perplexity).
+    /// Gates and `best-metric` name theirs in the recipe.
+    fn metric(&self) -> Metric {
+        Metric::Accuracy
+    }
 
     /// The stage capabilities of its models (none by default): `finetune`, `prune`, …, each
     /// one line (`.with(kinds::prune::capability::<M>())`).
