@@ -160,7 +160,7 @@ fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
             recipe,
             force,
             device,
-        }) => lr_find(&recipe, force, device.as_deref()),
+        }) => lr_find(registry, &recipe, force, device.as_deref()),
         Some(Command::Export {
             recipe,
             checkpoint,
@@ -193,7 +193,12 @@ fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
 }
 
 /// `mopt-train lr-find`.
-fn lr_find(recipe: &std::path::Path, force: bool, device: Option<&str>) -> anyhow::Result<()> {
+fn lr_find(
+    registry: &Registry,
+    recipe: &std::path::Path,
+    force: bool,
+    device: Option<&str>,
+) -> anyhow::Result<()> {
     let recipe = mopt_recipe::load(recipe)?;
     let device = mopt_stages::recipe_device(&recipe, device)?;
     let dir = recipe
@@ -201,7 +206,7 @@ fn lr_find(recipe: &std::path::Path, force: bool, device: Option<&str>) -> anyho
         .output_dir
         .join(format!("{}-lr-find", recipe.run.name));
     rundir::create_run_dir(&recipe, &dir, force)?;
-    let result = mopt_stages::lr_find::lr_find(&recipe, &device, &dir)?;
+    let result = mopt_stages::lr_find::lr_find(registry, &recipe, &device, &dir)?;
     println!(
         "suggested lr: {:.2e} (steepest descent of the smoothed loss; {} points{}) — curve in {}",
         result.suggested_lr,

@@ -160,6 +160,33 @@ fn a_tiny_resnet_fine_tunes_on_the_digits_through_the_binary() {
     );
 }
 
+/// `lr-find` sweeps any family with the finetune capability, not BERT's alone: the ResNet's
+/// loss over 30 rising learning rates, from the recipe's model built as a run's baseline is.
+#[test]
+fn lr_find_sweeps_a_resnet() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write_recipe(
+        dir.path(),
+        "\n[lr-find]\nstart-lr = 1e-5\nend-lr = 1.0\nsteps = 30\n",
+    );
+    let out = mopt(&["lr-find", recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("suggested lr: "), "{stdout}");
+    let run = dir.path().join("runs/digits-lr-find");
+    let csv = std::fs::read_to_string(run.join("lr-find.csv")).unwrap();
+    let rows: Vec<Vec<f64>> = csv
+        .lines()
+        .skip(1)
+        .map(|r| r.split(',').map(|x| x.parse().unwrap()).collect())
+        .collect();
+    assert!(rows.len() >= 5 && rows.len() <= 30, "{} rows", rows.len());
+    assert!((rows[0][1] - 1e-5).abs() < 1e-15, "{:?}", rows[0]);
+    // The first losses are the untrained ResNet's on 10 classes: about ln 10.
+    assert!((rows[0][2] - 10f64.ln()).abs() < 0.7, "{:?}", rows[0]);
+    assert!(run.join("model/config.json").is_file());
+}
+
 #[test]
 fn image_recipes_that_cannot_work_fail_before_a_run_folder_exists() {
     let dir = tempfile::tempdir().unwrap();

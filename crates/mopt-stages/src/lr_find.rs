@@ -1,43 +1,42 @@
 //! `mopt-train lr-find RECIPE`: the LR range test ([`mopt_train::lr_find`]) on the recipe's
-//! `[model]`, over its training split.
+//! `[model]`, over its training split, for any family with the `finetune` capability.
 
 use std::path::Path;
 
-use mopt_data::TextExamples;
-use mopt_models::bert::setup::{build_model, model_config};
 use mopt_recipe::Recipe;
 use mopt_train::lr_find::{LrFindResult, LrFindRun};
-use mopt_train::setup::prepare_data;
 use mopt_train::{DeviceSpec, TrainError};
 
 use crate::error::StageError;
+use crate::kinds::finetune::CanFinetune;
+use crate::Registry;
 
-/// Sweep the learning rate on a fresh copy of `recipe`'s `[model]`; results in `run_dir`.
+/// Sweep the learning rate on a fresh copy of `recipe`'s `[model]` (its family looked up in
+/// `registry`, built into `run_dir/model` as a run's baseline is); results in `run_dir`.
 pub fn lr_find(
+    registry: &Registry,
     recipe: &Recipe,
     device_spec: &DeviceSpec,
     run_dir: &Path,
 ) -> Result<LrFindResult, StageError> {
-    let ad = device_spec.train_device(&recipe.train);
-    let Some(m) = &recipe.model else {
+    if recipe.model.is_none() {
         return Err(TrainError::Recipe(recipe.invalid(
             "model",
             "lr-find sweeps the recipe's [model]; this recipe starts from a [teacher]",
             "run lr-find on the teacher's recipe, or give the recipe a [model]",
         ))
         .into());
-    };
-    let tokenizer = recipe.text_tokenizer()?;
-    let prepared = prepare_data(tokenizer, &recipe.data, None)?;
-    let data = &prepared.data;
-    let config = model_config(
-        m,
-        tokenizer,
-        &recipe.scope.nested("model"),
-        &data.labels.labels,
-        prepared.tokenizer.vocab_size(),
+    }
+    let family = registry.recipe_family(recipe)?;
+    let can = family.require::<dyn CanFinetune>(
+        "lr-find",
+        "a trainable model",
+        "lists no finetune capability",
     )?;
-    let (model, _) = build_model(m, recipe.run.seed, &config, &ad)?;
+    let ad = device_spec.train_device(&recipe.train);
+    let data = family.data().load(recipe, None, 0)?;
+    let ckpt = run_dir.join("model");
+    family.build(recipe, &data, &ad, &ckpt)?;
     let run = LrFindRun {
         spec: &recipe.lr_find,
         train: &recipe.train,
@@ -45,6 +44,5 @@ pub fn lr_find(
         device: &ad,
         run_dir,
     };
-    let train = TextExamples::new(&data.train, prepared.tokenizer.pad_id);
-    Ok(mopt_train::lr_find::lr_find(&run, model, &train)?)
+    can.lr_find(&ckpt, &data, &run)
 }

@@ -5,10 +5,12 @@ use std::path::Path;
 
 use mopt_core::Checkpoint;
 use mopt_recipe::{RecipeError, StageEntry};
+use mopt_train::lr_find::{LrFindResult, LrFindRun};
 use mopt_train::trainer::{fit, FinetuneTask};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::data::{RunData, Split};
 use crate::error::StageError;
 use crate::family::FamilyEntry;
 use crate::plan::train_settings;
@@ -88,6 +90,15 @@ impl Stage for FinetuneStage {
 pub trait CanFinetune: Send + Sync {
     /// Fine-tune the checkpoint at `input` on the stage's data.
     fn finetune(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError>;
+
+    /// The LR range test ([`mopt_train::lr_find`]) from the checkpoint at `ckpt` over the
+    /// training split of `data` (`mopt-train lr-find`).
+    fn lr_find(
+        &self,
+        ckpt: &Path,
+        data: &RunData,
+        run: &LrFindRun,
+    ) -> Result<LrFindResult, StageError>;
 }
 
 /// The `finetune` capability of the model type `M` ([`run`]).
@@ -106,6 +117,17 @@ where
 {
     fn finetune(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
         run::<M>(input, cx)
+    }
+
+    fn lr_find(
+        &self,
+        ckpt: &Path,
+        data: &RunData,
+        run: &LrFindRun,
+    ) -> Result<LrFindResult, StageError> {
+        let (model, _) = M::load(ckpt, run.device)?;
+        let train = data.split::<M::Batch>(Split::Train)?;
+        Ok(mopt_train::lr_find::lr_find(run, model, &train)?)
     }
 }
 
