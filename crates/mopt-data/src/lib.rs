@@ -15,6 +15,7 @@ mod labels;
 mod rng;
 mod text;
 mod tokenize;
+mod windows;
 
 pub use augment::Augmentation;
 pub use batch::{epoch_order, Batcher, TextBatch};
@@ -27,3 +28,4 @@ pub use labels::LabelMap;
 pub use rng::SplitMix64;
 pub use text::{load_splits, Example, Splits};
 pub use tokenize::{encode_splits, Encoded, EncodedSplits, TextTokenizer};
+pub use windows::{TokenWindows, WindowError, WindowSplit};

@@ -20,4 +20,6 @@ pub use mopt_core::prune::{
 };
 pub use mopt_core::{Array, ParamTable};
 pub use remove::{prune, scores};
-pub use schedule::{keep_units, origin_after, select, units, Progress, Ranking, Units};
+pub use schedule::{
+    keep_units, keep_units_in_runs, origin_after, select, units, Progress, Ranking, Units,
+};

@@ -100,6 +100,21 @@ pub fn keep_units(
     ranking: Ranking,
     rule: &Rule,
 ) -> Vec<Vec<usize>> {
+    keep_units_in_runs(scores, orig, frac, ranking, rule, &[])
+}
+
+/// [`keep_units`] where scope `s`'s units form `runs[s]` equal runs of consecutive units
+/// ([`GroupKind::runs`]; absent or 1: one run): the scope's count is rounded to a multiple of
+/// its runs (to the nearest, never below `min_keep` nor one unit a run) and each run keeps its
+/// own best units.
+pub fn keep_units_in_runs(
+    scores: &[Vec<f64>],
+    orig: &[usize],
+    frac: &[f64],
+    ranking: Ranking,
+    rule: &Rule,
+    runs: &[usize],
+) -> Vec<Vec<usize>> {
     let m = rule.multiple.max(1);
     let guarded: Vec<Vec<f64>> = scores
         .iter()
@@ -129,12 +144,29 @@ pub fn keep_units(
         .enumerate()
         .zip(n)
         .map(|((s, sc), n)| {
-            let n = if rule.frozen_scopes.contains(&s) || m == 1 {
-                n
-            } else {
-                round_to(n, m, sc.len())
-            };
-            top(sc, n)
+            if rule.frozen_scopes.contains(&s) {
+                return top(sc, n);
+            }
+            let n = if m == 1 { n } else { round_to(n, m, sc.len()) };
+            match runs.get(s).copied().unwrap_or(1) {
+                r if r > 1 && sc.len().is_multiple_of(r) => top_in_runs(sc, n, r, rule.min_keep),
+                _ => top(sc, n),
+            }
+        })
+        .collect()
+}
+
+/// About `n` units of `scores` kept as `r` equal runs of consecutive units, each keeping its own
+/// best: `n / r` a run, rounded to the nearest, at least one and at least `min_keep / r`
+/// (rounded up), at most the run.
+fn top_in_runs(scores: &[f64], n: usize, r: usize, min_keep: usize) -> Vec<usize> {
+    let g = scores.len() / r;
+    let each = ((n + r / 2) / r).max(min_keep.div_ceil(r)).clamp(1, g);
+    (0..r)
+        .flat_map(|k| {
+            top(&scores[k * g..(k + 1) * g], each)
+                .into_iter()
+                .map(move |u| k * g + u)
         })
         .collect()
 }
@@ -210,7 +242,8 @@ pub fn select<K: GroupKind + ?Sized>(
                 },
                 ..rule.clone()
             };
-            let kept = keep_units(&scores[name], &orig, &frac, ranking, &rule);
+            let runs: Vec<usize> = (0..n).map(|s| k.runs(config, s)).collect();
+            let kept = keep_units_in_runs(&scores[name], &orig, &frac, ranking, &rule, &runs);
             (name.to_string(), kept)
         })
         .collect()
@@ -273,6 +306,38 @@ mod tests {
             },
         );
         assert_eq!(k, vec![vec![0, 2]]);
+    }
+
+    #[test]
+    fn runs_keep_equal_counts_of_their_own_best_units() {
+        // Two runs of three (a layer's query heads in two KV groups): the layer's best four
+        // would be 0, 1, 2 and 5, three from the first run; each run keeps its best two.
+        let s = vec![vec![0.9, 0.8, 0.7, 0.1, 0.2, 0.6]];
+        let k = keep_units_in_runs(&s, &[6], &[0.34], Ranking::Local, &rule(1, 1), &[2]);
+        assert_eq!(k, vec![vec![0, 1, 4, 5]]);
+        assert_eq!(
+            keep_units(&s, &[6], &[0.34], Ranking::Local, &rule(1, 1)),
+            vec![vec![0, 1, 2, 5]]
+        );
+        // A count that is not a multiple rounds to the nearest (6 of 6 kept at 10%; 1 -> one a
+        // run at 100%), and never below min_keep (3 -> two a run).
+        let k = keep_units_in_runs(&s, &[6], &[0.1], Ranking::Local, &rule(1, 1), &[2]);
+        assert_eq!(k, vec![vec![0, 1, 2, 3, 4, 5]]);
+        let k = keep_units_in_runs(&s, &[6], &[1.0], Ranking::Local, &rule(1, 1), &[2]);
+        assert_eq!(k, vec![vec![0, 5]]);
+        let k = keep_units_in_runs(&s, &[6], &[1.0], Ranking::Local, &rule(3, 1), &[2]);
+        assert_eq!(k, vec![vec![0, 1, 4, 5]]);
+        // Global ranking: counts cross layers, each layer's then splits evenly over its runs.
+        let s = vec![vec![0.1, 0.2, 0.3, 0.4], vec![5.0, 6.0, 7.0, 8.0]];
+        let k = keep_units_in_runs(
+            &s,
+            &[4, 4],
+            &[0.5, 0.5],
+            Ranking::Global,
+            &rule(1, 1),
+            &[2, 2],
+        );
+        assert_eq!(k, vec![vec![1, 3], vec![0, 1, 2, 3]]);
     }
 
     #[test]
