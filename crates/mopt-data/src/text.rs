@@ -221,24 +221,30 @@ fn read_jsonl(path: &Path, text_col: &str, label_col: &str) -> Result<Vec<Exampl
 }
 
 fn read(spec: &DataSpec, path: &Path) -> Result<Vec<Example>, DataError> {
-    let examples = match &spec.format {
-        DataFormat::RottenTomatoes => read_rotten_tomatoes(path)?,
-        DataFormat::OrangeTab => read_orange_tab(path, &spec.text_column, &spec.label_column)?,
-        DataFormat::Delimited { delimiter } => {
-            read_delimited(path, *delimiter, &spec.text_column, &spec.label_column)?
-        }
-        DataFormat::Jsonl => read_jsonl(path, &spec.text_column, &spec.label_column)?,
-        DataFormat::Idx | DataFormat::PixelsCsv => {
-            return Err(DataError::format(
+    let examples =
+        match &spec.format {
+            DataFormat::RottenTomatoes => read_rotten_tomatoes(path)?,
+            DataFormat::OrangeTab => read_orange_tab(path, &spec.text_column, &spec.label_column)?,
+            DataFormat::Delimited { delimiter } => {
+                read_delimited(path, *delimiter, &spec.text_column, &spec.label_column)?
+            }
+            DataFormat::Jsonl => read_jsonl(path, &spec.text_column, &spec.label_column)?,
+            DataFormat::Idx | DataFormat::PixelsCsv => {
+                return Err(DataError::format(
+                    path,
+                    format!(
+                        "`format = \"{}\"` holds images, not text",
+                        spec.format.name()
+                    ),
+                    "read it with mopt_data::load_image_splits (a model family of images)",
+                ))
+            }
+            DataFormat::TextFiles => return Err(DataError::format(
                 path,
-                format!(
-                    "`format = \"{}\"` holds images, not text",
-                    spec.format.name()
-                ),
-                "read it with mopt_data::load_image_splits (a model family of images)",
-            ))
-        }
-    };
+                "`format = \"text-files\"` holds a language model's text, not labelled examples",
+                "pair it with a language-model family (`[model] arch = \"llama\"`)",
+            )),
+        };
     if examples.is_empty() {
         return Err(DataError::format(
             path,

@@ -37,6 +37,10 @@ pub enum DataFormat {
     /// CSV of pixels, one image a row, no header: `side × side` grey values, then the label
     /// (MNIST-5k, scikit-learn's 8×8 digits; gzip or plain).
     PixelsCsv,
+    /// Plain UTF-8 text files, one work a file, for a language model: `train`, `valid` and
+    /// `test` each name a file or a folder (its `*.txt` files; the training folder's files that
+    /// `valid` or `test` name are left out), so that a work is never split across splits.
+    TextFiles,
 }
 
 impl DataFormat {
@@ -50,6 +54,7 @@ impl DataFormat {
             DataFormat::Jsonl => "jsonl",
             DataFormat::Idx => "idx",
             DataFormat::PixelsCsv => "pixels-csv",
+            DataFormat::TextFiles => "text-files",
         }
     }
 
@@ -58,12 +63,13 @@ impl DataFormat {
         matches!(self, DataFormat::Idx | DataFormat::PixelsCsv)
     }
 
-    /// What the examples are: `"text"` or `"images"`.
+    /// What the examples are: `"text"` (labelled), `"running text"` (a language model's) or
+    /// `"images"`.
     pub fn modality(&self) -> &'static str {
-        if self.is_image() {
-            "images"
-        } else {
-            "text"
+        match self {
+            _ if self.is_image() => "images",
+            DataFormat::TextFiles => "running text",
+            _ => "text",
         }
     }
 }
@@ -221,10 +227,11 @@ fn data_format(cx: &Scope, format: &str) -> Result<DataFormat, RecipeError> {
         "jsonl" => Ok(DataFormat::Jsonl),
         "idx" => Ok(DataFormat::Idx),
         "pixels-csv" => Ok(DataFormat::PixelsCsv),
+        "text-files" => Ok(DataFormat::TextFiles),
         other => Err(cx.err(
             "data.format",
             format!("unknown data format `{other}`"),
-            "use one of `rotten-tomatoes`, `orange-tab`, `csv`, `tsv`, `jsonl` (text), `idx`, `pixels-csv` (images)",
+            "use one of `rotten-tomatoes`, `orange-tab`, `csv`, `tsv`, `jsonl` (labelled text), `text-files` (a language model's text), `idx`, `pixels-csv` (images)",
         )),
     }
 }
@@ -281,6 +288,42 @@ fn check_image_layout(cx: &Scope, format: &DataFormat, d: &RawData) -> Result<()
             "write `train = \"…/train-images-idx3-ubyte.gz\"` and `test = \"…/t10k-images-idx3-ubyte.gz\"`",
         ));
     }
+    if *format == DataFormat::TextFiles {
+        let refuse = |key: &str, set: bool, why: &str, fix: &str| match set {
+            true => Err(cx.err(key, why.to_string(), fix.to_string())),
+            false => Ok(()),
+        };
+        let by_work = "a language model's text is split by work";
+        let files =
+            "give `train` (a folder or file), `valid` and `test` (whole works: files or folders)";
+        refuse("data.path", d.path.is_some(), by_work, files)?;
+        refuse(
+            "data.valid",
+            d.train.is_some() && d.valid.is_none(),
+            "`valid` names the validation works",
+            files,
+        )?;
+        refuse(
+            "data.valid-fraction",
+            d.valid_fraction.is_some(),
+            by_work,
+            "remove it: `valid` names the works",
+        )?;
+        let unlabelled = "the text is its own target (the next token)";
+        refuse(
+            "data.text-column",
+            d.text_column.is_some(),
+            unlabelled,
+            "remove it",
+        )?;
+        refuse(
+            "data.label-column",
+            d.label_column.is_some(),
+            unlabelled,
+            "remove it",
+        )?;
+        refuse("data.labels", d.labels.is_some(), unlabelled, "remove it")?;
+    }
     if format.is_image() && (d.text_column.is_some() || d.label_column.is_some()) {
         return Err(cx.err(
             "data.text-column",
@@ -318,13 +361,17 @@ fn data_source(cx: &Scope, d: &RawData) -> Result<DataSource, RecipeError> {
             if d.test_fraction.is_some() {
                 return Err(cx.err("data.test-fraction", "only used with a single `path`", "remove it: the test split is the `test` file"));
             }
+            let input = |key: &str, p: &str| match d.format.as_str() {
+                "text-files" => cx.input_path(key, p),
+                _ => cx.input_file(key, p),
+            };
             Ok(DataSource::Files {
-                train: cx.input_file("data.train", train)?,
+                train: input("data.train", train)?,
                 valid: match &d.valid {
-                    Some(v) => Some(cx.input_file("data.valid", v)?),
+                    Some(v) => Some(input("data.valid", v)?),
                     None => None,
                 },
-                test: cx.input_file("data.test", test)?,
+                test: input("data.test", test)?,
                 valid_fraction,
             })
         }

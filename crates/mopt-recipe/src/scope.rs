@@ -139,6 +139,19 @@ impl Scope {
         Ok(full)
     }
 
+    /// [`Scope::input_file`], or a folder.
+    pub fn input_path(&self, key: &str, p: &str) -> Result<PathBuf, RecipeError> {
+        let full = self.resolve(p);
+        if !full.exists() {
+            return Err(self.err(
+                key,
+                format!("`{}` does not exist (resolved against the recipe's folder)", full.display()),
+                "run `datasets/fetch.sh --small` to fetch the text, or correct the path (relative paths start at the recipe's folder)",
+            ));
+        }
+        Ok(full)
+    }
+
     /// `v` or `default`; `Some(0)` is an error.
     pub fn positive(
         &self,

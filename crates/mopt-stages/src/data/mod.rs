@@ -3,10 +3,12 @@
 //! A stage kind generic over a model `M` asks for `M::Batch` splits ([`RunData::splits`]);
 //! a family that needs its own data type asks for it ([`RunData::get`]).
 //!
-//! One loader per modality, picked by `[data] format`: [`text`] (a tokenizer and text files)
-//! and [`image`] (IDX and CSV-of-pixels files).
+//! One loader per kind of data, picked by the family's [`DataSource`]: [`text`] (a tokenizer and
+//! labelled text files), [`image`] (IDX and CSV-of-pixels files) and [`lm`] (a language
+//! model's text: whole works tokenised by a GGUF's tokenizer, packed into windows).
 
 pub mod image;
+pub mod lm;
 pub mod text;
 
 use std::any::Any;
@@ -36,7 +38,8 @@ pub enum Split {
 /// Where a family's data comes from: the modality a recipe's `[data] format` must be, and the
 /// loader that reads it ([`text::Text`], [`image::Images`]).
 pub trait DataSource: Send + Sync {
-    /// What the data is: `"text"` or `"images"` (a `[data] format`'s modality).
+    /// What the data is: `"text"` (labelled), `"running text"` (a language model's) or
+    /// `"images"` (a `[data] format`'s modality).
     fn modality(&self) -> &'static str;
 
     /// Load the recipe's data (`labels`: a teacher's label map; the golden set is the first
