@@ -4,10 +4,10 @@
 
 use std::fmt::Write;
 
-use mopt_data::{load_splits, LabelMap, TextTokenizer};
+use mopt_data::LabelMap;
 use mopt_recipe::TrainSpec;
 use mopt_train::memory::human_bytes;
-use mopt_train::{DeviceSpec, TrainError};
+use mopt_train::DeviceSpec;
 
 use crate::error::StageError;
 use crate::record::shown;
@@ -115,7 +115,7 @@ impl Pipeline {
     /// Validate every stage against its input's shape, without running anything.
     pub fn plan_chain(&self) -> Result<ChainPlan, StageError> {
         let r = &self.recipe;
-        let d = plan_data(r)?;
+        let d = self.registry.recipe_family(r)?.data().plan(r)?;
         let (train_examples, mean_tokens, mean_tokens_sq) =
             (d.train_examples, d.mean_tokens, d.mean_tokens_sq);
         let (labels, vocab) = (&d.labels, d.vocab);
@@ -276,70 +276,4 @@ impl Pipeline {
         }
         peak
     }
-}
-
-/// What planning reads from the data: the label map, the training-set size, and for text the
-/// vocabulary and the token counts of a sample of 1000 training examples.
-struct PlanData {
-    labels: LabelMap,
-    train_examples: usize,
-    vocab: usize,
-    mean_tokens: f64,
-    mean_tokens_sq: f64,
-    inputs: String,
-}
-
-fn plan_data(r: &mopt_recipe::Recipe) -> Result<PlanData, StageError> {
-    let Some(t) = &r.tokenizer else {
-        let s = mopt_data::load_image_splits(&r.data, None).map_err(TrainError::from)?;
-        let shape = s.train.shape;
-        return Ok(PlanData {
-            labels: s.labels,
-            train_examples: s.train.labels.len(),
-            vocab: 0,
-            mean_tokens: 0.0,
-            mean_tokens_sq: 0.0,
-            inputs: format!(
-                "images     {}x{}x{} (channels x side x side), normalised by the training split (mean {:.4}, std {:.4} of pixel / {})",
-                shape.channels, shape.side, shape.side, s.normalize.mean, s.normalize.std, s.normalize.pixel_max
-            ),
-        });
-    };
-    let tok =
-        TextTokenizer::from_file(&t.path, t.max_len, t.lowercase).map_err(TrainError::from)?;
-    let splits = load_splits(&r.data).map_err(TrainError::from)?;
-    let labels =
-        r.data.labels.clone().map(LabelMap::new).unwrap_or_else(|| {
-            LabelMap::from_examples(splits.train.iter().map(|e| e.label.as_str()))
-        });
-    let train_examples = r
-        .data
-        .max_train
-        .map_or(splits.train.len(), |m| m.min(splits.train.len()));
-    let sample: Vec<&str> = splits
-        .train
-        .iter()
-        .take(1000)
-        .map(|e| e.text.as_str())
-        .collect();
-    let lens: Vec<f64> = tok
-        .encode_all(&sample)
-        .map_err(TrainError::from)?
-        .iter()
-        .map(|ids| ids.len() as f64)
-        .collect();
-    let n = lens.len().max(1) as f64;
-    Ok(PlanData {
-        labels,
-        train_examples,
-        vocab: tok.vocab_size(),
-        mean_tokens: lens.iter().sum::<f64>() / n,
-        mean_tokens_sq: lens.iter().map(|l| l * l).sum::<f64>() / n,
-        inputs: format!(
-            "tokenizer  {} (vocab {}, max-len {})",
-            shown(&t.path),
-            tok.vocab_size(),
-            t.max_len
-        ),
-    })
 }

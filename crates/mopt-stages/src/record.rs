@@ -8,7 +8,7 @@ use mopt_core::{Checkpoint, Labeled, ModelConfig};
 use mopt_distill::latency::{measure as measure_latency, LatencyStats};
 use mopt_recipe::{normalize, EvaluationSpec};
 use mopt_train::metrics::EvalMetrics;
-use mopt_train::trainer::evaluate;
+use mopt_train::trainer::evaluate_keeping;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -113,9 +113,12 @@ where
     let bs = ev.eval_batch_size;
     let valid = data.split::<M::Batch>(Split::Valid)?;
     let test = data.split::<M::Batch>(Split::Test)?;
-    let valid = evaluate(&model, &valid, bs, n, &ev.device);
-    let test = evaluate(&model, &test, bs, n, &ev.device).metrics;
-    let golden = valid.logits[..data.len(Split::Golden)].to_vec();
+    // Only the golden examples' logits are kept (a language model's rows over a whole split
+    // would not fit).
+    let golden_n = data.len(Split::Golden);
+    let valid = evaluate_keeping(&model, &valid, (bs, n), golden_n, &ev.device);
+    let test = evaluate_keeping(&model, &test, (bs, n), 0, &ev.device).metrics;
+    let golden = valid.logits;
     let e = ev.evaluation;
     let latency = if e.latency_runs == 0 {
         Vec::new()

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use mopt_recipe::{Recipe, RecipeError, DEFAULT_ARCH};
 
-use crate::family::{bert, cnn, resnet, Family, FamilyEntry};
+use crate::family::{bert, cnn, llama, resnet, Family, FamilyEntry};
 use crate::kinds;
 use crate::stage::StageKind;
 
@@ -49,13 +49,14 @@ impl Registry {
         Self::default()
     }
 
-    /// What `mopt-train` ships: the BERT, ResNet and CNN families and every stage kind, in the
+    /// What `mopt-train` ships: the BERT, ResNet, CNN and Llama families and every stage kind, in the
     /// order the book (docs/src/stages/) lists the kinds.
     pub fn builtin() -> Self {
         Self::empty()
             .with_family(bert::Bert)
             .with_family(resnet::RESNET)
             .with_family(cnn::CNN)
+            .with_family(llama::Llama)
             .with_kind(kinds::finetune::Finetune)
             .with_kind(kinds::checkpoint::CheckpointKind)
             .with_kind(kinds::distill::Distill)

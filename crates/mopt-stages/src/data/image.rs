@@ -20,6 +20,22 @@ impl super::DataSource for Images {
         "images"
     }
 
+    fn plan(&self, r: &Recipe) -> Result<super::PlanData, StageError> {
+        let s = load_image_splits(&r.data, None).map_err(TrainError::from)?;
+        let shape = s.train.shape;
+        Ok(super::PlanData {
+            labels: s.labels,
+            train_examples: s.train.labels.len(),
+            vocab: 0,
+            mean_tokens: 0.0,
+            mean_tokens_sq: 0.0,
+            inputs: format!(
+                "images     {}x{}x{} (channels x side x side), normalised by the training split (mean {:.4}, std {:.4} of pixel / {})",
+                shape.channels, shape.side, shape.side, s.normalize.mean, s.normalize.std, s.normalize.pixel_max
+            ),
+        })
+    }
+
     fn load(
         &self,
         recipe: &Recipe,

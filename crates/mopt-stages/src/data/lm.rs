@@ -23,6 +23,25 @@ impl super::DataSource for LmText {
         "running text"
     }
 
+    /// The works tokenised and packed (as a run reads them), every window `max-len` tokens.
+    fn plan(&self, r: &Recipe) -> Result<super::PlanData, StageError> {
+        let d = LmData::load(r, 0)?;
+        let len = d.train.window_len() as f64;
+        Ok(super::PlanData {
+            train_examples: d.train.len(),
+            vocab: d.labels.len(),
+            mean_tokens: len,
+            mean_tokens_sq: len * len,
+            inputs: format!(
+                "tokenizer  {} (GGUF, vocab {}); {}",
+                crate::record::shown(&d.tokenizer),
+                d.labels.len(),
+                d.describe()
+            ),
+            labels: d.labels,
+        })
+    }
+
     fn load(
         &self,
         recipe: &Recipe,
@@ -84,7 +103,7 @@ impl LmData {
         let pack = |files: &[PathBuf], limit: Option<usize>| -> Result<WindowSplit, StageError> {
             let ids = encode(&tokenizer, files)?;
             let ids = match limit {
-                Some(n) => &ids[..ids.len().min(n.saturating_mul(len) + 1)],
+                Some(n) => &ids[..ids.len().min(n.saturating_mul(len).saturating_add(1))],
                 None => &ids[..],
             };
             WindowSplit::pack(ids, len, None).map_err(|e| input(&spec.path, e.to_string()))

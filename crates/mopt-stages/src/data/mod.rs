@@ -42,6 +42,9 @@ pub trait DataSource: Send + Sync {
     /// `"images"` (a `[data] format`'s modality).
     fn modality(&self) -> &'static str;
 
+    /// What `--check` plans with, read without loading everything ([`PlanData`]).
+    fn plan(&self, recipe: &mopt_recipe::Recipe) -> Result<PlanData, StageError>;
+
     /// Load the recipe's data (`labels`: a teacher's label map; the golden set is the first
     /// `golden` validation examples).
     fn load(
@@ -50,6 +53,23 @@ pub trait DataSource: Send + Sync {
         labels: Option<LabelMap>,
         golden: usize,
     ) -> Result<RunData, StageError>;
+}
+
+/// What planning reads from the data: the classes, the training-set size, for tokenised data
+/// the vocabulary and the token counts of a sample of examples, and a line on the inputs.
+pub struct PlanData {
+    /// The classes (a language model's: its vocabulary).
+    pub labels: LabelMap,
+    /// Training examples (after `max-train`).
+    pub train_examples: usize,
+    /// Vocabulary size (0 for images).
+    pub vocab: usize,
+    /// Mean tokens an example.
+    pub mean_tokens: f64,
+    /// Mean of its square (attention memory grows with it).
+    pub mean_tokens_sq: f64,
+    /// The plan's line on the model inputs (the tokenizer; the images' shape).
+    pub inputs: String,
 }
 
 /// What a modality's loader hands the runner.

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use mopt_core::Examples;
-use mopt_data::{LabelMap, TextBatch, TextSplit, TextTokenizer};
+use mopt_data::{load_splits, LabelMap, TextBatch, TextSplit, TextTokenizer};
 use mopt_recipe::{Recipe, TokenizerSpec};
 use mopt_train::setup::prepare_data;
 use mopt_train::trainer::{CheckpointExtras, TextExtras};
@@ -18,6 +18,48 @@ pub struct Text;
 impl super::DataSource for Text {
     fn modality(&self) -> &'static str {
         "text"
+    }
+
+    /// The label map, the training-set size, the vocabulary and the token counts of a sample
+    /// of 1000 training examples.
+    fn plan(&self, r: &Recipe) -> Result<super::PlanData, StageError> {
+        let t = r.text_tokenizer()?;
+        let tok =
+            TextTokenizer::from_file(&t.path, t.max_len, t.lowercase).map_err(TrainError::from)?;
+        let splits = load_splits(&r.data).map_err(TrainError::from)?;
+        let labels = r.data.labels.clone().map(LabelMap::new).unwrap_or_else(|| {
+            LabelMap::from_examples(splits.train.iter().map(|e| e.label.as_str()))
+        });
+        let train_examples = r
+            .data
+            .max_train
+            .map_or(splits.train.len(), |m| m.min(splits.train.len()));
+        let sample: Vec<&str> = splits
+            .train
+            .iter()
+            .take(1000)
+            .map(|e| e.text.as_str())
+            .collect();
+        let lens: Vec<f64> = tok
+            .encode_all(&sample)
+            .map_err(TrainError::from)?
+            .iter()
+            .map(|ids| ids.len() as f64)
+            .collect();
+        let n = lens.len().max(1) as f64;
+        Ok(super::PlanData {
+            labels,
+            train_examples,
+            vocab: tok.vocab_size(),
+            mean_tokens: lens.iter().sum::<f64>() / n,
+            mean_tokens_sq: lens.iter().map(|l| l * l).sum::<f64>() / n,
+            inputs: format!(
+                "tokenizer  {} (vocab {}, max-len {})",
+                crate::record::shown(&t.path),
+                tok.vocab_size(),
+                t.max_len
+            ),
+        })
     }
 
     fn load(

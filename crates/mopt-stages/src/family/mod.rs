@@ -14,6 +14,7 @@
 pub mod bert;
 pub mod cnn;
 pub mod image;
+pub mod llama;
 pub mod resnet;
 
 use std::any::{Any, TypeId};

@@ -1,0 +1,136 @@
+//! Llama decoder language models (`mopt_models::llama`) as a family: running text in windows
+//! ([`LmText`]), perplexity as the headline metric, and the generic `finetune` (next-token
+//! cross-entropy) and `prune` (Minitron's groups: query heads inside their KV group, KV groups,
+//! FFN channels, hidden channels, layers) capabilities. Written against the framework alone:
+//! no line of the runner or of a stage kind names it.
+//!
+//! `[model] config` is a GGUF file (its config and dequantized weights: the teacher) or a JSON
+//! config (random init, seeded by `[run] seed`: tiny models for tests and smoke runs).
+
+use std::path::Path;
+
+use burn::prelude::*;
+use mopt_core::Checkpoint;
+use mopt_models::llama::{load_gguf, LlamaConfig, LlamaForCausalLM as Model};
+use mopt_recipe::{Metric, ModelSpec, Recipe, Scope, TokenizerSpec};
+use mopt_train::trainer::save_checkpoint_dir;
+
+use super::{Capabilities, Family};
+use crate::data::lm::LmText;
+use crate::data::{DataSource, RunData};
+use crate::error::StageError;
+use crate::kinds::{finetune, prune};
+use crate::record::{measure_checkpoint, EvalSettings, ModelFacts};
+use crate::shape::Shape;
+
+/// The Llama family.
+pub struct Llama;
+
+fn is_gguf(path: &Path) -> bool {
+    path.extension().is_some_and(|x| x == "gguf")
+}
+
+/// The `[model]` table's config: from the GGUF's metadata or the JSON file; keys that only
+/// BERT reads are refused by name.
+fn config(m: &ModelSpec, scope: &Scope) -> Result<LlamaConfig, StageError> {
+    for (key, set) in [
+        ("weights", m.weights.is_some()),
+        ("dropout", m.dropout.is_some()),
+        (
+            "init-from-teacher-layers",
+            m.init_from_teacher_layers.is_some(),
+        ),
+    ] {
+        if set {
+            return Err(scope
+                .err(
+                    key,
+                    "a Llama `[model]` has no such setting",
+                    "remove it: `config` names a GGUF file (weights included) or a JSON config (random init)",
+                )
+                .into());
+        }
+    }
+    if is_gguf(&m.config) {
+        let gguf = mopt_gguf::Gguf::open(&m.config)
+            .map_err(|e| StageError::Unsupported(format!("{}: {e}", m.config.display())))?;
+        return Ok(mopt_models::llama::config_from_gguf(&gguf)?);
+    }
+    Ok(LlamaConfig::from_file(&m.config)?)
+}
+
+impl Family for Llama {
+    fn arch(&self) -> &'static str {
+        "llama"
+    }
+
+    fn data(&self) -> &'static dyn DataSource {
+        &LmText
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Perplexity
+    }
+
+    fn model_shape(
+        &self,
+        model: &ModelSpec,
+        _tokenizer: Option<&TokenizerSpec>,
+        scope: &Scope,
+        _labels: &[String],
+        _vocab: usize,
+    ) -> Result<Shape, StageError> {
+        Ok(Shape::new(config(model, scope)?))
+    }
+
+    fn build(
+        &self,
+        recipe: &Recipe,
+        data: &RunData,
+        device: &Device,
+        ckpt: &Path,
+    ) -> Result<(), StageError> {
+        let m = recipe
+            .model
+            .as_ref()
+            .expect("validated: [model] or [teacher]");
+        let config = config(m, &recipe.scope.nested("model"))?;
+        let model = if is_gguf(&m.config) {
+            load_gguf(&m.config, device)?.1
+        } else {
+            device.seed(recipe.run.seed);
+            Model::init(&config, device)
+        };
+        if config.vocab_size != data.labels().len() {
+            return Err(StageError::Unsupported(format!(
+                "{}: the model's vocabulary is {} tokens and the [tokenizer]'s {}: pair the model with its own tokenizer",
+                m.config.display(),
+                config.vocab_size,
+                data.labels().len()
+            )));
+        }
+        save_checkpoint_dir(&model, &config, data, ckpt)?;
+        Ok(())
+    }
+
+    fn read_shape(&self, dir: &Path) -> Result<Shape, StageError> {
+        Ok(Shape::new(LlamaConfig::from_file(
+            &dir.join("config.json"),
+        )?))
+    }
+
+    fn measure(
+        &self,
+        ckpt: &Path,
+        data: &RunData,
+        ev: &EvalSettings,
+    ) -> Result<(ModelFacts, Vec<Vec<f32>>), StageError> {
+        measure_checkpoint::<Model>(ckpt, data, ev, |m| m)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+            .with(finetune::capability::<Model>())
+            .with(prune::capability::<Model>())
+    }
+}
