@@ -101,6 +101,8 @@ fn a_tiny_llama_is_fine_tuned_and_pruned_under_a_perplexity_gate() {
     let recipe = write_recipe(dir.path());
     let check = mopt(&[recipe.to_str().unwrap(), "--check"]);
     assert!(check.status.success(), "{}", stderr(&check));
+    let plan = String::from_utf8_lossy(&check.stdout);
+    assert!(plan.contains("tiny-llama.json (random init)"), "{plan}");
     let out = mopt(&[recipe.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let run = dir.path().join("runs/lm");

@@ -98,17 +98,15 @@ impl Pipeline {
             ));
         }
         let m = r.model.as_ref().expect("validated");
-        let c = self.registry.recipe_family(r)?.model_shape(
+        let family = self.registry.recipe_family(r)?;
+        let c = family.model_shape(
             m,
             r.tokenizer.as_ref(),
             &r.scope.nested("model"),
             &labels.labels,
             vocab,
         )?;
-        let init = match &m.weights {
-            Some(w) => shown(w),
-            None => "random init".into(),
-        };
+        let init = family.weights_source(m);
         Ok((c, format!("[model] {} ({init})", shown(&m.config))))
     }
 

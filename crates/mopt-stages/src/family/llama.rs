@@ -128,6 +128,14 @@ impl Family for Llama {
         measure_checkpoint::<Model>(ckpt, data, ev, |m| m)
     }
 
+    /// A GGUF `config` carries the weights; a JSON one starts from random init.
+    fn weights_source(&self, model: &ModelSpec) -> String {
+        match is_gguf(&model.config) {
+            true => "its weights, dequantized".into(),
+            false => "random init".into(),
+        }
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
             .with(finetune::capability::<Model>())

@@ -83,6 +83,15 @@ pub trait Family: Send + Sync {
         Metric::Accuracy
     }
 
+    /// Where the recipe's `[model]` gets its weights, for the plan: its `weights` file, or
+    /// `random init` (the default's words).
+    fn weights_source(&self, model: &ModelSpec) -> String {
+        match &model.weights {
+            Some(w) => crate::record::shown(w),
+            None => "random init".into(),
+        }
+    }
+
     /// The stage capabilities of its models (none by default): `finetune`, `prune`, …, each
     /// one line (`.with(kinds::prune::capability::<M>())`).
     fn capabilities(&self) -> Capabilities {
