@@ -93,30 +93,30 @@ impl LmData {
             ));
         };
         let valid = valid.as_ref().expect("validated: text-files name `valid`");
-        let held_out = [works(valid, &[])?, works(test, &[])?].concat();
-        let works = [
-            works(train, &held_out)?,
-            works(valid, &[])?,
-            works(test, &[])?,
-        ];
+        let (valid_works, test_works) = (works(valid, &[])?, works(test, &[])?);
+        let held_out = [valid_works.as_slice(), test_works.as_slice()].concat();
+        let works = [works(train, &held_out)?, valid_works, test_works];
         let len = spec.max_len;
-        let pack = |files: &[PathBuf], limit: Option<usize>| -> Result<WindowSplit, StageError> {
-            let ids = encode(&tokenizer, files)?;
+        // At most `limit` windows of `ids`: `len + 1` ids for the first, `len` more for each next.
+        let pack = |ids: &[u32], limit: Option<usize>| -> Result<WindowSplit, StageError> {
             let ids = match limit {
                 Some(n) => &ids[..ids.len().min(n.saturating_mul(len).saturating_add(1))],
-                None => &ids[..],
+                None => ids,
             };
             WindowSplit::pack(ids, len, None).map_err(|e| input(&spec.path, e.to_string()))
         };
+        // The golden windows are the first validation windows: its works are encoded once.
+        let [train_ids, valid_ids, test_ids] = [0, 1, 2].map(|k| encode(&tokenizer, &works[k]));
+        let (train_ids, valid_ids, test_ids) = (train_ids?, valid_ids?, test_ids?);
         let (max_train, max_eval) = (recipe.data.max_train, recipe.data.max_eval);
         let labels = (0..tokenizer.vocab_size() as u32)
             .map(|i| tokenizer.token(i).unwrap_or("").to_string())
             .collect();
         Ok(Self {
-            train: pack(&works[0], max_train)?,
-            valid: pack(&works[1], max_eval)?,
-            test: pack(&works[2], max_eval)?,
-            golden: pack(&works[1], Some(golden.min(max_eval.unwrap_or(usize::MAX))))?,
+            train: pack(&train_ids, max_train)?,
+            valid: pack(&valid_ids, max_eval)?,
+            test: pack(&test_ids, max_eval)?,
+            golden: pack(&valid_ids, Some(golden.min(max_eval.unwrap_or(usize::MAX))))?,
             labels: LabelMap::new(labels),
             tokenizer: spec.path.clone(),
             works,
