@@ -25,7 +25,7 @@ use mopt_core::{
     Checkpoint, Classifier, FeatureMaps, MemoryEstimate, ModelConfig, ModelFault, Quantizable,
 };
 use mopt_data::ImageBatch;
-use mopt_export::graph::{int, GraphBuilder};
+use mopt_export::graph::{data, dims, int, GraphBuilder};
 use mopt_export::onnx::{dtype, value_info, Dim, ModelProto};
 use mopt_export::qdq::{dq_weight, qdq_activation, QdqCache};
 use mopt_export::{ExportError, Exportable, InputSpec};
@@ -188,12 +188,6 @@ impl GroupKind for Neurons {
     fn scopes(&self, c: &MlpConfig) -> usize {
         c.hidden.len()
     }
-    fn layer_scoped(&self) -> bool {
-        true
-    }
-    fn scope_path(&self, s: usize) -> String {
-        format!("hidden.{s}")
-    }
     fn units(&self, c: &MlpConfig, s: usize) -> usize {
         c.hidden[s]
     }
@@ -230,25 +224,15 @@ impl Quantizable for Mlp {
         MlpConfig { quant, ..c.clone() }
     }
     fn quant_slots(&mut self) -> Vec<QuantSlot<'_>> {
-        let layers = self
-            .layers
-            .iter_mut()
-            .zip(self.quant.iter_mut())
-            .enumerate();
-        layers
-            .map(|(i, (l, q))| QuantSlot::linear(format!("layers.{i}"), l, q))
-            .collect()
+        let pairs = self.layers.iter_mut().zip(self.quant.iter_mut());
+        let slot = |(i, (l, q))| QuantSlot::linear(format!("layers.{i}"), l, q);
+        pairs.enumerate().map(slot).collect()
     }
     fn quant_slots_ref(&self) -> Vec<QuantSlotRef<'_>> {
-        let layers = self.layers.iter().zip(&self.quant).enumerate();
-        layers
-            .map(|(i, (l, q))| QuantSlotRef::linear(format!("layers.{i}"), l, q))
-            .collect()
+        let pairs = self.layers.iter().zip(&self.quant);
+        let slot = |(i, (l, q))| QuantSlotRef::linear(format!("layers.{i}"), l, q);
+        pairs.enumerate().map(slot).collect()
     }
-}
-
-fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.into_data().convert::<f32>().try_to_vec().expect("f32")
 }
 
 impl Exportable for Mlp {
@@ -262,19 +246,18 @@ impl Exportable for Mlp {
         let (mut g, mut cache) = (GraphBuilder::default(), QdqCache::new());
         let mut x = g.op("Flatten", &["image"], vec![int("axis", 1)], "flatten");
         for (i, (l, q)) in self.layers.iter().zip(&self.quant).enumerate() {
-            let (w, name) = (l.weight.val(), format!("layers.{i}"));
-            let dims = w.dims();
-            let b = values(l.bias.as_ref().expect("bias").val());
-            let b = g.f32s(&format!("{name}.bias"), &[dims[1]], &b);
+            let (name, shape) = (format!("layers.{i}"), dims(&l.weight));
+            let b = data(l.bias.as_ref().expect("bias"));
+            let b = g.f32s(&format!("{name}.bias"), &[shape[1]], &b);
             x = match q {
                 None => {
-                    let w = g.f32s(&format!("{name}.weight"), &dims, &values(w));
+                    let w = g.f32s(&format!("{name}.weight"), &shape, &data(&l.weight));
                     g.op("Gemm", &[&x, &w, &b], vec![], &name)
                 }
                 Some(q) => {
                     let xq =
                         qdq_activation(&mut g, &x, &q.input, &format!("{name}.input"), &mut cache);
-                    let w = dq_weight(&mut g, &name, &dims, &values(w), &q.weight);
+                    let w = dq_weight(&mut g, &name, &shape, &data(&l.weight), &q.weight);
                     let y = g.op("MatMul", &[&xq, &w], vec![], &format!("{name}.matmul"));
                     g.op("Add", &[&y, &b], vec![], &name)
                 }

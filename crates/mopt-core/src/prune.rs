@@ -109,10 +109,16 @@ pub trait GroupKind: Sync {
     fn scopes(&self, config: &Self::Config) -> usize;
 
     /// Whether scope `s` is layer `s` (its path, ratios and ignored layers follow the layer).
-    fn layer_scoped(&self) -> bool;
+    /// True by default.
+    fn layer_scoped(&self) -> bool {
+        true
+    }
 
     /// The path ratios match against; `s` is the scope, or for layer-scoped kinds the layer.
-    fn scope_path(&self, s: usize) -> String;
+    /// `layers.{s}` by default.
+    fn scope_path(&self, s: usize) -> String {
+        format!("layers.{s}")
+    }
 
     /// Units in scope `s`.
     fn units(&self, config: &Self::Config, s: usize) -> usize;

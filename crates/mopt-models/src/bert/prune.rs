@@ -56,9 +56,6 @@ impl GroupKind for Heads {
     fn scopes(&self, c: &BertConfig) -> usize {
         c.num_hidden_layers
     }
-    fn layer_scoped(&self) -> bool {
-        true
-    }
     fn scope_path(&self, l: usize) -> String {
         format!("encoder.layer.{l}.attention")
     }
@@ -113,9 +110,6 @@ impl GroupKind for Ffn {
     }
     fn scopes(&self, c: &BertConfig) -> usize {
         c.num_hidden_layers
-    }
-    fn layer_scoped(&self) -> bool {
-        true
     }
     fn scope_path(&self, l: usize) -> String {
         format!("encoder.layer.{l}.ffn")

@@ -100,9 +100,6 @@ impl GroupKind for Heads {
     fn scopes(&self, c: &LlamaConfig) -> usize {
         c.num_hidden_layers
     }
-    fn layer_scoped(&self) -> bool {
-        true
-    }
     fn scope_path(&self, l: usize) -> String {
         format!("{}.attention", layer(l))
     }
@@ -152,9 +149,6 @@ impl GroupKind for KvGroups {
     fn scopes(&self, c: &LlamaConfig) -> usize {
         c.num_hidden_layers
     }
-    fn layer_scoped(&self) -> bool {
-        true
-    }
     fn scope_path(&self, l: usize) -> String {
         format!("{}.kv-groups", layer(l))
     }
@@ -195,9 +189,6 @@ impl GroupKind for Ffn {
     }
     fn scopes(&self, c: &LlamaConfig) -> usize {
         c.num_hidden_layers
-    }
-    fn layer_scoped(&self) -> bool {
-        true
     }
     fn scope_path(&self, l: usize) -> String {
         format!("{}.ffn", layer(l))
