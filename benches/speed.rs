@@ -415,7 +415,7 @@ fn prepare(bench: &Bench, work: &Path) -> Prepared {
         .collect();
     let distill_recipe = recipe(&bench.root, "distill_bert.toml");
     let stage = DistillStage::from_entry(&distill_recipe.stages[0]).expect("distill stage");
-    let (_, plan) = mopt_stages::family::bert::distill::student_config(
+    let (_, plan) = mopt_families::bert::distill::student_config(
         &stage,
         &config,
         &data.labels,

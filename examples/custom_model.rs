@@ -29,10 +29,10 @@ use mopt_export::graph::{data, dims, int, GraphBuilder};
 use mopt_export::onnx::{dtype, value_info, Dim, ModelProto};
 use mopt_export::qdq::{dq_weight, qdq_activation, QdqCache};
 use mopt_export::{ExportError, Exportable, InputSpec};
+use mopt_families::image::{ImageFamily, ImageModel};
 use mopt_models::burnpack::load_burnpack;
 use mopt_models::shape_file::{self, ShapeFile};
 use mopt_quant::node::{LinearQuant, Phase, QuantConfig};
-use mopt_stages::family::image::{ImageFamily, ImageModel};
 use mopt_stages::family::Capabilities;
 use mopt_stages::kinds::quantize;
 use serde::{Deserialize, Serialize};
@@ -301,6 +301,6 @@ impl ImageModel for Mlp {
 
 /// `mopt-train`'s whole command line, with the MLP family registered beside the shipped ones.
 fn main() -> std::process::ExitCode {
-    let registry = mopt::Registry::builtin().with_family(ImageFamily::<Mlp>::new());
+    let registry = mopt::builtin().with_family(ImageFamily::<Mlp>::new());
     mopt::cli::main(registry)
 }

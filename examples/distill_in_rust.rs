@@ -70,7 +70,7 @@ fn main() -> anyhow::Result<()> {
     // At most 5 points of validation accuracy below the teacher, else rolled back.
     let gate = GateSpec::max_drop(0.05, GateReference::Baseline);
     let train = recipe.train.clone();
-    let pipeline = Pipeline::shared(recipe)
+    let pipeline = Pipeline::shared(recipe, &mopt_families::builtin())
         .push("distill-2l", train.clone(), Some(gate), distill)
         .push("export", train, None, export);
     // `[run] device` and `devices` of the recipe, as the binary reads them.

@@ -33,9 +33,9 @@ fn main() -> anyhow::Result<()> {
         stage.train.epochs = 1;
     }
 
-    let device = DeviceSpec::Cpu;
+    let (device, registry) = (DeviceSpec::Cpu, mopt_families::builtin());
     let dir = recipe.run.run_dir();
-    let report = Pipeline::from_recipe(recipe.clone())?.run(&RunOptions {
+    let report = Pipeline::from_recipe(recipe.clone(), &registry)?.run(&RunOptions {
         force: true,
         ..RunOptions::new(device.clone())
     })?;
@@ -45,7 +45,7 @@ fn main() -> anyhow::Result<()> {
     );
 
     // Classify new text with the saved checkpoint.
-    let model = mopt_stages::Predictor::load(&recipe, &dir.join("best"))?;
+    let model = mopt_stages::Predictor::load(&registry, &recipe, &dir.join("best"))?;
     let sentences = [
         "a warm, funny and beautifully acted film",
         "a tedious, lifeless mess",

@@ -1,15 +1,15 @@
 //! `mopt-train`'s command line as a function of the families and stage kinds it knows:
-//! `mopt-train` is [`main`] with [`Registry::builtin`], and a program with a model family of its
+//! `mopt-train` is [`main`] with [`crate::builtin`], and a program with a model family of its
 //! own gets the whole command line (a run, `--check`, `--resume`, `--seeds`, `--max-steps`,
 //! `export`, `cache`, `lr-find`) with a main of a few lines:
 //!
 //! ```no_run
 //! # struct MyFamily;
-//! # fn my_family() -> mopt_stages::family::image::ImageFamily<mopt_models::cnn::Cnn> {
-//! #     mopt_stages::family::image::ImageFamily::new()
+//! # fn my_family() -> mopt_families::image::ImageFamily<mopt_models::cnn::Cnn> {
+//! #     mopt_families::image::ImageFamily::new()
 //! # }
 //! fn main() -> std::process::ExitCode {
-//!     mopt::cli::main(mopt::Registry::builtin().with_family(my_family()))
+//!     mopt::cli::main(mopt::builtin().with_family(my_family()))
 //! }
 //! ```
 //!
@@ -295,7 +295,7 @@ fn run_recipe(
     recipe: mopt_recipe::Recipe,
     args: &RunArgs,
 ) -> anyhow::Result<Option<mopt_stages::report::PipelineReport>> {
-    let pipeline = mopt_stages::Pipeline::from_recipe_with(recipe, registry)?;
+    let pipeline = mopt_stages::Pipeline::from_recipe(recipe, registry)?;
     let (device, replicas) = mopt_stages::recipe_devices(&pipeline.recipe, args.device.as_deref())?;
     if args.check {
         print!("{}", pipeline.check(&device)?);

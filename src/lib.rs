@@ -6,4 +6,5 @@
 
 pub mod cli;
 
+pub use mopt_families::builtin;
 pub use mopt_stages::Registry;

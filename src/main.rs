@@ -2,5 +2,5 @@
 //! (the command line is [`mopt::cli`]).
 
 fn main() -> std::process::ExitCode {
-    mopt::cli::main(mopt::Registry::builtin())
+    mopt::cli::main(mopt::builtin())
 }

@@ -129,7 +129,7 @@ fn every_recipe_snippet_in_the_book_validates() {
         let checked = mopt_recipe::parse(&at, &recipe)
             .map_err(|e| e.to_string())
             .and_then(|r| {
-                mopt_stages::Pipeline::from_recipe(r)
+                mopt_stages::Pipeline::from_recipe(r, &mopt_families::builtin())
                     .map(|_| ())
                     .map_err(|e| e.to_string())
             });

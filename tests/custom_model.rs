@@ -14,10 +14,10 @@ use burn::prelude::*;
 use custom_model::Mlp;
 use mopt::Registry;
 use mopt_core::{Checkpoint, Quantizable};
-use mopt_stages::family::image::ImageFamily;
+use mopt_families::image::ImageFamily;
 
 fn registry() -> Registry {
-    Registry::builtin().with_family(ImageFamily::<Mlp>::new())
+    mopt_families::builtin().with_family(ImageFamily::<Mlp>::new())
 }
 
 /// The shipped recipe and its shape files copied into `dir`, its data path made absolute and
@@ -62,7 +62,7 @@ fn a_family_of_its_own_runs_a_five_stage_recipe_through_the_runner() {
     let r = recipe.to_str().unwrap();
 
     // The plan, without running: every stage sees the MLP's shapes.
-    let pipeline = mopt_stages::Pipeline::load_with(&recipe, &registry()).unwrap();
+    let pipeline = mopt_stages::Pipeline::load(&recipe, &registry()).unwrap();
     let plan = pipeline.check(&mopt_train::DeviceSpec::Cpu).unwrap();
     for needle in [
         "[784, 256, 10]",
@@ -77,7 +77,7 @@ fn a_family_of_its_own_runs_a_five_stage_recipe_through_the_runner() {
     assert_eq!(run(&[r, "--check"]), 0);
     assert!(!tmp.path().join("runs").exists(), "--check wrote nothing");
     // mopt-train's own registry does not know the family: a clear error naming the key.
-    let err = mopt_stages::Pipeline::load(&recipe)
+    let err = mopt_stages::Pipeline::load(&recipe, &mopt_families::builtin())
         .err()
         .unwrap()
         .to_string();

@@ -13,8 +13,8 @@ use mopt_distill::pipeline::{teacher_source, with_word_table, TeacherOutputs};
 use mopt_distill::spec::DistillSpec;
 use mopt_distill::task::ExtraTerm;
 use mopt_distill::{DistillModel, DistillTask, TeacherSource};
+use mopt_families::bert::distill::init_student;
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
-use mopt_stages::family::bert::distill::init_student;
 use mopt_stages::kinds::distill::DistillStage;
 use mopt_train::setup::prepare_data;
 use mopt_train::trainer::Task;
@@ -178,7 +178,7 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
         Some(labels),
     )
     .unwrap();
-    let (config, plan) = mopt_stages::family::bert::distill::student_config(
+    let (config, plan) = mopt_families::bert::distill::student_config(
         &stage,
         &teacher_config,
         &prepared.data.labels,

@@ -142,7 +142,7 @@ fn shipped_recipes_validate() {
                     p.display()
                 );
             }
-            mopt_stages::Pipeline::from_recipe(r)
+            mopt_stages::Pipeline::from_recipe(r, &mopt_families::builtin())
                 .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             n += 1;
         }
@@ -154,7 +154,7 @@ fn shipped_recipes_validate() {
 fn pipeline_err(p: &std::path::Path, src: &str) -> String {
     let e = match parse(p, src) {
         Err(e) => return e.to_string(),
-        Ok(r) => match mopt_stages::Pipeline::from_recipe(r) {
+        Ok(r) => match mopt_stages::Pipeline::from_recipe(r, &mopt_families::builtin()) {
             Err(e) => e.to_string(),
             Ok(_) => panic!("accepted:\n{src}"),
         },

@@ -679,7 +679,9 @@ fn reuse_follows_the_stages_as_declared_in_rust_not_the_recipe_text() {
         assert!(out.status.success(), "{}", stderr(&out));
     };
     let rust_run = |name: &str| {
-        let mut p = Pipeline::load(&recipe).unwrap().named(name);
+        let mut p = Pipeline::load(&recipe, &mopt_families::builtin())
+            .unwrap()
+            .named(name);
         p.stages[0].0.train.lr = 2e-3;
         p.run(&RunOptions::new(mopt_train::DeviceSpec::Cpu))
             .unwrap();
@@ -737,7 +739,7 @@ fn an_error_inside_a_stage_pushed_in_rust_names_that_stage() {
 
     let tmp = tempfile::tempdir().unwrap();
     let recipe = write_pipeline(tmp.path(), "pushed", "");
-    let p = Pipeline::load(&recipe).unwrap();
+    let p = Pipeline::load(&recipe, &mopt_families::builtin()).unwrap();
     let train = p.recipe.train.clone();
     let err = p
         .push("my-step", train, None, Fails)
@@ -757,7 +759,8 @@ fn a_trained_checkpoint_classifies_new_text_through_the_predict_api() {
     let recipe = mopt_recipe::load(tmp.path().join("tiny.toml")).unwrap();
     let run = recipe.run.run_dir();
     let report = read_json(&run.join("report.json"));
-    let model = mopt_stages::Predictor::load(&recipe, &run.join("best")).unwrap();
+    let model = mopt_stages::Predictor::load(&mopt_families::builtin(), &recipe, &run.join("best"))
+        .unwrap();
     assert_eq!(model.labels(), ["fresh", "rotten"]);
     // The run's own validation texts, classified from their raw text: the accuracy is the one
     // the run recorded for its final model (same tokenizer settings, same label order).
@@ -829,8 +832,18 @@ fn vocab_stage_keeps_the_training_tokens_and_any_text_still_classifies() {
     // A training sentence reads the same rows as before; words the training split never used
     // read [UNK] and the text still classifies.
     let recipe = mopt_recipe::load(&recipe).unwrap();
-    let pruned = mopt_stages::Predictor::load(&recipe, &run.join("02-vocab/model")).unwrap();
-    let full = mopt_stages::Predictor::load(&recipe, &run.join("01-finetune/best")).unwrap();
+    let pruned = mopt_stages::Predictor::load(
+        &mopt_families::builtin(),
+        &recipe,
+        &run.join("02-vocab/model"),
+    )
+    .unwrap();
+    let full = mopt_stages::Predictor::load(
+        &mopt_families::builtin(),
+        &recipe,
+        &run.join("01-finetune/best"),
+    )
+    .unwrap();
     let seen = mopt_data::load_splits(&recipe.data).unwrap().train[0]
         .text
         .clone();

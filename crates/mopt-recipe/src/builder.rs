@@ -1016,7 +1016,7 @@ analysis = false
             .unwrap();
         assert_eq!(format!("{built:?}"), format!("{from_file:?}"));
         assert_eq!(built.config, repo.0.join(CONFIG));
-        assert_eq!(built.arch, "bert");
+        assert_eq!(built.arch, None, "no arch written: the run's family");
         assert_eq!(built.init_from_teacher_layers, Some(vec![0, 2, 4]));
         assert_eq!(built.overrides.num_hidden_layers, Some(3));
         let e = invalid(

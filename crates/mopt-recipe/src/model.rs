@@ -6,15 +6,13 @@ use crate::error::RecipeError;
 use crate::raw::RawModel;
 use crate::scope::Scope;
 
-/// The architecture a recipe asks for when `[model] arch` is absent.
-pub const DEFAULT_ARCH: &str = "bert";
-
 /// `[model]`: what to build and which weights to load.
 #[derive(Debug, Clone)]
 pub struct ModelSpec {
-    /// `arch` as the recipe writes it (default [`DEFAULT_ARCH`]); the stage runner resolves it
-    /// against its registered model families (an unknown name is an error there).
-    pub arch: String,
+    /// `arch` as the recipe writes it; the stage runner resolves it against its registered
+    /// model families (an unknown name is an error there). `None`: the run's family (a
+    /// student's, its teacher's; a recipe's, its teacher checkpoint's or the registry's default).
+    pub arch: Option<String>,
     /// HF `config.json` (or a mopt checkpoint's `config.json`).
     pub config: PathBuf,
     /// HF safetensors or a mopt checkpoint (`.bpk`); `None` = random init.
@@ -48,7 +46,7 @@ pub struct ModelOverrides {
 
 /// Validate a model table; `cx` is the scope of the table itself (`model.` or `stage[2].student.`).
 pub fn model_spec(cx: &Scope, raw: RawModel) -> Result<ModelSpec, RecipeError> {
-    let arch = raw.arch.clone().unwrap_or_else(|| DEFAULT_ARCH.to_string());
+    let arch = raw.arch.clone();
     let config = cx.input_file("config", &raw.config)?;
     let weights = match &raw.weights {
         Some(w) => Some(cx.input_file("weights", w)?),

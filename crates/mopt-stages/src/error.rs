@@ -93,7 +93,8 @@ impl StageError {
         }
     }
 
-    pub(crate) fn io(path: &std::path::Path, e: std::io::Error) -> Self {
+    /// A file-system error on `path`.
+    pub fn io(path: &std::path::Path, e: std::io::Error) -> Self {
         StageError::Train(TrainError::Io {
             path: path.display().to_string(),
             source: e,

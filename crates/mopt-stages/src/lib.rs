@@ -10,18 +10,20 @@
 //! sha256. One `report.md`/`report.json` with `chart.svg` covers the whole run.
 //!
 //! Model families and stage kinds are looked up in a [`Registry`] the program passes in
-//! ([`Registry::builtin`] is what `mopt-train` ships; [`Pipeline::load_with`] takes one with a
-//! family of the program's own). Stage kinds own their recipe keys and their runner; Rust
-//! programs add their own stages with [`Pipeline::push`].
+//! (`mopt_families::builtin()` is what `mopt-train` ships, and a program adds its own family to
+//! it). Stage kinds own their recipe keys and their runner; Rust programs add their own stages
+//! with [`Pipeline::push`].
 //!
 //! ```no_run
-//! use mopt_stages::{Pipeline, RunOptions};
+//! use mopt_stages::{Pipeline, Registry, RunOptions};
 //! use mopt_train::DeviceSpec;
-//! let pipeline = Pipeline::load("recipes/distill_bert.toml")?;
+//! # fn run(registry: &Registry) -> Result<(), mopt_stages::StageError> {
+//! let pipeline = Pipeline::load("recipes/distill_bert.toml", registry)?;
 //! print!("{}", pipeline.check(&DeviceSpec::Cpu)?);
 //! let report = pipeline.run(&RunOptions::new(DeviceSpec::Cpu))?;
 //! println!("final model: test accuracy {:.4}", report.final_model.test.accuracy);
-//! # Ok::<(), mopt_stages::StageError>(())
+//! # Ok(())
+//! # }
 //! ```
 
 #![deny(missing_docs)]
@@ -68,24 +70,14 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Read and validate a recipe, every stage with its kind, with the shipped families and
-    /// kinds ([`Registry::builtin`]).
-    pub fn load(path: impl AsRef<Path>) -> Result<Self, StageError> {
-        Self::load_with(path, &Registry::builtin())
-    }
-
-    /// Read and validate a recipe with the families and kinds of `registry`.
-    pub fn load_with(path: impl AsRef<Path>, registry: &Registry) -> Result<Self, StageError> {
-        Self::from_recipe_with(mopt_recipe::load(path)?, registry)
-    }
-
-    /// Validate the stages of a loaded recipe with the shipped kinds ([`Registry::builtin`]).
-    pub fn from_recipe(recipe: Recipe) -> Result<Self, StageError> {
-        Self::from_recipe_with(recipe, &Registry::builtin())
+    /// Read and validate a recipe, every stage with its kind, with the families and kinds of
+    /// `registry` (`mopt_families::builtin()`: what `mopt-train` ships).
+    pub fn load(path: impl AsRef<Path>, registry: &Registry) -> Result<Self, StageError> {
+        Self::from_recipe(mopt_recipe::load(path)?, registry)
     }
 
     /// Validate the stages of a loaded recipe with the kinds and families of `registry`.
-    pub fn from_recipe_with(recipe: Recipe, registry: &Registry) -> Result<Self, StageError> {
+    pub fn from_recipe(recipe: Recipe, registry: &Registry) -> Result<Self, StageError> {
         let parsed =
             stage::parse_stages(registry, &recipe.stages, registry.recipe_family(&recipe)?)?;
         let stages = recipe.stages.iter().cloned().zip(parsed).collect();
@@ -96,21 +88,15 @@ impl Pipeline {
         })
     }
 
-    /// The recipe's shared sections with no stages yet (for pipelines declared in Rust), with
-    /// the shipped families ([`Pipeline::with_registry`] to use others).
-    pub fn shared(mut recipe: Recipe) -> Self {
+    /// The recipe's shared sections with no stages yet (for pipelines declared in Rust), its
+    /// families looked up in `registry`.
+    pub fn shared(mut recipe: Recipe, registry: &Registry) -> Self {
         recipe.stages.clear();
         Self {
             recipe,
             stages: Vec::new(),
-            registry: Registry::builtin(),
+            registry: registry.clone(),
         }
-    }
-
-    /// Look the recipe's families up in `registry` instead.
-    pub fn with_registry(mut self, registry: &Registry) -> Self {
-        self.registry = registry.clone();
-        self
     }
 
     /// Append a stage declared in Rust: `name` names its folder, `train` its training settings

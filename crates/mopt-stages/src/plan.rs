@@ -82,7 +82,7 @@ impl Pipeline {
                 ));
             }
             let path = t.recipe.as_ref().expect("validated");
-            let teacher = Pipeline::load_with(path, &self.registry)?;
+            let teacher = Pipeline::load(path, &self.registry)?;
             let chain = teacher.plan_chain()?;
             let out = chain
                 .stages

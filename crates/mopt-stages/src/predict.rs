@@ -1,9 +1,10 @@
 //! Classify new text with a trained checkpoint of any registered family:
 //!
 //! ```no_run
-//! # fn main() -> Result<(), mopt_stages::StageError> {
+//! # fn run(registry: &mopt_stages::Registry) -> Result<(), mopt_stages::StageError> {
 //! let recipe = mopt_recipe::load("recipes/distill_bert.toml")?;
-//! let model = mopt_stages::Predictor::load(&recipe, "checkpoints/distill-bert/best".as_ref())?;
+//! let best = "checkpoints/distill-bert/best".as_ref();
+//! let model = mopt_stages::Predictor::load(registry, &recipe, best)?;
 //! for p in model.predict(&["a warm, funny film", "a tedious mess"])? {
 //!     println!("{} ({:.2})", p.label, p.probability);
 //! }
@@ -81,13 +82,8 @@ pub struct Predictor {
 
 impl Predictor {
     /// The checkpoint folder `checkpoint` (a run's `best`, a stage's model), tokenised as
-    /// `recipe`'s `[tokenizer]` says, on the CPU (the shipped families).
-    pub fn load(recipe: &Recipe, checkpoint: &Path) -> Result<Self, StageError> {
-        Self::load_with(&Registry::builtin(), recipe, checkpoint)
-    }
-
-    /// [`Predictor::load`] with the recipe's family looked up in `registry`.
-    pub fn load_with(
+    /// `recipe`'s `[tokenizer]` says, on the CPU, the recipe's family looked up in `registry`.
+    pub fn load(
         registry: &Registry,
         recipe: &Recipe,
         checkpoint: &Path,

@@ -1,15 +1,12 @@
-//! The model families and stage kinds a run can name, as a value: [`Registry::builtin`] is what
-//! `mopt-train` ships, and a program of its own adds its families (and stage kinds) to it before
-//! it loads a recipe, without editing a mopt crate:
+//! The model families and stage kinds a run can name, as a value: [`Registry::builtin_kinds`]
+//! holds the stage kinds this crate ships, `mopt_families::builtin()` adds the shipped
+//! families (what `mopt-train` runs with), and a program of its own adds its families (and
+//! stage kinds) before it loads a recipe, without editing a mopt crate:
 //!
-//! ```no_run
-//! use mopt_stages::{Pipeline, Registry};
-//! # fn my_family() -> mopt_stages::family::image::ImageFamily<mopt_models::cnn::Cnn> {
-//! #     mopt_stages::family::image::ImageFamily::new()
-//! # }
-//! let registry = Registry::builtin().with_family(my_family());
-//! let pipeline = Pipeline::load_with("recipe.toml", &registry)?;
-//! # Ok::<(), mopt_stages::StageError>(())
+//! ```ignore
+//! use mopt_stages::Pipeline;
+//! let registry = mopt_families::builtin().with_family(my_family());
+//! let pipeline = Pipeline::load("recipe.toml", &registry)?;
 //! ```
 //!
 //! The runner, `--check`, predict, the report and export look families up here, never in a
@@ -18,9 +15,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use mopt_recipe::{Recipe, RecipeError, DEFAULT_ARCH};
+use mopt_recipe::{Recipe, RecipeError};
 
-use crate::family::{bert, cnn, llama, resnet, Family, FamilyEntry};
+use crate::family::{Family, FamilyEntry};
 use crate::kinds;
 use crate::stage::StageKind;
 
@@ -29,6 +26,7 @@ use crate::stage::StageKind;
 pub struct Registry {
     families: Vec<Arc<FamilyEntry>>,
     kinds: Vec<Arc<dyn StageKind>>,
+    default_family: Option<&'static str>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -49,14 +47,10 @@ impl Registry {
         Self::default()
     }
 
-    /// What `mopt-train` ships: the BERT, ResNet, CNN and Llama families and every stage kind, in the
-    /// order the book (docs/src/stages/) lists the kinds.
-    pub fn builtin() -> Self {
+    /// Every stage kind this crate ships, in the order the book (docs/src/stages/) lists them,
+    /// and no family (`mopt_families::builtin()` adds the shipped ones).
+    pub fn builtin_kinds() -> Self {
         Self::empty()
-            .with_family(bert::Bert)
-            .with_family(resnet::RESNET)
-            .with_family(cnn::CNN)
-            .with_family(llama::Llama)
             .with_kind(kinds::finetune::Finetune)
             .with_kind(kinds::checkpoint::CheckpointKind)
             .with_kind(kinds::distill::Distill)
@@ -81,6 +75,14 @@ impl Registry {
             );
         }
         self.families.push(Arc::new(FamilyEntry::new(family)));
+        self
+    }
+
+    /// The family of a recipe that names no architecture (no `[model] arch`, and no teacher
+    /// checkpoint naming its `model_type`). Without one such a recipe is an error asking for
+    /// `arch`.
+    pub fn with_default_family(mut self, arch: &'static str) -> Self {
+        self.default_family = Some(arch);
         self
     }
 
@@ -120,8 +122,8 @@ impl Registry {
     }
 
     /// The family of a recipe: its `[model] arch`, or for a recipe that continues from a
-    /// `[teacher]` checkpoint, the family that checkpoint's `config.json` names (`model_type`;
-    /// BERT when it names none). An unknown name is an error naming the key and the registered
+    /// `[teacher]` checkpoint, the family that checkpoint's `config.json` names (`model_type`),
+    /// else the registry's default family ([`Registry::with_default_family`]). An unknown name is an error naming the key and the registered
     /// families; so is data of another modality than the family reads.
     pub fn recipe_family(&self, recipe: &Recipe) -> Result<&FamilyEntry, RecipeError> {
         let f = self.named_family(recipe)?;
@@ -143,7 +145,7 @@ impl Registry {
     }
 
     fn named_family(&self, recipe: &Recipe) -> Result<&FamilyEntry, RecipeError> {
-        let Some(m) = &recipe.model else {
+        let Some(arch) = recipe.model.as_ref().and_then(|m| m.arch.as_deref()) else {
             // The teacher's family: its checkpoint's, or the family of the recipe that trains it.
             let Some(t) = &recipe.teacher else {
                 return self.default_family(recipe);
@@ -156,23 +158,27 @@ impl Registry {
                 None => self.default_family(recipe),
             };
         };
-        self.family(&m.arch)
-            .ok_or_else(|| self.unknown(recipe, "arch", &m.arch))
+        self.family(arch)
+            .ok_or_else(|| self.unknown(recipe, &format!("unknown architecture `{arch}`")))
     }
 
-    /// The family of a recipe that names none (BERT's, when registered).
+    /// The family of a recipe that names none.
     fn default_family(&self, recipe: &Recipe) -> Result<&FamilyEntry, RecipeError> {
-        self.family(DEFAULT_ARCH)
-            .ok_or_else(|| self.unknown(recipe, "arch", DEFAULT_ARCH))
+        match self.default_family {
+            Some(arch) => self
+                .family(arch)
+                .ok_or_else(|| self.unknown(recipe, &format!("unknown architecture `{arch}`"))),
+            None => Err(self.unknown(recipe, "the recipe names no architecture")),
+        }
     }
 
-    fn unknown(&self, recipe: &Recipe, key: &str, arch: &str) -> RecipeError {
+    fn unknown(&self, recipe: &Recipe, what: &str) -> RecipeError {
         let known: Vec<String> = self.families().map(|f| format!("`{}`", f.arch())).collect();
         recipe.scope.nested("model").err(
-            key,
-            format!("unknown architecture `{arch}`"),
+            "arch",
+            what,
             format!(
-                "use one of {} (a model family of your own is added to the registry your program passes to the runner: `Registry::builtin().with_family(..)`)",
+                "use one of {} (a model family of your own is added to the registry your program passes to the runner: `mopt_families::builtin().with_family(..)`)",
                 known.join(", ")
             ),
         )

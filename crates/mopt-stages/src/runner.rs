@@ -707,7 +707,7 @@ pub fn obtain_checkpoint(
     if ckpt.join("model.bpk").is_file() {
         return Ok((ckpt.to_path_buf(), format!("{} (reused)", shown(ckpt))));
     }
-    let producer = Pipeline::load_with(recipe, registry)?;
+    let producer = Pipeline::load(recipe, registry)?;
     let mut popts = RunOptions {
         force: false,
         resume: true,

@@ -1,7 +1,7 @@
 //! The stage abstraction: a stage takes a checkpoint in and gives a checkpoint out plus facts for
 //! the report. A stage *kind* owns its recipe keys (schema and validation) and builds the stage;
 //! adding a kind is one module and one [`crate::Registry::with_kind`] (the shipped ones:
-//! [`crate::Registry::builtin`]).
+//! [`crate::Registry::builtin_kinds`]).
 
 use std::path::{Path, PathBuf};
 

@@ -1,6 +1,7 @@
 //! The crate's modules are layered: no module reaches, through its `crate::` / `super::` paths,
-//! a module that reaches it back. Above all, the stage kinds never name a family: a family
-//! registers the capabilities the kinds declare, and the registry and runner sit above both.
+//! a module that reaches it back. The stage kinds never name a family: the families live in
+//! crates above this one (`mopt-families`, a user's own), which Cargo keeps from being reached
+//! from here, and register the capabilities the kinds declare.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -133,12 +134,7 @@ fn no_module_reaches_one_that_reaches_it_back() {
         graph["kinds::prune"]
     );
     assert!(
-        graph["family::bert"].contains("kinds::prune"),
-        "{:?}",
-        graph["family::bert"]
-    );
-    assert!(
-        graph["registry"].contains("family::bert"),
+        graph["registry"].contains("family"),
         "{:?}",
         graph["registry"]
     );
@@ -159,12 +155,10 @@ fn no_module_reaches_one_that_reaches_it_back() {
         .map(|m| m.to_string())
         .collect();
     assert!(circles.is_empty(), "modules in a circle: {circles:?}");
-    // No stage kind reaches a family's own module.
-    for (m, _) in graph.iter().filter(|(m, _)| m.starts_with("kinds")) {
-        let families: Vec<String> = reach(m)
-            .into_iter()
-            .filter(|t| t.starts_with("family::"))
-            .collect();
-        assert!(families.is_empty(), "{m} reaches {families:?}");
-    }
+    // No family lives in this crate: only the trait and its entry (`family`).
+    let families: Vec<&String> = names.iter().filter(|m| m.starts_with("family::")).collect();
+    assert!(
+        families.is_empty(),
+        "family modules in mopt-stages: {families:?}"
+    );
 }

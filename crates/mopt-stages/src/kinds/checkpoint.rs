@@ -87,7 +87,7 @@ impl Stage for CheckpointStage {
                 .recipe
                 .as_ref()
                 .expect("validated: recipe or checkpoint");
-            let chain = Pipeline::load_with(recipe, cx.registry)?.plan_chain()?;
+            let chain = Pipeline::load(recipe, cx.registry)?.plan_chain()?;
             let out = chain
                 .stages
                 .last()

@@ -1,8 +1,8 @@
 //! `kind = "distill"`: distil the input model (the teacher) into the student declared in
 //! `[stage.student]`, with KD on logits plus any `[[stage.match]]` intermediate matches; the
 //! hard-label twin (same init, same budget, no teacher) is trained too when `baseline = true`.
-//! This file owns the recipe keys; the family runs the stage (`Family::distill`; BERT's in
-//! `family/bert/distill.rs`).
+//! This file owns the recipe keys; the family runs the stage (`CanDistill`; BERT's in
+//! `mopt-families/src/bert/distill.rs`).
 
 use std::path::Path;
 
@@ -416,7 +416,8 @@ impl StageKind for Distill {
     }
 }
 
-pub(crate) fn match_line(m: &MatchSpec) -> String {
+/// A feature match as its `[[stage.match]]` line reads (the `--check` plan prints it).
+pub fn match_line(m: &MatchSpec) -> String {
     let feature = match m.feature {
         Feature::Hidden => "hidden",
         Feature::AttentionProbs => "attention",

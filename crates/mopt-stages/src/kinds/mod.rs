@@ -1,4 +1,4 @@
-//! The stage kinds. A new kind is a module here plus one line in [`crate::Registry::builtin`]
+//! The stage kinds. A new kind is a module here plus one line in [`crate::Registry::builtin_kinds`]
 //! (a program registers a kind of its own with [`crate::Registry::with_kind`]).
 
 pub mod checkpoint;

@@ -167,7 +167,7 @@ fn text_files_refuse_what_a_language_model_has_no_use_for() {
     );
     let text = format!("{base}{keys}").replace("arch = \"llama\"", "arch = \"bert\"");
     let r = mopt_recipe::parse(&path, &text).unwrap();
-    let err = mopt_stages::Pipeline::from_recipe(r)
+    let err = mopt_stages::Pipeline::from_recipe(r, &mopt_families::builtin())
         .err()
         .expect("bert on running text")
         .to_string();

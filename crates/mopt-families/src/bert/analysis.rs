@@ -7,8 +7,8 @@ use std::time::Instant;
 use burn::prelude::*;
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
 
-use crate::analysis::{Analysis, ModuleRow};
-use crate::error::StageError;
+use mopt_stages::analysis::{Analysis, ModuleRow};
+use mopt_stages::StageError;
 
 /// Seconds spent in each module over `runs` forward passes at `[batch, seq]`.
 fn module_times(

@@ -12,16 +12,16 @@ use mopt_train::trainer::save_checkpoint_dir;
 pub mod analysis;
 pub mod distill;
 
-use super::{Capabilities, Family};
-use crate::data::text::{Text, TextData};
-use crate::data::{DataSource, RunData};
-use crate::error::StageError;
-use crate::kinds::distill::{CanDistill, DistillStage};
-use crate::kinds::vocab::{CanPruneVocab, Corpus, VocabStage};
-use crate::kinds::{export, finetune, prune, quantize};
-use crate::record::{measure_checkpoint, EvalSettings, ModelFacts};
-use crate::shape::Shape;
-use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
+use mopt_stages::data::text::{Text, TextData};
+use mopt_stages::data::{DataSource, RunData};
+use mopt_stages::family::{Capabilities, Family};
+use mopt_stages::kinds::distill::{CanDistill, DistillStage};
+use mopt_stages::kinds::vocab::{CanPruneVocab, Corpus, VocabStage};
+use mopt_stages::kinds::{export, finetune, prune, quantize};
+use mopt_stages::record::{measure_checkpoint, EvalSettings, ModelFacts};
+use mopt_stages::shape::Shape;
+use mopt_stages::stage::{PlanContext, StageContext, StageOutput, StagePlan};
+use mopt_stages::StageError;
 
 /// The BERT family.
 pub struct Bert;
@@ -84,7 +84,7 @@ impl Family for Bert {
         size: usize,
         runs: usize,
         device: &burn::prelude::Device,
-    ) -> Result<Option<crate::analysis::Analysis>, StageError> {
+    ) -> Result<Option<mopt_stages::analysis::Analysis>, StageError> {
         Ok(Some(analysis::analyse(ckpt, size, runs, device)?))
     }
 
@@ -122,7 +122,7 @@ impl Family for Bert {
             .with::<dyn CanPruneVocab>(Box::new(BertVocab))
             .with::<dyn CanDistill>(Box::new(BertDistill))
             .with(export::capability::<Model>(onnx::input_notes))
-            .with(crate::predict::capability::<Model>())
+            .with(mopt_stages::predict::capability::<Model>())
     }
 }
 

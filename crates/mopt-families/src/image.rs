@@ -2,7 +2,7 @@
 //! distillation (logits, or feature maps with the teacher live), channel pruning, export and
 //! ONNX Runtime latency through the generic kinds; more (quantization) where the model type
 //! adds it. A model type joins by implementing [`ImageModel`] (its arch name; its config a
-//! [`ShapeFile`]) in one file and registering `ImageFamily::<M>::new()` ([`crate::Registry`]).
+//! [`ShapeFile`]) in one file and registering `ImageFamily::<M>::new()` ([`mopt_stages::Registry`]).
 
 use std::marker::PhantomData;
 use std::path::Path;
@@ -18,15 +18,15 @@ use mopt_recipe::{ModelSpec, Recipe, RecipeError, Scope, StageEntry, TokenizerSp
 use mopt_train::trainer::save_checkpoint_dir;
 use mopt_train::TrainError;
 
-use super::{Capabilities, Family};
-use crate::data::image::Images;
-use crate::data::{DataSource, RunData};
-use crate::error::StageError;
-use crate::kinds::distill::{CanDistill, DistillStage};
-use crate::kinds::{export, finetune, kd_maps, kd_student, prune};
-use crate::record::{measure_checkpoint, EvalSettings, ModelFacts};
-use crate::shape::Shape;
-use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
+use mopt_stages::data::image::Images;
+use mopt_stages::data::{DataSource, RunData};
+use mopt_stages::family::{Capabilities, Family};
+use mopt_stages::kinds::distill::{CanDistill, DistillStage};
+use mopt_stages::kinds::{export, finetune, kd_maps, kd_student, prune};
+use mopt_stages::record::{measure_checkpoint, EvalSettings, ModelFacts};
+use mopt_stages::shape::Shape;
+use mopt_stages::stage::{PlanContext, StageContext, StageOutput, StagePlan};
+use mopt_stages::StageError;
 
 /// An image classifier type that runs as a family: the contracts it implements (its config a
 /// [`ShapeFile`]) and its arch name; quantization is optional.
@@ -112,14 +112,10 @@ fn student_config<M: ImageModel>(
     labels: &[String],
 ) -> Result<M::Config, StageError> {
     let scope = stage.scope.nested("student");
-    if stage.student.arch != M::ARCH {
+    if let Some(arch) = stage.student.arch.as_deref().filter(|a| *a != M::ARCH) {
         return Err(TrainError::from(scope.err(
             "arch",
-            format!(
-                "the student is a `{}`, the teacher {}",
-                stage.student.arch,
-                M::NAME
-            ),
+            format!("the student is a `{arch}`, the teacher {}", M::NAME),
             format!(
                 "set [stage.student] arch = \"{}\" and a shape file of it as `config`",
                 M::ARCH

@@ -2,7 +2,7 @@
 
 use mopt_models::cnn::{Cnn, CnnConfig};
 
-use super::image::{ImageFamily, ImageModel};
+use crate::image::{ImageFamily, ImageModel};
 
 /// The plain-CNN family.
 pub const CNN: ImageFamily<Cnn> = ImageFamily::new();

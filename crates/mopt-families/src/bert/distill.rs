@@ -21,12 +21,12 @@ use mopt_train::trainer::{fit, RunContext};
 use mopt_train::TrainError;
 use serde_json::json;
 
-use crate::data::text::TextData;
-use crate::error::StageError;
-use crate::kinds::distill::{match_line, DistillStage};
-use crate::plan::train_settings;
-use crate::shape::Shape;
-use crate::stage::{PlanContext, StageContext, StageOutput, StagePlan};
+use mopt_stages::data::text::TextData;
+use mopt_stages::kinds::distill::{match_line, DistillStage};
+use mopt_stages::plan::train_settings;
+use mopt_stages::shape::Shape;
+use mopt_stages::stage::{PlanContext, StageContext, StageOutput, StagePlan};
+use mopt_stages::StageError;
 
 /// Check the student against the teacher (vocabulary, layer maps, widths, heads, layer init) and
 /// resolve the matches. Errors name keys of the distill stage `cx` and its student table.
@@ -104,15 +104,13 @@ pub fn student_config(
     tokenizer: &mopt_recipe::TokenizerSpec,
     vocab: usize,
 ) -> Result<(BertConfig, MatchPlan), StageError> {
-    use crate::family::Family;
+    use mopt_stages::family::Family;
     let bert = super::Bert;
-    if stage.student.arch != bert.arch() && !bert.aliases().contains(&stage.student.arch.as_str()) {
+    let named = stage.student.arch.as_deref();
+    if let Some(arch) = named.filter(|a| *a != bert.arch() && !bert.aliases().contains(a)) {
         let err = stage.scope.nested("student").err(
             "arch",
-            format!(
-                "the student is a `{}`, the teacher a BERT",
-                stage.student.arch
-            ),
+            format!("the student is a `{arch}`, the teacher a BERT"),
             "distil a BERT teacher into a BERT student (leave `arch` out, or write \"bert\")",
         );
         return Err(err.into());
@@ -309,7 +307,7 @@ pub fn run(
     if stage.spec.enabled && stage.spec.baseline {
         let twin = twin(stage, input, &config, &run, cx)?;
         let (reference, note) =
-            crate::kinds::kd_student::twin_report(&entry.name, &twin, &training);
+            mopt_stages::kinds::kd_student::twin_report(&entry.name, &twin, &training);
         references.push(reference);
         notes.push(note);
     }

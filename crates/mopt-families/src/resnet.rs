@@ -4,9 +4,9 @@
 use mopt_core::Quantizable;
 use mopt_models::resnet::{ResNet, ResNetConfig};
 
-use super::image::{ImageFamily, ImageModel};
-use super::Capabilities;
-use crate::kinds::quantize;
+use crate::image::{ImageFamily, ImageModel};
+use mopt_stages::family::Capabilities;
+use mopt_stages::kinds::quantize;
 
 /// The ResNet family.
 pub const RESNET: ImageFamily<ResNet> = ImageFamily::new();

@@ -15,13 +15,13 @@ use mopt_models::llama::{load_gguf, LlamaConfig, LlamaForCausalLM as Model};
 use mopt_recipe::{Metric, ModelSpec, Recipe, Scope, TokenizerSpec};
 use mopt_train::trainer::save_checkpoint_dir;
 
-use super::{Capabilities, Family};
-use crate::data::lm::LmText;
-use crate::data::{DataSource, RunData};
-use crate::error::StageError;
-use crate::kinds::{finetune, prune};
-use crate::record::{measure_checkpoint, EvalSettings, ModelFacts};
-use crate::shape::Shape;
+use mopt_stages::data::lm::LmText;
+use mopt_stages::data::{DataSource, RunData};
+use mopt_stages::family::{Capabilities, Family};
+use mopt_stages::kinds::{finetune, prune};
+use mopt_stages::record::{measure_checkpoint, EvalSettings, ModelFacts};
+use mopt_stages::shape::Shape;
+use mopt_stages::StageError;
 
 /// The Llama family.
 pub struct Llama;
