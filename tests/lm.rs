@@ -16,7 +16,25 @@ fn excerpt(dir: &Path, play: &str, n: usize) {
     std::fs::write(dir.join(play), &text[..cut]).unwrap();
 }
 
-fn write_recipe(dir: &Path) -> PathBuf {
+const FINETUNE_AND_PRUNE: &str = r#"
+[[stage]]
+kind = "finetune"
+
+[[stage]]
+kind = "prune"
+targets = ["heads", "ffn"]
+target = 0.5
+step = 0.5
+distill = false
+[stage.train]
+epochs = 1
+[stage.gate]
+metric = "perplexity"
+max-relative-rise = 0.5
+"#;
+
+/// The recipe of the tests: a tiny Llama on three plays' excerpts, with `stages`.
+fn write_recipe(dir: &Path, stages: &str) -> PathBuf {
     let works = dir.join("works");
     std::fs::create_dir(&works).unwrap();
     for p in ["hamlet_gut.txt", "macbeth_gut.txt", "othello_gut.txt"] {
@@ -68,28 +86,20 @@ best-metric = "perplexity"
 [evaluation]
 golden-samples = 1
 latency-runs = 0
-
-[[stage]]
-kind = "finetune"
-
-[[stage]]
-kind = "prune"
-targets = ["heads", "ffn"]
-target = 0.5
-step = 0.5
-distill = false
-[stage.train]
-epochs = 1
-[stage.gate]
-metric = "perplexity"
-max-relative-rise = 0.5
-"#,
+{stages}"#,
         out = dir.join("runs").display(),
         config = config.display(),
         gguf = gguf.display(),
         works = works.display(),
         held = held.display(),
     );
+    std::fs::write(
+        dir.join("tiny-student.json"),
+        r#"{"vocab_size": 49152, "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+            "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "tie_word_embeddings": true}"#,
+    )
+    .unwrap();
     let p = dir.join("lm.toml");
     std::fs::write(&p, text).unwrap();
     p
@@ -98,7 +108,7 @@ max-relative-rise = 0.5
 #[test]
 fn a_tiny_llama_is_fine_tuned_and_pruned_under_a_perplexity_gate() {
     let dir = tempfile::tempdir().unwrap();
-    let recipe = write_recipe(dir.path());
+    let recipe = write_recipe(dir.path(), FINETUNE_AND_PRUNE);
     let check = mopt(&[recipe.to_str().unwrap(), "--check"]);
     assert!(check.status.success(), "{}", stderr(&check));
     let plan = String::from_utf8_lossy(&check.stdout);
@@ -145,4 +155,51 @@ fn a_tiny_llama_is_fine_tuned_and_pruned_under_a_perplexity_gate() {
         md.contains("| valid perplexity | test perplexity |"),
         "{md}"
     );
+}
+
+/// Logit distillation per token over the 49,152-token vocabulary from the teacher's top-16
+/// logits a token (and the rest's mass), on the soft term alone (alpha = 0): the student learns
+/// the text only through the cached teacher rows, and its hard-token twin trains beside it.
+#[test]
+fn a_tiny_llama_student_learns_from_the_teachers_top_k_logits_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let stages = r#"
+[[stage]]
+kind = "finetune"
+name = "teacher"
+
+[[stage]]
+kind = "distill"
+name = "student"
+alpha = 0.0
+temperature = 1.0
+teacher-top-k = 16
+baseline = true
+[stage.student]
+config = "tiny-student.json"
+"#;
+    let recipe = write_recipe(dir.path(), stages);
+    let r = recipe.to_str().unwrap();
+    let check = mopt(&[r, "--check"]);
+    assert!(check.status.success(), "{}", stderr(&check));
+    let plan = String::from_utf8_lossy(&check.stdout);
+    assert!(plan.contains("the teacher's top 16 logits a row"), "{plan}");
+    let out = mopt(&[r]);
+    let log = stderr(&out);
+    assert!(out.status.success(), "{log}");
+    // 256 windows of 16 tokens, a row per token: 16 ids, 16 logits and the rest's mass.
+    assert!(log.contains("top 16 logits a row, 132 bytes"), "{log}");
+    let report = read_json(&dir.path().join("runs/lm/report.json"));
+    let stages = report["stages"].as_array().unwrap();
+    let ppl = |m: &serde_json::Value| m["valid"]["loss"].as_f64().unwrap().exp();
+    let (random, teacher) = (ppl(&stages[0]["model"]), ppl(&stages[1]["model"]));
+    let student = ppl(&stages[2]["model"]);
+    let twin = ppl(&stages[2]["references"][0]["model"]);
+    eprintln!("valid perplexity: random {random:.0}, teacher {teacher:.0}, student {student:.0}, twin {twin:.0}");
+    // Near the random model's perplexity if the soft term taught nothing.
+    assert!(
+        student < random / 5.0,
+        "student {student} vs random {random}"
+    );
+    assert!(twin < random / 5.0, "twin {twin}");
 }

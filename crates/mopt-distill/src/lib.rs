@@ -22,6 +22,7 @@ pub mod pipeline;
 pub mod spec;
 pub mod student;
 pub mod task;
+pub mod topk;
 
 pub use features::{MapKdTask, MapLoss, MapMatch, MapStudent};
 pub use kd::{KdSettings, KdTask, LogitCache};
@@ -29,3 +30,4 @@ pub use loss::soft_loss;
 pub use pipeline::CacheSummary;
 pub use student::DistillModel;
 pub use task::{DistillTask, TeacherSource};
+pub use topk::{TeacherRows, TopKRows};

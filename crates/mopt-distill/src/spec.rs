@@ -127,6 +127,9 @@ pub struct DistillSpec {
     pub soft_loss: SoftLoss,
     /// Cache the teacher's outputs on disk beside the data.
     pub teacher_cache: bool,
+    /// Keep the teacher's `k` largest logits of each row and the remaining mass
+    /// ([`crate::topk`]) instead of every logit: for vocabulary-wide rows.
+    pub teacher_top_k: Option<usize>,
     /// Also train the hard-label twin for the same budget and report both.
     pub baseline: bool,
     /// Intermediate matches.
@@ -208,6 +211,7 @@ impl Default for DistillSpec {
             temperature: Schedule::Constant(4.0),
             soft_loss: SoftLoss::Kl,
             teacher_cache: true,
+            teacher_top_k: None,
             baseline: false,
             matches: Vec::new(),
         }

@@ -211,8 +211,10 @@ impl<M: ImageModel + 'static> CanDistill for ImageDistill<M> {
         let matches = kd_maps::resolve::<M>(stage, teacher, &student)?;
         let mut plan = kd_student::plan(stage, entry, (input, student), cx.size())?;
         if !matches.is_empty() {
+            stage.refuse_top_k("feature-map matches run the teacher live")?;
             plan.settings.push(kd_maps::describe(&matches));
         } else if cx.data.augment.is_on() {
+            stage.refuse_top_k("on augmented batches the teacher runs live")?;
             plan.settings
                 .push("the teacher runs live on the augmented batches (no logit cache)".into());
         }

@@ -1,8 +1,9 @@
 //! Llama decoder language models (`mopt_models::llama`) as a family: running text in windows
 //! ([`LmText`]), perplexity as the headline metric, and the generic `finetune` (next-token
-//! cross-entropy) and `prune` (Minitron's groups: query heads inside their KV group, KV groups,
-//! FFN channels, hidden channels, layers) capabilities. Written against the framework alone:
-//! no line of the runner or of a stage kind names it.
+//! cross-entropy), `prune` (Minitron's groups: query heads inside their KV group, KV groups,
+//! FFN channels, hidden channels, layers) and logits-only `distill` (KD per token over the
+//! vocabulary, from the teacher's cached top-k logits with `teacher-top-k`) capabilities.
+//! Written against the framework alone: no line of the runner or of a stage kind names it.
 //!
 //! `[model] config` is a GGUF file (its config and dequantized weights: the teacher) or a JSON
 //! config (random init, seeded by `[run] seed`: tiny models for tests and smoke runs).
@@ -15,12 +16,15 @@ use mopt_models::llama::{load_gguf, LlamaConfig, LlamaForCausalLM as Model};
 use mopt_recipe::{Metric, ModelSpec, Recipe, Scope, TokenizerSpec};
 use mopt_train::trainer::save_checkpoint_dir;
 
+use mopt_recipe::StageEntry;
 use mopt_stages::data::lm::LmText;
 use mopt_stages::data::{DataSource, RunData};
 use mopt_stages::family::{Capabilities, Family};
-use mopt_stages::kinds::{finetune, prune};
+use mopt_stages::kinds::distill::{CanDistill, DistillStage};
+use mopt_stages::kinds::{finetune, kd_student, prune};
 use mopt_stages::record::{measure_checkpoint, EvalSettings, ModelFacts};
 use mopt_stages::shape::Shape;
+use mopt_stages::stage::{PlanContext, StageContext, StageOutput, StagePlan};
 use mopt_stages::StageError;
 
 /// The Llama family.
@@ -140,5 +144,63 @@ impl Family for Llama {
         Capabilities::default()
             .with(finetune::capability::<Model>())
             .with(prune::capability::<Model>())
+            .with::<dyn CanDistill>(Box::new(LlamaDistill))
+    }
+}
+
+/// Logit distillation into a fresh `[stage.student]` Llama (a JSON config, random init) on the
+/// teacher's next-token distributions, every token of every window a row, beside its
+/// hard-token twin with `baseline = true`. A student that starts from the teacher's weights
+/// is a pruned teacher: `kind = "prune"` with `distill = true`.
+struct LlamaDistill;
+
+impl LlamaDistill {
+    fn student(stage: &DistillStage, teacher: &LlamaConfig) -> Result<LlamaConfig, StageError> {
+        let scope = stage.scope.nested("student");
+        let why = match &stage.student.arch {
+            Some(a) if a != "llama" => Some(("arch", format!("the student is a `{a}`, the teacher a Llama"))),
+            _ if !stage.spec.matches.is_empty() => Some(("match", "a Llama distils on logits only".into())),
+            _ if is_gguf(&stage.student.config) => Some(("config", "a student starts from random init: its config is a JSON Llama config, not a GGUF file".into())),
+            _ => None,
+        };
+        if let Some((key, what)) = why {
+            let fix = "a JSON Llama config of the student's shape as `config`, no [[stage.match]]; to start from the teacher's weights, prune it (kind = \"prune\", distill = true)";
+            return Err(scope.err(key, what, fix).into());
+        }
+        let student = config(&stage.student, &scope)?;
+        if student.vocab_size != teacher.vocab_size {
+            let what = format!(
+                "the student's vocabulary is {} tokens, the teacher's {}",
+                student.vocab_size, teacher.vocab_size
+            );
+            return Err(scope
+                .err("config", what, "give the student the teacher's vocab_size")
+                .into());
+        }
+        Ok(student)
+    }
+}
+
+impl CanDistill for LlamaDistill {
+    fn plan(
+        &self,
+        stage: &DistillStage,
+        entry: &StageEntry,
+        input: &Shape,
+        cx: &PlanContext,
+    ) -> Result<StagePlan, StageError> {
+        let student = Self::student(stage, input.get()?)?;
+        kd_student::plan(stage, entry, (input, student), cx.size())
+    }
+
+    fn run(
+        &self,
+        stage: &DistillStage,
+        input: &Path,
+        cx: &StageContext,
+    ) -> Result<StageOutput, StageError> {
+        let teacher = LlamaConfig::from_file(&input.join("config.json"))?;
+        let student = Self::student(stage, &teacher)?;
+        kd_student::run::<Model>(stage, input, cx, &student)
     }
 }

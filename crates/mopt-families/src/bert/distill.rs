@@ -158,6 +158,9 @@ pub fn plan(
     shape: &Shape,
     cx: &PlanContext,
 ) -> Result<StagePlan, StageError> {
+    stage.refuse_top_k(
+        "BERT's distillation reads the teacher's taps and logits from its own cache",
+    )?;
     let input: &BertConfig = shape.get()?;
     let labels = LabelMap::new(
         (0..input.num_labels)
@@ -306,8 +309,11 @@ pub fn run(
     )];
     if stage.spec.enabled && stage.spec.baseline {
         let twin = twin(stage, input, &config, &run, cx)?;
-        let (reference, note) =
-            mopt_stages::kinds::kd_student::twin_report(&entry.name, &twin, &training);
+        let (reference, note) = mopt_stages::kinds::kd_student::twin_report(
+            &entry.name,
+            (&twin, &training),
+            cx.family.metric(),
+        );
         references.push(reference);
         notes.push(note);
     }

@@ -35,6 +35,7 @@ struct RawDistillStage {
     temperature: Option<RawSchedule>,
     soft_loss: Option<String>,
     teacher_cache: Option<bool>,
+    teacher_top_k: Option<usize>,
     baseline: Option<bool>,
     #[serde(default, rename = "match")]
     matches: Vec<RawMatch>,
@@ -310,6 +311,13 @@ fn distill_spec(
             ))
         }
     };
+    if d.teacher_top_k == Some(0) {
+        return Err(cx.err(
+            "teacher-top-k",
+            "0 keeps no logit",
+            "keep the k largest logits of each row, e.g. 64, or leave the key out (every logit)",
+        ));
+    }
     let matches = d
         .matches
         .into_iter()
@@ -324,6 +332,7 @@ fn distill_spec(
             temperature,
             soft_loss,
             teacher_cache: d.teacher_cache.unwrap_or(true),
+            teacher_top_k: d.teacher_top_k,
             baseline: d.baseline.unwrap_or(false),
             matches,
         },
@@ -367,6 +376,22 @@ impl DistillStage {
     pub fn with_term(mut self, term: ExtraTerm) -> Self {
         self.extra = Some(term);
         self
+    }
+
+    /// Refuse `teacher-top-k` for a stage whose teacher is not read from a logit cache
+    /// (`why`: how it runs instead), rather than ignore it.
+    pub fn refuse_top_k(&self, why: &str) -> Result<(), StageError> {
+        match self.spec.teacher_top_k {
+            Some(_) => Err(self
+                .scope
+                .err(
+                    "teacher-top-k",
+                    format!("{why}: there is no logit cache to keep the top-k of"),
+                    "remove the key (the top-k cache is for the logits-only distillation of vocabulary-wide rows)",
+                )
+                .into()),
+            None => Ok(()),
+        }
     }
 }
 

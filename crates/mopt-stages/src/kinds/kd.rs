@@ -37,6 +37,22 @@ pub fn kd_settings(
     Ok((alpha, temperature))
 }
 
+/// A compressing stage's `teacher-top-k`, validated: `None` keeps every teacher logit, `Some(k)`
+/// the `k` largest of each row and the remaining mass (`mopt_distill::topk`).
+pub fn teacher_top_k(
+    cx: &mopt_recipe::Scope,
+    k: Option<usize>,
+) -> Result<Option<usize>, mopt_recipe::RecipeError> {
+    if k == Some(0) {
+        return Err(cx.err(
+            "teacher-top-k",
+            "0 keeps no logit",
+            "keep the k largest logits of each row, e.g. 64, or leave the key out (every logit)",
+        ));
+    }
+    Ok(k)
+}
+
 /// A compressing stage's KD (between prune rounds, in QAT) reads the baseline's logits cached
 /// once over the unaugmented training images; with `[data.augment]` the student's batches are
 /// cropped and flipped and would not match them: refused at plan time, naming the fix.
@@ -60,10 +76,11 @@ pub fn check_kd_augment(
 
 /// The objective of a compressing stage for any model family: `kd = Some((alpha,
 /// temperature))`: KD on logits against the run's baseline (loaded as an `M`), its logits on
-/// the training split computed once (size-sorted batches of the stage's eval batch size);
-/// `None`: hard labels only. `ad` is the training device.
+/// the training split computed once (size-sorted batches of the stage's eval batch size),
+/// each row's `top_k` largest only when given; `None`: hard labels only. `ad` is the training
+/// device.
 pub fn kd_objective<M>(
-    kd: Option<(f64, f64)>,
+    (kd, top_k): (Option<(f64, f64)>, Option<usize>),
     cx: &StageContext,
     ad: &Device,
 ) -> Result<KdTask<M>, StageError>
@@ -76,7 +93,7 @@ where
     let device = cx.device.device();
     let (teacher, _) = M::load(cx.baseline, &device)?;
     let train = cx.splits::<M::Batch>()?.train;
-    let cache = teacher_logits(cx.baseline, &teacher, &train, cx, true);
+    let cache = teacher_logits((cx.baseline, &teacher), &train, cx, (true, top_k));
     let settings = KdSettings {
         alpha: Schedule::Constant(alpha),
         temperature: Schedule::Constant(temperature),
@@ -86,15 +103,15 @@ where
 }
 
 /// The logits of the teacher at `teacher_dir` (loaded as `teacher`) on the training split
-/// `train`: from the disk cache beside the data (`.mopt-cache/`) when `disk` and an earlier
-/// stage or run computed them for the same teacher and examples, otherwise computed now (and
-/// saved there when `disk`). Says which on stderr.
+/// `train`, every logit or each row's `top_k` largest: from the disk cache beside the data
+/// (`.mopt-cache/`) when `disk` and an earlier stage or run computed them for the same teacher,
+/// examples and `top_k`, otherwise computed now (and saved there when `disk`). Says which on
+/// stderr, with the bytes a row takes.
 pub fn teacher_logits<M, E>(
-    teacher_dir: &Path,
-    teacher: &M,
+    (teacher_dir, teacher): (&Path, &M),
     train: &E,
     cx: &StageContext,
-    disk: bool,
+    (disk, top_k): (bool, Option<usize>),
 ) -> LogitCache
 where
     M: Checkpoint,
@@ -105,21 +122,24 @@ where
         .then(|| mopt_train::setup::cache_dir(cx.data_spec))
         .flatten();
     let (cache, read) = LogitCache::load_or_compute(
-        teacher_dir,
-        teacher,
+        (teacher_dir, teacher),
         train,
-        cx.entry.train.eval_batch_size,
+        (cx.entry.train.eval_batch_size, top_k),
         &cx.device.device(),
         dir.as_deref(),
     );
+    let rows = match cache.top_k() {
+        Some(k) => format!("top {k} logits a row, {} bytes", cache.bytes_per_row()),
+        None => format!("every logit, {} bytes a row", cache.bytes_per_row()),
+    };
     match read {
         Some(f) => eprintln!(
-            "teacher logits: reusing {} ({} training examples)",
+            "teacher logits: reusing {} ({} training examples; {rows})",
             crate::record::shown(&f),
             train.len()
         ),
         None => eprintln!(
-            "teacher pass: the teacher's logits on {} training examples in {:.1}s",
+            "teacher pass: the teacher's logits on {} training examples in {:.1}s ({rows})",
             train.len(),
             t0.elapsed().as_secs_f64()
         ),

@@ -9,6 +9,7 @@ use std::path::Path;
 use mopt_core::{Checkpoint, FeatureMaps, Labeled, ModelConfig};
 use mopt_distill::features::{MapKdTask, MapLoss, MapMatch, MapStudent};
 use mopt_distill::kd::{KdSettings, KdTask};
+use mopt_recipe::Metric;
 use mopt_train::trainer::{fit, RunContext, TrainReport};
 use serde_json::json;
 
@@ -34,9 +35,13 @@ pub fn plan<C: ModelConfig>(
             student.num_params() as f64 / 1e6
         ),
         format!(
-            "{}, baseline = {} (KD on logits)",
+            "{}, baseline = {} (KD on logits{})",
             s.objective_line(),
-            s.baseline
+            s.baseline,
+            match s.teacher_top_k {
+                Some(k) => format!(", the teacher's top {k} logits a row and the rest's mass"),
+                None => String::new(),
+            }
         ),
     ];
     Ok(StagePlan {
@@ -70,7 +75,12 @@ where
     let run = cx.run_context::<M::Batch, _>(config)?;
     let task = if spec.enabled {
         let (teacher, _) = M::load(input, &device)?;
-        let cache = teacher_logits(input, &teacher, &run.data.train, cx, spec.teacher_cache);
+        let cache = teacher_logits(
+            (input, &teacher),
+            &run.data.train,
+            cx,
+            (spec.teacher_cache, spec.teacher_top_k),
+        );
         let settings = KdSettings {
             alpha: spec.alpha,
             temperature: spec.temperature,
@@ -167,7 +177,7 @@ where
     let mut references = Vec::new();
     if spec.enabled && spec.baseline {
         let twin = twin::<M>(run, cx, student())?;
-        let (reference, note) = twin_report(&entry.name, &twin, training);
+        let (reference, note) = twin_report(&entry.name, (&twin, training), cx.family.metric());
         references.push(reference);
         notes.push(note);
     }
@@ -187,24 +197,35 @@ where
 }
 
 /// The twin as a reference model of the stage `stage`, and the report's line comparing it with
-/// the distilled student (BERT's distill stage reports its twin the same way).
+/// the distilled student on the family's `metric` (BERT's distill stage reports its twin the
+/// same way).
 pub fn twin_report(
     stage: &str,
-    twin: &TrainReport,
-    student: &TrainReport,
+    (twin, student): (&TrainReport, &TrainReport),
+    metric: Metric,
 ) -> (ReferenceModel, String) {
+    let (t, s) = (twin.test.value(metric), student.test.value(metric));
+    let name = metric.name();
+    let line = if metric.in_points() {
+        format!(
+            "test {name} {t:.4} vs the distilled student's {s:.4} ({:+.2} points for distillation)",
+            (s - t) * 100.0
+        )
+    } else {
+        let better = if metric.higher_is_better() {
+            "higher"
+        } else {
+            "lower"
+        };
+        format!("test {name} {t:.3} vs the distilled student's {s:.3} (student - twin {:+.3}; {better} is better)", s - t)
+    };
     (
         ReferenceModel {
             name: format!("{stage} (hard-label twin)"),
             about: "the same student, init and budget, trained on hard labels only".into(),
             checkpoint: twin.checkpoint.clone(),
         },
-        format!(
-            "Hard-label twin (same init and budget, no teacher): test accuracy {:.4} vs the distilled student's {:.4} ({:+.2} points for distillation).",
-            twin.test.accuracy,
-            student.test.accuracy,
-            (student.test.accuracy - twin.test.accuracy) * 100.0
-        ),
+        format!("Hard-label twin (same init and budget, no teacher): {line}."),
     )
 }
 

@@ -107,6 +107,7 @@ struct RawPrune {
     distill: Option<bool>,
     alpha: Option<f64>,
     temperature: Option<f64>,
+    teacher_top_k: Option<usize>,
     seed: Option<u64>,
     compare: Option<Vec<String>>,
     ratios: Option<std::collections::BTreeMap<String, f64>>,
@@ -137,6 +138,8 @@ pub struct PruneStage {
     pub alpha: f64,
     /// KD temperature.
     pub temperature: f64,
+    /// KD from each teacher row's `k` largest logits and the remaining mass (`None`: all).
+    pub teacher_top_k: Option<usize>,
     /// Seed of the random criterion.
     pub seed: u64,
     /// The stage's gate retries (stops at the knee).
@@ -408,6 +411,7 @@ impl StageKind for Prune {
             distill: r.distill.unwrap_or(true),
             alpha,
             temperature,
+            teacher_top_k: crate::kinds::kd::teacher_top_k(cx, r.teacher_top_k)?,
             seed: r.seed.unwrap_or(0),
             retry: entry
                 .gate
@@ -489,7 +493,7 @@ impl PruneStage {
         ad: &Device,
     ) -> Result<KdTask<M>, StageError> {
         let kd = (self.distill && input != cx.baseline).then_some((self.alpha, self.temperature));
-        kd_objective(kd, cx, ad)
+        kd_objective((kd, self.teacher_top_k), cx, ad)
     }
 
     /// First-order Taylor gradients of every parameter, summed over `taylor_batches` training

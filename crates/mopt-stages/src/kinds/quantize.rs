@@ -57,6 +57,7 @@ struct RawQuant {
     distill: Option<bool>,
     alpha: Option<f64>,
     temperature: Option<f64>,
+    teacher_top_k: Option<usize>,
 }
 
 /// `weight-bits`: a number, or `"auto"`.
@@ -129,6 +130,8 @@ pub struct QuantStage {
     pub alpha: f64,
     /// KD temperature (qat).
     pub temperature: f64,
+    /// KD from each teacher row's `k` largest logits and the remaining mass (qat; `None`: all).
+    pub teacher_top_k: Option<usize>,
 }
 
 /// Keys that belong to the other quantization kind are refused.
@@ -139,6 +142,7 @@ fn check_kind_keys(cx: &Scope, r: &RawQuant, train: bool) -> Result<(), RecipeEr
             ("distill", r.distill.is_some()),
             ("alpha", r.alpha.is_some()),
             ("temperature", r.temperature.is_some()),
+            ("teacher-top-k", r.teacher_top_k.is_some()),
         ] {
             if set {
                 return Err(cx.err(
@@ -286,6 +290,7 @@ fn parse(
         distill: r.distill.unwrap_or(true),
         alpha,
         temperature,
+        teacher_top_k: crate::kinds::kd::teacher_top_k(cx, r.teacher_top_k)?,
     }))
 }
 
@@ -765,7 +770,7 @@ impl QuantStage {
     ) -> Result<TrainReport, StageError> {
         let ad = cx.device.train_device(&cx.entry.train);
         let kd = (self.distill && input != cx.baseline).then_some((self.alpha, self.temperature));
-        let mut task = kd_objective::<M>(kd, cx, &ad)?;
+        let mut task = kd_objective::<M>((kd, self.teacher_top_k), cx, &ad)?;
         let (student, _) = M::load(calibrated, &ad)?;
         eprintln!(
             "qat: training with fake-quant{}{}",
