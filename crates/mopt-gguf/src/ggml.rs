@@ -487,4 +487,117 @@ mod tests {
         // An all-zero block: d = 0, every q = 0.
         assert_eq!(quantize_q8_0(&[0.0; 32]).unwrap(), vec![0u8; 34]);
     }
+
+    /// Deterministic values of several magnitudes (a splitmix-style hash mapped to [-1, 1),
+    /// scaled per block of 32 by 10^(k mod 7 - 3)), so that blocks have very different scales.
+    fn spread(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let mut z = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                z = (z ^ (z >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                let unit = (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                unit * 10f32.powi((i / 32 % 7) as i32 - 3)
+            })
+            .collect()
+    }
+
+    /// Quantize → dequantize: the stored layout is the one `dequantize` reads (an f16 `d`, then
+    /// 32 `i8` in order); `q = round(x/d)` is within half a step, `|x − q·d| ≤ d/2` with the f32
+    /// `d = max|x|/127`; the value read back, `q·f16(d)`, adds at most `127·|d − f16(d)|` to
+    /// that (`≤ 127 · 2⁻¹¹ · d` where f16(d) is a normal half: 0.562·d in all).
+    #[test]
+    fn q8_0_round_trip_is_within_half_a_step() {
+        let mut x = spread(32 * 21);
+        x[32 * 3 + 7] = -3.0; // block 3 (values in [-1, 1)): its largest magnitude is negative
+        x[32 * 9..32 * 10].fill(0.0); // an all-zero block
+        let bytes = quantize(GgmlType::Q8_0, &x).unwrap();
+        assert_eq!(bytes.len(), 21 * 34);
+        let back = dequantize(GgmlType::Q8_0, &bytes).unwrap();
+        assert_eq!(back.len(), x.len());
+        let mut worst = 0.0f32;
+        for (k, (block, b)) in x.chunks_exact(32).zip(bytes.chunks_exact(34)).enumerate() {
+            let d = block.iter().fold(0.0f32, |a, v| a.max(v.abs())) / 127.0;
+            let d16 = half_at(b, 0);
+            assert_eq!(
+                d16,
+                f16_to_f32(f32_to_f16(d)),
+                "block {k}: the stored scale"
+            );
+            for (j, &v) in block.iter().enumerate() {
+                let q = f32::from(b[2 + j] as i8);
+                let got = back[32 * k + j];
+                assert_eq!(
+                    got,
+                    q * d16,
+                    "block {k}, element {j}: dequantized as stored"
+                );
+                assert!(
+                    (v - q * d).abs() <= d * 0.5 * (1.0 + 1e-6),
+                    "block {k}, {j}: {v} vs {q}·{d}"
+                );
+                let bound = d * 0.5 * (1.0 + 1e-6) + 127.0 * (d - d16).abs();
+                assert!(
+                    (v - got).abs() <= bound,
+                    "block {k}, {j}: |{v} − {got}| > {bound}"
+                );
+                // Below 2⁻¹⁴ (max|x| < 0.0078) f16(d) is subnormal and coarser than 2⁻¹¹·d.
+                if d >= 2f32.powi(-14) {
+                    worst = worst.max((v - got).abs() / d);
+                }
+            }
+        }
+        println!("Q8_0: max |x − x̂| / d = {worst} (blocks with a normal f16 d)");
+        assert!(
+            worst > 0.45 && worst <= 0.5 + 127.0 / 2048.0,
+            "worst |x − x̂| / d = {worst}"
+        );
+        assert!(back[32 * 9..32 * 10].iter().all(|v| *v == 0.0));
+        // The largest magnitude maps to ∓127 steps of d = max|x|/127.
+        assert_eq!(bytes[3 * 34 + 2 + 7] as i8, -127);
+        assert_eq!(
+            back[32 * 3 + 7],
+            -127.0 * f16_to_f32(f32_to_f16(3.0 / 127.0))
+        );
+    }
+
+    /// F16 keeps every value an f16 can hold, bit for bit (signed zeros, subnormals, the
+    /// largest finite, infinities); F32 keeps everything.
+    #[test]
+    fn f16_and_f32_round_trips_are_exact_on_representable_values() {
+        let halves: Vec<f32> = (0..=u16::MAX)
+            .map(f16_to_f32)
+            .filter(|v| !v.is_nan())
+            .collect();
+        assert_eq!(halves.len(), 65536 - 2 * 1023);
+        let bytes = quantize(GgmlType::F16, &halves).unwrap();
+        assert_eq!(bytes.len(), 2 * halves.len());
+        let back = dequantize(GgmlType::F16, &bytes).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&back), bits(&halves));
+        let x = spread(100);
+        let back = dequantize(GgmlType::F32, &quantize(GgmlType::F32, &x).unwrap()).unwrap();
+        assert_eq!(bits(&back), bits(&x));
+    }
+
+    #[test]
+    fn quantizing_a_partial_block_or_another_type_is_a_typed_error() {
+        for n in [1, 31, 33, 48] {
+            let e = quantize(GgmlType::Q8_0, &vec![0.5; n]).unwrap_err();
+            let want = GgmlError::Length {
+                ty: GgmlType::Q8_0,
+                len: n,
+                block: 32,
+                unit: "values",
+            };
+            assert_eq!(e, want);
+            assert_eq!(
+                e.to_string(),
+                format!("{n} values are not a whole number of Q8_0 blocks (32 values each)")
+            );
+        }
+        assert_eq!(quantize(GgmlType::Q8_0, &[]).unwrap(), Vec::<u8>::new());
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::BF16, GgmlType(99)] {
+            assert_eq!(quantize(ty, &[0.0; 32]), Err(GgmlError::Unsupported(ty)));
+        }
+    }
 }

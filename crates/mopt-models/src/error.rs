@@ -42,17 +42,31 @@ pub enum ModelError {
         /// What went wrong.
         message: String,
     },
+    /// A model the output format cannot hold (nothing is written): what, named, and why.
+    #[error("{}: cannot export {what}: {reason}", path.display())]
+    Inexpressible {
+        /// The file that was to be written.
+        path: PathBuf,
+        /// What cannot be written: a tensor, a layer's width, a metadata key.
+        what: String,
+        /// Why, with the numbers.
+        reason: String,
+    },
     /// A key of the recipe's model table that does not fit the model.
     #[error(transparent)]
     Recipe(#[from] mopt_recipe::RecipeError),
 }
 
-/// Config and load errors are the user's input (exit code 2); the rest happen while running.
+/// Config, load and export refusals are the user's input (exit code 2); the rest happen while
+/// running.
 impl From<ModelError> for ModelFault {
     fn from(e: ModelError) -> Self {
         let input = matches!(
             e,
-            ModelError::Config { .. } | ModelError::Load { .. } | ModelError::Recipe(_)
+            ModelError::Config { .. }
+                | ModelError::Load { .. }
+                | ModelError::Inexpressible { .. }
+                | ModelError::Recipe(_)
         );
         ModelFault {
             input,

@@ -1,8 +1,9 @@
 //! Llama decoder language models (SmolLM2, TinyLlama, Llama 2 shapes): the model with per-layer
-//! widths that pruning can shrink, a KV cache, a GGUF loader and text generation; the
-//! contracts of `mopt-core` (windows of tokens as examples, their next tokens as the labels of
-//! every position; checkpoints; the dependency groups of structured pruning: query heads inside
-//! their KV group, whole KV groups, FFN channels, hidden channels, layers: [`prune`]).
+//! widths that pruning can shrink, a KV cache, a GGUF loader and writer ([`write_gguf`]: a pruned
+//! model out to llama.cpp), text generation; the contracts of `mopt-core` (windows of tokens as
+//! examples, their next tokens as the labels of every position; checkpoints; the dependency
+//! groups of structured pruning: query heads inside their KV group, whole KV groups, FFN
+//! channels, hidden channels, layers: [`prune`]).
 //!
 //! ```no_run
 //! use burn::prelude::*;
@@ -25,6 +26,7 @@ mod config;
 mod family;
 pub mod generate;
 pub mod gguf;
+pub mod gguf_out;
 mod model;
 pub mod prune;
 
@@ -33,5 +35,6 @@ pub use config::LlamaConfig;
 pub use family::{load_checkpoint, save_checkpoint};
 pub use generate::{generate, token_ids, GenerateConfig, Sampler, Sampling};
 pub use gguf::{config_from_gguf, load_gguf, model_from_gguf};
+pub use gguf_out::write_gguf;
 pub use model::*;
 pub use prune::{Ffn, Heads, Hidden, KvGroups, Layers};
