@@ -141,6 +141,30 @@ enum Command {
         #[command(subcommand)]
         action: CacheAction,
     },
+    /// Continue a prompt with a language model and say how fast (prompt and generation apart):
+    /// greedy by default, sampled with `--temperature` above 0.
+    Generate {
+        /// A recipe (its run's `best/` model), a checkpoint folder, or a GGUF file.
+        model: PathBuf,
+        /// The text to continue.
+        #[arg(long)]
+        prompt: String,
+        /// At most this many new tokens (fewer when the model ends the text).
+        #[arg(long, default_value_t = 32)]
+        max_new_tokens: usize,
+        /// 0: greedy; above 0: draw from softmax(logits / T).
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        /// Draw among the K most likely tokens (0: all).
+        #[arg(long, default_value_t = 0)]
+        top_k: usize,
+        /// Seed of the draws.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Also print the prompt's and the new tokens' ids (stderr).
+        #[arg(long)]
+        ids: bool,
+    },
     /// Write a mopt checkpoint folder as HF-style `model.safetensors` + `config.json`.
     ExportHf {
         /// A checkpoint folder (e.g. `checkpoints/<run>/best`).
@@ -179,6 +203,23 @@ fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
             export(registry, &recipe, &opts)
         }
         Some(Command::Cache { action }) => cache(action),
+        Some(Command::Generate {
+            model,
+            prompt,
+            max_new_tokens,
+            temperature,
+            top_k,
+            seed,
+            ids,
+        }) => {
+            let settings = mopt_stages::generate::GenerateSettings {
+                max_new_tokens,
+                temperature,
+                top_k,
+                seed,
+            };
+            generate(registry, (&model, &prompt), &settings, ids)
+        }
         Some(Command::ExportHf { checkpoint, out }) => {
             let device = DeviceSpec::Cpu.device();
             let (model, config) = mopt_models::bert::weights::load_checkpoint(&checkpoint, &device)
@@ -217,6 +258,62 @@ fn lr_find(
             ""
         },
         dir.join("lr-find.csv").display()
+    );
+    Ok(())
+}
+
+/// `mopt-train generate`: the model's family from the recipe, the checkpoint's `config.json` or
+/// the GGUF's architecture; the text on stdout, the speed on stderr.
+fn generate(
+    registry: &Registry,
+    (model, prompt): (&std::path::Path, &str),
+    settings: &mopt_stages::generate::GenerateSettings,
+    ids: bool,
+) -> anyhow::Result<()> {
+    use mopt_stages::generate::CanGenerate;
+    use mopt_stages::StageError;
+    let (family, source) = if model.extension().is_some_and(|x| x == "toml") {
+        let recipe = mopt_recipe::load(model)?;
+        let best = recipe.run.run_dir().join("best");
+        (registry.recipe_family(&recipe)?, best)
+    } else {
+        let family = registry.source_family(model).ok_or_else(|| {
+            StageError::Unsupported(format!(
+                "{}: not a model of a registered family (a checkpoint folder whose config.json names its model_type, a GGUF file, or a recipe)",
+                model.display()
+            ))
+        })?;
+        (family, model.to_path_buf())
+    };
+    if !source.exists() {
+        return Err(StageError::Unsupported(format!(
+            "{}: no model there: run the recipe first",
+            source.display()
+        ))
+        .into());
+    }
+    let Some(g) = family.capability::<dyn CanGenerate>() else {
+        return Err(StageError::Unsupported(format!(
+            "`{}` models do not generate text (a language-model family does)",
+            family.arch()
+        ))
+        .into());
+    };
+    let out = g.generate(&source, prompt, settings)?;
+    println!("{prompt}{}", out.text);
+    if ids {
+        eprintln!(
+            "prompt ids {:?}\nnew ids {:?}",
+            out.prompt_tokens, out.tokens
+        );
+    }
+    eprintln!(
+        "prompt: {} tokens in {:.2} s ({:.1} tokens/s); generated: {} tokens, {:.1} tokens/s after the first",
+        out.prompt_tokens.len(),
+        out.prompt_secs,
+        out.prompt_tokens_per_sec(),
+        out.tokens.len(),
+        out.decode_tokens_per_sec()
     );
     Ok(())
 }

@@ -155,6 +155,58 @@ fn a_tiny_llama_is_fine_tuned_and_pruned_under_a_perplexity_gate() {
         md.contains("| valid perplexity | test perplexity |"),
         "{md}"
     );
+    generates_from_its_folder(&recipe, &run.join("best"));
+}
+
+/// `mopt-train generate` serves the run's final (pruned) model from its folder, which carries
+/// its tokenizer; the recipe names the same model; a seeded draw repeats.
+fn generates_from_its_folder(recipe: &Path, best: &Path) {
+    assert!(
+        best.join("tokenizer.gguf").is_file(),
+        "the folder carries its tokenizer"
+    );
+    let gen = |model: &Path, more: &[&str]| {
+        let m = model.to_str().unwrap();
+        let args = [
+            &[
+                "generate",
+                m,
+                "--prompt",
+                "To be, or not",
+                "--max-new-tokens",
+                "6",
+                "--ids",
+            ][..],
+            more,
+        ]
+        .concat();
+        let out = mopt(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr(&out),
+        )
+    };
+    let (text, log) = gen(best, &[]);
+    assert!(text.starts_with("To be, or not"), "{text}");
+    let new_ids = log
+        .lines()
+        .find_map(|l| l.strip_prefix("new ids "))
+        .expect(&log);
+    let n = new_ids.matches(',').count() + 1;
+    assert!((1..=6).contains(&n), "{new_ids}");
+    assert!(log.contains("tokens/s after the first"), "{log}");
+    assert_eq!(
+        gen(recipe, &[]).0,
+        text,
+        "the recipe serves its run's best model"
+    );
+    let drawn = ["--temperature", "1.0", "--top-k", "50", "--seed", "7"];
+    assert_eq!(
+        gen(best, &drawn).0,
+        gen(best, &drawn).0,
+        "a seeded draw repeats"
+    );
 }
 
 /// Logit distillation per token over the 49,152-token vocabulary from the teacher's top-16

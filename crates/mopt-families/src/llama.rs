@@ -16,10 +16,14 @@ use mopt_models::llama::{load_gguf, LlamaConfig, LlamaForCausalLM as Model};
 use mopt_recipe::{Metric, ModelSpec, Recipe, Scope, TokenizerSpec};
 use mopt_train::trainer::save_checkpoint_dir;
 
+use mopt_gguf::{Gguf, GgufTokenizer};
+use mopt_models::llama::{generate_timed, load_checkpoint, GenerateConfig};
 use mopt_recipe::StageEntry;
 use mopt_stages::data::lm::LmText;
+use mopt_stages::data::lm::TOKENIZER_FILE;
 use mopt_stages::data::{DataSource, RunData};
 use mopt_stages::family::{Capabilities, Family};
+use mopt_stages::generate::{CanGenerate, GenerateSettings, Generation};
 use mopt_stages::kinds::distill::{CanDistill, DistillStage};
 use mopt_stages::kinds::{finetune, kd_student, prune};
 use mopt_stages::record::{measure_checkpoint, EvalSettings, ModelFacts};
@@ -145,6 +149,58 @@ impl Family for Llama {
             .with(finetune::capability::<Model>())
             .with(prune::capability::<Model>())
             .with::<dyn CanDistill>(Box::new(LlamaDistill))
+            .with::<dyn CanGenerate>(Box::new(LlamaGenerate))
+    }
+}
+
+/// Generation from a checkpoint folder (its `tokenizer.gguf`) or a GGUF file, on the CPU, the
+/// tokenizer's end-of-text token ending it early.
+struct LlamaGenerate;
+
+fn gguf_error(path: &Path, e: mopt_gguf::GgufError) -> StageError {
+    StageError::Unsupported(format!("{}: {e}", path.display()))
+}
+
+impl CanGenerate for LlamaGenerate {
+    fn generate(
+        &self,
+        source: &Path,
+        prompt: &str,
+        s: &GenerateSettings,
+    ) -> Result<Generation, StageError> {
+        let device = Device::flex();
+        let (model, tokenizer) = if source.is_dir() {
+            (
+                load_checkpoint(source, &device)?.0,
+                source.join(TOKENIZER_FILE),
+            )
+        } else {
+            (load_gguf(source, &device)?.1, source.to_path_buf())
+        };
+        let gguf = Gguf::open(&tokenizer).map_err(|e| gguf_error(&tokenizer, e))?;
+        let tok = GgufTokenizer::from_gguf(&gguf).map_err(|e| gguf_error(&tokenizer, e))?;
+        let prompt_tokens = tok.encode(prompt).map_err(|e| gguf_error(&tokenizer, e))?;
+        if prompt_tokens.is_empty() {
+            return Err(StageError::Unsupported(
+                "the prompt is empty: give --prompt some text".into(),
+            ));
+        }
+        let config = match s.temperature > 0.0 {
+            true => GenerateConfig::sampled(s.max_new_tokens, s.temperature, s.top_k, s.seed),
+            false => GenerateConfig::greedy(s.max_new_tokens),
+        };
+        let config = config.with_stop_tokens(tok.eos_id());
+        let g = generate_timed(&model, &prompt_tokens, &config);
+        let text = tok
+            .decode(&g.tokens)
+            .map_err(|e| gguf_error(&tokenizer, e))?;
+        Ok(Generation {
+            prompt_tokens,
+            tokens: g.tokens,
+            text,
+            prompt_secs: g.prompt_secs,
+            decode_secs: g.decode_secs,
+        })
     }
 }
 

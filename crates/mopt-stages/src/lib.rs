@@ -36,6 +36,7 @@ mod error;
 pub mod export_recipe;
 pub mod family;
 pub mod gate;
+pub mod generate;
 pub mod kinds;
 pub mod lr_find;
 pub mod plan;

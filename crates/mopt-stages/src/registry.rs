@@ -121,6 +121,18 @@ impl Registry {
         self.kinds().find(|k| k.name() == name)
     }
 
+    /// The family of a model at `path`: a checkpoint folder's (its `config.json`'s
+    /// `model_type`), or a GGUF file's (its `general.architecture`).
+    pub fn source_family(&self, path: &Path) -> Option<&FamilyEntry> {
+        let arch = if path.is_dir() {
+            checkpoint_arch(path)?
+        } else {
+            let gguf = mopt_gguf::Gguf::open(path).ok()?;
+            gguf.get_str("general.architecture").ok()?.to_string()
+        };
+        self.family(&arch)
+    }
+
     /// The family of a recipe: its `[model] arch`, or for a recipe that continues from a
     /// `[teacher]` checkpoint, the family that checkpoint's `config.json` names (`model_type`),
     /// else the registry's default family ([`Registry::with_default_family`]). An unknown name is an error naming the key and the registered

@@ -166,6 +166,29 @@ pub fn token_ids(ids: &[u32], device: &Device) -> Tensor<2, Int> {
 /// # Panics
 /// On an empty prompt.
 pub fn generate(model: &LlamaForCausalLM, prompt: &[u32], config: &GenerateConfig) -> Vec<u32> {
+    generate_timed(model, prompt, config).tokens
+}
+
+/// What [`generate_timed`] wrote, and how long each phase took.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generated {
+    /// The new tokens.
+    pub tokens: Vec<u32>,
+    /// Seconds of the prompt's pass, its first new token included.
+    pub prompt_secs: f64,
+    /// Seconds of the one-position steps that wrote the other tokens.
+    pub decode_secs: f64,
+}
+
+/// [`generate`], timing the prompt's pass and the decoding steps apart.
+///
+/// # Panics
+/// On an empty prompt.
+pub fn generate_timed(
+    model: &LlamaForCausalLM,
+    prompt: &[u32],
+    config: &GenerateConfig,
+) -> Generated {
     assert!(
         !prompt.is_empty(),
         "generation needs at least one prompt token"
@@ -174,6 +197,8 @@ pub fn generate(model: &LlamaForCausalLM, prompt: &[u32], config: &GenerateConfi
     let mut sampler = Sampler::new(config.sampling, config.seed);
     let mut cache = model.new_cache();
     let mut out = Vec::with_capacity(config.max_new_tokens);
+    let t0 = std::time::Instant::now();
+    let mut prompt_secs = None;
     let mut hidden = model
         .model
         .forward(token_ids(prompt, &device), Some(&mut cache));
@@ -183,6 +208,7 @@ pub fn generate(model: &LlamaForCausalLM, prompt: &[u32], config: &GenerateConfi
         let logits: Vec<f32> = logits.into_data().try_to_vec().expect("logits are f32");
         let token = sampler.sample(&logits);
         out.push(token);
+        prompt_secs.get_or_insert_with(|| t0.elapsed().as_secs_f64());
         if config.stop_tokens.contains(&token) || out.len() == config.max_new_tokens {
             break;
         }
@@ -190,7 +216,13 @@ pub fn generate(model: &LlamaForCausalLM, prompt: &[u32], config: &GenerateConfi
             .model
             .forward(token_ids(&[token], &device), Some(&mut cache));
     }
-    out
+    let total = t0.elapsed().as_secs_f64();
+    let prompt_secs = prompt_secs.unwrap_or(total);
+    Generated {
+        tokens: out,
+        prompt_secs,
+        decode_secs: total - prompt_secs,
+    }
 }
 
 #[cfg(test)]

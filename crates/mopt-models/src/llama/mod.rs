@@ -33,7 +33,9 @@ pub mod prune;
 pub use cache::{KvCache, LayerCache};
 pub use config::LlamaConfig;
 pub use family::{load_checkpoint, save_checkpoint};
-pub use generate::{generate, token_ids, GenerateConfig, Sampler, Sampling};
+pub use generate::{
+    generate, generate_timed, token_ids, GenerateConfig, Generated, Sampler, Sampling,
+};
 pub use gguf::{config_from_gguf, load_gguf, model_from_gguf};
 pub use gguf_out::write_gguf;
 pub use model::*;

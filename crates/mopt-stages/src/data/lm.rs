@@ -15,6 +15,21 @@ use mopt_train::TrainError;
 use super::{RunSplits, Split};
 use crate::error::StageError;
 
+/// The tokenizer file of a language model's checkpoint folder.
+pub const TOKENIZER_FILE: &str = "tokenizer.gguf";
+
+/// Copy the tokenizer of the GGUF file `source` (its `tokenizer.*` metadata) into a GGUF file of
+/// its own at `out`.
+pub fn write_tokenizer(source: &Path, out: &Path) -> Result<(), TrainError> {
+    let fail = |p: &Path, e: mopt_gguf::GgufError| TrainError::io(p, std::io::Error::other(e));
+    let gguf = Gguf::open(source).map_err(|e| fail(source, e))?;
+    let mut w = mopt_gguf::GgufWriter::new(out);
+    for (key, value) in gguf.metadata().filter(|(k, _)| k.starts_with("tokenizer.")) {
+        w.metadata(key, value.clone()).map_err(|e| fail(out, e))?;
+    }
+    w.write().map_err(|e| fail(out, e))
+}
+
 /// Text files tokenised into windows, as a family's data source.
 pub struct LmText;
 
@@ -188,12 +203,12 @@ impl RunSplits for LmData {
         &self.labels
     }
 
-    /// `labels.json` (the vocabulary) and `tokenizer.txt`, the GGUF the ids came from.
+    /// `labels.json` (the vocabulary) and `tokenizer.gguf`: the tokenizer the ids came from
+    /// (every `tokenizer.*` key of its GGUF file, no tensor), so that a checkpoint folder
+    /// encodes and decodes text on its own.
     fn write_extras(&self, dir: &Path) -> Result<(), TrainError> {
         self.labels.save(&dir.join("labels.json"))?;
-        let note = dir.join("tokenizer.txt");
-        std::fs::write(&note, format!("{}\n", self.tokenizer.display()))
-            .map_err(|e| TrainError::io(&note, e))
+        write_tokenizer(&self.tokenizer, &dir.join(TOKENIZER_FILE))
     }
 
     fn describe(&self) -> String {
