@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use mopt_stages::Registry;
-use mopt_train::{rundir, DeviceSpec, TrainError};
+use mopt_train::{rundir, TrainError};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -165,7 +165,20 @@ enum Command {
         #[arg(long)]
         ids: bool,
     },
-    /// Write a mopt checkpoint folder as HF-style `model.safetensors` + `config.json`.
+    /// Write a checkpoint folder in another program's format, as its family lists them (BERT:
+    /// `hf`; Llama: `gguf`, `gguf-f16`, `gguf-q8_0`).
+    Convert {
+        /// A checkpoint folder (e.g. `checkpoints/<run>/best`).
+        checkpoint: PathBuf,
+        /// The format.
+        #[arg(long)]
+        to: String,
+        /// Output folder or file, as the format writes.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Write a mopt checkpoint folder as HF-style `model.safetensors` + `config.json`
+    /// (`convert --to hf`).
     ExportHf {
         /// A checkpoint folder (e.g. `checkpoints/<run>/best`).
         checkpoint: PathBuf,
@@ -220,15 +233,12 @@ fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
             };
             generate(registry, (&model, &prompt), &settings, ids)
         }
-        Some(Command::ExportHf { checkpoint, out }) => {
-            let device = DeviceSpec::Cpu.device();
-            let (model, config) = mopt_models::bert::weights::load_checkpoint(&checkpoint, &device)
-                .map_err(mopt_stages::StageError::from)?;
-            mopt_models::bert::weights::save_hf(&model, &config, &out)
-                .map_err(mopt_stages::StageError::from)?;
-            println!("wrote {}/model.safetensors and config.json", out.display());
-            Ok(())
-        }
+        Some(Command::Convert {
+            checkpoint,
+            to,
+            out,
+        }) => convert(registry, &checkpoint, &to, &out),
+        Some(Command::ExportHf { checkpoint, out }) => convert(registry, &checkpoint, "hf", &out),
         None => run_seeds(registry, &cli.run),
     }
 }
@@ -315,6 +325,32 @@ fn generate(
         out.tokens.len(),
         out.decode_tokens_per_sec()
     );
+    Ok(())
+}
+
+/// `mopt-train convert` (and `export-hf`): the checkpoint's family writes it as `format`.
+fn convert(
+    registry: &Registry,
+    checkpoint: &std::path::Path,
+    format: &str,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
+    use mopt_stages::convert::CanConvert;
+    use mopt_stages::StageError;
+    let family = registry.source_family(checkpoint).ok_or_else(|| {
+        StageError::Unsupported(format!(
+            "{}: not a checkpoint folder of a registered family (its config.json names a model_type)",
+            checkpoint.display()
+        ))
+    })?;
+    let Some(c) = family.capability::<dyn CanConvert>() else {
+        return Err(StageError::Unsupported(format!(
+            "`{}` checkpoints convert to no other format",
+            family.arch()
+        ))
+        .into());
+    };
+    println!("wrote {}", c.convert(checkpoint, format, out)?);
     Ok(())
 }
 

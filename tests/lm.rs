@@ -207,6 +207,30 @@ fn generates_from_its_folder(recipe: &Path, best: &Path) {
         gen(best, &drawn).0,
         "a seeded draw repeats"
     );
+    // Out to llama.cpp's format, per-layer widths and tokenizer included: the GGUF file (F32)
+    // generates what the folder does.
+    let gguf = best.parent().unwrap().join("pruned.gguf");
+    let conv = |to: &str| {
+        let args = [
+            "convert",
+            best.to_str().unwrap(),
+            "--to",
+            to,
+            "--out",
+            gguf.to_str().unwrap(),
+        ];
+        mopt(&args)
+    };
+    let out = conv("gguf");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(gen(&gguf, &[]).0, text, "the GGUF generates as the folder");
+    let out = conv("hf");
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("`llama` checkpoints do not convert to `hf`: use `gguf`"),
+        "{err}"
+    );
 }
 
 /// Logit distillation per token over the 49,152-token vocabulary from the teacher's top-16

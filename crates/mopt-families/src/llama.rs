@@ -19,6 +19,7 @@ use mopt_train::trainer::save_checkpoint_dir;
 use mopt_gguf::{Gguf, GgufTokenizer};
 use mopt_models::llama::{generate_timed, load_checkpoint, GenerateConfig};
 use mopt_recipe::StageEntry;
+use mopt_stages::convert::CanConvert;
 use mopt_stages::data::lm::LmText;
 use mopt_stages::data::lm::TOKENIZER_FILE;
 use mopt_stages::data::{DataSource, RunData};
@@ -150,6 +151,39 @@ impl Family for Llama {
             .with(prune::capability::<Model>())
             .with::<dyn CanDistill>(Box::new(LlamaDistill))
             .with::<dyn CanGenerate>(Box::new(LlamaGenerate))
+            .with::<dyn CanConvert>(Box::new(LlamaGguf))
+    }
+}
+
+/// Llama checkpoints out to llama.cpp: a GGUF file ([`mopt_models::llama::write_gguf`]) with
+/// the folder's tokenizer; per-layer widths of a pruned model kept.
+struct LlamaGguf;
+
+impl CanConvert for LlamaGguf {
+    fn formats(&self) -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("gguf", "a GGUF file, weights in F32"),
+            ("gguf-f16", "a GGUF file, weights in F16"),
+            (
+                "gguf-q8_0",
+                "a GGUF file, weights in Q8_0 (rows of a multiple of 32)",
+            ),
+        ]
+    }
+
+    fn convert(&self, checkpoint: &Path, format: &str, out: &Path) -> Result<String, StageError> {
+        use mopt_gguf::GgmlType;
+        let dtype = match format {
+            "gguf" => GgmlType::F32,
+            "gguf-f16" => GgmlType::F16,
+            "gguf-q8_0" => GgmlType::Q8_0,
+            _ => return Err(mopt_stages::convert::unknown_format(format, "llama", self)),
+        };
+        let (model, config) = load_checkpoint(checkpoint, &Device::flex())?;
+        let tokenizer = checkpoint.join(TOKENIZER_FILE);
+        let gguf = Gguf::open(&tokenizer).map_err(|e| gguf_error(&tokenizer, e))?;
+        mopt_models::llama::write_gguf(&model, &config, gguf.metadata(), out, dtype)?;
+        Ok(format!("{} ({format})", out.display()))
     }
 }
 

@@ -12,6 +12,8 @@ use mopt_train::trainer::save_checkpoint_dir;
 pub mod analysis;
 pub mod distill;
 
+use burn::prelude::Device;
+use mopt_stages::convert::{unknown_format, CanConvert};
 use mopt_stages::data::text::{Text, TextData};
 use mopt_stages::data::{DataSource, RunData};
 use mopt_stages::family::{Capabilities, Family};
@@ -123,6 +125,33 @@ impl Family for Bert {
             .with::<dyn CanDistill>(Box::new(BertDistill))
             .with(export::capability::<Model>(onnx::input_notes))
             .with(mopt_stages::predict::capability::<Model>())
+            .with::<dyn CanConvert>(Box::new(BertHf))
+    }
+}
+
+/// BERT checkpoints as transformers reads them: `model.safetensors` (BertForSequenceClassification
+/// keys) and `config.json`; per-layer shapes, a pruned vocabulary and quantization are refused.
+struct BertHf;
+
+impl CanConvert for BertHf {
+    fn formats(&self) -> Vec<(&'static str, &'static str)> {
+        vec![(
+            "hf",
+            "a transformers folder: model.safetensors and config.json",
+        )]
+    }
+
+    fn convert(&self, checkpoint: &Path, format: &str, out: &Path) -> Result<String, StageError> {
+        if format != "hf" {
+            return Err(unknown_format(format, "bert", self));
+        }
+        let device = Device::flex();
+        let (model, config) = mopt_models::bert::weights::load_checkpoint(checkpoint, &device)?;
+        mopt_models::bert::weights::save_hf(&model, &config, out)?;
+        Ok(format!(
+            "{}/model.safetensors and config.json",
+            out.display()
+        ))
     }
 }
 
