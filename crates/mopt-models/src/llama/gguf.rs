@@ -199,40 +199,95 @@ impl Meta<'_> {
     }
 }
 
+/// A metadata error for what plain Llama does not implement.
+fn unsupported(path: &Path, key: &str, what: String) -> ModelError {
+    load_error(
+        path,
+        format!("metadata key `{key}`: {what}"),
+        "this model implements plain Llama: dense FFN, full-width RoPE without scaling",
+    )
+}
+
+impl Meta<'_> {
+    /// The file describes a plain Llama: its architecture, no experts, no RoPE scaling.
+    fn check_plain(&self) -> Result<(), ModelError> {
+        let arch = self
+            .gguf
+            .get_str("general.architecture")
+            .map_err(|e| from_gguf(self.path(), e))?;
+        if arch != "llama" {
+            return Err(self.bad("general.architecture", format!("`{arch}` is not `llama`")));
+        }
+        if let Some(n) = self.usize("llama.expert_count")?.filter(|&n| n > 0) {
+            let what = format!("{n} experts (mixture of experts)");
+            return Err(unsupported(self.path(), "llama.expert_count", what));
+        }
+        if let Some(Value::String(kind)) = self.gguf.get("llama.rope.scaling.type") {
+            if kind != "none" {
+                let what = format!("RoPE scaling `{kind}`");
+                return Err(unsupported(self.path(), "llama.rope.scaling.type", what));
+            }
+        }
+        Ok(())
+    }
+
+    /// The head width: `key_length`, else `hidden / heads`; values and RoPE must span it all.
+    fn head_dim(&self, hidden: usize, heads: usize) -> Result<usize, ModelError> {
+        let head_dim = match self.usize("llama.attention.key_length")? {
+            Some(d) => d,
+            None => hidden / heads,
+        };
+        if let Some(v) = self
+            .usize("llama.attention.value_length")?
+            .filter(|&v| v != head_dim)
+        {
+            let what = format!("{v}, not the key length {head_dim}");
+            return Err(unsupported(
+                self.path(),
+                "llama.attention.value_length",
+                what,
+            ));
+        }
+        if let Some(r) = self
+            .usize("llama.rope.dimension_count")?
+            .filter(|&r| r != head_dim)
+        {
+            let what = format!("RoPE on {r} of {head_dim} dims (partial rotary)");
+            return Err(unsupported(self.path(), "llama.rope.dimension_count", what));
+        }
+        Ok(head_dim)
+    }
+
+    /// The vocabulary: the rows of `token_embd.weight` (`[vocab, hidden]`), which
+    /// `llama.vocab_size` must agree with.
+    fn vocab(&self, hidden: usize) -> Result<usize, ModelError> {
+        let path = self.path();
+        let embd = self
+            .gguf
+            .tensor_info("token_embd.weight")
+            .map_err(|e| from_gguf(path, e))?;
+        let vocab = match embd.shape().as_slice() {
+            &[rows, cols] if cols as usize == hidden => rows as usize,
+            other => {
+                let what = format!(
+                    "tensor `token_embd.weight` has shape {other:?}, expected [vocab, {hidden}]"
+                );
+                return Err(load_error(path, what, HINT));
+            }
+        };
+        if let Some(v) = self.usize("llama.vocab_size")?.filter(|&v| v != vocab) {
+            let what = format!("{v}, but token_embd.weight has {vocab} rows");
+            return Err(self.bad("llama.vocab_size", what));
+        }
+        Ok(vocab)
+    }
+}
+
 /// The Llama config a GGUF file describes (uniform widths unless its metadata gives them per
 /// layer).
 pub fn config_from_gguf(gguf: &Gguf) -> Result<LlamaConfig, ModelError> {
-    let path = gguf.path();
     let m = Meta { gguf };
-    let arch = gguf
-        .get_str("general.architecture")
-        .map_err(|e| from_gguf(path, e))?;
-    if arch != "llama" {
-        return Err(m.bad("general.architecture", format!("`{arch}` is not `llama`")));
-    }
-    let unsupported = |key: &str, what: String| {
-        load_error(
-            path,
-            format!("metadata key `{key}`: {what}"),
-            "this model implements plain Llama: dense FFN, full-width RoPE without scaling",
-        )
-    };
-    if let Some(n) = m.usize("llama.expert_count")? {
-        if n > 0 {
-            return Err(unsupported(
-                "llama.expert_count",
-                format!("{n} experts (mixture of experts)"),
-            ));
-        }
-    }
-    if let Some(Value::String(kind)) = gguf.get("llama.rope.scaling.type") {
-        if kind != "none" {
-            return Err(unsupported(
-                "llama.rope.scaling.type",
-                format!("RoPE scaling `{kind}`"),
-            ));
-        }
-    }
+    m.check_plain()?;
     let layers = m.required("llama.block_count")?;
     let hidden = m.required("llama.embedding_length")?;
     let (heads, layer_heads) = m
@@ -247,59 +302,16 @@ pub fn config_from_gguf(gguf: &Gguf) -> Result<LlamaConfig, ModelError> {
     if heads == 0 {
         return Err(m.bad("llama.attention.head_count", "0 heads".into()));
     }
-    let head_dim = match m.usize("llama.attention.key_length")? {
-        Some(d) => d,
-        None => hidden / heads,
-    };
-    if let Some(v) = m.usize("llama.attention.value_length")? {
-        if v != head_dim {
-            return Err(unsupported(
-                "llama.attention.value_length",
-                format!("{v}, not the key length {head_dim}"),
-            ));
-        }
-    }
-    if let Some(r) = m.usize("llama.rope.dimension_count")? {
-        if r != head_dim {
-            return Err(unsupported(
-                "llama.rope.dimension_count",
-                format!("RoPE on {r} of {head_dim} dims (partial rotary)"),
-            ));
-        }
-    }
-    let embd = gguf
-        .tensor_info("token_embd.weight")
-        .map_err(|e| from_gguf(path, e))?;
-    let vocab = match embd.shape().as_slice() {
-        &[rows, cols] if cols as usize == hidden => rows as usize,
-        other => {
-            return Err(load_error(
-                path,
-                format!(
-                    "tensor `token_embd.weight` has shape {other:?}, expected [vocab, {hidden}]"
-                ),
-                HINT,
-            ))
-        }
-    };
-    if let Some(v) = m.usize("llama.vocab_size")? {
-        if v != vocab {
-            return Err(m.bad(
-                "llama.vocab_size",
-                format!("{v}, but token_embd.weight has {vocab} rows"),
-            ));
-        }
-    }
     let token =
         |key: &str| -> Result<Option<u32>, ModelError> { Ok(m.usize(key)?.map(|x| x as u32)) };
     let config = LlamaConfig {
-        vocab_size: vocab,
+        vocab_size: m.vocab(hidden)?,
         hidden_size: hidden,
         intermediate_size: ffn,
         num_hidden_layers: layers,
         num_attention_heads: heads,
         num_key_value_heads: Some(kv_heads),
-        head_dim: Some(head_dim),
+        head_dim: Some(m.head_dim(hidden, heads)?),
         max_position_embeddings: m.usize("llama.context_length")?.unwrap_or(2048),
         rms_norm_eps: m
             .float("llama.attention.layer_norm_rms_epsilon")?
@@ -315,11 +327,8 @@ pub fn config_from_gguf(gguf: &Gguf) -> Result<LlamaConfig, ModelError> {
         mopt_layer_intermediate_sizes: layer_ffn,
     };
     config.check().map_err(|e| {
-        load_error(
-            path,
-            format!("the metadata describes no valid model: {e}"),
-            HINT,
-        )
+        let what = format!("the metadata describes no valid model: {e}");
+        load_error(gguf.path(), what, HINT)
     })?;
     Ok(config)
 }
