@@ -171,6 +171,23 @@ pub fn plan(
         .tokenizer
         .ok_or_else(|| StageError::Unsupported("a BERT student needs a [tokenizer]".into()))?;
     let (config, plan) = student_config(stage, input, &labels, tokenizer, cx.vocab)?;
+    let mut settings = plan_lines(stage, &config, &plan);
+    settings.extend(train_settings(&entry.train, entry.train_overridden));
+    let extra = plan_memory(&stage.spec, (input, &plan), entry, cx);
+    Ok(StagePlan {
+        memory: Some(mopt_core::ModelConfig::training_memory(
+            &config,
+            entry.train.batch_size,
+            cx.size(),
+        )),
+        output: Shape::new(config),
+        settings,
+        extra_memory: extra,
+    })
+}
+
+/// The student's and the objective's lines of the plan, a line a match.
+fn plan_lines(stage: &DistillStage, config: &BertConfig, plan: &MatchPlan) -> Vec<String> {
     let s = &stage.spec;
     let init = match (
         &stage.student.init_from_teacher_layers,
@@ -206,7 +223,17 @@ pub fn plan(
             pairs.join(", ")
         ));
     }
-    settings.extend(train_settings(&entry.train, entry.train_overridden));
+    settings
+}
+
+/// Memory beside the student's training: the teacher's weights and, with the teacher cache,
+/// one batch of its build and the logits and index that grow with the data set.
+fn plan_memory(
+    s: &DistillSpec,
+    (input, plan): (&BertConfig, &MatchPlan),
+    entry: &StageEntry,
+    cx: &PlanContext,
+) -> Vec<(String, u64)> {
     let mut extra = vec![(
         "teacher weights (inference)".to_string(),
         4 * input.num_params() as u64,
@@ -214,7 +241,7 @@ pub fn plan(
     if s.enabled && s.teacher_cache {
         let n = cx.train_examples as u64;
         let per = cache_bytes_per_example(
-            &plan,
+            plan,
             input,
             input.num_labels,
             cx.mean_tokens,
@@ -234,16 +261,7 @@ pub fn plan(
             n * (4 * input.num_labels as u64 + 16),
         ));
     }
-    Ok(StagePlan {
-        memory: Some(mopt_core::ModelConfig::training_memory(
-            &config,
-            entry.train.batch_size,
-            cx.size(),
-        )),
-        output: Shape::new(config),
-        settings,
-        extra_memory: extra,
-    })
+    extra
 }
 
 /// Run a distill stage on the BERT teacher at `input`.
