@@ -53,6 +53,11 @@ pub fn teacher_top_k(
     Ok(k)
 }
 
+/// `, teacher-top-k = k` for a plan line when the stage keeps the top-k teacher logits only.
+pub fn top_k_note(top_k: Option<usize>) -> String {
+    top_k.map_or(String::new(), |k| format!(", teacher-top-k = {k}"))
+}
+
 /// A compressing stage's KD (between prune rounds, in QAT) reads the baseline's logits cached
 /// once over the unaugmented training images; with `[data.augment]` the student's batches are
 /// cropped and flipped and would not match them: refused at plan time, naming the fix.

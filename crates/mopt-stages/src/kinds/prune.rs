@@ -696,7 +696,7 @@ impl PruneStage {
         }
         let orig = self.units::<M>(input);
         let mut settings = vec![format!(
-            "targets = [{}], criterion = \"{}\", reduce = \"{}\", ranking = \"{}\", target = {}, step = {}, taylor-batches = {}, ffn-multiple = {}, hidden-multiple = {}, min-heads = {}, ignore-layers = {:?}, distill = {} (alpha = {}, temperature = {}), compare = {:?}, ratios = {:?}",
+            "targets = [{}], criterion = \"{}\", reduce = \"{}\", ranking = \"{}\", target = {}, step = {}, taylor-batches = {}, ffn-multiple = {}, hidden-multiple = {}, min-heads = {}, ignore-layers = {:?}, distill = {} (alpha = {}, temperature = {}{}), compare = {:?}, ratios = {:?}",
             self.target_names(),
             self.criterion.name(),
             self.reduce.name(),
@@ -711,6 +711,7 @@ impl PruneStage {
             self.distill,
             self.alpha,
             self.temperature,
+            crate::kinds::kd::top_k_note(self.teacher_top_k),
             self.compare.iter().map(|c| c.name()).collect::<Vec<_>>(),
             self.limits.scopes
         )];

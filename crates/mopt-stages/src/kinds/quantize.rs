@@ -650,11 +650,12 @@ impl QuantStage {
         }
         if self.train {
             settings.push(format!(
-                "then QAT: straight-through estimator{}, distill = {} (alpha = {}, temperature = {})",
+                "then QAT: straight-through estimator{}, distill = {} (alpha = {}, temperature = {}{})",
                 if q.learned_scales { ", learned scales (LSQ)" } else { "" },
                 self.distill,
                 self.alpha,
-                self.temperature
+                self.temperature,
+                crate::kinds::kd::top_k_note(self.teacher_top_k)
             ));
             settings.extend(train_settings(&entry.train, entry.train_overridden));
         } else if self.sensitivity {
