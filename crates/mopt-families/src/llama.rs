@@ -1,8 +1,10 @@
 //! Llama decoder language models (`mopt_models::llama`) as a family: running text in windows
 //! ([`LmText`]), perplexity as the headline metric, and the generic `finetune` (next-token
 //! cross-entropy), `prune` (Minitron's groups: query heads inside their KV group, KV groups,
-//! FFN channels, hidden channels, layers) and logits-only `distill` (KD per token over the
-//! vocabulary, from the teacher's cached top-k logits with `teacher-top-k`) capabilities.
+//! FFN channels, hidden channels, layers), logits-only `distill` (KD per token over the
+//! vocabulary, from the teacher's cached top-k logits with `teacher-top-k`) and `ptq` / `qat`
+//! (int8 fake-quant on the seven projections of every layer, `model.layers.<i>.self_attn.q_proj`
+//! … `.mlp.down_proj`; the embedding table and the head stay float) capabilities.
 //! Written against the framework alone: no line of the runner or of a stage kind names it.
 //!
 //! `[model] config` is a GGUF file (its config and dequantized weights: the teacher) or a JSON
@@ -11,7 +13,7 @@
 use std::path::Path;
 
 use burn::prelude::*;
-use mopt_core::Checkpoint;
+use mopt_core::{Checkpoint, Quantizable};
 use mopt_models::llama::{load_gguf, LlamaConfig, LlamaForCausalLM as Model};
 use mopt_recipe::{Metric, ModelSpec, Recipe, Scope, TokenizerSpec};
 use mopt_train::trainer::save_checkpoint_dir;
@@ -26,7 +28,7 @@ use mopt_stages::data::{DataSource, RunData};
 use mopt_stages::family::{Capabilities, Family};
 use mopt_stages::generate::{CanGenerate, GenerateSettings, Generation};
 use mopt_stages::kinds::distill::{CanDistill, DistillStage};
-use mopt_stages::kinds::{finetune, kd_student, prune};
+use mopt_stages::kinds::{finetune, kd_student, prune, quantize};
 use mopt_stages::record::{measure_checkpoint, EvalSettings, ModelFacts};
 use mopt_stages::shape::Shape;
 use mopt_stages::stage::{PlanContext, StageContext, StageOutput, StagePlan};
@@ -134,7 +136,8 @@ impl Family for Llama {
         data: &RunData,
         ev: &EvalSettings,
     ) -> Result<(ModelFacts, Vec<Vec<f32>>), StageError> {
-        measure_checkpoint::<Model>(ckpt, data, ev, |m| m)
+        // A quantized model's weights fake-quantized once, not at every forward pass.
+        measure_checkpoint::<Model>(ckpt, data, ev, |m| m.with_baked_weights())
     }
 
     /// A GGUF `config` carries the weights; a JSON one starts from random init.
@@ -149,6 +152,7 @@ impl Family for Llama {
         Capabilities::default()
             .with(finetune::capability::<Model>())
             .with(prune::capability::<Model>())
+            .with(quantize::capability::<Model>())
             .with::<dyn CanDistill>(Box::new(LlamaDistill))
             .with::<dyn CanGenerate>(Box::new(LlamaGenerate))
             .with::<dyn CanConvert>(Box::new(LlamaGguf))

@@ -1,5 +1,5 @@
 //! The shipped families list the capabilities their stages need: every kind parses for BERT,
-//! and a ResNet (no vocabulary) and a CNN (no quantizable layers) are refused by the kinds they
+//! `ptq` and `qat` for the Llama, and a ResNet (no vocabulary) and a CNN (no quantizable layers) are refused by the kinds they
 //! lack, by name.
 
 use std::path::Path;
@@ -43,6 +43,13 @@ fn bert_has_every_capability_and_the_image_families_lack_theirs_by_name() {
                 kind == "distill" && e.to_string().contains("student"),
                 "{e}"
             );
+        }
+    }
+    // The Llama family quantizes through the same kinds.
+    let llama = registry.family("llama").expect("registered");
+    for kind in ["ptq", "qat"] {
+        if let Err(e) = parse_stages(&registry, &[entry(kind)], llama) {
+            panic!("llama: {kind}: {e}");
         }
     }
     for (arch, kind, why) in [

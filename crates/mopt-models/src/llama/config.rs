@@ -8,6 +8,7 @@
 
 use std::path::Path;
 
+use mopt_quant::node::QuantConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ModelError;
@@ -67,6 +68,11 @@ pub struct LlamaConfig {
     /// FFN width per layer (pruned models); defaults to `intermediate_size` everywhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mopt_layer_intermediate_sizes: Option<Vec<usize>>,
+    /// A quantized model (a `ptq` / `qat` stage's output): the scheme and the quantized
+    /// projections, from which the model rebuilds its fake-quant nodes before their scales load
+    /// from the weights. Absent from a float model's config (and from HF's keys).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mopt_quant: Option<QuantConfig>,
 }
 
 fn default_max_pos() -> usize {
@@ -158,6 +164,7 @@ impl LlamaConfig {
             mopt_layer_heads: None,
             mopt_layer_kv_heads: None,
             mopt_layer_intermediate_sizes: None,
+            mopt_quant: None,
         }
     }
 

@@ -92,6 +92,11 @@ impl ModelConfig for LlamaConfig {
         m
     }
 
+    /// Whether the config records a quantization (`mopt_quant`).
+    fn is_quantized(&self) -> bool {
+        self.mopt_quant.is_some()
+    }
+
     /// The activations the backward pass keeps per layer: both RMSNorms' inputs and outputs,
     /// Q, K, V before and after RoPE, the context, the residual sum, the FFN's gate, up, SiLU
     /// and product; the attention scores and probabilities; then the embeddings, the final
@@ -161,8 +166,9 @@ impl Checkpoint for LlamaForCausalLM {
 }
 
 /// Save `model` and its config as a mopt checkpoint into `dir` (created; files replaced):
-/// `model.bpk` (Burn's format) and `config.json` (HF `LlamaConfig` keys, the per-layer widths
-/// of a pruned model, `model_type = "llama"`).
+/// `model.bpk` (Burn's format; a quantized model's scales and zero points included) and
+/// `config.json` (HF `LlamaConfig` keys, the per-layer widths of a pruned model, the
+/// quantization of a quantized one as `mopt_quant`, `model_type = "llama"`).
 pub fn save_checkpoint(
     model: &LlamaForCausalLM,
     config: &LlamaConfig,
@@ -182,7 +188,8 @@ pub fn save_checkpoint(
 }
 
 /// Load a mopt checkpoint folder (`config.json` + `model.bpk`) onto `device`, in the shape
-/// its config describes (a pruned model reloads pruned). A config that does not parse or
+/// its config describes (a pruned model reloads pruned, a quantized one with its quantizers and
+/// their scales). A config that does not parse or
 /// check, or weights that are missing, truncated or of another shape, are errors naming the
 /// file.
 pub fn load_checkpoint(

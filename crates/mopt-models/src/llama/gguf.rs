@@ -325,6 +325,7 @@ pub fn config_from_gguf(gguf: &Gguf) -> Result<LlamaConfig, ModelError> {
         mopt_layer_heads: layer_heads,
         mopt_layer_kv_heads: layer_kv,
         mopt_layer_intermediate_sizes: layer_ffn,
+        mopt_quant: None,
     };
     config.check().map_err(|e| {
         let what = format!("the metadata describes no valid model: {e}");
@@ -416,6 +417,10 @@ impl Tensors<'_> {
                 k_proj: self.linear(&n("attn_k"), h, kv, Some(d))?,
                 v_proj: self.linear(&n("attn_v"), h, kv, None)?,
                 o_proj: self.linear(&n("attn_output"), q, h, None)?,
+                q_proj_quant: None,
+                k_proj_quant: None,
+                v_proj_quant: None,
+                o_proj_quant: None,
                 num_heads: c.heads(i),
                 num_kv_heads: c.kv_heads(i),
                 head_dim: d,
@@ -424,6 +429,9 @@ impl Tensors<'_> {
                 gate_proj: self.linear(&n("ffn_gate"), h, f, None)?,
                 up_proj: self.linear(&n("ffn_up"), h, f, None)?,
                 down_proj: self.linear(&n("ffn_down"), f, h, None)?,
+                gate_proj_quant: None,
+                up_proj_quant: None,
+                down_proj_quant: None,
             },
             input_layernorm: self.norm(&n("attn_norm"), h, eps)?,
             post_attention_layernorm: self.norm(&n("ffn_norm"), h, eps)?,

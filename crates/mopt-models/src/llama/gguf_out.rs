@@ -28,7 +28,9 @@
 //!   config is refused by name ([`ModelError::Inexpressible`]) before anything is written: a
 //!   projection with a bias, an RMSNorm epsilon or a RoPE other than the config's, a layer
 //!   whose heads, head width or tensor shapes differ from the config's (GGUF has one head width
-//!   and one hidden width for all layers).
+//!   and one hidden width for all layers), and a quantized model (a `ptq` / `qat` output): its
+//!   fake-quant scales have no place in this writer, and its float weights alone are not the
+//!   model that was evaluated.
 
 use std::path::Path;
 
@@ -41,6 +43,7 @@ use super::config::LlamaConfig;
 use super::gguf::permute_rows;
 use super::model::{LlamaDecoderLayer, LlamaForCausalLM, LlamaRmsNorm};
 use crate::error::ModelError;
+use mopt_core::Quantizable;
 
 const TOKENS: &str = "tokenizer.ggml.tokens";
 const MODEL: &str = "tokenizer.ggml.model";
@@ -331,9 +334,29 @@ fn check_layer(
     check_norm(&l.post_attention_layernorm, &post, c, path)
 }
 
+/// A quantized model (its config records a quantization, or a projection holds quantizers) is
+/// refused: this writer has no place for fake-quant scales.
+fn check_float(m: &LlamaForCausalLM, c: &LlamaConfig, path: &Path) -> Result<(), ModelError> {
+    let layer = m.quant_slots_ref().into_iter().find(|s| s.quant.is_some());
+    let what = match (&layer, &c.mopt_quant) {
+        (Some(s), _) => format!("the quantized projection `{}`", s.path),
+        (None, Some(q)) => format!(
+            "a quantized model (the config's mopt_quant lists {} projections)",
+            q.layers.len()
+        ),
+        (None, None) => return Ok(()),
+    };
+    let reason = "fake-quant scales have no place in this GGUF writer (it writes float weights, \
+                  or Q8_0 with its own block scales), and the float weights alone are not the \
+                  model that was evaluated; write the checkpoint from before the `ptq` / `qat` \
+                  stage (as gguf-q8_0 for llama.cpp's 8-bit weights)";
+    Err(refuse(path, what, reason))
+}
+
 /// What of the model lies outside its config, or outside what GGUF holds.
 fn check_model(m: &LlamaForCausalLM, c: &LlamaConfig, path: &Path) -> Result<(), ModelError> {
     c.check().map_err(|e| refuse(path, "the config", e))?;
+    check_float(m, c, path)?;
     let layers = m.model.layers.len();
     if layers != c.num_hidden_layers {
         let reason = format!("{layers} layers, the config has {}", c.num_hidden_layers);
@@ -555,7 +578,8 @@ fn gguf_values(t: &Planned, head_dim: usize, path: &Path) -> Result<Vec<f32>, Mo
 /// # Errors
 ///
 /// [`ModelError::Inexpressible`], before anything is written, naming what cannot be written: a
-/// `dtype` other than F32, F16 or Q8_0; an invalid config; a model whose layer count, head
+/// `dtype` other than F32, F16 or Q8_0; an invalid config; a quantized model (fake-quant
+/// scales have no place here); a model whose layer count, head
 /// (tied or not), RoPE, per-layer heads or head width, RMSNorm epsilons or tensor shapes differ
 /// from its config; a projection with a bias; a Q8_0 tensor whose rows are not a multiple of 32
 /// values; a count above `u32::MAX` or an epsilon or RoPE base that is 0 or infinite as an f32;

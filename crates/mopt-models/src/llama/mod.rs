@@ -3,7 +3,8 @@
 //! model out to llama.cpp), text generation; the contracts of `mopt-core` (windows of tokens as
 //! examples, their next tokens as the labels of every position; checkpoints; the dependency
 //! groups of structured pruning: query heads inside their KV group, whole KV groups, FFN
-//! channels, hidden channels, layers: [`prune`]).
+//! channels, hidden channels, layers: [`prune`]; int8 fake-quantization of the seven
+//! projections of every layer, the config's `mopt_quant`: `mopt_core::Quantizable`).
 //!
 //! ```no_run
 //! use burn::prelude::*;
@@ -29,6 +30,7 @@ pub mod gguf;
 pub mod gguf_out;
 mod model;
 pub mod prune;
+mod quant;
 
 pub use cache::{KvCache, LayerCache};
 pub use config::LlamaConfig;

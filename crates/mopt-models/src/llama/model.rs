@@ -17,12 +17,19 @@
 //!   the embedding table when `tie_word_embeddings` ([`LlamaForCausalLM`]).
 //!
 //! Projections have no biases (Llama's `attention_bias = mlp_bias = false`).
+//!
+//! Each of a layer's seven projections has an `Option<LinearQuant>` beside it (`q_proj` →
+//! `q_proj_quant`; `None`: float), set when the config records a quantization
+//! ([`LlamaConfig::mopt_quant`]): the projection then fake-quantizes its input (per tensor) and
+//! its weight (per output channel) before the product, as BERT's do (see `super::quant`).
 
 use burn::module::Param;
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::silu;
+use mopt_core::Quantizable;
 use mopt_kernels::autocast::matmul;
+use mopt_quant::node::{LinearQuant, Phase};
 
 use super::cache::{KvCache, LayerCache};
 use super::config::LlamaConfig;
@@ -46,10 +53,26 @@ fn dense(d_in: usize, d_out: usize, c: &LlamaConfig, device: &Device) -> Linear 
 }
 
 /// `x · W` over the last dimension of `[batch, seq, d_in]`, as one 2-D GEMM over all rows
-/// (Burn's `Linear` on a 3-D input runs one small GEMM per batch entry).
-fn linear(l: &Linear, x: Tensor<3>) -> Tensor<3> {
+/// (Burn's `Linear` on a 3-D input runs one small GEMM per batch entry). With quantizers `q`,
+/// the input and the weight go through them first (and the output after, where the config
+/// quantizes it), each acting by its phase: calibration observes the input with the weight's
+/// off, a quantized model fake-quantizes both.
+///
+/// # Shapes
+/// - x: `[batch, seq, d_in]`; weight `[d_in, d_out]`; output: `[batch, seq, d_out]`
+fn linear(l: &Linear, q: &Option<LinearQuant>, x: Tensor<3>) -> Tensor<3> {
     let [b, s, d] = x.dims();
-    let y = matmul(x.reshape([b * s, d]), l.weight.val());
+    let x = x.reshape([b * s, d]);
+    let y = match q {
+        Some(q) => {
+            let y = matmul(q.input.forward(x), q.weight.forward(l.weight.val()));
+            match &q.output {
+                Some(o) => o.forward(y),
+                None => y,
+            }
+        }
+        None => matmul(x, l.weight.val()),
+    };
     let n = y.dims()[1];
     y.reshape([b, s, n])
 }
@@ -180,6 +203,14 @@ pub struct LlamaAttention {
     pub v_proj: Linear,
     /// Output projection `[heads × head_dim, hidden]`.
     pub o_proj: Linear,
+    /// The query projection's quantizers, when quantized.
+    pub q_proj_quant: Option<LinearQuant>,
+    /// The key projection's quantizers, when quantized.
+    pub k_proj_quant: Option<LinearQuant>,
+    /// The value projection's quantizers, when quantized.
+    pub v_proj_quant: Option<LinearQuant>,
+    /// The output projection's quantizers, when quantized.
+    pub o_proj_quant: Option<LinearQuant>,
     /// Query heads of this layer.
     pub num_heads: usize,
     /// Key/value heads of this layer (`num_heads` is a multiple of it).
@@ -196,6 +227,10 @@ impl LlamaAttention {
             k_proj: dense(c.hidden_size, kv * d, c, device),
             v_proj: dense(c.hidden_size, kv * d, c, device),
             o_proj: dense(h * d, c.hidden_size, c, device),
+            q_proj_quant: None,
+            k_proj_quant: None,
+            v_proj_quant: None,
+            o_proj_quant: None,
             num_heads: h,
             num_kv_heads: kv,
             head_dim: d,
@@ -221,9 +256,9 @@ impl LlamaAttention {
         let (h, kv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let group = h / kv;
         let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, d]).swap_dims(1, 2);
-        let q = heads(linear(&self.q_proj, x.clone()), h);
-        let k = heads(linear(&self.k_proj, x.clone()), kv);
-        let v = heads(linear(&self.v_proj, x), kv);
+        let q = heads(linear(&self.q_proj, &self.q_proj_quant, x.clone()), h);
+        let k = heads(linear(&self.k_proj, &self.k_proj_quant, x.clone()), kv);
+        let v = heads(linear(&self.v_proj, &self.v_proj_quant, x), kv);
         let q = RotaryEmbedding::apply(q, cos, sin);
         let k = RotaryEmbedding::apply(k, cos, sin);
         let (k, v) = match cache {
@@ -246,7 +281,7 @@ impl LlamaAttention {
             .reshape([b, h, s, d])
             .swap_dims(1, 2)
             .reshape([b, s, h * d]);
-        linear(&self.o_proj, ctx)
+        linear(&self.o_proj, &self.o_proj_quant, ctx)
     }
 }
 
@@ -259,6 +294,12 @@ pub struct LlamaMlp {
     pub up_proj: Linear,
     /// Down projection `[ffn, hidden]`.
     pub down_proj: Linear,
+    /// The gate projection's quantizers, when quantized.
+    pub gate_proj_quant: Option<LinearQuant>,
+    /// The up projection's quantizers, when quantized.
+    pub up_proj_quant: Option<LinearQuant>,
+    /// The down projection's quantizers, when quantized.
+    pub down_proj_quant: Option<LinearQuant>,
 }
 
 impl LlamaMlp {
@@ -268,6 +309,9 @@ impl LlamaMlp {
             gate_proj: dense(h, f, c, device),
             up_proj: dense(h, f, c, device),
             down_proj: dense(f, h, c, device),
+            gate_proj_quant: None,
+            up_proj_quant: None,
+            down_proj_quant: None,
         }
     }
 
@@ -276,8 +320,9 @@ impl LlamaMlp {
     /// # Shapes
     /// - x, output: `[batch, seq, hidden]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let gate = silu(linear(&self.gate_proj, x.clone()));
-        linear(&self.down_proj, gate * linear(&self.up_proj, x))
+        let gate = silu(linear(&self.gate_proj, &self.gate_proj_quant, x.clone()));
+        let up = linear(&self.up_proj, &self.up_proj_quant, x);
+        linear(&self.down_proj, &self.down_proj_quant, gate * up)
     }
 }
 
@@ -385,7 +430,9 @@ pub struct LlamaForCausalLM {
 
 impl LlamaForCausalLM {
     /// Random initialisation of the shape `config` describes (weights ~ N(0,
-    /// `initializer_range`), norms at one).
+    /// `initializer_range`), norms at one), with quantizers (placeholder scales, phase
+    /// `Quantize`) on the projections `config.mopt_quant` lists: what a quantized checkpoint's
+    /// weights and scales load into.
     ///
     /// # Panics
     /// When `config.check()` fails.
@@ -394,7 +441,7 @@ impl LlamaForCausalLM {
             panic!("invalid Llama config: {e}");
         }
         let c = config;
-        Self {
+        let mut m = Self {
             model: LlamaModel {
                 embed_tokens: EmbeddingConfig::new(c.vocab_size, c.hidden_size)
                     .with_initializer(normal(c))
@@ -410,7 +457,11 @@ impl LlamaForCausalLM {
             },
             lm_head: (!c.tie_word_embeddings)
                 .then(|| dense(c.hidden_size, c.vocab_size, c, device)),
+        };
+        if let Some(q) = &c.mopt_quant {
+            m.attach_quantizers(q, Phase::Quantize, device);
         }
+        m
     }
 
     /// Decoder layers.
@@ -442,14 +493,15 @@ impl LlamaForCausalLM {
         self.head(self.model.forward(input_ids, Some(cache)))
     }
 
-    /// The head on final hidden states: `h · Eᵀ` (tied) or `lm_head(h)`.
+    /// The head on final hidden states: `h · Eᵀ` (tied) or `lm_head(h)`; always float (the
+    /// head is no quantization slot: see `super::quant`).
     ///
     /// # Shapes
     /// - hidden: `[batch, seq, hidden]`
     /// - output: `[batch, seq, vocab]`
     pub fn head(&self, hidden: Tensor<3>) -> Tensor<3> {
         match &self.lm_head {
-            Some(head) => linear(head, hidden),
+            Some(head) => linear(head, &None, hidden),
             None => {
                 let [b, s, d] = hidden.dims();
                 let table = self.model.embed_tokens.weight.val();

@@ -1,0 +1,210 @@
+//! Int8 quantization of a decoder language model through the same `ptq` and `qat` stage kinds
+//! as the classifiers: a tiny random Llama with SmolLM2's vocabulary, fine-tuned on excerpts of
+//! Shakespeare's plays, then quantized (weights int8 per output channel, inputs uint8 per
+//! tensor, on the 14 projections of its 2 layers; the tied embedding table and head float)
+//! under a perplexity gate. `datasets/fetch.sh --small`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{data_dir, mopt, read_json, stderr};
+
+/// The first `n` bytes of a play (cut at a line end) as a work of `dir`.
+fn excerpt(dir: &Path, play: &str, n: usize) {
+    let text = std::fs::read_to_string(data_dir().join("shakespeare").join(play)).unwrap();
+    let cut = text[..n].rfind('\n').unwrap();
+    std::fs::write(dir.join(play), &text[..cut]).unwrap();
+}
+
+/// The recipe of the tests: a tiny Llama on three plays' excerpts, with `stages` (as
+/// `tests/lm.rs` writes it).
+fn write_recipe(dir: &Path, stages: &str) -> PathBuf {
+    let works = dir.join("works");
+    std::fs::create_dir(&works).unwrap();
+    for p in ["hamlet_gut.txt", "macbeth_gut.txt", "othello_gut.txt"] {
+        excerpt(&works, p, 12_000);
+    }
+    let held = dir.join("held");
+    std::fs::create_dir(&held).unwrap();
+    excerpt(&held, "tempest_gut.txt", 6_000);
+    excerpt(&held, "twelfth_night_gut.txt", 6_000);
+    // A tiny decoder: 2 layers of 4 query heads sharing 2 key/value heads, SmolLM2's vocabulary.
+    let config = dir.join("tiny-llama.json");
+    std::fs::write(
+        &config,
+        r#"{"vocab_size": 49152, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+            "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "tie_word_embeddings": true}"#,
+    )
+    .unwrap();
+    let gguf = data_dir().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let text = format!(
+        r#"[run]
+name = "lm"
+output-dir = "{out}"
+seed = 3
+
+[model]
+arch = "llama"
+config = "{config}"
+
+[tokenizer]
+path = "{gguf}"
+max-len = 16
+
+[data]
+format = "text-files"
+train = "{works}"
+valid = "{held}/tempest_gut.txt"
+test = "{held}/twelfth_night_gut.txt"
+max-train = 256
+max-eval = 32
+
+[train]
+epochs = 2
+batch-size = 16
+lr = 1e-2
+warmup-fraction = 0.0
+best-metric = "perplexity"
+
+[evaluation]
+golden-samples = 1
+latency-runs = 0
+{stages}"#,
+        out = dir.join("runs").display(),
+        config = config.display(),
+        gguf = gguf.display(),
+        works = works.display(),
+        held = held.display(),
+    );
+    let p = dir.join("lm.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Fine-tune, then post-training quantization of every projection (calibrated on 32 training
+/// windows), gated on the rise of validation perplexity over the fine-tuned model's.
+const FINETUNE_AND_PTQ: &str = r#"
+[[stage]]
+kind = "finetune"
+
+[[stage]]
+kind = "ptq"
+weight-bits = 8
+observer = "min-max"
+calibration-samples = 32
+[stage.gate]
+metric = "perplexity"
+max-relative-rise = 0.25
+against = "previous"
+"#;
+
+/// Fine-tune, then one epoch of quantization-aware training (no KD: the baseline is the random
+/// init), gated the same way.
+const FINETUNE_AND_QAT: &str = r#"
+[[stage]]
+kind = "finetune"
+
+[[stage]]
+kind = "qat"
+weight-bits = 8
+observer = "min-max"
+calibration-samples = 32
+distill = false
+[stage.train]
+epochs = 1
+lr = 1e-3
+[stage.gate]
+metric = "perplexity"
+max-relative-rise = 0.25
+against = "previous"
+"#;
+
+/// Runs `stages` (finetune, then a quantization stage) and checks the plan, the gate and the
+/// quantized checkpoint; returns the (fine-tuned, quantized) validation perplexities and the
+/// run folder.
+fn run_quantized(dir: &Path, stages: &str, kind: &str) -> (f64, f64, PathBuf) {
+    let recipe = write_recipe(dir, stages);
+    let r = recipe.to_str().unwrap();
+    let check = mopt(&[r, "--check"]);
+    assert!(check.status.success(), "{}", stderr(&check));
+    let plan = String::from_utf8_lossy(&check.stdout);
+    assert!(plan.contains("14 of 14 layers quantized"), "{plan}");
+    let out = mopt(&[r]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = dir.join("runs/lm");
+    let report = read_json(&run.join("report.json"));
+    let stages = report["stages"].as_array().unwrap();
+    let ppl = |i: usize| stages[i]["model"]["valid"]["loss"].as_f64().unwrap().exp();
+    let q = &stages[2];
+    assert_eq!(q["kind"], kind, "{q}");
+    let layers = q["facts"]["quantization"]["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 14, "{q}");
+    assert_eq!(layers[0], "model.layers.0.self_attn.q_proj");
+    assert_eq!(q["decision"]["passed"], true, "{q}");
+    let reason = q["decision"]["reason"].as_str().unwrap();
+    assert!(reason.contains("validation perplexity"), "{reason}");
+    assert!(reason.contains("max-relative-rise 25.00%"), "{reason}");
+    // The quantized model's logits moved (on the golden window).
+    let moved = q["max_logit_error_vs_input"].as_f64().unwrap();
+    assert!(moved > 0.0, "{q}");
+    // The stage's checkpoint, and the run's best, are the quantized model.
+    let config = |dir: &Path| read_json(&dir.join("config.json"));
+    let ckpt = PathBuf::from(q["model"]["checkpoint"].as_str().unwrap());
+    for dir in [ckpt.as_path(), &run.join("best")] {
+        let c = config(dir);
+        assert_eq!(c["mopt_quant"]["layers"].as_array().map(Vec::len), Some(14));
+    }
+    (ppl(1), ppl(2), run)
+}
+
+/// `convert --to gguf` refuses the quantized model by name; `generate` serves it.
+fn serves_but_does_not_convert(best: &Path) {
+    let out_file = best.parent().unwrap().join("q.gguf");
+    let b = best.to_str().unwrap();
+    let out = mopt(&[
+        "convert",
+        b,
+        "--to",
+        "gguf",
+        "--out",
+        out_file.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("fake-quant scales have no place in this GGUF writer"),
+        "{err}"
+    );
+    assert!(!out_file.exists());
+    let args = [
+        "generate",
+        b,
+        "--prompt",
+        "To be, or not",
+        "--max-new-tokens",
+        "4",
+    ];
+    let out = mopt(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("To be, or not"));
+}
+
+#[test]
+fn a_fine_tuned_tiny_llama_is_quantized_by_ptq_under_a_perplexity_gate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (float, int8, run) = run_quantized(dir.path(), FINETUNE_AND_PTQ, "ptq");
+    eprintln!("validation perplexity: fine-tuned {float:.1}, ptq int8 {int8:.1}");
+    // Quantization moves the perplexity, within the gate's 25 %.
+    assert!(int8 != float && int8 <= float * 1.25, "{float} → {int8}");
+    serves_but_does_not_convert(&run.join("best"));
+}
+
+#[test]
+fn a_fine_tuned_tiny_llama_is_quantized_by_qat_under_a_perplexity_gate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (float, int8, _) = run_quantized(dir.path(), FINETUNE_AND_QAT, "qat");
+    eprintln!("validation perplexity: fine-tuned {float:.1}, qat int8 {int8:.1}");
+    assert!(int8 != float && int8 <= float * 1.25, "{float} → {int8}");
+}
