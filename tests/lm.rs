@@ -279,3 +279,53 @@ config = "tiny-student.json"
     );
     assert!(twin < random / 5.0, "twin {twin}");
 }
+
+/// The Rust API's custom loss term reaches a family other than BERT: a distill stage declared in
+/// Rust on the tiny Llama, whose term reads the batch as the family's token windows and logs a
+/// part of its own, beside the KD terms.
+#[test]
+fn a_custom_loss_term_reads_a_language_models_windows() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use mopt_data::TokenWindows;
+    use mopt_distill::spec::DistillSpec;
+    use mopt_stages::kinds::distill::{DistillStage, ExtraTerm};
+    use mopt_stages::Pipeline;
+
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = mopt_recipe::load(write_recipe(dir.path(), "")).unwrap();
+    let student = mopt_recipe::ModelSpec::builder(dir.path().join("tiny-student.json"))
+        .build(&recipe.scope.stage(1).nested("student"))
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let term: ExtraTerm = Arc::new(move |taps, batch| {
+        let w = batch
+            .downcast_ref::<TokenWindows>()
+            .expect("a Llama batch is token windows");
+        seen.fetch_add(1, Ordering::Relaxed);
+        let rows = w.inputs.dims()[0] * w.inputs.dims()[1];
+        assert_eq!(taps.logits.dims()[0], rows, "a row of logits a token");
+        (
+            taps.logits.clone().mean() * 0.0,
+            vec![("rows_seen", rows as f64)],
+        )
+    });
+    let spec = DistillSpec {
+        teacher_top_k: Some(8),
+        ..DistillSpec::default()
+    };
+    let distill = DistillStage::new(student, spec, recipe.scope.stage(1)).with_term(term);
+    let mut train = recipe.train.clone();
+    train.epochs = 1;
+    let pipeline =
+        Pipeline::shared(recipe, &mopt_families::builtin()).push("kd", train, None, distill);
+    let mut options = pipeline.options().unwrap();
+    options.force = true;
+    pipeline.run(&options).unwrap();
+    // 256 windows in batches of 16, one epoch: the term ran on every training batch.
+    assert_eq!(calls.load(Ordering::Relaxed), 16);
+    let metrics = std::fs::read_to_string(dir.path().join("runs/lm/01-kd/metrics.jsonl")).unwrap();
+    assert!(metrics.contains("rows_seen"), "{metrics}");
+}

@@ -32,6 +32,18 @@ pub struct Taps {
     pub attention_scores: Vec<Tensor<4>>,
 }
 
+impl Taps {
+    /// Logits alone (a model without taps, or a forward pass that asked for none).
+    pub fn of_logits(logits: Tensor<2>) -> Self {
+        Self {
+            logits,
+            hidden_states: Vec::new(),
+            attentions: Vec::new(),
+            attention_scores: Vec::new(),
+        }
+    }
+}
+
 /// The shapes of a model's taps, which matches are resolved against.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TapLayout {

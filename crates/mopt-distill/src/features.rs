@@ -12,7 +12,7 @@ use burn::prelude::*;
 use mopt_core::{Examples, FeatureMaps, Labeled};
 use mopt_train::trainer::{Parts, Task};
 
-use crate::kd::{kd_loss, KdSettings};
+use crate::kd::{kd_loss, with_extra_term, ExtraTerm, KdSettings};
 
 /// How a pair of feature maps is compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +119,7 @@ pub struct MapKdTask<'a, M: FeatureMaps> {
     teacher_device: Device,
     ce: CrossEntropyLoss,
     epoch: usize,
+    extra: Option<ExtraTerm>,
 }
 
 impl<'a, M: FeatureMaps> MapKdTask<'a, M> {
@@ -139,7 +140,14 @@ impl<'a, M: FeatureMaps> MapKdTask<'a, M> {
             teacher_device,
             ce: CrossEntropyLossConfig::new().init(device),
             epoch: 1,
+            extra: None,
         }
+    }
+
+    /// Add a loss term of the caller's ([`ExtraTerm`]).
+    pub fn with_extra(mut self, term: Option<ExtraTerm>) -> Self {
+        self.extra = term;
+        self
     }
 }
 
@@ -165,8 +173,13 @@ impl<M: FeatureMaps<Batch: Labeled>> Task for MapKdTask<'_, M> {
         let (t_maps, t_logits) = self
             .teacher
             .forward_maps(&self.train.batch(indices, &self.teacher_device));
-        let (mut loss, mut parts) =
-            kd_loss(ce, logits, to(t_logits, &device), &self.settings, progress);
+        let (mut loss, mut parts) = kd_loss(
+            ce,
+            logits.clone(),
+            to(t_logits, &device),
+            &self.settings,
+            progress,
+        );
         for (i, m) in self.matches.iter().enumerate() {
             if m.until_epoch.is_some_and(|e| self.epoch > e) {
                 continue;
@@ -178,7 +191,7 @@ impl<M: FeatureMaps<Batch: Labeled>> Task for MapKdTask<'_, M> {
             parts.push((m.name, v as f64));
             loss = loss + l.mul_scalar(m.weight as f32);
         }
-        (loss, parts)
+        with_extra_term((loss, parts), self.extra.as_ref(), logits, b)
     }
 
     fn classifier<'m>(&self, model: &'m MapStudent<M>) -> &'m M {

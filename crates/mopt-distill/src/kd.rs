@@ -406,6 +406,32 @@ fn logit_cache_key<E: Examples>(
     Ok(format!("{:x}", h.finalize()))
 }
 
+/// A loss term added to a distillation objective (Rust API), for any family: it receives the
+/// student's outputs the objective already computed (its logits rows, and for a tapped model
+/// whatever the matches asked for: [`Taps::of_logits`](mopt_core::Taps::of_logits) otherwise)
+/// and the batch (`batch.downcast_ref::<TextBatch>()`, `ImageBatch`, `TokenWindows`, … as the
+/// family reads), and returns the term to add and named parts to log. The student's objective
+/// gets it, not its hard-label twin's.
+pub type ExtraTerm =
+    Arc<dyn Fn(&mopt_core::Taps, &dyn std::any::Any) -> (Tensor<1>, Parts) + Send + Sync>;
+
+/// `loss` with the caller's `extra` term (if any) on the student's `logits` and `batch` added.
+pub fn with_extra_term(
+    (loss, mut parts): (Tensor<1>, Parts),
+    extra: Option<&ExtraTerm>,
+    logits: Tensor<2>,
+    batch: &dyn std::any::Any,
+) -> (Tensor<1>, Parts) {
+    match extra {
+        None => (loss, parts),
+        Some(term) => {
+            let (add, more) = term(&mopt_core::Taps::of_logits(logits), batch);
+            parts.extend(more);
+            (loss + add, parts)
+        }
+    }
+}
+
 /// The KD settings on logits.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KdSettings {
@@ -465,6 +491,7 @@ pub struct KdTask<C> {
     settings: KdSettings,
     teacher: Option<LogitCache>,
     ce: CrossEntropyLoss,
+    extra: Option<ExtraTerm>,
     model: PhantomData<fn() -> C>,
 }
 
@@ -476,8 +503,15 @@ impl<C> KdTask<C> {
             settings,
             teacher: Some(teacher),
             ce: CrossEntropyLossConfig::new().init(device),
+            extra: None,
             model: PhantomData,
         }
+    }
+
+    /// Add a loss term of the caller's ([`ExtraTerm`]).
+    pub fn with_extra(mut self, term: Option<ExtraTerm>) -> Self {
+        self.extra = term;
+        self
     }
 }
 
@@ -489,6 +523,7 @@ impl<C> KdTask<C> {
             settings: KdSettings::default(),
             teacher: None,
             ce: CrossEntropyLossConfig::new().init(device),
+            extra: None,
             model: PhantomData,
         }
     }
@@ -510,7 +545,8 @@ impl<C: Checkpoint<Batch: Labeled>> Task for KdTask<C> {
         match &self.teacher {
             Some(t) => {
                 let teacher = t.batch(indices, &logits.device());
-                kd_loss(ce, logits, teacher, &self.settings, progress)
+                let kd = kd_loss(ce, logits.clone(), teacher, &self.settings, progress);
+                with_extra_term(kd, self.extra.as_ref(), logits, b)
             }
             None => {
                 let v: f32 = ce.clone().into_scalar();
@@ -528,6 +564,7 @@ impl<C: Checkpoint<Batch: Labeled>> Task for KdTask<C> {
             settings: self.settings,
             teacher: self.teacher.clone(),
             ce: CrossEntropyLossConfig::new().init(device),
+            extra: self.extra.clone(),
             model: PhantomData,
         }))
     }

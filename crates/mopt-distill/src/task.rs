@@ -10,7 +10,6 @@ use burn::prelude::*;
 use mopt_core::{TapRequest, Tapped, Taps};
 use mopt_data::{Batcher, Encoded, TextBatch};
 use mopt_train::trainer::{Parts, Replica, Task};
-use std::sync::Arc;
 
 use crate::cache::{live_batch, TeacherCache};
 use crate::kd::kd_loss;
@@ -36,10 +35,7 @@ pub enum TeacherSource<M> {
     None,
 }
 
-/// A loss term added to the distillation objective (Rust API): it receives the student's
-/// outputs the objective already computed (logits, and whatever the matches asked for) and the
-/// batch, and returns the term to add and named parts to log.
-pub type ExtraTerm = Arc<dyn Fn(&Taps, &TextBatch) -> (Tensor<1>, Parts) + Send + Sync>;
+pub use crate::kd::ExtraTerm;
 
 /// Distillation of a student `M` (any [`Tapped`] model on text batches) from a teacher of the
 /// same family.

@@ -86,7 +86,7 @@ where
             temperature: spec.temperature,
             soft_loss: spec.soft_loss,
         };
-        KdTask::<M>::new(settings, cache, &ad)
+        KdTask::<M>::new(settings, cache, &ad).with_extra(stage.extra.clone())
     } else {
         KdTask::hard_labels(&ad)
     };
@@ -142,7 +142,8 @@ where
         (teacher.valid(), device),
         run.data.train,
         &ad,
-    );
+    )
+    .with_extra(stage.extra.clone());
     let student = || {
         ad.seed(cx.seed);
         M::init(config, &ad)
