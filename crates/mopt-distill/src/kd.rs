@@ -341,7 +341,7 @@ impl LogitCache {
                 let id: Vec<i64> = spans()
                     .flat_map(|s| ids[s.start * k..s.end * k].iter().map(|&i| i as i64))
                     .collect();
-                TeacherRows::TopK(TopKRows {
+                TeacherRows::from(TopKRows {
                     ids: Tensor::from_data(TensorData::new(id, [rows, *k]), device),
                     logits: Tensor::from_data(
                         TensorData::new(gather(logits, *k), [rows, *k]),
@@ -618,7 +618,7 @@ mod tests {
     /// its file, and a batch gives each picked example's rows in order.
     #[test]
     fn top_k_rows_per_example_round_trip_and_batch_in_order() {
-        let rows = vec![
+        let rows = [
             vec![0.0f32, 3.0, 1.0, -1.0],
             vec![2.0, 0.5, 0.0, 4.0],
             vec![1.0, 1.0, 1.0, 1.0],

@@ -54,6 +54,8 @@ pub struct TopKRows {
 }
 
 /// The teacher's side of a batch's soft term: every logit, or the top-k of each row.
+// One value a batch, moved once into the loss: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum TeacherRows {
     /// `[rows, width]`: every logit.
@@ -65,6 +67,12 @@ pub enum TeacherRows {
 impl From<Tensor<2>> for TeacherRows {
     fn from(t: Tensor<2>) -> Self {
         TeacherRows::Full(t)
+    }
+}
+
+impl From<TopKRows> for TeacherRows {
+    fn from(t: TopKRows) -> Self {
+        TeacherRows::TopK(t)
     }
 }
 
