@@ -31,7 +31,17 @@ fn export_checkpoint(
     mopt_export::export_checkpoint::<BertForSequenceClassification, _>(ckpt, out, &examples, opts)
 }
 
+/// The device's random generator is shared by the tests running in parallel, and Burn draws a
+/// parameter when it is first read: a seeded model is drawn, and its parameters read (saved,
+/// calibrated, run), one test at a time, so that a seed gives the same model in every run.
+static DRAW: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_draw_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    DRAW.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn checkpoint(config: &BertConfig, dir: &std::path::Path) {
+    let _draw = one_draw_at_a_time();
     Device::flex().seed(5);
     let model = BertForSequenceClassification::new(config, &Device::flex());
     weights::save_checkpoint(&model, config, dir).unwrap();
@@ -177,6 +187,7 @@ fn quantized_checkpoint(dir: &std::path::Path, bits: u32) -> BertConfig {
     c.attention_probs_dropout_prob = 0.0;
     // Larger weights than BERT's 0.02 so that the logits (and their errors) are not tiny.
     c.initializer_range = 0.3;
+    let _draw = one_draw_at_a_time();
     dev.seed(5);
     let float = BertForSequenceClassification::new(&c, &dev);
     let q = QuantConfig::int8(
@@ -402,6 +413,7 @@ fn cnn_with_folded_batch_norm_matches_burn_in_onnx_runtime() {
     use mopt_export::cnn::{export_cnn, CnnLayer};
 
     let d = Device::flex();
+    let _draw = one_draw_at_a_time();
     d.seed(3);
     let conv1 = Conv2dConfig::new([1, 4], [3, 3])
         .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
