@@ -97,10 +97,7 @@ impl ModelConfig for MlpConfig {
         self.num_labels
     }
     fn flops(&self, _size: usize) -> f64 {
-        self.widths()
-            .windows(2)
-            .map(|w| 2.0 * (w[0] * w[1]) as f64)
-            .sum()
+        2.0 * (self.num_params() - self.widths()[1..].iter().sum::<usize>()) as f64
     }
     fn summary(&self) -> Vec<(String, String)> {
         vec![("widths".into(), format!("{:?}", self.widths()))]
@@ -141,11 +138,9 @@ impl Checkpoint for Mlp {
     type Config = MlpConfig;
     fn init(c: &MlpConfig, device: &Device) -> Self {
         let w = c.widths();
+        let linear = |p: &[usize]| LinearConfig::new(p[0], p[1]).init(device);
         let mut m = Mlp {
-            layers: w
-                .windows(2)
-                .map(|p| LinearConfig::new(p[0], p[1]).init(device))
-                .collect(),
+            layers: w.windows(2).map(linear).collect(),
             quant: (1..w.len()).map(|_| None).collect(),
         };
         if let Some(q) = &c.quant {
