@@ -426,6 +426,17 @@ fn distillation_recipe_errors_are_clear() {
             "alpha = { from = 0.2, to = -0.1 }",
             "stage[1].alpha",
         ),
+        // No logit kept; and BERT's distillation reads its own cache, not top-k rows.
+        (
+            "alpha = 0.5",
+            "alpha = 0.5\nteacher-top-k = 0",
+            "stage[1].teacher-top-k",
+        ),
+        (
+            "alpha = 0.5",
+            "alpha = 0.5\nteacher-top-k = 16",
+            "stage[1].teacher-top-k",
+        ),
     ] {
         let text = std::fs::read_to_string(&recipe).unwrap().replace(from, to);
         let p = dir.join("bad.toml");
