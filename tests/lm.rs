@@ -5,16 +5,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::{data_dir, mopt, read_json, stderr};
-
-/// The first `n` bytes of a play (cut at a line end) as a work of `dir`.
-fn excerpt(dir: &Path, play: &str, n: usize) {
-    let text = std::fs::read_to_string(data_dir().join("shakespeare").join(play)).unwrap();
-    let cut = text[..n].rfind('\n').unwrap();
-    std::fs::write(dir.join(play), &text[..cut]).unwrap();
-}
+use common::{mopt, read_json, stderr, write_lm_recipe};
 
 const FINETUNE_AND_PRUNE: &str = r#"
 [[stage]]
@@ -33,82 +26,10 @@ metric = "perplexity"
 max-relative-rise = 0.5
 "#;
 
-/// The recipe of the tests: a tiny Llama on three plays' excerpts, with `stages`.
-fn write_recipe(dir: &Path, stages: &str) -> PathBuf {
-    let works = dir.join("works");
-    std::fs::create_dir(&works).unwrap();
-    for p in ["hamlet_gut.txt", "macbeth_gut.txt", "othello_gut.txt"] {
-        excerpt(&works, p, 12_000);
-    }
-    let held = dir.join("held");
-    std::fs::create_dir(&held).unwrap();
-    excerpt(&held, "tempest_gut.txt", 6_000);
-    excerpt(&held, "twelfth_night_gut.txt", 6_000);
-    // A tiny decoder: 2 layers of 4 query heads sharing 2 key/value heads, SmolLM2's vocabulary.
-    let config = dir.join("tiny-llama.json");
-    std::fs::write(
-        &config,
-        r#"{"vocab_size": 49152, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-            "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "tie_word_embeddings": true}"#,
-    )
-    .unwrap();
-    let gguf = data_dir().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let text = format!(
-        r#"[run]
-name = "lm"
-output-dir = "{out}"
-seed = 3
-
-[model]
-arch = "llama"
-config = "{config}"
-
-[tokenizer]
-path = "{gguf}"
-max-len = 16
-
-[data]
-format = "text-files"
-train = "{works}"
-valid = "{held}/tempest_gut.txt"
-test = "{held}/twelfth_night_gut.txt"
-max-train = 256
-max-eval = 32
-
-[train]
-epochs = 2
-batch-size = 16
-lr = 1e-2
-warmup-fraction = 0.0
-best-metric = "perplexity"
-
-[evaluation]
-golden-samples = 1
-latency-runs = 0
-{stages}"#,
-        out = dir.join("runs").display(),
-        config = config.display(),
-        gguf = gguf.display(),
-        works = works.display(),
-        held = held.display(),
-    );
-    std::fs::write(
-        dir.join("tiny-student.json"),
-        r#"{"vocab_size": 49152, "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
-            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
-            "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "tie_word_embeddings": true}"#,
-    )
-    .unwrap();
-    let p = dir.join("lm.toml");
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
 #[test]
 fn a_tiny_llama_is_fine_tuned_and_pruned_under_a_perplexity_gate() {
     let dir = tempfile::tempdir().unwrap();
-    let recipe = write_recipe(dir.path(), FINETUNE_AND_PRUNE);
+    let recipe = write_lm_recipe(dir.path(), FINETUNE_AND_PRUNE);
     let check = mopt(&[recipe.to_str().unwrap(), "--check"]);
     assert!(check.status.success(), "{}", stderr(&check));
     let plan = String::from_utf8_lossy(&check.stdout);
@@ -254,7 +175,7 @@ baseline = true
 [stage.student]
 config = "tiny-student.json"
 "#;
-    let recipe = write_recipe(dir.path(), stages);
+    let recipe = write_lm_recipe(dir.path(), stages);
     let r = recipe.to_str().unwrap();
     let check = mopt(&[r, "--check"]);
     assert!(check.status.success(), "{}", stderr(&check));
@@ -294,7 +215,7 @@ fn a_custom_loss_term_reads_a_language_models_windows() {
     use mopt_stages::Pipeline;
 
     let dir = tempfile::tempdir().unwrap();
-    let recipe = mopt_recipe::load(write_recipe(dir.path(), "")).unwrap();
+    let recipe = mopt_recipe::load(write_lm_recipe(dir.path(), "")).unwrap();
     let student = mopt_recipe::ModelSpec::builder(dir.path().join("tiny-student.json"))
         .build(&recipe.scope.stage(1).nested("student"))
         .unwrap();

@@ -102,3 +102,84 @@ pub fn read_json(p: &Path) -> serde_json::Value {
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
+
+/// The first `n` bytes of a play (cut at a line end) as a work of `dir`.
+fn excerpt(dir: &Path, play: &str, n: usize) {
+    let text = std::fs::read_to_string(data_dir().join("shakespeare").join(play)).unwrap();
+    let cut = text[..n].rfind('\n').unwrap();
+    std::fs::write(dir.join(play), &text[..cut]).unwrap();
+}
+
+/// The language-model tests' recipe (`lm.toml` in `dir`, runs in `dir/runs`): a tiny random
+/// Llama (`tiny-llama.json`; `tiny-student.json` beside it, 1 layer) with SmolLM2's vocabulary on
+/// three plays' excerpts, two other plays held out, with `stages`.
+pub fn write_lm_recipe(dir: &Path, stages: &str) -> PathBuf {
+    let works = dir.join("works");
+    std::fs::create_dir(&works).unwrap();
+    for p in ["hamlet_gut.txt", "macbeth_gut.txt", "othello_gut.txt"] {
+        excerpt(&works, p, 12_000);
+    }
+    let held = dir.join("held");
+    std::fs::create_dir(&held).unwrap();
+    excerpt(&held, "tempest_gut.txt", 6_000);
+    excerpt(&held, "twelfth_night_gut.txt", 6_000);
+    // A tiny decoder: 2 layers of 4 query heads sharing 2 key/value heads, SmolLM2's vocabulary.
+    let config = dir.join("tiny-llama.json");
+    std::fs::write(
+        &config,
+        r#"{"vocab_size": 49152, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+            "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "tie_word_embeddings": true}"#,
+    )
+    .unwrap();
+    let gguf = data_dir().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let text = format!(
+        r#"[run]
+name = "lm"
+output-dir = "{out}"
+seed = 3
+
+[model]
+arch = "llama"
+config = "{config}"
+
+[tokenizer]
+path = "{gguf}"
+max-len = 16
+
+[data]
+format = "text-files"
+train = "{works}"
+valid = "{held}/tempest_gut.txt"
+test = "{held}/twelfth_night_gut.txt"
+max-train = 256
+max-eval = 32
+
+[train]
+epochs = 2
+batch-size = 16
+lr = 1e-2
+warmup-fraction = 0.0
+best-metric = "perplexity"
+
+[evaluation]
+golden-samples = 1
+latency-runs = 0
+{stages}"#,
+        out = dir.join("runs").display(),
+        config = config.display(),
+        gguf = gguf.display(),
+        works = works.display(),
+        held = held.display(),
+    );
+    std::fs::write(
+        dir.join("tiny-student.json"),
+        r#"{"vocab_size": 49152, "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+            "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "tie_word_embeddings": true}"#,
+    )
+    .unwrap();
+    let p = dir.join("lm.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
