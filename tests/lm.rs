@@ -24,6 +24,10 @@ epochs = 1
 [stage.gate]
 metric = "perplexity"
 max-relative-rise = 0.5
+
+[[stage]]
+kind = "export"
+reference = "none"
 "#;
 
 #[test]
@@ -77,6 +81,51 @@ fn a_tiny_llama_is_fine_tuned_and_pruned_under_a_perplexity_gate() {
         "{md}"
     );
     generates_from_its_folder(&recipe, &run.join("best"));
+    exports_with_past_key_values(&stages[3], &run);
+}
+
+/// The pruned model in ONNX: the prefill graph matches mopt's logits at every position of the
+/// golden window, and greedy decoding through the with-past graph (the prompt through
+/// `model.onnx`, then a token at a time with the cache fed back) picks mopt's tokens with its
+/// logits; the card lists both graphs, per-layer widths and the tokenizer.
+fn exports_with_past_key_values(stage: &serde_json::Value, run: &Path) {
+    assert_eq!(stage["kind"], "export", "{stage}");
+    let dir = std::fs::read_dir(run)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("onnx/model-card.json").is_file())
+        .expect("an export folder")
+        .join("onnx");
+    let card = read_json(&dir.join("model-card.json"));
+    assert_eq!(
+        card["outputs"][0]["shape"],
+        serde_json::json!(["batch", "sequence", "49152"])
+    );
+    let parity = &card["parity"];
+    assert_eq!(
+        parity["samples"], 16,
+        "one golden window, 16 positions: {parity}"
+    );
+    assert!(parity["max_abs_err"].as_f64().unwrap() <= 1e-4, "{parity}");
+    assert_eq!(parity["agreement"], 1.0, "{parity}");
+    assert_eq!(card["heads_per_layer"], serde_json::json!([2, 2]), "{card}");
+    assert_eq!(card["kv_heads_per_layer"], serde_json::json!([2, 2]));
+    assert_eq!(card["ffn_per_layer"], serde_json::json!([32, 32]));
+    let extra = &card["extra"];
+    assert_eq!(extra["decoder_with_past"], "decoder_with_past.onnx");
+    let d = &extra["decoding"];
+    assert_eq!(d["new_tokens"], 8, "{d}");
+    assert_eq!(d["greedy_agreement"], 1.0, "{d}");
+    assert!(d["max_rel_err"].as_f64().unwrap() <= 1e-4, "{d}");
+    assert!(d["ort_decode_ms_per_token"].as_f64().unwrap() > 0.0, "{d}");
+    for f in ["model.onnx", "decoder_with_past.onnx", "tokenizer.gguf"] {
+        assert!(dir.join(f).is_file(), "{f}");
+        assert!(
+            card["sha256"][f].is_string(),
+            "{f} hashed: {}",
+            card["sha256"]
+        );
+    }
 }
 
 /// `mopt-train generate` serves the run's final (pruned) model from its folder, which carries
@@ -249,4 +298,81 @@ fn a_custom_loss_term_reads_a_language_models_windows() {
     assert_eq!(calls.load(Ordering::Relaxed), 16);
     let metrics = std::fs::read_to_string(dir.path().join("runs/lm/01-kd/metrics.jsonl")).unwrap();
     assert!(metrics.contains("rows_seen"), "{metrics}");
+}
+
+/// A prune stage with KD (`distill = true`) and `baseline = true` also runs its hard-label twin:
+/// the same rounds, criterion and budget recovered on next tokens alone, in the stage's `twin/`
+/// folder, measured and reported beside the distilled model. (The KD teacher here is the run's
+/// baseline, the random init: the test is of the mechanics, not of KD's gain.) A twin of a
+/// schedule that is itself on hard labels is refused by name.
+#[test]
+fn a_pruned_llama_has_a_hard_label_twin_on_the_same_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let stages = r#"
+[[stage]]
+kind = "finetune"
+
+[[stage]]
+kind = "prune"
+name = "student"
+targets = ["heads", "ffn"]
+target = 0.5
+step = 0.5
+distill = true
+teacher-top-k = 8
+baseline = true
+[stage.train]
+epochs = 1
+[stage.gate]
+metric = "perplexity"
+max-relative-rise = 100.0
+against = "previous"
+"#;
+    let recipe = write_lm_recipe(dir.path(), stages);
+    let r = recipe.to_str().unwrap();
+    let check = mopt(&[r, "--check"]);
+    assert!(check.status.success(), "{}", stderr(&check));
+    let plan = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        plan.contains("baseline = true: the same rounds recovered on hard labels alone"),
+        "{plan}"
+    );
+    // 256 windows x 16 rows x (8 x 8 + 4) bytes.
+    assert!(plan.contains("teacher logit cache 272.0 KiB"), "{plan}");
+    let out = mopt(&[r]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = dir.path().join("runs/lm");
+    let report = read_json(&run.join("report.json"));
+    let stage = &report["stages"].as_array().unwrap()[2];
+    let twin = &stage["references"][0];
+    assert_eq!(twin["name"], "student (hard-label twin)", "{stage}");
+    let ppl = |m: &serde_json::Value| m["valid"]["loss"].as_f64().unwrap().exp();
+    let (student, hard) = (ppl(&stage["model"]), ppl(&twin["model"]));
+    eprintln!("valid perplexity: distilled {student:.1}, twin {hard:.1}");
+    assert!(
+        (student - hard).abs() > 1e-3,
+        "the twin trains without the teacher: {student} vs {hard}"
+    );
+    assert_eq!(twin["model"]["heads"], stage["model"]["heads"], "{twin}");
+    assert_eq!(twin["model"]["ffn"], stage["model"]["ffn"], "{twin}");
+    let notes = stage["notes"].to_string();
+    assert!(
+        notes.contains("Hard-label twin (the same 1 round(s), criterion and budget, no teacher)"),
+        "{notes}"
+    );
+    let stage_dir = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("twin/round-1").is_dir())
+        .expect("the twin's rounds in the stage folder");
+    assert!(stage_dir.ends_with("02-student"), "{}", stage_dir.display());
+
+    let bad = stages.replace("distill = true", "distill = false");
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write_lm_recipe(dir.path(), &bad);
+    let out = mopt(&[recipe.to_str().unwrap(), "--check"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("stage[2].baseline"), "{err}");
+    assert!(err.contains("set distill = true"), "{err}");
 }

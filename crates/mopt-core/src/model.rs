@@ -55,6 +55,12 @@ pub trait ModelConfig: Clone + Send + Sync + 'static {
 
     /// Training memory of one micro-batch of `batch` examples of `size`.
     fn training_memory(&self, batch: usize, size: usize) -> MemoryEstimate;
+
+    /// Rows of logits one example of `size` yields ([`Classifier::logits`]): one for a
+    /// classifier (the default), one a position for a model of per-token outputs.
+    fn logit_rows(&self, _size: usize) -> usize {
+        1
+    }
 }
 
 /// A classifier: a Burn module whose forward pass turns a batch into rows of logits, one row a

@@ -1,7 +1,11 @@
 """ONNX / ONNX Runtime helper for mopt's exporter (called by mopt-export; prints JSON).
 
   check MODEL                         onnx.checker.check_model (full check)
-  run MODEL INPUTS_JSON OUT_JSON      run ONNX Runtime; inputs: {"feeds": [{name: nested list}, ...]}
+  run MODEL INPUTS_JSON OUT_JSON      run ONNX Runtime; inputs: {"feeds": [{name: nested list}, ...]};
+                                      each feed's first output as little-endian f32 in OUT_JSON.bin,
+                                      their shapes in OUT_JSON ({"shapes": [...]})
+  decode PREFILL STEP PROMPT_JSON N   greedy decoding of a causal LM's prefill and with-past graphs
+                                      for N tokens: tokens, each step's logits, prompt/step ms
   fuse MODEL TYPE HEADS HIDDEN OUT    ORT transformer optimizer (model_type=TYPE); op-type counts
   optimized-ops MODEL OUT             ORT graph optimisation (ORT_ENABLE_ALL) saved to OUT; op-type counts
   fuse-qdq MODEL OUT                  a QDQ transformer for ONNX Runtime's CPU kernels: every
@@ -205,6 +209,41 @@ def fuse_qdq(src, dst):
     return ops
 
 
+def decode(prefill_path, step_path, prompt, new_tokens):
+    """Greedy decoding of a causal LM exported as a prefill graph (`input_ids` -> `logits`,
+    `present.{i}.key/value`) and a step graph (the same plus `past_key_values.{i}.key/value`):
+    the prompt through the first, then one token at a time through the second, each step's
+    last-position logits and the chosen tokens returned with the prompt's and a step's mean
+    time (ms; one untimed warm-up pass of both first)."""
+    prefill, step = session(prefill_path), session(step_path)
+    names = [o.name for o in prefill.get_outputs()]
+    presents = [n for n in names if n.startswith("present.")]
+
+    def run_all():
+        t0 = time.perf_counter()
+        outs = prefill.run(None, {"input_ids": np.asarray([prompt], dtype=np.int64)})
+        prompt_ms = (time.perf_counter() - t0) * 1e3
+        by = dict(zip(names, outs))
+        logits, tokens, steps = [], [], []
+        for _ in range(new_tokens):
+            last = by["logits"][0, -1].astype(np.float64)
+            logits.append(last.tolist())
+            tok = int(np.argmax(last))
+            tokens.append(tok)
+            feed = {"input_ids": np.asarray([[tok]], dtype=np.int64)}
+            for n in presents:
+                feed["past_key_values." + n[len("present."):]] = by[n]
+            t = time.perf_counter()
+            outs = step.run(None, feed)
+            steps.append((time.perf_counter() - t) * 1e3)
+            by = dict(zip([o.name for o in step.get_outputs()], outs))
+        return logits, tokens, prompt_ms, steps
+
+    run_all()
+    logits, tokens, prompt_ms, steps = run_all()
+    return {"tokens": tokens, "logits": logits, "prompt_ms": prompt_ms, "decode_ms": float(np.mean(steps))}
+
+
 def main(argv):
     cmd = argv[0]
     if cmd == "version":
@@ -222,15 +261,20 @@ def main(argv):
         sess = session(argv[1])
         feeds = json.load(open(argv[2]))["feeds"]
         types = {i.name: i.type for i in sess.get_inputs()}
-        outs = []
-        for feed in feeds:
-            arrays = {}
-            for k, v in feed.items():
-                dt = np.int64 if "int64" in types[k] else (np.uint8 if "uint8" in types[k] else np.float32)
-                arrays[k] = np.asarray(v, dtype=dt)
-            outs.append(sess.run(None, arrays)[0].tolist())
-        json.dump({"outputs": outs}, open(argv[3], "w"))
-        print(json.dumps({"ok": True, "batches": len(outs)}))
+        shapes = []
+        with open(argv[3] + ".bin", "wb") as raw:
+            for feed in feeds:
+                arrays = {}
+                for k, v in feed.items():
+                    dt = np.int64 if "int64" in types[k] else (np.uint8 if "uint8" in types[k] else np.float32)
+                    arrays[k] = np.asarray(v, dtype=dt)
+                y = np.ascontiguousarray(sess.run(None, arrays)[0], dtype="<f4")
+                raw.write(y.tobytes())
+                shapes.append(list(y.shape))
+        json.dump({"shapes": shapes}, open(argv[3], "w"))
+        print(json.dumps({"ok": True, "batches": len(shapes)}))
+    elif cmd == "decode":
+        print(json.dumps({"ok": True, **decode(argv[1], argv[2], json.loads(argv[3]), int(argv[4]))}))
     elif cmd == "fuse":
         from onnxruntime.transformers import optimizer
 

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use burn::prelude::*;
-use mopt_core::{Checkpoint, Examples};
+use mopt_core::{Checkpoint, Examples, ModelConfig};
 use mopt_quant::node::QuantConfig;
 use serde_json::{Map, Value};
 
@@ -51,9 +51,29 @@ pub trait Exportable: Checkpoint {
     /// The graph inputs, in order.
     fn inputs(config: &Self::Config) -> Vec<InputSpec>;
 
-    /// The ONNX model: the inputs of [`inputs`](Exportable::inputs), one output named `logits`
-    /// with the logits `[batch, num_labels]`.
+    /// The ONNX model: the inputs of [`inputs`](Exportable::inputs), its first output named
+    /// `logits` with the dimensions of [`outputs`](Exportable::outputs).
     fn onnx(&self, config: &Self::Config) -> Result<ModelProto, ExportError>;
+
+    /// The dimensions of the `logits` output: `[batch, num_labels]` by default; a model of
+    /// per-position outputs adds its positions (`[batch, sequence, vocab]`), the rows of
+    /// [`Classifier::logits`](mopt_core::Classifier::logits) in order.
+    fn outputs(config: &Self::Config) -> Vec<Dim> {
+        vec![Dim::Named("batch"), Dim::Fixed(config.num_labels() as i64)]
+    }
+
+    /// Further graphs a deployment needs beside `model.onnx` (a decoder's step with past
+    /// keys and values), written into `dir` and checked there on `batch` (the parity check's
+    /// first batch); what they are and how they were checked goes into the model card under
+    /// `extra`. None by default.
+    fn write_extra(
+        &self,
+        _config: &Self::Config,
+        _dir: &Path,
+        _batch: &Self::Batch,
+    ) -> Result<Option<Value>, ExportError> {
+        Ok(None)
+    }
 
     /// `batch` as ONNX Runtime is fed it: input name → nested array, for every input.
     fn feed(batch: &Self::Batch) -> Map<String, Value>;
@@ -124,7 +144,7 @@ pub fn write_checked(model: &ModelProto, path: &Path) -> Result<(), ExportError>
 }
 
 /// Index of the largest value (the first on ties): a prediction.
-pub(crate) fn argmax(v: impl Iterator<Item = f64>) -> usize {
+pub fn argmax(v: impl Iterator<Item = f64>) -> usize {
     v.enumerate()
         .fold(
             (0, f64::NEG_INFINITY),
@@ -174,14 +194,22 @@ where
     let (mut max, mut same, mut n) = (0f64, 0usize, 0usize);
     for (b, out) in batches.iter().zip(outs) {
         let ours: Vec<f32> = model.logits(b).into_data().try_to_vec().expect("f32");
-        let theirs: Vec<Vec<f64>> =
-            serde_json::from_value(out).map_err(|e| ExportError::Python(e.to_string()))?;
-        let c = theirs.first().map_or(1, Vec::len);
-        for (a, t) in ours.chunks(c).zip(&theirs) {
+        // Rows of the last dimension (`[batch, labels]`, `[batch, sequence, vocab]`).
+        let c = out.shape.last().copied().unwrap_or(1).max(1);
+        if out.values.len() != ours.len() {
+            return Err(ExportError::Python(format!(
+                "ONNX Runtime gave {} logits ({:?}), mopt {}",
+                out.values.len(),
+                out.shape,
+                ours.len()
+            )));
+        }
+        for (a, t) in ours.chunks(c).zip(out.values.chunks(c)) {
             for (x, y) in a.iter().zip(t) {
-                max = max.max((*x as f64 - y).abs());
+                max = max.max((*x as f64 - *y as f64).abs());
             }
-            same += usize::from(argmax(a.iter().map(|&x| x as f64)) == argmax(t.iter().copied()));
+            let best = |r: &[f32]| argmax(r.iter().map(|&x| x as f64));
+            same += usize::from(best(a) == best(t));
             n += 1;
         }
     }

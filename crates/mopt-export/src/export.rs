@@ -24,7 +24,12 @@ pub const OUTPUT: &str = "logits";
 const PARITY_BATCH: usize = 32;
 
 /// Files of a checkpoint folder a deployment needs besides the graph, copied when present.
-const SIDE_FILES: [&str; 3] = ["tokenizer.json", "vocab.txt", "labels.json"];
+const SIDE_FILES: [&str; 4] = [
+    "tokenizer.json",
+    "tokenizer.gguf",
+    "vocab.txt",
+    "labels.json",
+];
 
 /// Parity tolerance for float exports (max absolute logit difference).
 pub const FLOAT_TOLERANCE: f64 = 1e-4;
@@ -87,6 +92,10 @@ pub struct ModelCard {
     /// The [`FUSED`] graph's parity with mopt (`file`, `agreement`, `max_abs_err`), when written.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fused_graph: Option<serde_json::Value>,
+    /// Further graphs and their checks ([`Exportable::write_extra`]: a decoder's step with past
+    /// keys and values), when the model writes any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extra: Option<serde_json::Value>,
     /// sha256 of every file of the export folder.
     pub sha256: BTreeMap<String, String>,
 }
@@ -219,7 +228,10 @@ where
     )?);
     let fused_parity =
         fused_graph_parity(model, examples, at, opts.tolerance, quantization.is_some())?;
-    let sha256 = copy_side_files(at.ckpt, at.dir)?;
+    let first: Vec<usize> = (0..examples.len().min(PARITY_BATCH)).collect();
+    let extra = model.write_extra(config, at.dir, &examples.batch(&first, at.device))?;
+    let extra_files = extra_graphs(at.dir, extra.as_ref());
+    let sha256 = copy_side_files(at.ckpt, at.dir, &extra_files)?;
     let card = ModelCard {
         mopt_version: env!("CARGO_PKG_VERSION"),
         burn_version: "0.22.1",
@@ -230,7 +242,7 @@ where
         outputs: vec![TensorSpec {
             name: OUTPUT.into(),
             dtype: "float32".into(),
-            shape: vec!["batch".into(), config.num_labels().to_string()],
+            shape: M::outputs(config).iter().map(dim_name).collect(),
         }],
         padding: opts.input_notes.clone(),
         labels: opts.labels.clone(),
@@ -248,6 +260,7 @@ where
         }),
         fused_ops: fused,
         fused_graph: fused_parity,
+        extra,
         sha256,
     };
     write_card(&card, at.dir)?;
@@ -419,9 +432,27 @@ fn ort_version() -> String {
         .unwrap_or_default()
 }
 
-/// Copy [`SIDE_FILES`] present in `ckpt` to `dir`; sha256 of those and `model.onnx`.
-fn copy_side_files(ckpt: &Path, dir: &Path) -> Result<BTreeMap<String, String>, ExportError> {
+/// The `.onnx` files of `dir` that `extra` (a [`ModelCard::extra`]) names as string values.
+fn extra_graphs(dir: &Path, extra: Option<&serde_json::Value>) -> Vec<String> {
+    let Some(serde_json::Value::Object(m)) = extra else {
+        return Vec::new();
+    };
+    m.values()
+        .filter_map(|v| v.as_str())
+        .filter(|f| f.ends_with(".onnx") && dir.join(f).is_file())
+        .map(String::from)
+        .collect()
+}
+
+/// Copy [`SIDE_FILES`] present in `ckpt` to `dir`; sha256 of those and of `model.onnx` and
+/// the graphs `extra` names (the family's [`Exportable::write_extra`]).
+fn copy_side_files(
+    ckpt: &Path,
+    dir: &Path,
+    extra: &[String],
+) -> Result<BTreeMap<String, String>, ExportError> {
     let mut files = vec!["model.onnx".to_string()];
+    files.extend(extra.iter().cloned());
     for f in SIDE_FILES {
         let src = ckpt.join(f);
         if src.is_file() {

@@ -51,14 +51,25 @@ pub fn ops(v: &serde_json::Value) -> std::collections::BTreeMap<String, u64> {
         .unwrap_or_default()
 }
 
-/// Run a model in ONNX Runtime on a list of feeds; returns the first output of each.
+/// One output of a graph run: its dimensions and values (row-major).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Output {
+    /// The dimensions.
+    pub shape: Vec<usize>,
+    /// The values.
+    pub values: Vec<f32>,
+}
+
+/// Run a model in ONNX Runtime on a list of feeds; returns the first output of each (passed
+/// back as raw f32, not JSON: a language model's logits are millions of values a batch).
 pub fn run(
     model: &Path,
     feeds: &serde_json::Value,
     work: &Path,
-) -> Result<Vec<serde_json::Value>, ExportError> {
+) -> Result<Vec<Output>, ExportError> {
     let input = work.join("ort-inputs.json");
     let output = work.join("ort-outputs.json");
+    let raw = work.join("ort-outputs.json.bin");
     std::fs::write(
         &input,
         serde_json::to_vec(&serde_json::json!({ "feeds": feeds })).expect("json"),
@@ -70,11 +81,31 @@ pub fn run(
         &input.display().to_string(),
         &output.display().to_string(),
     ])?;
-    let v: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(&output).map_err(|e| ExportError::Io(output.display().to_string(), e))?,
-    )
-    .map_err(|e| ExportError::Python(e.to_string()))?;
-    let _ = std::fs::remove_file(&input);
-    let _ = std::fs::remove_file(&output);
-    Ok(v["outputs"].as_array().cloned().unwrap_or_default())
+    let read = |p: &Path| std::fs::read(p).map_err(|e| ExportError::Io(p.display().to_string(), e));
+    let meta: serde_json::Value =
+        serde_json::from_slice(&read(&output)?).map_err(|e| ExportError::Python(e.to_string()))?;
+    let shapes: Vec<Vec<usize>> = serde_json::from_value(meta["shapes"].clone())
+        .map_err(|e| ExportError::Python(format!("ort_tool run: {e}")))?;
+    let bytes = read(&raw)?;
+    for p in [&input, &output, &raw] {
+        let _ = std::fs::remove_file(p);
+    }
+    let mut outs = Vec::new();
+    let mut at = 0;
+    for shape in shapes {
+        let n: usize = shape.iter().product();
+        let chunk = bytes.get(at..at + 4 * n).ok_or_else(|| {
+            ExportError::Python(format!(
+                "ort_tool run: {} output bytes, shapes need more",
+                bytes.len()
+            ))
+        })?;
+        at += 4 * n;
+        let values = chunk
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        outs.push(Output { shape, values });
+    }
+    Ok(outs)
 }

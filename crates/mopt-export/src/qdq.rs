@@ -7,7 +7,10 @@ use std::collections::HashMap;
 use mopt_quant::fake::{fake_quant_value, quantize};
 use mopt_quant::FakeQuant;
 
-use crate::graph::{int, GraphBuilder};
+use burn::nn::Linear;
+use mopt_quant::node::LinearQuant;
+
+use crate::graph::{data, dims, int, GraphBuilder};
 use crate::onnx::{dtype, value_info, Dim, ModelProto};
 
 /// Quantized activations already in a graph: (tensor, scale bits, zero point) → its DQ output.
@@ -58,6 +61,47 @@ pub fn qdq_activation(
     );
     cache.insert(key, dq.clone());
     dq
+}
+
+/// A linear layer `x · W (+ b)` named `name` (Burn's weight `[in, out]`, which MatMul takes as
+/// is). With quantizers `q` it is QDQ: the input through `QuantizeLinear → DequantizeLinear`
+/// with its per-tensor scale and zero point (shared through `cache` by layers reading the same
+/// tensor alike), the weight int8 with a per-output-channel `DequantizeLinear`, the bias
+/// float, and the output through Q/DQ where the layer quantizes it. Returns the output.
+pub fn linear(
+    g: &mut GraphBuilder,
+    x: &str,
+    l: &Linear,
+    q: &Option<LinearQuant>,
+    name: &str,
+    cache: &mut QdqCache,
+) -> String {
+    let (x, w) = match q {
+        Some(q) => (
+            qdq_activation(g, x, &q.input, &format!("{name}.input"), cache),
+            dq_weight(g, name, &dims(&l.weight), &data(&l.weight), &q.weight),
+        ),
+        None => (
+            x.to_string(),
+            g.f32s(
+                &format!("{name}.weight"),
+                &dims(&l.weight),
+                &data(&l.weight),
+            ),
+        ),
+    };
+    let y = g.op("MatMul", &[&x, &w], vec![], &format!("{name}.matmul"));
+    let y = match &l.bias {
+        Some(b) => {
+            let b = g.f32s(&format!("{name}.bias"), &dims(b), &data(b));
+            g.op("Add", &[&y, &b], vec![], &format!("{name}.add"))
+        }
+        None => y,
+    };
+    match q.as_ref().and_then(|q| q.output.as_ref()) {
+        Some(o) => qdq_activation(g, &y, o, &format!("{name}.output"), cache),
+        None => y,
+    }
 }
 
 /// A weight of shape `dims` stored as int8 (quantized by `q`, per channel on its axis or per

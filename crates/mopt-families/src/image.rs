@@ -209,7 +209,7 @@ impl<M: ImageModel + 'static> CanDistill for ImageDistill<M> {
         let labels = teacher_labels::<M>(teacher);
         let student = student_config::<M>(stage, &labels)?;
         let matches = kd_maps::resolve::<M>(stage, teacher, &student)?;
-        let mut plan = kd_student::plan(stage, entry, (input, student), cx.size())?;
+        let mut plan = kd_student::plan(stage, entry, (input, student), cx)?;
         if !matches.is_empty() {
             stage.refuse_top_k("feature-map matches run the teacher live")?;
             plan.settings.push(kd_maps::describe(&matches));

@@ -28,7 +28,7 @@ use mopt_stages::data::{DataSource, RunData};
 use mopt_stages::family::{Capabilities, Family};
 use mopt_stages::generate::{CanGenerate, GenerateSettings, Generation};
 use mopt_stages::kinds::distill::{CanDistill, DistillStage};
-use mopt_stages::kinds::{finetune, kd_student, prune, quantize};
+use mopt_stages::kinds::{export, finetune, kd_student, prune, quantize};
 use mopt_stages::record::{measure_checkpoint, EvalSettings, ModelFacts};
 use mopt_stages::shape::Shape;
 use mopt_stages::stage::{PlanContext, StageContext, StageOutput, StagePlan};
@@ -153,6 +153,11 @@ impl Family for Llama {
             .with(finetune::capability::<Model>())
             .with(prune::capability::<Model>())
             .with(quantize::capability::<Model>())
+            .with(export::capability::<Model>(|len| {
+                format!(
+                    "token ids of the folder's tokenizer (tokenizer.gguf), no padding (every sequence of a batch whole); the prompt (up to {len} tokens in the recipe's windows) through model.onnx, then one token at a time through decoder_with_past.onnx with the present.* outputs fed back as past_key_values.*"
+                )
+            }))
             .with::<dyn CanDistill>(Box::new(LlamaDistill))
             .with::<dyn CanGenerate>(Box::new(LlamaGenerate))
             .with::<dyn CanConvert>(Box::new(LlamaGguf))
@@ -284,7 +289,7 @@ impl CanDistill for LlamaDistill {
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
         let student = Self::student(stage, input.get()?)?;
-        kd_student::plan(stage, entry, (input, student), cx.size())
+        kd_student::plan(stage, entry, (input, student), cx)
     }
 
     fn run(

@@ -27,7 +27,7 @@ use mopt_data::TextBatch;
 use mopt_export::contract::OrtFusion;
 use mopt_export::graph::{data, dims, float, int, ints, GraphBuilder};
 use mopt_export::onnx::{dtype, value_info, Dim, ModelProto};
-use mopt_export::qdq::{dq_weight, qdq_activation, QdqCache};
+use mopt_export::qdq::{linear, QdqCache};
 use mopt_export::{tensor_json, ExportError, Exportable, InputSpec, InputType};
 use mopt_quant::node::QuantConfig;
 use serde_json::{Map, Value};
@@ -35,38 +35,6 @@ use serde_json::{Map, Value};
 /// Graph input names.
 pub const INPUTS: [&str; 3] = ["input_ids", "attention_mask", "token_type_ids"];
 use mopt_export::export::OUTPUT;
-
-fn linear(
-    g: &mut GraphBuilder,
-    x: &str,
-    l: &Linear,
-    q: &Option<LinearQuant>,
-    name: &str,
-    cache: &mut QdqCache,
-) -> String {
-    let (x, w) = match q {
-        Some(q) => (
-            qdq_activation(g, x, &q.input, &format!("{name}.input"), cache),
-            dq_weight(g, name, &dims(&l.weight), &data(&l.weight), &q.weight),
-        ),
-        None => (
-            x.to_string(),
-            g.f32s(
-                &format!("{name}.weight"),
-                &dims(&l.weight),
-                &data(&l.weight),
-            ),
-        ),
-    };
-    let y = g.op("MatMul", &[&x, &w], vec![], &format!("{name}.matmul"));
-    match &l.bias {
-        Some(b) => {
-            let b = g.f32s(&format!("{name}.bias"), &dims(b), &data(b));
-            g.op("Add", &[&y, &b], vec![], &format!("{name}.add"))
-        }
-        None => y,
-    }
-}
 
 fn layer_norm(g: &mut GraphBuilder, x: &str, ln: &LayerNorm, eps: f64, name: &str) -> String {
     let gamma = g.f32s(

@@ -115,6 +115,11 @@ impl ModelConfig for LlamaConfig {
         let ends = b * s * (3 * h + 2 * self.vocab_size as u64);
         MemoryEstimate::adamw_f32(LlamaConfig::num_params(self), per_layer + ends)
     }
+
+    /// A next-token row at every position of a window.
+    fn logit_rows(&self, seq: usize) -> usize {
+        seq
+    }
 }
 
 impl Classifier for LlamaForCausalLM {

@@ -29,6 +29,7 @@ pub mod generate;
 pub mod gguf;
 pub mod gguf_out;
 mod model;
+pub mod onnx;
 pub mod prune;
 mod quant;
 

@@ -151,3 +151,20 @@ where
     }
     cache
 }
+
+/// The teacher logit cache a KD stage holds while it trains, as the plan's extra memory: a row
+/// of every logit (f32) for every training row, or each row's `top_k` largest (their values and
+/// ids and the rest's mass: 8k + 4 bytes). `config` is the student's (or the pruned input's)
+/// shape, which has the teacher's labels and rows.
+pub fn cache_memory(
+    config: &impl mopt_core::ModelConfig,
+    top_k: Option<usize>,
+    cx: &crate::stage::PlanContext,
+) -> (String, u64) {
+    let rows = (cx.train_examples * config.logit_rows(cx.size())) as u64;
+    let row = match top_k {
+        Some(k) => 8 * k as u64 + 4,
+        None => 4 * config.num_labels() as u64,
+    };
+    ("teacher logit cache".to_string(), rows * row)
+}

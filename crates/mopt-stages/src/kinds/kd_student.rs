@@ -18,16 +18,16 @@ use crate::kinds::distill::DistillStage;
 use crate::kinds::kd::teacher_logits;
 use crate::plan::train_settings;
 use crate::shape::Shape;
-use crate::stage::{ReferenceModel, StageContext, StageOutput, StagePlan};
+use crate::stage::{PlanContext, ReferenceModel, StageContext, StageOutput, StagePlan};
 
 /// The plan of a logits-only distill stage whose student is `student` (teacher `teacher`).
 pub fn plan<C: ModelConfig>(
     stage: &DistillStage,
     entry: &mopt_recipe::StageEntry,
     (teacher, student): (&Shape, C),
-    size: usize,
+    cx: &PlanContext,
 ) -> Result<StagePlan, StageError> {
-    let s = &stage.spec;
+    let (s, size) = (&stage.spec, cx.size());
     let settings = vec![
         format!(
             "student: {}, {:.2}M params, random init",
@@ -44,6 +44,9 @@ pub fn plan<C: ModelConfig>(
             }
         ),
     ];
+    let cache = s
+        .enabled
+        .then(|| crate::kinds::kd::cache_memory(&student, s.teacher_top_k, cx));
     Ok(StagePlan {
         memory: Some(student.training_memory(entry.train.batch_size, size)),
         output: Shape::new(student),
@@ -51,10 +54,13 @@ pub fn plan<C: ModelConfig>(
             .into_iter()
             .chain(train_settings(&entry.train, entry.train_overridden))
             .collect(),
-        extra_memory: vec![(
+        extra_memory: [(
             "teacher weights (inference)".to_string(),
             4 * teacher.num_params() as u64,
-        )],
+        )]
+        .into_iter()
+        .chain(cache)
+        .collect(),
     })
 }
 

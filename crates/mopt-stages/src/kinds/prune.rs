@@ -3,9 +3,11 @@
 //! unit of the target group kinds (heads, FFN neurons, hidden channels, layers; L1, L2,
 //! first-order Taylor over training batches, or random),
 //! removes the lowest physically (`mopt_prune`), fine-tunes with the KD loss against the baseline
-//! teacher when there is one (its logit cache reused across rounds), and is judged by the stage's
+//! teacher with `distill = true` (its logit cache reused across rounds; the unpruned input itself
+//! when the stage starts from the baseline, as Minitron recovers), and is judged by the stage's
 //! gate. `on-fail = "retry"` stops at the first failing round (the knee) and keeps the last
-//! passing round's model.
+//! passing round's model. `baseline = true` also runs the schedule's hard-label twin (the same
+//! rounds on hard labels alone) and reports it beside the chain.
 
 use std::path::Path;
 
@@ -110,6 +112,7 @@ struct RawPrune {
     teacher_top_k: Option<usize>,
     seed: Option<u64>,
     compare: Option<Vec<String>>,
+    baseline: Option<bool>,
     ratios: Option<std::collections::BTreeMap<String, f64>>,
 }
 
@@ -132,7 +135,8 @@ pub struct PruneStage {
     pub taylor_batches: usize,
     /// What every round keeps (minimums, multiples, ignored layers, ratios).
     pub limits: UnitLimits,
-    /// Fine-tune with the KD loss against the baseline (when the baseline is not the input).
+    /// Fine-tune with the KD loss against the baseline, the unpruned input itself when the
+    /// stage starts from the baseline (Minitron's recovery).
     pub distill: bool,
     /// KD weight of the hard labels in the fine-tuning.
     pub alpha: f64,
@@ -146,6 +150,9 @@ pub struct PruneStage {
     pub retry: bool,
     /// Criteria run with the same schedule for comparison, reported beside the chain.
     pub compare: Vec<Criterion>,
+    /// Also run the schedule's hard-label twin (`baseline = true`): the same rounds, criterion
+    /// and budget, recovered on hard labels alone, reported beside the chain.
+    pub twin: bool,
 }
 
 impl PruneStage {
@@ -393,6 +400,13 @@ impl StageKind for Prune {
             ));
         }
         let (alpha, temperature) = crate::kinds::kd::kd_settings(cx, r.alpha, r.temperature)?;
+        if r.baseline == Some(true) && r.distill == Some(false) {
+            return Err(cx.err(
+                "baseline",
+                "a hard-label twin beside a schedule that is itself recovered on hard labels",
+                "set distill = true (the twin is the same schedule without the teacher), or drop baseline",
+            ));
+        }
         Ok(Box::new(PruneStage {
             targets,
             criterion,
@@ -418,6 +432,7 @@ impl StageKind for Prune {
                 .as_ref()
                 .is_some_and(|g| g.on_fail == OnFail::Retry),
             compare,
+            twin: r.baseline.unwrap_or(false),
         }))
     }
 }
@@ -450,6 +465,12 @@ pub struct RoundRecord {
     pub latency_b32_ms: Option<f64>,
     /// Validation accuracy after fine-tuning.
     pub valid_accuracy: f64,
+    /// The family's headline metric (`accuracy`, `perplexity`…).
+    #[serde(default)]
+    pub metric: String,
+    /// Its validation value after fine-tuning.
+    #[serde(default)]
+    pub valid_value: f64,
     /// Largest logit change against the stage's input on the golden set.
     pub max_logit_error_vs_input: f64,
     /// Whether the gate passed.
@@ -485,14 +506,14 @@ impl PruneStage {
     }
 
     /// The objective of Taylor scoring and fine-tuning: KD against the baseline teacher's cached
-    /// logits, or hard labels.
+    /// logits (also when the stage's input is the baseline: every pruned round learns from the
+    /// unpruned model), or hard labels.
     fn task<M: Prunable<Batch: Labeled>>(
         &self,
-        input: &Path,
         cx: &StageContext,
         ad: &Device,
     ) -> Result<KdTask<M>, StageError> {
-        let kd = (self.distill && input != cx.baseline).then_some((self.alpha, self.temperature));
+        let kd = self.distill.then_some((self.alpha, self.temperature));
         kd_objective((kd, self.teacher_top_k), cx, ad)
     }
 
@@ -529,13 +550,12 @@ impl PruneStage {
 }
 
 impl PruneStage {
-    /// One schedule of rounds with `criterion`, its rounds in `dir/round-N`. With `stop_at_knee`
-    /// (the stage's `on-fail = "retry"`) it stops at the first round that fails the gate and
-    /// hands on the last passing round's model; otherwise every round runs.
+    /// One schedule of up to `rounds` rounds with `criterion`, its rounds in `dir/round-N`. With
+    /// `stop_at_knee` (the stage's `on-fail = "retry"`) it stops at the first round that fails
+    /// the gate and hands on the last passing round's model; otherwise every round runs.
     fn schedule<M: Prunable<Batch: Labeled>>(
         &self,
-        criterion: Criterion,
-        stop_at_knee: bool,
+        (criterion, stop_at_knee, max_rounds): (Criterion, bool, usize),
         task: &mut KdTask<M>,
         input: &Path,
         cx: &StageContext,
@@ -556,7 +576,7 @@ impl PruneStage {
         let mut rounds: Vec<RoundRecord> = Vec::new();
         let mut notes = Vec::new();
         let mut steps = 0;
-        for r in 1..=self.rounds() {
+        for r in 1..=self.rounds().min(max_rounds) {
             let rdir = dir.join(format!("round-{r}"));
             std::fs::create_dir_all(&rdir).map_err(|e| StageError::io(&rdir, e))?;
             eprintln!(
@@ -645,14 +665,17 @@ impl PruneStage {
             })
             .flatten();
         let flops = c.flops(e.latency_seq_len) as u64;
+        let metric = cx.family.metric();
+        let valid_value = report.best_valid.value(metric);
         let note = format!(
-            "Round {r} ({:.0}% removed): {}, {:.2}M params, {:.3} GFLOPs/example{}; validation accuracy {:.4} after fine-tuning; {}.",
+            "Round {r} ({:.0}% removed): {}, {:.2}M params, {:.3} GFLOPs/example{}; validation {} {:.4} after fine-tuning; {}.",
             self.fraction(r) * 100.0,
             c.describe(),
             c.num_params() as f64 / 1e6,
             flops as f64 / 1e9,
             latency.map_or(String::new(), |ms| format!(", mopt b32 latency p50 {ms:.1} ms")),
-            report.best_valid.accuracy,
+            metric.name(),
+            valid_value,
             d.reason
         );
         let record = RoundRecord {
@@ -663,6 +686,8 @@ impl PruneStage {
             params: c.num_params(),
             flops_per_example: flops,
             valid_accuracy: report.best_valid.accuracy,
+            metric: metric.name().into(),
+            valid_value,
             max_logit_error_vs_input: err,
             passed: d.passed,
             reason: d.reason.clone(),
@@ -736,12 +761,22 @@ impl PruneStage {
                 c.flops(cx.size()) / 1e9
             ));
         }
+        if self.twin {
+            settings.push(format!(
+                "baseline = true: the same rounds recovered on hard labels alone (the hard-label twin), reported beside the chain{}",
+                if self.retry { "; as many rounds as the chain keeps" } else { "" }
+            ));
+        }
         settings.extend(train_settings(&entry.train, entry.train_overridden));
         Ok(StagePlan {
             memory: Some(input.training_memory(entry.train.batch_size, cx.size())),
             output: Shape::new(c),
             settings,
-            extra_memory: Vec::new(),
+            extra_memory: self
+                .distill
+                .then(|| crate::kinds::kd::cache_memory(input, self.teacher_top_k, cx))
+                .into_iter()
+                .collect(),
         })
     }
 
@@ -755,10 +790,24 @@ impl PruneStage {
         // One objective for every round of every schedule: the teacher and its cached logits are
         // loaded once.
         let ad = cx.device.train_device(&cx.entry.train);
-        let mut task = self.task::<M>(input, cx, &ad)?;
-        let main = self.schedule(self.criterion, self.retry, &mut task, input, cx, cx.dir)?;
-        let mut notes = main.notes;
+        let mut task = self.task::<M>(cx, &ad)?;
+        let all = self.rounds();
+        let main = self.schedule(
+            (self.criterion, self.retry, all),
+            &mut task,
+            input,
+            cx,
+            cx.dir,
+        )?;
         let mut references = Vec::new();
+        let mut twin_note = None;
+        if self.twin {
+            let (twin, note) = self.twin::<M>(&main, input, cx, &ad)?;
+            twin_note = Some(note);
+            references.push(twin);
+        }
+        let mut notes = main.notes;
+        notes.extend(twin_note);
         let mut compared = Vec::new();
         for &c in &self.compare {
             eprintln!(
@@ -767,14 +816,17 @@ impl PruneStage {
             );
             let dir = cx.dir.join(format!("compare-{}", c.name()));
             // Comparisons run every round (no stop at the knee): accuracy at equal sparsity.
-            let other = self.schedule(c, false, &mut task, input, cx, &dir)?;
+            let other = self.schedule((c, false, all), &mut task, input, cx, &dir)?;
             notes.push(format!(
                 "Comparison, the same schedule with {} importance: {}",
                 c.name(),
                 other
                     .rounds
                     .iter()
-                    .map(|r| format!("round {} validation {:.4}", r.round, r.valid_accuracy))
+                    .map(|r| format!(
+                        "round {} validation {} {:.4}",
+                        r.round, r.metric, r.valid_value
+                    ))
                     .collect::<Vec<_>>()
                     .join(", ")
             ));
@@ -800,6 +852,53 @@ impl PruneStage {
             logit_error_vs_input: None,
             artifacts: Vec::new(),
         })
+    }
+
+    /// The hard-label twin of the schedule `main` ran (in `<stage>/twin`): as many rounds as
+    /// the chain's output went through, the same criterion, budget and seeds, recovered on hard
+    /// labels alone (no teacher), so that the report sets the distilled model beside the one
+    /// the same pruning gives without distillation.
+    fn twin<M: Prunable<Batch: Labeled>>(
+        &self,
+        main: &Pruned,
+        input: &Path,
+        cx: &StageContext,
+        ad: &Device,
+    ) -> Result<(ReferenceModel, String), StageError> {
+        let kept = match self.retry {
+            true => main.rounds.iter().take_while(|r| r.passed).count(),
+            false => main.rounds.len(),
+        };
+        if kept == 0 {
+            return Err(StageError::Unsupported(format!(
+                "stage `{}`: no pruning round passed the gate, so there is no pruned model to set a hard-label twin beside: loosen the gate or prune less (target, step)",
+                cx.entry.name
+            )));
+        }
+        eprintln!("prune: the same {kept} round(s) on hard labels alone (the hard-label twin)");
+        let mut hard = kd_objective::<M>((None, None), cx, ad)?;
+        let dir = cx.dir.join("twin");
+        let twin = self.schedule((self.criterion, false, kept), &mut hard, input, cx, &dir)?;
+        let line = twin
+            .rounds
+            .iter()
+            .zip(&main.rounds)
+            .map(|(t, s)| {
+                format!(
+                    "round {} validation {} {:.4} (distilled {:.4})",
+                    t.round, t.metric, t.valid_value, s.valid_value
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        Ok((
+            ReferenceModel {
+                name: format!("{} (hard-label twin)", cx.entry.name),
+                about: "the same pruning schedule, criterion and budget, recovered on hard labels only".into(),
+                checkpoint: twin.checkpoint,
+            },
+            format!("Hard-label twin (the same {kept} round(s), criterion and budget, no teacher): {line}."),
+        ))
     }
 
     /// `bn-scale` (as `criterion` or in `compare`) needs a normalisation scale in every targeted
@@ -972,6 +1071,6 @@ impl Stage for PruneStage {
             self.temperature,
             self.seed,
             self.retry
-        ))
+        ) + &self.teacher_top_k.map_or(String::new(), |k| format!(" top-k {k}")))
     }
 }
