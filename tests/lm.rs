@@ -28,6 +28,7 @@ max-relative-rise = 0.5
 [[stage]]
 kind = "export"
 reference = "none"
+convert = ["gguf"]
 "#;
 
 #[test]
@@ -126,6 +127,50 @@ fn exports_with_past_key_values(stage: &serde_json::Value, run: &Path) {
             card["sha256"]
         );
     }
+    gguf_reads_back(
+        &dir.parent().unwrap().join("model.gguf"),
+        &dir.join("model.onnx"),
+    );
+}
+
+/// llama.cpp's own reader (the `gguf` package) reads the stage's GGUF: the pruned widths in its
+/// metadata, and the weights the ONNX graph holds (the embedding table, a down projection;
+/// GGUF's `[out, in]` rows against ONNX's `[in, out]`), bit for bit.
+fn gguf_reads_back(gguf: &Path, onnx: &Path) {
+    const READ: &str = r#"
+import json, sys
+import gguf, numpy as np, onnx
+from onnx import numpy_helper
+r = gguf.GGUFReader(sys.argv[1])
+field = lambda k: int(r.fields[k].parts[r.fields[k].data[0]][0])
+t = {x.name: np.asarray(x.data) for x in r.tensors}
+w = {i.name: numpy_helper.to_array(i) for i in onnx.load(sys.argv[2]).graph.initializer}
+print(json.dumps({
+    "tensors": len(r.tensors),
+    "head_count": field("llama.attention.head_count"),
+    "head_count_kv": field("llama.attention.head_count_kv"),
+    "feed_forward_length": field("llama.feed_forward_length"),
+    "key_length": field("llama.attention.key_length"),
+    "embeddings_equal": bool(np.array_equal(t["token_embd.weight"], w["model.embed_tokens.weight"])),
+    "down_equal": bool(np.array_equal(t["blk.1.ffn_down.weight"], w["model.layers.1.mlp.down_proj.weight"].T)),
+}))
+"#;
+    let python = std::env::var("MOPT_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = std::process::Command::new(python)
+        .args(["-c", READ])
+        .arg(gguf)
+        .arg(onnx)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({
+            "tensors": 20, "head_count": 2, "head_count_kv": 2, "feed_forward_length": 32,
+            "key_length": 8, "embeddings_equal": true, "down_equal": true
+        })
+    );
 }
 
 /// `mopt-train generate` serves the run's final (pruned) model from its folder, which carries

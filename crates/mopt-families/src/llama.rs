@@ -180,6 +180,14 @@ impl CanConvert for LlamaGguf {
         ]
     }
 
+    /// `model.gguf`, `model-f16.gguf`, `model-q8_0.gguf`.
+    fn file_name(&self, format: &str) -> String {
+        match format.strip_prefix("gguf-") {
+            Some(t) => format!("model-{t}.gguf"),
+            None => format!("model.{format}"),
+        }
+    }
+
     fn convert(&self, checkpoint: &Path, format: &str, out: &Path) -> Result<String, StageError> {
         use mopt_gguf::GgmlType;
         let dtype = match format {

@@ -14,6 +14,12 @@ pub trait CanConvert: Send + Sync {
     /// Write the checkpoint folder `checkpoint` as `format` (one of [`CanConvert::formats`]) to
     /// `out` (a folder or a file, as the format is); returns what was written, for the user.
     fn convert(&self, checkpoint: &Path, format: &str, out: &Path) -> Result<String, StageError>;
+
+    /// The name a stage gives the file or folder of `format` it writes (`model.<format>` by
+    /// default).
+    fn file_name(&self, format: &str) -> String {
+        format!("model.{format}")
+    }
 }
 
 /// The error for a format the family does not write, listing those it does.

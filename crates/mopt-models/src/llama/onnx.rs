@@ -89,10 +89,7 @@ impl Writer {
     /// cosine and sine tables `[seq, head_dim]` and the additive causal mask `[seq, past + seq]`.
     fn frame(&mut self, model: &LlamaForCausalLM, with_past: bool) -> Frame {
         let g = &mut self.g;
-        let (i1, i2) = (
-            g.i64s("const_index_1", &[], &[1]),
-            g.i64s("const_index_2", &[], &[2]),
-        );
+        let i1 = g.i64s("const_index_1", &[], &[1]);
         let (zero, one) = (
             g.i64s("const_i64_0", &[], &[0]),
             g.i64s("const_i64_1", &[], &[1]),
@@ -106,6 +103,7 @@ impl Writer {
         );
         let past = match with_past {
             true => {
+                let i2 = g.i64s("const_index_2", &[], &[2]);
                 let s = g.op("Shape", &[&past_name(0, "key")], vec![], "past_shape");
                 g.op("Gather", &[&s, &i2], vec![int("axis", 0)], "past_len")
             }

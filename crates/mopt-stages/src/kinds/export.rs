@@ -14,6 +14,7 @@ use mopt_train::trainer::evaluate;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::convert::CanConvert;
 use crate::data::{RunData, Split};
 use crate::error::StageError;
 use crate::family::FamilyEntry;
@@ -182,6 +183,7 @@ struct RawExport {
     tolerance: Option<f64>,
     latency_runs: Option<usize>,
     reference: Option<OneOrMany>,
+    convert: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -204,6 +206,9 @@ pub struct ExportStage {
     /// Also export and benchmark these models for a side-by-side ONNX Runtime latency in the
     /// same run: `baseline` and/or earlier stages' names (empty: none).
     pub reference: Vec<String>,
+    /// Other formats the input is also written in, as the family's `convert` capability names
+    /// them (`gguf-q8_0`, `hf`), into the stage's folder.
+    pub convert: Vec<String>,
 }
 
 impl StageKind for Export {
@@ -242,7 +247,10 @@ impl StageKind for Export {
                 "remove [stage.train]",
             ));
         }
+        let convert = r.convert.unwrap_or_default();
+        check_formats(entry, family, &convert)?;
         Ok(Box::new(ExportStage {
+            convert,
             samples: cx.positive("samples", r.samples, 500)?,
             tolerance,
             latency_runs: r.latency_runs,
@@ -279,15 +287,22 @@ impl Stage for ExportStage {
                 )));
             }
         }
+        let mut settings = vec![format!(
+            "samples = {}, tolerance = {:e}, latency-runs = {}, reference = {:?} (ONNX opset 17; needs python3 with onnx and onnxruntime)",
+            self.samples,
+            self.tolerance,
+            self.latency_runs.map_or("[evaluation]".to_string(), |r| r.to_string()),
+            self.reference
+        )];
+        if !self.convert.is_empty() {
+            settings.push(format!(
+                "convert = {:?}: also written in those formats",
+                self.convert
+            ));
+        }
         Ok(StagePlan {
             output: input.clone(),
-            settings: vec![format!(
-                "samples = {}, tolerance = {:e}, latency-runs = {}, reference = {:?} (ONNX opset 17; needs python3 with onnx and onnxruntime)",
-                self.samples,
-                self.tolerance,
-                self.latency_runs.map_or("[evaluation]".to_string(), |r| r.to_string()),
-                self.reference
-            )],
+            settings,
             memory: None,
             extra_memory: Vec::new(),
         })
@@ -327,6 +342,26 @@ impl Stage for ExportStage {
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
+        if let Some(extra) = &card.extra {
+            notes.push(format!("Beside model.onnx: {extra}."));
+        }
+        let mut artifacts = Vec::new();
+        for format in &self.convert {
+            let can = cx
+                .family
+                .require::<dyn CanConvert>("export", CONVERTS.0, CONVERTS.1)?;
+            let file = cx.dir.join(can.file_name(format));
+            eprintln!(
+                "export: {} -> {} ({format})",
+                input.display(),
+                file.display()
+            );
+            notes.push(format!(
+                "Also as {format}: {}.",
+                can.convert(input, format, &file)?
+            ));
+            artifacts.push(file);
+        }
         let runs = self.latency_runs.unwrap_or(cx.evaluation.latency_runs);
         let latency = if runs > 0 {
             latency(&models, cx, runs, &mut notes)?
@@ -344,12 +379,46 @@ impl Stage for ExportStage {
             notes,
             references: Vec::new(),
             logit_error_vs_input: Some(card.parity.max_abs_err),
-            artifacts: models.into_iter().map(|m| m.onnx).collect(),
+            artifacts: models
+                .into_iter()
+                .map(|m| m.onnx)
+                .chain(artifacts)
+                .collect(),
         })
     }
 
     fn reuse_key(&self) -> Option<String> {
         Some(format!("{self:?}"))
+    }
+}
+
+/// What a family without the `convert` capability lacks.
+const CONVERTS: (&str, &str) = ("a converter to other formats", "declares none");
+
+/// At parse time: that the family writes every format of `convert`.
+fn check_formats(
+    entry: &StageEntry,
+    family: &FamilyEntry,
+    convert: &[String],
+) -> Result<(), RecipeError> {
+    if convert.is_empty() {
+        return Ok(());
+    }
+    let Some(can) = family.capability::<dyn CanConvert>() else {
+        return Err(entry.scope.err(
+            "convert",
+            family.lacks("export", CONVERTS.0, CONVERTS.1),
+            "remove `convert` (the ONNX export needs none)",
+        ));
+    };
+    let known: Vec<&str> = can.formats().iter().map(|f| f.0).collect();
+    match convert.iter().find(|f| !known.contains(&f.as_str())) {
+        Some(f) => Err(entry.scope.err(
+            "convert",
+            format!("the family does not write `{f}`"),
+            format!("use one of: {}", known.join(", ")),
+        )),
+        None => Ok(()),
     }
 }
 

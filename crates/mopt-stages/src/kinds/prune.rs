@@ -804,7 +804,7 @@ impl PruneStage {
         if self.twin {
             let (twin, note) = self.twin::<M>(&main, input, cx, &ad)?;
             twin_note = Some(note);
-            references.push(twin);
+            references.extend(twin);
         }
         let mut notes = main.notes;
         notes.extend(twin_note);
@@ -864,16 +864,14 @@ impl PruneStage {
         input: &Path,
         cx: &StageContext,
         ad: &Device,
-    ) -> Result<(ReferenceModel, String), StageError> {
+    ) -> Result<(Option<ReferenceModel>, String), StageError> {
         let kept = match self.retry {
             true => main.rounds.iter().take_while(|r| r.passed).count(),
             false => main.rounds.len(),
         };
         if kept == 0 {
-            return Err(StageError::Unsupported(format!(
-                "stage `{}`: no pruning round passed the gate, so there is no pruned model to set a hard-label twin beside: loosen the gate or prune less (target, step)",
-                cx.entry.name
-            )));
+            let why = "No hard-label twin: no pruning round passed the gate, so the stage hands on its input unpruned.";
+            return Ok((None, why.into()));
         }
         eprintln!("prune: the same {kept} round(s) on hard labels alone (the hard-label twin)");
         let mut hard = kd_objective::<M>((None, None), cx, ad)?;
@@ -892,11 +890,11 @@ impl PruneStage {
             .collect::<Vec<_>>()
             .join(", ");
         Ok((
-            ReferenceModel {
+            Some(ReferenceModel {
                 name: format!("{} (hard-label twin)", cx.entry.name),
                 about: "the same pruning schedule, criterion and budget, recovered on hard labels only".into(),
                 checkpoint: twin.checkpoint,
-            },
+            }),
             format!("Hard-label twin (the same {kept} round(s), criterion and budget, no teacher): {line}."),
         ))
     }
