@@ -10,7 +10,8 @@
 //! batches (the teacher recipe's data, its seeded epoch order), the teacher fine-tune step, the
 //! 3-layer student step on hard labels, the distillation step of `recipes/distill_bert.toml` with
 //! the teacher cache and with a live teacher, teacher and student inference at batch 1 and 32, and
-//! the machine's SGEMM rate. It then writes the models (HF format) and the batches to a work
+//! the machine's SGEMM rate; then the ResNet rows (`resnet/`) and the language-model rows
+//! (`lm/`: SmolLM2-135M, a step at 8 × 256 tokens and inference at batch 1 and 8). It then writes the models (HF format) and the batches to a work
 //! folder and runs `benches/torch_reference.py` on them with the same thread count, which checks
 //! that its logits equal mopt's before it times anything. Medians, ratios, achieved GFLOP/s, the
 //! CPU model and its SIMD features go to `benches/results/speed.json` (and `ops.json`).
@@ -45,6 +46,7 @@ use mopt_train::trainer::{save_checkpoint_dir, BatchOf, FinetuneTask, Task};
 use mopt_train::DeviceSpec;
 use serde_json::{json, Value};
 
+mod lm;
 mod ops;
 mod resnet;
 
@@ -257,6 +259,14 @@ impl Bench {
         (device, ad)
     }
 
+    /// PyTorch's name for the `--device` (`cpu`, `cuda:N`).
+    fn torch_device(&self) -> String {
+        match DeviceSpec::parse(&self.args.device) {
+            Ok(DeviceSpec::Cuda(i) | DeviceSpec::TchCuda(i)) => format!("cuda:{i}"),
+            _ => "cpu".to_string(),
+        }
+    }
+
     fn wants(&self, name: &str) -> bool {
         self.args
             .only
@@ -356,9 +366,13 @@ fn main() {
         eprintln!("mopt's fused kernels:");
     }
     let _ = std::fs::remove_file(work.join("resnet.json"));
+    let _ = std::fs::remove_file(work.join("lm.json"));
     run_steps(&mut bench, &work);
     if bench.wants("resnet") {
         resnet::run(&mut bench, &work);
+    }
+    if lm::ROWS.iter().any(|r| bench.wants(r)) {
+        lm::run(&mut bench, &work);
     }
     let out = bench.args.out.clone().unwrap_or(out_dir.join("speed.json"));
     finish(&bench, &work, &out);
@@ -679,10 +693,7 @@ fn run_steps(bench: &mut Bench, work: &Path) {
     let spec = json!({
         "threads": bench.args.threads,
         // PyTorch's name for the same device.
-        "device": match DeviceSpec::parse(&bench.args.device) {
-            Ok(DeviceSpec::Cuda(i) | DeviceSpec::TchCuda(i)) => format!("cuda:{i}"),
-            _ => "cpu".to_string(),
-        },
+        "device": bench.torch_device(),
         "warmup": warmup,
         "steps": steps,
         "lr": lr,

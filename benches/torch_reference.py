@@ -215,6 +215,12 @@ def steps(spec, out_path):
         import torch_resnet
 
         torch_resnet.rows(resnet_spec, results, timed, record)
+    # The language-model rows (SmolLM2-135M from its GGUF), likewise.
+    lm_spec = os.path.join(os.path.dirname(out_path), "lm.json")
+    if os.path.exists(lm_spec):
+        import torch_lm
+
+        check["lm"] = torch_lm.rows(lm_spec, results, timed, record)
     results_out = {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

@@ -254,7 +254,20 @@ impl Pipeline {
                         .to_toml())
             );
             if let Some(m) = &p.memory {
-                let extra: u64 = p.extra_memory.iter().map(|(_, b)| b).sum();
+                let mut extras = p.extra_memory.clone();
+                // Validation during training holds an eval batch's logits (and their
+                // log-softmax and probabilities) beside the optimizer state: for a language
+                // model's vocabulary a position, more than the training activations.
+                let eval = entry.train.eval_batch_size;
+                let size = r.tokenizer.as_ref().map_or(0, |t| t.max_len);
+                let logits = 12 * (eval * p.output.logit_values(size)) as u64;
+                if logits > m.activations {
+                    extras.push((
+                        format!("validation logits at eval batch {eval} beyond the activations"),
+                        logits - m.activations,
+                    ));
+                }
+                let extra: u64 = extras.iter().map(|(_, b)| b).sum();
                 let total = m.total() + extra;
                 peak = peak.max(total);
                 let _ = writeln!(
@@ -267,7 +280,7 @@ impl Pipeline {
                     human_bytes(m.activations),
                     entry.train.batch_size,
                     r.tokenizer.as_ref().map_or(String::new(), |t| format!(" x {} tokens", t.max_len)),
-                    p.extra_memory.iter().map(|(what, b)| format!(", {what} {}", human_bytes(*b))).collect::<String>()
+                    extras.iter().map(|(what, b)| format!(", {what} {}", human_bytes(*b))).collect::<String>()
                 );
             }
             input = p.output.clone();

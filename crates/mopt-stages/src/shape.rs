@@ -20,6 +20,7 @@ trait ErasedConfig: Send + Sync {
     fn describe(&self) -> String;
     fn num_params(&self) -> usize;
     fn training_memory(&self, batch: usize, size: usize) -> MemoryEstimate;
+    fn logit_values(&self, size: usize) -> usize;
 }
 
 impl<C: ModelConfig> ErasedConfig for C {
@@ -37,6 +38,9 @@ impl<C: ModelConfig> ErasedConfig for C {
     }
     fn training_memory(&self, batch: usize, size: usize) -> MemoryEstimate {
         ModelConfig::training_memory(self, batch, size)
+    }
+    fn logit_values(&self, size: usize) -> usize {
+        self.logit_rows(size) * self.num_labels()
     }
 }
 
@@ -78,6 +82,12 @@ impl Shape {
     /// Training memory at `batch` examples of `size` ([`ModelConfig::training_memory`]).
     pub fn training_memory(&self, batch: usize, size: usize) -> MemoryEstimate {
         self.0.training_memory(batch, size)
+    }
+
+    /// Logit values one example of `size` yields: its rows ([`ModelConfig::logit_rows`]) times
+    /// the labels (a language model's vocabulary a position).
+    pub fn logit_values(&self, size: usize) -> usize {
+        self.0.logit_values(size)
     }
 }
 

@@ -329,7 +329,7 @@ impl Stage for ExportStage {
             checkpoint: input.to_path_buf(),
             onnx: out.join("model.onnx"),
         }];
-        models.extend(self.export_references(input, cx, samples, &opts)?);
+        models.extend(self.export_references(input, cx, samples, &opts, &mut notes)?);
         notes.push(format!(
             "ONNX files on disk: {}.",
             models
@@ -473,6 +473,7 @@ impl ExportStage {
         cx: &StageContext,
         samples: (Split, usize),
         opts: &ExportOptions,
+        notes: &mut Vec<String>,
     ) -> Result<Vec<Exported>, StageError> {
         let mut out = Vec::new();
         let references = self
@@ -487,9 +488,13 @@ impl ExportStage {
                 dir.display(),
                 b.display()
             );
-            cx.family
+            let card = cx
+                .family
                 .require::<dyn CanExport>("export", NEEDS.0, NEEDS.1)?
                 .export(dir, &b, cx.data, samples, opts)?;
+            if let Some(extra) = &card.extra {
+                notes.push(format!("Beside the {name}'s model.onnx: {extra}."));
+            }
             out.push(Exported {
                 name: name.clone(),
                 checkpoint: dir.clone(),
