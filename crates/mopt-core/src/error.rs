@@ -3,14 +3,27 @@
 /// An error of a model family (a config that does not parse, weights that do not load), with
 /// whether the user can fix it by changing the input (exit code 2) or it happened while
 /// running (exit code 1).
-#[derive(Debug, thiserror::Error)]
-#[error("{source}")]
+///
+/// Transparent: its message is the underlying error's, and its [`std::error::Error::source`]
+/// is that error's source, so that a chain printed whole (`{:#}`) says each thing once.
+#[derive(Debug)]
 pub struct ModelFault {
     /// `true`: bad input (a file, a key, a shape); the message names it and the fix.
     pub input: bool,
-    #[source]
     /// The underlying error.
     pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl std::fmt::Display for ModelFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+impl std::error::Error for ModelFault {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.source()
+    }
 }
 
 impl ModelFault {

@@ -63,8 +63,7 @@ fn config(m: &ModelSpec, scope: &Scope) -> Result<LlamaConfig, StageError> {
         }
     }
     if is_gguf(&m.config) {
-        let gguf = mopt_gguf::Gguf::open(&m.config)
-            .map_err(|e| StageError::Unsupported(format!("{}: {e}", m.config.display())))?;
+        let gguf = mopt_gguf::Gguf::open(&m.config).map_err(gguf_error)?;
         return Ok(mopt_models::llama::config_from_gguf(&gguf)?);
     }
     Ok(LlamaConfig::from_file(&m.config)?)
@@ -198,7 +197,7 @@ impl CanConvert for LlamaGguf {
         };
         let (model, config) = load_checkpoint(checkpoint, &Device::flex())?;
         let tokenizer = checkpoint.join(TOKENIZER_FILE);
-        let gguf = Gguf::open(&tokenizer).map_err(|e| gguf_error(&tokenizer, e))?;
+        let gguf = Gguf::open(&tokenizer).map_err(gguf_error)?;
         mopt_models::llama::write_gguf(&model, &config, gguf.metadata(), out, dtype)?;
         Ok(format!("{} ({format})", out.display()))
     }
@@ -208,8 +207,9 @@ impl CanConvert for LlamaGguf {
 /// tokenizer's end-of-text token ending it early.
 struct LlamaGenerate;
 
-fn gguf_error(path: &Path, e: mopt_gguf::GgufError) -> StageError {
-    StageError::Unsupported(format!("{}: {e}", path.display()))
+/// A GGUF file's error (its message names the file and the field).
+fn gguf_error(e: mopt_gguf::GgufError) -> StageError {
+    StageError::Unsupported(e.to_string())
 }
 
 impl CanGenerate for LlamaGenerate {
@@ -228,9 +228,9 @@ impl CanGenerate for LlamaGenerate {
         } else {
             (load_gguf(source, &device)?.1, source.to_path_buf())
         };
-        let gguf = Gguf::open(&tokenizer).map_err(|e| gguf_error(&tokenizer, e))?;
-        let tok = GgufTokenizer::from_gguf(&gguf).map_err(|e| gguf_error(&tokenizer, e))?;
-        let prompt_tokens = tok.encode(prompt).map_err(|e| gguf_error(&tokenizer, e))?;
+        let gguf = Gguf::open(&tokenizer).map_err(gguf_error)?;
+        let tok = GgufTokenizer::from_gguf(&gguf).map_err(gguf_error)?;
+        let prompt_tokens = tok.encode(prompt).map_err(gguf_error)?;
         if prompt_tokens.is_empty() {
             return Err(StageError::Unsupported(
                 "the prompt is empty: give --prompt some text".into(),
@@ -242,9 +242,7 @@ impl CanGenerate for LlamaGenerate {
         };
         let config = config.with_stop_tokens(tok.eos_id());
         let g = generate_timed(&model, &prompt_tokens, &config);
-        let text = tok
-            .decode(&g.tokens)
-            .map_err(|e| gguf_error(&tokenizer, e))?;
+        let text = tok.decode(&g.tokens).map_err(gguf_error)?;
         Ok(Generation {
             prompt_tokens,
             tokens: g.tokens,

@@ -270,9 +270,12 @@ impl Meta<'_> {
             &[rows, cols] if cols as usize == hidden => rows as usize,
             other => {
                 let what = format!(
-                    "tensor `token_embd.weight` has shape {other:?}, expected [vocab, {hidden}]"
+                    "metadata key `llama.embedding_length` is {hidden}, but tensor \
+                     `token_embd.weight` has shape {other:?} (row-major), not [vocab, {hidden}]"
                 );
-                return Err(load_error(path, what, HINT));
+                let hint = "the metadata and the tensors disagree: the file is inconsistent; \
+                            convert the model to GGUF again";
+                return Err(load_error(path, what, hint));
             }
         };
         if let Some(v) = self.usize("llama.vocab_size")?.filter(|&v| v != vocab) {

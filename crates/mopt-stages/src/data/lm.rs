@@ -95,9 +95,11 @@ impl LmData {
     /// golden reference keeps).
     pub fn load(recipe: &Recipe, golden: usize) -> Result<Self, StageError> {
         let spec = recipe.text_tokenizer()?;
-        let gguf = Gguf::open(&spec.path).map_err(|e| input(&spec.path, e.to_string()))?;
-        let tokenizer =
-            GgufTokenizer::from_gguf(&gguf).map_err(|e| input(&spec.path, e.to_string()))?;
+        // A GGUF error names the file itself.
+        let gguf_input =
+            |e: mopt_gguf::GgufError| StageError::from(TrainError::Input(e.to_string()));
+        let gguf = Gguf::open(&spec.path).map_err(gguf_input)?;
+        let tokenizer = GgufTokenizer::from_gguf(&gguf).map_err(gguf_input)?;
         let Source::Files {
             train, valid, test, ..
         } = &recipe.data.source
