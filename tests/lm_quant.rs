@@ -25,6 +25,10 @@ calibration-samples = 32
 metric = "perplexity"
 max-relative-rise = 0.25
 against = "previous"
+
+[[stage]]
+kind = "export"
+reference = "none"
 "#;
 
 /// Fine-tune, then one epoch of quantization-aware training (no KD: the baseline is the random
@@ -126,6 +130,29 @@ fn a_fine_tuned_tiny_llama_is_quantized_by_ptq_under_a_perplexity_gate() {
     // Quantization moves the perplexity, within the gate's 25 %.
     assert!(int8 != float && int8 <= float * 1.25, "{float} → {int8}");
     serves_but_does_not_convert(&run.join("best"));
+    exports_as_qdq(&run.join("03-export/onnx"));
+}
+
+/// The int8 model in ONNX as QDQ (int8 weights with per-channel scales, inputs through
+/// Q/DQ): ONNX Runtime predicts mopt's next tokens on the golden window's 16 positions, its
+/// optimised graph runs integer kernels, and the decode graph with past key/values is
+/// written and greedy-decoded beside it.
+fn exports_as_qdq(dir: &Path) {
+    let card = read_json(&dir.join("model-card.json"));
+    let q = &card["quantization"];
+    assert_eq!(
+        q["config"]["layers"].as_array().map(Vec::len),
+        Some(14),
+        "{q}"
+    );
+    let ops = q["onnxruntime_optimized_ops"].to_string();
+    assert!(ops.contains("Integer"), "{ops}");
+    assert_eq!(card["parity"]["samples"], 16, "{}", card["parity"]);
+    assert!(card["parity"]["agreement"].as_f64().unwrap() >= 0.995);
+    let d = &card["extra"]["decoding"];
+    assert_eq!(d["new_tokens"], 8, "{d}");
+    eprintln!("int8 ONNX: parity {}, decoding {d}", card["parity"]);
+    assert!(dir.join("decoder_with_past.onnx").is_file());
 }
 
 #[test]
