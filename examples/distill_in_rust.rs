@@ -66,6 +66,7 @@ fn main() -> anyhow::Result<()> {
         tolerance: 1e-4,
         latency_runs: Some(10),
         reference: vec!["baseline".into()],
+        convert: Vec::new(),
     };
     // At most 5 points of validation accuracy below the teacher, else rolled back.
     let gate = GateSpec::max_drop(0.05, GateReference::Baseline);

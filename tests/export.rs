@@ -371,13 +371,13 @@ fn qdq_mlp_runs_on_integer_kernels_and_matches_the_rust_reference() {
         .collect();
     let feed = serde_json::json!([{ "x": x.chunks(16).map(<[f32]>::to_vec).collect::<Vec<_>>() }]);
     let out = python::run(&path, &feed, tmp.path()).unwrap();
-    let got: Vec<Vec<f64>> = serde_json::from_value(out[0].clone()).unwrap();
     let want = mlp.reference(&x, batch);
-    let max = got
+    assert_eq!(out[0].values.len(), want.len(), "{:?}", out[0].shape);
+    let max = out[0]
+        .values
         .iter()
-        .flatten()
         .zip(&want)
-        .map(|(a, b)| (a - *b as f64).abs())
+        .map(|(a, b)| (*a as f64 - *b as f64).abs())
         .fold(0.0, f64::max);
     assert!(max < 1e-5, "QDQ in ONNX Runtime vs Rust reference: {max}");
     let spread = want.iter().cloned().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -486,12 +486,12 @@ fn cnn_with_folded_batch_norm_matches_burn_in_onnx_runtime() {
         .map(|img| vec![img.chunks(28).map(<[f32]>::to_vec).collect()])
         .collect();
     let out = python::run(&path, &serde_json::json!([{ "image": images }]), tmp.path()).unwrap();
-    let got: Vec<Vec<f64>> = serde_json::from_value(out[0].clone()).unwrap();
-    let max = got
+    assert_eq!(out[0].values.len(), want.len(), "{:?}", out[0].shape);
+    let max = out[0]
+        .values
         .iter()
-        .flatten()
         .zip(&want)
-        .map(|(a, b)| (a - *b as f64).abs())
+        .map(|(a, b)| (*a as f64 - *b as f64).abs())
         .fold(0.0, f64::max);
     assert!(max < 1e-4, "ORT vs Burn: {max}");
 }
