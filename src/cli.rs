@@ -132,6 +132,10 @@ enum Command {
         /// ONNX Runtime latency runs at batch 32 (4x at batch 1); 0 skips the benchmark.
         #[arg(long, default_value_t = 30)]
         latency_runs: usize,
+        /// Float parity tolerance, max |ONNX Runtime - mopt| logit (default: the recipe's export
+        /// stage's `tolerance`, else 1e-4).
+        #[arg(long)]
+        tolerance: Option<f64>,
         #[arg(long)]
         force: bool,
     },
@@ -204,6 +208,7 @@ fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
             out,
             samples,
             latency_runs,
+            tolerance,
             force,
         }) => {
             let opts = mopt_stages::export_recipe::RecipeExport {
@@ -212,6 +217,7 @@ fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
                 samples,
                 force,
                 latency_runs,
+                tolerance,
             };
             export(registry, &recipe, &opts)
         }

@@ -29,6 +29,7 @@ max-relative-rise = 0.5
 kind = "export"
 reference = "none"
 convert = ["gguf"]
+tolerance = 2e-4
 "#;
 
 #[test]
@@ -83,6 +84,38 @@ fn a_tiny_llama_is_fine_tuned_and_pruned_under_a_perplexity_gate() {
     );
     generates_from_its_folder(&recipe, &run.join("best"));
     exports_with_past_key_values(&stages[3], &run);
+    exports_from_the_command_line(&recipe, &run);
+}
+
+/// `mopt-train export RECIPE` holds the model to the recipe's export-stage tolerance (a
+/// language model's logits are ~20 in size, so f32 rounding alone can pass 1e-4), or to
+/// `--tolerance`; a bad one exits 2 before anything is written.
+fn exports_from_the_command_line(recipe: &Path, run: &Path) {
+    let r = recipe.to_str().unwrap();
+    let out = run.join("cli-export");
+    let o = out.to_str().unwrap();
+    let bad = mopt(&["export", r, "--out", o, "--tolerance", "0"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("--tolerance 0"), "{}", stderr(&bad));
+    assert!(!out.exists());
+    let args = [
+        "export",
+        r,
+        "--out",
+        o,
+        "--samples",
+        "16",
+        "--latency-runs",
+        "0",
+    ];
+    let ok = mopt(&args);
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    let card = read_json(&out.join("model-card.json"));
+    assert_eq!(card["parity"]["tolerance"], 2e-4, "{card}");
+    let forced = mopt(&[&args[..], &["--force", "--tolerance", "3e-4"]].concat());
+    assert!(forced.status.success(), "{}", stderr(&forced));
+    let card = read_json(&out.join("model-card.json"));
+    assert_eq!(card["parity"]["tolerance"], 3e-4, "{card}");
 }
 
 /// The pruned model in ONNX: the prefill graph matches mopt's logits at every position of the
@@ -108,6 +141,7 @@ fn exports_with_past_key_values(stage: &serde_json::Value, run: &Path) {
         "one golden window, 16 positions: {parity}"
     );
     assert!(parity["max_abs_err"].as_f64().unwrap() <= 1e-4, "{parity}");
+    assert_eq!(parity["tolerance"], 2e-4, "the stage's own: {parity}");
     assert_eq!(parity["agreement"], 1.0, "{parity}");
     assert_eq!(card["heads_per_layer"], serde_json::json!([2, 2]), "{card}");
     assert_eq!(card["kv_heads_per_layer"], serde_json::json!([2, 2]));

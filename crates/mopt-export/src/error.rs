@@ -12,7 +12,7 @@ pub enum ExportError {
     #[error("python: {0}")]
     /// The Python side (onnx, onnxruntime) failed or is missing.
     Python(String),
-    #[error("parity check failed: ONNX Runtime differs from mopt by {max_abs_err:e} (tolerance {tolerance:e}) on {samples} samples; the export was not written")]
+    #[error("parity check failed: ONNX Runtime differs from mopt by {max_abs_err:e} (tolerance {tolerance:e}) on {samples} samples; the export was not written (where the difference is f32 rounding on large logits, raise the export stage's `tolerance` or pass `mopt-train export --tolerance`)")]
     /// A float export's logits differ from mopt's by more than the tolerance.
     Parity {
         /// The largest |ONNX Runtime − mopt| logit difference.

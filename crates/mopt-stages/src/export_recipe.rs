@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::data::Split;
 use crate::error::StageError;
-use crate::kinds::export::{ort_latency, CanExport};
+use crate::kinds::export::{ort_latency, recipe_tolerance, CanExport};
 use crate::Registry;
 
 /// ONNX Runtime latency of one exported model.
@@ -51,6 +51,9 @@ pub struct RecipeExport {
     pub force: bool,
     /// ONNX Runtime latency runs at batch 32 (4× at batch 1); 0 skips the benchmark.
     pub latency_runs: usize,
+    /// Float parity tolerance; `None`: the recipe's export stage's `tolerance`
+    /// ([`crate::kinds::export::recipe_tolerance`]), else [`FLOAT_TOLERANCE`].
+    pub tolerance: Option<f64>,
 }
 
 fn export_one(
@@ -72,8 +75,18 @@ fn export_one(
     let can = fam.require::<dyn CanExport>("export", "an ONNX exporter", "declares none")?;
     let accuracy = can.accuracy(ckpt, &data, Split::Test)?;
     let n = opts.samples.min(data.len(Split::Test));
+    let tolerance = match opts.tolerance {
+        Some(t) if t > 0.0 && t.is_finite() => t,
+        Some(t) => {
+            return Err(ExportError::Invalid(format!(
+                "--tolerance {t} must be a positive number (1e-4 suits classifiers' logits)"
+            ))
+            .into())
+        }
+        None => recipe_tolerance(recipe)?.unwrap_or(FLOAT_TOLERANCE),
+    };
     let eo = ExportOptions {
-        tolerance: FLOAT_TOLERANCE,
+        tolerance,
         input_notes: can.input_notes(recipe.example_size()),
         labels: data.labels().labels.clone(),
         accuracy: Some(accuracy),

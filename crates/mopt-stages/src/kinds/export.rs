@@ -211,6 +211,30 @@ pub struct ExportStage {
     pub convert: Vec<String>,
 }
 
+/// The stage's validated `tolerance` ([`FLOAT_TOLERANCE`] when unset).
+fn tolerance(entry: &StageEntry, r: &RawExport) -> Result<f64, RecipeError> {
+    let tolerance = r.tolerance.unwrap_or(FLOAT_TOLERANCE);
+    if !(tolerance > 0.0 && tolerance.is_finite()) {
+        return Err(entry.scope.err(
+            "tolerance",
+            format!("{tolerance} must be > 0"),
+            "1e-4 suits float exports",
+        ));
+    }
+    Ok(tolerance)
+}
+
+/// The parity tolerance of `recipe`'s last export stage, if it has one: what
+/// `mopt-train export` holds the same model to (a language model's logits, ~20 in size, need
+/// more than a classifier's 1e-4).
+pub fn recipe_tolerance(recipe: &mopt_recipe::Recipe) -> Result<Option<f64>, RecipeError> {
+    let Some(entry) = recipe.stages.iter().rev().find(|e| e.kind == "export") else {
+        return Ok(None);
+    };
+    let r: RawExport = entry.scope.deserialize(entry.settings.clone())?;
+    tolerance(entry, &r).map(Some)
+}
+
 impl StageKind for Export {
     fn name(&self) -> &'static str {
         "export"
@@ -232,14 +256,7 @@ impl StageKind for Export {
         )?;
         let cx = &entry.scope;
         let r: RawExport = cx.deserialize(entry.settings.clone())?;
-        let tolerance = r.tolerance.unwrap_or(FLOAT_TOLERANCE);
-        if !(tolerance > 0.0 && tolerance.is_finite()) {
-            return Err(cx.err(
-                "tolerance",
-                format!("{tolerance} must be > 0"),
-                "1e-4 suits float exports",
-            ));
-        }
+        let tolerance = tolerance(entry, &r)?;
         if entry.train_overridden {
             return Err(cx.err(
                 "train",
