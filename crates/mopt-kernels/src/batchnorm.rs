@@ -126,7 +126,7 @@ pub fn normalize(
 
 simd_fn! {
     /// [`normalize`] over one run: `max(a·x + b (+ r), floor)`.
-    fn normalize_run<'a>(
+    pub(crate) fn normalize_run<'a>(
         yo: &'a mut [f32],
         xi: &'a [f32],
         residual: Option<&'a [f32]>,
@@ -252,7 +252,7 @@ simd_fn! {
 }
 
 /// The forward's per-channel affine map `(a, b)`: `γ·x̂ + β = a·x + b`.
-fn coefficients(
+pub(crate) fn coefficients(
     (gamma, beta): (&[f32], &[f32]),
     (mean, var): (&[f32], &[f32]),
     eps: f32,

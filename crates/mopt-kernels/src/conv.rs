@@ -19,11 +19,12 @@
 
 use rayon::prelude::*;
 
+use crate::batchnorm::normalize_run;
 use crate::transpose::transpose;
 
 use crate::gemm::{
     aligned, copy_run, copy_short, depth_blocks, gemm_serial, Direct, PackA, PackB, PackedA,
-    Strided, Table, View,
+    Strided, Table, View, NR_512,
 };
 
 /// The geometry of one convolution.
@@ -207,12 +208,42 @@ impl PackB for Shifted<'_> {
 
 /// `y = conv(x, w)`: x `[batch, C, H, W]`, w `[O, C, k, k]` → `[batch, O, OH, OW]`.
 pub fn conv2d(x: &[f32], w: &[f32], s: &ConvShape) -> Vec<f32> {
+    conv2d_then(x, w, s, None)
+}
+
+/// What a convolution does to each output value as it writes it (inference BatchNorm, the
+/// block's shortcut, ReLU): `max(a_o · y + b_o (+ r), floor)` for output channel `o`, the
+/// same arithmetic as [`crate::batchnorm::normalize`], so the fused result equals the
+/// convolution followed by the BatchNorm pass bit for bit, one pass over the output fewer.
+#[derive(Debug, Clone, Copy)]
+pub struct Epilogue<'a> {
+    /// `(a, b)` per output channel.
+    pub coef: &'a [(f32, f32)],
+    /// Added after the affine map, shaped like the output.
+    pub residual: Option<&'a [f32]>,
+    /// `0` for a ReLU, `-inf` for none.
+    pub floor: f32,
+}
+
+impl<'a> Epilogue<'a> {
+    /// The part for output channels from `c0` on, whose first value is at `at` of the output.
+    fn from(&self, c0: usize, at: usize) -> Epilogue<'a> {
+        Epilogue {
+            coef: &self.coef[c0..],
+            residual: self.residual.map(|r| &r[at..]),
+            floor: self.floor,
+        }
+    }
+}
+
+/// [`conv2d`], each output value passed through `then` as it is written.
+pub fn conv2d_then(x: &[f32], w: &[f32], s: &ConvShape, then: Option<&Epilogue>) -> Vec<f32> {
     crate::threads::keep_warm();
     if let Some(t) = s.pointwise_strided() {
-        return conv2d(&subsample(x, s), w, &t);
+        return conv2d_then(&subsample(x, s), w, &t, then);
     }
     let packed = PackedA::new(View::row_major(w, s.out_channels, s.patch()));
-    forward_packed(x, &packed, s)
+    forward_packed(x, &packed, s, then)
 }
 
 impl ConvShape {
@@ -297,7 +328,7 @@ fn zeroed(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
 }
 
 /// [`conv2d`] with the weights already packed (`[O, C·k·k]`).
-fn forward_packed(x: &[f32], w: &PackedA, s: &ConvShape) -> Vec<f32> {
+fn forward_packed(x: &[f32], w: &PackedA, s: &ConvShape, then: Option<&Epilogue>) -> Vec<f32> {
     let (o, (oh, ow)) = (s.out_channels, s.out_hw());
     let mut y = vec![0.0f32; s.batch * o * oh * ow];
     // Whole images a task when the batch keeps every thread busy; otherwise each image's
@@ -316,14 +347,18 @@ fn forward_packed(x: &[f32], w: &PackedA, s: &ConvShape) -> Vec<f32> {
         .enumerate()
         .for_each(|(n, out)| {
             let img = &x[n * s.image()..][..s.image()];
+            let at = n * o * oh * ow;
             if split == 1 {
-                forward_rows(img, w, (0, panels), &geometry, out);
+                let then = then.map(|e| e.from(0, at));
+                forward_rows(img, w, (0, panels), &geometry, (out, then.as_ref()));
             } else {
                 out.par_chunks_mut(per * mr * oh * ow)
                     .enumerate()
                     .for_each(|(ci, out)| {
                         let range = (ci * per, ((ci + 1) * per).min(panels));
-                        forward_rows(img, w, range, &geometry, out);
+                        let c0 = range.0 * mr;
+                        let then = then.map(|e| e.from(c0, at + c0 * oh * ow));
+                        forward_rows(img, w, range, &geometry, (out, then.as_ref()));
                     });
             }
         });
@@ -350,13 +385,14 @@ impl<'a> Geometry<'a> {
     }
 }
 
-/// Output channels of panels `[p0, p1)` of one image (`out`: those channels' planes).
+/// Output channels of panels `[p0, p1)` of one image (`out`: those channels' planes, `then`
+/// from their first channel on).
 fn forward_rows(
     img: &[f32],
     w: &PackedA,
     (p0, p1): (usize, usize),
     geo: &Geometry,
-    out: &mut [f32],
+    (out, then): (&mut [f32], Option<&Epilogue>),
 ) {
     let (s, g) = (geo.s, &geo.grid);
     let (oh, ow) = s.out_hw();
@@ -369,17 +405,16 @@ fn forward_rows(
         match Direct::get() {
             // Weights packed, the input's shifted rows read in place.
             Some(direct) => {
+                let (mr, nr) = (direct.mr(), direct.nr());
+                debug_assert_eq!(mr, w.tile_rows());
                 for (d0, kc) in w.depth_blocks() {
                     let a = w.panel_range(d0, kc, (p0, p1));
                     let a_rows = |ip: usize| Strided {
-                        base: ip * kc * Direct::MR,
-                        stride: Direct::MR,
+                        base: ip * kc * mr,
+                        stride: mr,
                     };
                     let off = &geo.off[d0..d0 + kc];
-                    let b_rows = |jp: usize| Table {
-                        off,
-                        add: jp * Direct::NR,
-                    };
+                    let b_rows = |jp: usize| Table { off, add: jp * nr };
                     let dims = (rows, q, kc);
                     direct.block((a, &a_rows), (&sc.prep, &b_rows), dims, grid, q, d0 > 0);
                 }
@@ -403,9 +438,17 @@ fn forward_rows(
                 );
             }
         }
-        for (dst, src) in out.chunks_exact_mut(oh * ow).zip(grid.chunks_exact(q)) {
-            for (d, r) in dst.chunks_exact_mut(ow).zip(src.chunks_exact(g.wg)) {
-                copy_short(d, &r[..ow]);
+        let planes = out.chunks_exact_mut(oh * ow).zip(grid.chunks_exact(q));
+        for (c, (dst, src)) in planes.enumerate() {
+            let rows = dst.chunks_exact_mut(ow).zip(src.chunks_exact(g.wg));
+            for (y, (d, r)) in rows.enumerate() {
+                match then {
+                    None => copy_short(d, &r[..ow]),
+                    Some(e) => {
+                        let res = e.residual.map(|v| &v[(c * oh + y) * ow..][..ow]);
+                        normalize_run(d, &r[..ow], res, e.coef[c], e.floor);
+                    }
+                }
             }
         }
     })
@@ -468,6 +511,7 @@ fn input_grad_flipped(w: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
         g,
         &PackedA::new(View::row_major(&flipped, s.channels, t.patch())),
         &t,
+        None,
     )
 }
 
@@ -656,7 +700,7 @@ fn weight_grad_part(
     let len = (images + 1) * pix * rs;
     sc.prep.resize(len, 0.0);
     let xt = &mut sc.prep[..len];
-    let gt = aligned(&mut sc.grid, images * oh * ow * o + Direct::NR);
+    let gt = aligned(&mut sc.grid, images * oh * ow * o + NR_512);
     channels_last((x, g), (n0, images), geo, (xt, gt));
     // Where each output pixel's window starts in `xt`.
     let pos: Vec<usize> = (0..images)
@@ -670,16 +714,17 @@ fn weight_grad_part(
     // Few output channels (G's rows short): dW = Gᵀ · X with both read in place, G's rows of
     // 12 output channels `o` apart, X's rows of 32 channels of one kernel offset (measured
     // faster at o = 32; from o = 64 the transposed form below is).
-    if let Some(direct) = Direct::get().filter(|_| c % Direct::NR == 0 && o <= Direct::NR) {
+    if let Some(direct) = Direct::get().filter(|d| c % d.nr() == 0 && o <= d.nr()) {
+        let (mr, nr) = (direct.mr(), direct.nr());
         let mut dw = vec![0.0f32; o * k * k * c];
         for (d0, kc) in depth_blocks(depth) {
             let tab = &pos[d0..];
             let a_rows = |ip: usize| Strided {
-                base: d0 * o + ip * Direct::MR,
+                base: d0 * o + ip * mr,
                 stride: o,
             };
             let b_rows = |jp: usize| {
-                let col = jp * Direct::NR;
+                let col = jp * nr;
                 let add = offset_cl(s, grid.wg, (col / c / k, (col / c) % k)) + col % c;
                 Table { off: tab, add }
             };
@@ -696,7 +741,8 @@ fn weight_grad_part(
         return (dw, false);
     }
     let mut dwt = vec![0.0f32; k * k * c * o];
-    if let Some(direct) = Direct::get().filter(|_| c >= Direct::MR) {
+    if let Some(direct) = Direct::get().filter(|d| c >= d.mr()) {
+        let (mr, nr) = (direct.mr(), direct.nr());
         // More output channels: dWᵀ per kernel offset, X's rows of 12 channels against G's
         // rows of 32 output channels `o` apart.
         for (d0, kc) in depth_blocks(depth) {
@@ -705,10 +751,10 @@ fn weight_grad_part(
                 let add = offset_cl(s, grid.wg, kxy);
                 let a_rows = |ip: usize| Table {
                     off: tab,
-                    add: add + ip * Direct::MR,
+                    add: add + ip * mr,
                 };
                 let b_rows = |jp: usize| Strided {
-                    base: d0 * o + jp * Direct::NR,
+                    base: d0 * o + jp * nr,
                     stride: o,
                 };
                 let (a, b): (&[f32], &[f32]) = (xt, gt);
@@ -816,7 +862,7 @@ mod tests {
             s(2, 3, 9, 4, 3, 1, 0),
             s(2, 3, 10, 5, 5, 2, 2),
             s(2, 2, 11, 3, 3, 3, 1),
-            // 32 channels (the weight gradient read in place where the CPU has AVX-512), and
+            // 32 channels (the weight gradient read in place where the CPU has AVX2 or AVX-512), and
             // more output channels than a tile is wide
             s(2, 32, 5, 14, 3, 1, 1),
             s(2, 32, 6, 13, 3, 2, 1),
@@ -859,6 +905,66 @@ mod tests {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f32::max);
             assert!(err < 1e-4, "{s:?}: {err}");
+        }
+    }
+
+    /// The fused epilogue (inference BatchNorm, residual, ReLU) gives exactly the convolution
+    /// followed by [`crate::batchnorm::normalize`], whole images a task and output channels
+    /// split over threads (batch 2 on 3 threads), on both product paths.
+    #[test]
+    fn the_epilogue_equals_the_convolution_then_the_batch_norm_pass() {
+        use crate::batchnorm::{normalize, BnShape};
+        use crate::gemm::tests::PACKED_ONLY;
+        for (threads, packed) in [(1, false), (3, false), (3, true)] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                PACKED_ONLY.with(|p| p.set(packed));
+                for s in shapes() {
+                    epilogue_check(&s);
+                }
+                PACKED_ONLY.with(|p| p.set(false));
+            });
+        }
+        fn epilogue_check(s: &ConvShape) {
+            let (o, (oh, ow)) = (s.out_channels, s.out_hw());
+            let x = data(s.batch * s.image(), 1);
+            let w = data(o * s.patch(), 2);
+            let (gamma, beta) = (data(o, 3), data(o, 4));
+            let (mean, var): (Vec<f32>, Vec<f32>) =
+                (data(o, 5), data(o, 6).iter().map(|v| v + 1.5).collect());
+            let r = data(s.batch * o * oh * ow, 7);
+            let bn = BnShape {
+                batch: s.batch,
+                channels: o,
+                plane: oh * ow,
+            };
+            let coef = crate::batchnorm::coefficients((&gamma, &beta), (&mean, &var), 1e-5, o);
+            for (residual, relu) in [(None, false), (Some(&r[..]), true), (Some(&r[..]), false)] {
+                let then = Epilogue {
+                    coef: &coef,
+                    residual,
+                    floor: if relu { 0.0 } else { f32::NEG_INFINITY },
+                };
+                let fused = conv2d_then(&x, &w, s, Some(&then));
+                let y = conv2d(&x, &w, s);
+                let want = normalize(
+                    &y,
+                    (&gamma, &beta),
+                    (&mean, &var),
+                    1e-5,
+                    (residual, relu),
+                    &bn,
+                );
+                assert!(
+                    fused == want,
+                    "{s:?} residual {} relu {relu}",
+                    residual.is_some()
+                );
+                assert!(fused != y, "the epilogue did something");
+            }
         }
     }
 

@@ -379,6 +379,38 @@ pub fn conv2d(x: FlexTensor, w: &FlexTensor, stride: usize, pad: usize) -> FlexT
     )
 }
 
+/// Inference `max(bn(conv(x, w)) (+ residual), 0 if relu)` with the running statistics
+/// `params = [gamma, beta, mean, var]`, written by the convolution as it stores its output:
+/// equal bit for bit to [`conv2d`] then [`batch_norm_eval`].
+pub fn conv2d_bn_eval(
+    (x, w): (FlexTensor, &FlexTensor),
+    (stride, pad): (usize, usize),
+    params: [&FlexTensor; 4],
+    eps: f64,
+    (residual, relu): (Option<&FlexTensor>, bool),
+) -> FlexTensor {
+    let (x, w) = (contiguous(x), contiguous(w.clone()));
+    let s = conv_shape(&x, &w, stride, pad);
+    let [gamma, beta, mean, var] = params.map(|p| contiguous(p.clone()));
+    let residual = residual.map(|r| contiguous(r.clone()));
+    let coef = crate::batchnorm::coefficients(
+        (f32s(&gamma), f32s(&beta)),
+        (f32s(&mean), f32s(&var)),
+        eps as f32,
+        s.out_channels,
+    );
+    let then = crate::conv::Epilogue {
+        coef: &coef,
+        residual: residual.as_ref().map(f32s),
+        floor: if relu { 0.0 } else { f32::NEG_INFINITY },
+    };
+    let (oh, ow) = s.out_hw();
+    make(
+        crate::conv::conv2d_then(f32s(&x), f32s(&w), &s, Some(&then)),
+        Shape::from(vec![s.batch, s.out_channels, oh, ow]),
+    )
+}
+
 /// (dx, dw), each when its flag is set.
 pub fn conv2d_backward(
     x: &FlexTensor,

@@ -7,7 +7,8 @@
 //! (24 zmm accumulators, B's two vectors loaded and A's entry broadcast once per k); AVX2+FMA,
 //! a 6 × 16 tile (12 ymm accumulators, plain Rust under `pulp`'s V3 dispatch, where LLVM keeps
 //! the tile in registers); otherwise the same 6 × 16 tile in portable Rust. `MOPT_GEMM=avx2`
-//! (or `portable`) forces a narrower path, for comparisons.
+//! (or `portable`) forces a narrower path, for comparisons; `avx2-packed` also packs the
+//! operands the convolutions otherwise read in place ([`Direct`]).
 
 use pulp::{Arch, Simd, WithSimd};
 use rayon::prelude::*;
@@ -59,7 +60,7 @@ fn tile() -> Tile {
             return portable;
         }
         #[cfg(target_arch = "x86_64")]
-        if let Some(v) = pulp::x86::V4::try_new().filter(|_| cap != "avx2") {
+        if let Some(v) = pulp::x86::V4::try_new().filter(|_| !cap.starts_with("avx2")) {
             // (the products go to the `gemm` crate unless `avx512-own`: see `on_gemm_crate`.)
             return Tile {
                 mr: MR_512,
@@ -324,37 +325,58 @@ impl Rows for Table<'_> {
     }
 }
 
-/// Products whose operands are read in place, without packing (the AVX-512 tile only: the
-/// convolutions' shifted rows are already contiguous runs of 12 and 32 values). `None` on
-/// other tiles, whose callers pack.
+/// Products whose operands are read in place, without packing: the convolutions' shifted
+/// rows are already contiguous runs of the tile's width. The AVX-512 tile (12 × 32) or the
+/// AVX2 one (6 × 16); `None` on the portable tile, whose callers pack.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Direct {
-    #[cfg(target_arch = "x86_64")]
-    v: pulp::x86::V4,
+    kernel: Kernel,
 }
 
 impl Direct {
-    /// The direct path, when this process runs the AVX-512 tile.
+    /// The direct path, when this process runs the AVX-512 or the AVX2 tile.
     pub(crate) fn get() -> Option<Self> {
         #[cfg(test)]
         if tests::PACKED_ONLY.with(|p| p.get()) {
             return None;
         }
         match tile().kernel {
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512(v) => Some(Self { v }),
-            _ => None,
+            Kernel::Portable => None,
+            _ if packed_only() => None,
+            kernel => Some(Self { kernel }),
         }
     }
 
+    /// Whether this is the AVX-512 tile.
+    pub(crate) fn wide(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Kernel::Avx512(_) = self.kernel {
+            return true;
+        }
+        false
+    }
+
     /// Rows of its tile.
-    pub(crate) const MR: usize = MR_512;
+    pub(crate) fn mr(self) -> usize {
+        if self.wide() {
+            MR_512
+        } else {
+            MR
+        }
+    }
+
     /// Columns of its tile.
-    pub(crate) const NR: usize = NR_512;
+    pub(crate) fn nr(self) -> usize {
+        if self.wide() {
+            NR_512
+        } else {
+            NR
+        }
+    }
 
     /// `C (+)= A·B` over one depth block of `kc`: C is `m × n` (leading dimension `ldc`), A's
-    /// panel `ip` (rows `12·ip..`) has its rows at `a_rows(ip)` in `a`, B's panel `jp`
-    /// (columns `32·jp..`) at `b_rows(jp)` in `b`. Reads past the last valid row or column
+    /// panel `ip` (rows `mr·ip..`) has its rows at `a_rows(ip)` in `a`, B's panel `jp`
+    /// (columns `nr·jp..`) at `b_rows(jp)` in `b`. Reads past the last valid row or column
     /// must stay inside `a` and `b` (their values are discarded).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn block<RA: Rows, RB: Rows>(
@@ -366,59 +388,120 @@ impl Direct {
         ldc: usize,
         accumulate: bool,
     ) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            struct Run<'a, RA: Rows, RB: Rows> {
-                v: pulp::x86::V4,
-                a: (&'a [f32], &'a (dyn Fn(usize) -> RA + Sync)),
-                b: (&'a [f32], &'a (dyn Fn(usize) -> RB + Sync)),
-                dims: (usize, usize, usize),
-                c: &'a mut [f32],
-                ldc: usize,
-                accumulate: bool,
-            }
-            impl<RA: Rows, RB: Rows> WithSimd for Run<'_, RA, RB> {
-                type Output = ();
-                #[inline(always)]
-                fn with_simd<S: Simd>(self, _: S) {
-                    let (m, n, kc) = self.dims;
-                    let mut buf = [0.0f32; TILE_MAX];
-                    for ip in 0..m.div_ceil(MR_512) {
-                        let ar = (self.a.1)(ip);
-                        let h = MR_512.min(m - ip * MR_512);
-                        for jp in 0..n.div_ceil(NR_512) {
-                            let br = (self.b.1)(jp);
-                            let w = NR_512.min(n - jp * NR_512);
-                            let (a, b) = ((self.a.0, ar), (self.b.0, br));
-                            // A short last panel runs a tile of only the rows it has.
-                            match h {
-                                9.. => micro_direct::<MR_512>(self.v, a, b, kc, &mut buf),
-                                5..=8 => micro_direct::<8>(self.v, a, b, kc, &mut buf),
-                                _ => micro_direct::<4>(self.v, a, b, kc, &mut buf),
-                            }
-                            let at = (ip * MR_512, jp * NR_512);
-                            let tile = (&buf[..], NR_512);
-                            store(self.c, self.ldc, at, tile, (h, w), 1.0, self.accumulate);
+        struct Run<'a, RA: Rows, RB: Rows> {
+            kernel: Kernel,
+            a: (&'a [f32], &'a (dyn Fn(usize) -> RA + Sync)),
+            b: (&'a [f32], &'a (dyn Fn(usize) -> RB + Sync)),
+            dims: (usize, usize, usize),
+            c: &'a mut [f32],
+            ldc: usize,
+            accumulate: bool,
+        }
+        impl<RA: Rows, RB: Rows> WithSimd for Run<'_, RA, RB> {
+            type Output = ();
+            #[inline(always)]
+            fn with_simd<S: Simd>(self, _: S) {
+                let (m, n, kc) = self.dims;
+                let (mr, nr) = match self.kernel {
+                    #[cfg(target_arch = "x86_64")]
+                    Kernel::Avx512(_) => (MR_512, NR_512),
+                    _ => (MR, NR),
+                };
+                let mut buf = [0.0f32; TILE_MAX];
+                for ip in 0..m.div_ceil(mr) {
+                    let ar = (self.a.1)(ip);
+                    let h = mr.min(m - ip * mr);
+                    for jp in 0..n.div_ceil(nr) {
+                        let br = (self.b.1)(jp);
+                        let w = nr.min(n - jp * nr);
+                        let (a, b) = ((self.a.0, ar), (self.b.0, br));
+                        // A short last panel runs a tile of only the rows it has.
+                        match self.kernel {
+                            #[cfg(target_arch = "x86_64")]
+                            Kernel::Avx512(v) => match h {
+                                9.. => micro_direct::<MR_512>(v, a, b, kc, &mut buf),
+                                5..=8 => micro_direct::<8>(v, a, b, kc, &mut buf),
+                                _ => micro_direct::<4>(v, a, b, kc, &mut buf),
+                            },
+                            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+                            Kernel::Avx2(v) => match h {
+                                5.. => micro_direct_v3::<MR>(v, a, b, kc, &mut buf),
+                                3..=4 => micro_direct_v3::<4>(v, a, b, kc, &mut buf),
+                                _ => micro_direct_v3::<2>(v, a, b, kc, &mut buf),
+                            },
+                            Kernel::Portable => unreachable!("no direct portable tile"),
                         }
+                        let at = (ip * mr, jp * nr);
+                        store(
+                            self.c,
+                            self.ldc,
+                            at,
+                            (&buf[..], nr),
+                            (h, w),
+                            1.0,
+                            self.accumulate,
+                        );
                     }
                 }
             }
-            let run = Run {
-                v: self.v,
-                a: (a, a_rows),
-                b: (b, b_rows),
-                dims: (m, n, kc),
-                c,
-                ldc,
-                accumulate,
-            };
-            Simd::vectorize(self.v, run);
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = (a, a_rows, b, b_rows, m, n, kc, c, ldc, accumulate);
-            unreachable!("Direct is only constructed on x86_64");
+        let run = Run {
+            kernel: self.kernel,
+            a: (a, a_rows),
+            b: (b, b_rows),
+            dims: (m, n, kc),
+            c,
+            ldc,
+            accumulate,
+        };
+        match self.kernel {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512(v) => Simd::vectorize(v, run),
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+            Kernel::Avx2(v) => Simd::vectorize(v, run),
+            Kernel::Portable => unreachable!("no direct portable tile"),
         }
+    }
+}
+
+/// `MOPT_GEMM=avx2-packed`: the AVX2 tile with every operand packed (no [`Direct`]), for
+/// comparisons.
+fn packed_only() -> bool {
+    static PACKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PACKED.get_or_init(|| std::env::var("MOPT_GEMM").is_ok_and(|v| v == "avx2-packed"))
+}
+
+/// The 6 × 16 AVX2 tile with its operands read in place (as [`micro_direct`]): A's row `k`
+/// is the values at `a_rows.at(k)` (the first `R` multiplied), B's the 16 at `b_rows.at(k)`.
+/// Writes `R` rows of 16 into `out`.
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+#[inline(always)]
+fn micro_direct_v3<const R: usize>(
+    v: pulp::x86::V3,
+    (a, a_rows): (&[f32], impl Rows),
+    (b, b_rows): (&[f32], impl Rows),
+    kc: usize,
+    out: &mut [f32],
+) {
+    use pulp::f32x8;
+    let z = v.splat_f32x8(0.0);
+    let mut c = [[z; 2]; R];
+    for k in 0..kc {
+        let bk = &b[b_rows.at(k)..][..NR];
+        let ak = &a[a_rows.at(k)..][..R];
+        let (lo, hi) = bk.split_at(8);
+        let b0: f32x8 = pulp::bytemuck::cast(<[f32; 8]>::try_from(lo).expect("8 lanes"));
+        let b1: f32x8 = pulp::bytemuck::cast(<[f32; 8]>::try_from(hi).expect("8 lanes"));
+        for (r, acc) in c.iter_mut().enumerate() {
+            let ar = v.splat_f32x8(ak[r]);
+            acc[0] = v.mul_add_f32x8(ar, b0, acc[0]);
+            acc[1] = v.mul_add_f32x8(ar, b1, acc[1]);
+        }
+    }
+    for (r, acc) in c.iter().enumerate() {
+        let row: [[f32; 8]; 2] = pulp::bytemuck::cast(*acc);
+        out[r * NR..r * NR + 8].copy_from_slice(&row[0]);
+        out[r * NR + 8..(r + 1) * NR].copy_from_slice(&row[1]);
     }
 }
 
@@ -588,7 +671,7 @@ pub fn sgemm(a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool) {
     if on_gemm_crate() {
         return crate::native::gemm_crate(&a, &b, (c, b.cols), alpha, beta_one);
     }
-    if let Some(direct) = Direct::get().filter(|_| direct_b_pays(&a, &b, alpha)) {
+    if let Some(direct) = Direct::get().filter(|d| d.wide() && direct_b_pays(&a, &b, alpha)) {
         return sgemm_b_in_place(direct, a, b, c, beta_one);
     }
     sgemm_on(tile(), a, b, c, alpha, beta_one);
@@ -634,7 +717,7 @@ fn on_gemm_crate() -> bool {
 /// so packing B (a layer's weights, every call) would cost as much as the product; B's rows
 /// contiguous runs (row-major), at least one full 32-column panel.
 fn direct_b_pays(a: &View, b: &View, alpha: f32) -> bool {
-    a.rows <= SMALL_M && b.cs == 1 && b.cols >= Direct::NR && alpha == 1.0
+    a.rows <= SMALL_M && b.cs == 1 && b.cols >= NR_512 && alpha == 1.0
 }
 
 /// Rows of A up to which [`sgemm`] reads B in place (the AVX-512 tile, `MOPT_GEMM=avx512-own`).
@@ -645,20 +728,20 @@ const SMALL_M: usize = 96;
 /// than 32) through the packed product into a scratch block.
 fn sgemm_b_in_place(direct: Direct, a: View, b: View, c: &mut [f32], beta_one: bool) {
     let (m, n) = (a.rows, b.cols);
-    let full = n / Direct::NR * Direct::NR;
+    let full = n / direct.nr() * direct.nr();
     // A, all rows, packed once per depth block (it is small).
     let apacks: Vec<(usize, usize, Vec<f32>)> = depth_blocks(a.cols)
         .map(|(p0, kc)| {
-            let mut apack = vec![0.0f32; m.div_ceil(Direct::MR) * Direct::MR * kc];
-            pack_a(&a, (0, m), (p0, kc), Direct::MR, &mut apack);
+            let mut apack = vec![0.0f32; m.div_ceil(direct.mr()) * direct.mr() * kc];
+            pack_a(&a, (0, m), (p0, kc), direct.mr(), &mut apack);
             (p0, kc, apack)
         })
         .collect();
     // Column ranges of B over the tasks, so that each weight is read from memory once; a task
     // computes its columns of C into its own block, added or copied into C after.
     let threads = rayon::current_num_threads().max(1);
-    let panels = full / Direct::NR;
-    let per = panels.div_ceil((2 * threads).min(panels)) * Direct::NR;
+    let panels = full / direct.nr();
+    let per = panels.div_ceil((2 * threads).min(panels)) * direct.nr();
     let starts: Vec<usize> = (0..full).step_by(per).collect();
     let parts: Vec<(usize, usize, Vec<f32>)> = starts
         .into_par_iter()
@@ -667,17 +750,17 @@ fn sgemm_b_in_place(direct: Direct, a: View, b: View, c: &mut [f32], beta_one: b
             let mut local = vec![0.0f32; m * w];
             for (p0, kc, apack) in &apacks {
                 let a_rows = |ip: usize| Strided {
-                    base: ip * kc * Direct::MR,
-                    stride: Direct::MR,
+                    base: ip * kc * direct.mr(),
+                    stride: direct.mr(),
                 };
                 // One B panel at a time under every A panel: its strided rows come from
                 // memory once, then from L1.
-                for j in (0..w).step_by(Direct::NR) {
+                for j in (0..w).step_by(direct.nr()) {
                     let b_rows = |_: usize| Strided {
                         base: b.offset + p0 * b.rs + j0 + j,
                         stride: b.rs,
                     };
-                    let dims = (m, Direct::NR, *kc);
+                    let dims = (m, direct.nr(), *kc);
                     let (a_in, b_in) = ((&apack[..], &a_rows as _), (b.data, &b_rows as _));
                     direct.block(a_in, b_in, dims, &mut local[j..], w, *p0 > 0);
                 }
@@ -1114,7 +1197,7 @@ pub(crate) mod tests {
     #[test]
     fn few_rows_read_b_in_place_and_match_the_naive_product() {
         let Some(direct) = Direct::get() else {
-            return; // no AVX-512 tile here: sgemm never takes this path
+            return; // the portable tile: sgemm never takes this path
         };
         for &(m, k, n) in &[
             (1, 7, 32),

@@ -541,6 +541,59 @@ pub fn batch_norm_eval_act(
     }
 }
 
+/// Inference `relu(bn(conv(x, w)) + residual)` (the residual and ReLU each when asked), the
+/// BatchNorm with its running statistics `[gamma, beta, mean, var]`: on Burn Flex tensors the
+/// convolution applies the BatchNorm, the residual and the ReLU as it writes its output (one
+/// pass over the activations fewer, the same values bit for bit); elsewhere [`conv2d`] then
+/// [`batch_norm_eval_act`].
+///
+/// # Shapes
+/// - x: `[batch, C, H, W]`; w: `[O, C, k, k]`; gamma, beta, mean, var: `[O]`
+/// - residual, output: `[batch, O, OH, OW]`
+pub fn conv2d_bn_eval_act(
+    (x, w): (Tensor<4>, Tensor<4>),
+    (stride, pad): (usize, usize),
+    params: [Tensor<1>; 4],
+    eps: f64,
+    (residual, relu): (Option<Tensor<4>>, bool),
+) -> Tensor<4> {
+    let unfused = |x: Tensor<4>, w: Tensor<4>, params, residual| {
+        batch_norm_eval_act(conv2d(x, w, stride, pad), params, eps, residual, relu)
+    };
+    let f32s = w.dtype() == DType::F32
+        && params.iter().all(|p| p.dtype() == DType::F32)
+        && residual.as_ref().is_none_or(|r| r.dtype() == DType::F32)
+        && autocast::compute_dtype().is_none();
+    if !f32s {
+        return unfused(x, w, params, residual);
+    }
+    let flex = |t: &Tensor<1>| t.clone().try_into_primitive::<Flex>().ok();
+    let ps: Option<Vec<_>> = params.iter().map(flex).collect();
+    let wp = w.clone().try_into_primitive::<Flex>().ok();
+    let res = match residual.clone().map(|r| r.try_into_primitive::<Flex>()) {
+        None => Some(None),
+        Some(Ok(r)) => Some(Some(r)),
+        Some(Err(_)) => None,
+    };
+    match (route(x), ps, wp, res) {
+        (Route::Flex(p), Some(ps), Some(wp), Some(r)) => {
+            Tensor::from_primitive::<Flex>(flex::conv2d_bn_eval(
+                (p, &wp),
+                (stride, pad),
+                [&ps[0], &ps[1], &ps[2], &ps[3]],
+                eps,
+                (r.as_ref(), relu),
+            ))
+        }
+        (Route::Flex(p), ..) => unfused(Tensor::from_primitive::<Flex>(p), w, params, residual),
+        (Route::Autodiff(p), ..) => unfused(Tensor::from_primitive::<Ad>(p), w, params, residual),
+        (Route::Checkpointed(p), ..) => {
+            unfused(Tensor::from_primitive::<AdCk>(p), w, params, residual)
+        }
+        (Route::Other(x), ..) => unfused(x, w, params, residual),
+    }
+}
+
 /// Dropout of a training forward pass: zero each element with probability `prob` and scale the
 /// rest by `1/(1−prob)`. Like Burn's `Dropout`, it only acts on autodiff (training) tensors and
 /// its masks follow the device's seed (one draw from the device RNG per call seeds a

@@ -61,6 +61,10 @@ impl ConvBn {
     pub fn forward_act(&self, x: Tensor<4>, residual: Option<Tensor<4>>, relu: bool) -> Tensor<4> {
         // mopt's convolution on the GEMM (Burn's elsewhere); same weights, same layout.
         let pad = self.conv.kernel_size[0] / 2;
+        if let (Some(bn), None, None) = (&self.bn, &self.quant, &self.conv.bias) {
+            let (xw, conv) = ((x, self.conv.weight.val()), (self.conv.stride[0], pad));
+            return crate::norm::conv_batch_norm_act(bn, xw, conv, residual, relu);
+        }
         let (x, w) = match &self.quant {
             Some(q) => (q.input.forward(x), q.weight.forward(self.conv.weight.val())),
             None => (x, self.conv.weight.val()),
