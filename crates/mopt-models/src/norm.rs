@@ -71,6 +71,29 @@ pub fn batch_norm_act(
     y
 }
 
+/// `relu(bn(conv(x, w)) + residual)` (the residual and ReLU each when asked), a bias-free
+/// convolution of `stride` and `pad` on mopt's kernel: in inference (no autodiff device) the
+/// convolution applies the BatchNorm (running statistics), the residual and the ReLU as it
+/// writes its output, the values of the unfused pair bit for bit; in training the convolution,
+/// then [`batch_norm_act`].
+pub fn conv_batch_norm_act(
+    bn: &BatchNorm,
+    (x, w): (Tensor<4>, Tensor<4>),
+    (stride, pad): (usize, usize),
+    residual: Option<Tensor<4>>,
+    relu: bool,
+) -> Tensor<4> {
+    if !x.device().is_autodiff() {
+        let stats = [bn.running_mean.value(), bn.running_var.value()];
+        let [mean, var] = stats.map(|t| t.to_device(&x.device()));
+        let params = [bn.gamma.val(), bn.beta.val(), mean, var];
+        let (conv, eps) = ((stride, pad), bn.epsilon);
+        return mopt_kernels::conv2d_bn_eval_act((x, w), conv, params, eps, (residual, relu));
+    }
+    let y = mopt_kernels::conv2d(x, w, stride, pad);
+    batch_norm_act(bn, y, residual, relu)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,27 +216,4 @@ mod tests {
         assert!(err < 1e-5, "{err}");
         assert!(fused.contains(&0.0) && fused.iter().any(|&v| v > 0.0));
     }
-}
-
-/// `relu(bn(conv(x, w)) + residual)` (the residual and ReLU each when asked), a bias-free
-/// convolution of `stride` and `pad` on mopt's kernel: in inference (no autodiff device) the
-/// convolution applies the BatchNorm (running statistics), the residual and the ReLU as it
-/// writes its output, the values of the unfused pair bit for bit; in training the convolution,
-/// then [`batch_norm_act`].
-pub fn conv_batch_norm_act(
-    bn: &BatchNorm,
-    (x, w): (Tensor<4>, Tensor<4>),
-    (stride, pad): (usize, usize),
-    residual: Option<Tensor<4>>,
-    relu: bool,
-) -> Tensor<4> {
-    if !x.device().is_autodiff() {
-        let stats = [bn.running_mean.value(), bn.running_var.value()];
-        let [mean, var] = stats.map(|t| t.to_device(&x.device()));
-        let params = [bn.gamma.val(), bn.beta.val(), mean, var];
-        let (conv, eps) = ((stride, pad), bn.epsilon);
-        return mopt_kernels::conv2d_bn_eval_act((x, w), conv, params, eps, (residual, relu));
-    }
-    let y = mopt_kernels::conv2d(x, w, stride, pad);
-    batch_norm_act(bn, y, residual, relu)
 }
