@@ -330,7 +330,7 @@ impl Rows for Table<'_> {
 /// AVX2 one (6 × 16); `None` on the portable tile, whose callers pack.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Direct {
-    kernel: Kernel,
+    tile: Tile,
 }
 
 impl Direct {
@@ -340,17 +340,20 @@ impl Direct {
         if tests::PACKED_ONLY.with(|p| p.get()) {
             return None;
         }
-        match tile().kernel {
-            Kernel::Portable => None,
+        match tile() {
+            Tile {
+                kernel: Kernel::Portable,
+                ..
+            } => None,
             _ if packed_only() => None,
-            kernel => Some(Self { kernel }),
+            tile => Some(Self { tile }),
         }
     }
 
     /// Whether this is the AVX-512 tile.
     pub(crate) fn wide(self) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if let Kernel::Avx512(_) = self.kernel {
+        if let Kernel::Avx512(_) = self.tile.kernel {
             return true;
         }
         false
@@ -358,20 +361,12 @@ impl Direct {
 
     /// Rows of its tile.
     pub(crate) fn mr(self) -> usize {
-        if self.wide() {
-            MR_512
-        } else {
-            MR
-        }
+        self.tile.mr
     }
 
     /// Columns of its tile.
     pub(crate) fn nr(self) -> usize {
-        if self.wide() {
-            NR_512
-        } else {
-            NR
-        }
+        self.tile.nr
     }
 
     /// `C (+)= A·B` over one depth block of `kc`: C is `m × n` (leading dimension `ldc`), A's
@@ -389,7 +384,7 @@ impl Direct {
         accumulate: bool,
     ) {
         struct Run<'a, RA: Rows, RB: Rows> {
-            kernel: Kernel,
+            tile: Tile,
             a: (&'a [f32], &'a (dyn Fn(usize) -> RA + Sync)),
             b: (&'a [f32], &'a (dyn Fn(usize) -> RB + Sync)),
             dims: (usize, usize, usize),
@@ -402,11 +397,7 @@ impl Direct {
             #[inline(always)]
             fn with_simd<S: Simd>(self, _: S) {
                 let (m, n, kc) = self.dims;
-                let (mr, nr) = match self.kernel {
-                    #[cfg(target_arch = "x86_64")]
-                    Kernel::Avx512(_) => (MR_512, NR_512),
-                    _ => (MR, NR),
-                };
+                let Tile { mr, nr, kernel } = self.tile;
                 let mut buf = [0.0f32; TILE_MAX];
                 for ip in 0..m.div_ceil(mr) {
                     let ar = (self.a.1)(ip);
@@ -416,7 +407,7 @@ impl Direct {
                         let w = nr.min(n - jp * nr);
                         let (a, b) = ((self.a.0, ar), (self.b.0, br));
                         // A short last panel runs a tile of only the rows it has.
-                        match self.kernel {
+                        match kernel {
                             #[cfg(target_arch = "x86_64")]
                             Kernel::Avx512(v) => match h {
                                 9.. => micro_direct::<MR_512>(v, a, b, kc, &mut buf),
@@ -446,7 +437,7 @@ impl Direct {
             }
         }
         let run = Run {
-            kernel: self.kernel,
+            tile: self.tile,
             a: (a, a_rows),
             b: (b, b_rows),
             dims: (m, n, kc),
@@ -454,7 +445,7 @@ impl Direct {
             ldc,
             accumulate,
         };
-        match self.kernel {
+        match self.tile.kernel {
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512(v) => Simd::vectorize(v, run),
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]

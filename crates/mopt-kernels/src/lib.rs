@@ -575,23 +575,16 @@ pub fn conv2d_bn_eval_act(
         Some(Ok(r)) => Some(Some(r)),
         Some(Err(_)) => None,
     };
-    match (route(x), ps, wp, res) {
-        (Route::Flex(p), Some(ps), Some(wp), Some(r)) => {
-            Tensor::from_primitive::<Flex>(flex::conv2d_bn_eval(
-                (p, &wp),
-                (stride, pad),
-                [&ps[0], &ps[1], &ps[2], &ps[3]],
-                eps,
-                (r.as_ref(), relu),
-            ))
-        }
-        (Route::Flex(p), ..) => unfused(Tensor::from_primitive::<Flex>(p), w, params, residual),
-        (Route::Autodiff(p), ..) => unfused(Tensor::from_primitive::<Ad>(p), w, params, residual),
-        (Route::Checkpointed(p), ..) => {
-            unfused(Tensor::from_primitive::<AdCk>(p), w, params, residual)
-        }
-        (Route::Other(x), ..) => unfused(x, w, params, residual),
+    if let (Route::Flex(p), Some(ps), Some(wp), Some(r)) = (route(x.clone()), ps, wp, res) {
+        return Tensor::from_primitive::<Flex>(flex::conv2d_bn_eval(
+            (p, &wp),
+            (stride, pad),
+            [&ps[0], &ps[1], &ps[2], &ps[3]],
+            eps,
+            (r.as_ref(), relu),
+        ));
     }
+    unfused(x, w, params, residual)
 }
 
 /// Dropout of a training forward pass: zero each element with probability `prob` and scale the

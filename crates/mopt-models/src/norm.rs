@@ -37,9 +37,7 @@ pub fn batch_norm_act(
     relu: bool,
 ) -> Tensor<4> {
     if !x.device().is_autodiff() {
-        let stats = [bn.running_mean.value(), bn.running_var.value()];
-        let [mean, var] = stats.map(|t| t.to_device(&x.device()));
-        let params = [bn.gamma.val(), bn.beta.val(), mean, var];
+        let params = eval_params(bn, &x.device());
         return mopt_kernels::batch_norm_eval_act(x, params, bn.epsilon, residual, relu);
     }
     if !bn.training.is_enabled() {
@@ -84,14 +82,20 @@ pub fn conv_batch_norm_act(
     relu: bool,
 ) -> Tensor<4> {
     if !x.device().is_autodiff() {
-        let stats = [bn.running_mean.value(), bn.running_var.value()];
-        let [mean, var] = stats.map(|t| t.to_device(&x.device()));
-        let params = [bn.gamma.val(), bn.beta.val(), mean, var];
+        let params = eval_params(bn, &x.device());
         let (conv, eps) = ((stride, pad), bn.epsilon);
         return mopt_kernels::conv2d_bn_eval_act((x, w), conv, params, eps, (residual, relu));
     }
     let y = mopt_kernels::conv2d(x, w, stride, pad);
     batch_norm_act(bn, y, residual, relu)
+}
+
+/// `[gamma, beta, running mean, running variance]` of `bn` on `device`: an inference
+/// BatchNorm's parameters as mopt's kernels take them.
+fn eval_params(bn: &BatchNorm, device: &Device) -> [Tensor<1>; 4] {
+    let stats = [bn.running_mean.value(), bn.running_var.value()];
+    let [mean, var] = stats.map(|t| t.to_device(device));
+    [bn.gamma.val(), bn.beta.val(), mean, var]
 }
 
 #[cfg(test)]
