@@ -64,6 +64,13 @@ struct RunArgs {
     /// Device to run on (overrides [run] device): `cpu`.
     #[arg(long)]
     device: Option<String>,
+    /// Data-parallel devices (overrides [run] devices): indices of the device's backend and
+    /// remote servers started by `mopt-train serve`, e.g. `--devices 0,ws://10.0.0.2:3000`.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    devices: Option<Vec<String>>,
+    /// The token remote servers check (overrides [run] token-file).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
     /// Seed to run with (overrides `[run] seed`; the data split keeps `[data] split-seed`); the run
     /// folder becomes `<name>-seed<N>`, so that several seeds of one recipe sit side by side.
     #[arg(long, value_name = "N")]
@@ -181,6 +188,23 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Serve this machine's device to remote runs (`[run] devices = ["ws://HOST:PORT"]`) over
+    /// Burn's remote backend (WebSocket: unencrypted, for a trusted network), until SIGTERM or
+    /// Ctrl+C. Needs a build with `--features remote`.
+    Serve {
+        /// TCP port to listen on (0: one the system picks, printed).
+        #[arg(long, default_value_t = 3000)]
+        port: u16,
+        /// Address to listen on.
+        #[arg(long, default_value = "0.0.0.0")]
+        host: String,
+        /// Accept only clients presenting the token in this file.
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+        /// The device served: `cpu`, or a GPU of a build with its feature.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
     /// Write a mopt checkpoint folder as HF-style `model.safetensors` + `config.json`
     /// (`convert --to hf`).
     ExportHf {
@@ -245,6 +269,12 @@ fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
             out,
         }) => convert(registry, &checkpoint, &to, &out),
         Some(Command::ExportHf { checkpoint, out }) => convert(registry, &checkpoint, "hf", &out),
+        Some(Command::Serve {
+            port,
+            host,
+            token_file,
+            device,
+        }) => serve(&host, port, token_file.as_deref(), &device),
         None => run_seeds(registry, &cli.run),
     }
 }
@@ -332,6 +362,66 @@ fn generate(
         out.decode_tokens_per_sec()
     );
     Ok(())
+}
+
+/// `mopt-train serve`: this machine's device to remote runs, until SIGTERM.
+fn serve(
+    host: &str,
+    port: u16,
+    token_file: Option<&std::path::Path>,
+    device: &str,
+) -> anyhow::Result<()> {
+    let spec = mopt_train::DeviceSpec::parse(device)?;
+    let token = token_file
+        .map(mopt_train::backend::Token::read)
+        .transpose()?;
+    serve_on(host, port, token.as_ref(), &spec)
+}
+
+#[cfg(feature = "remote")]
+fn serve_on(
+    host: &str,
+    port: u16,
+    token: Option<&mopt_train::backend::Token>,
+    spec: &mopt_train::DeviceSpec,
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let device = spec.open()?;
+    let listener = std::net::TcpListener::bind((host, port)).map_err(|e| {
+        TrainError::Input(format!(
+            "cannot listen on {host}:{port}: {e}; pick another --port (or 0 for a free one)"
+        ))
+    })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| TrainError::Failed(format!("listening socket: {e}")))?;
+    println!(
+        "serving {} on ws://{addr} ({}); stop with SIGTERM or Ctrl+C",
+        spec.name(),
+        if token.is_some() {
+            "clients must present the token"
+        } else {
+            "no token: anyone who reaches the port can run tensors here"
+        }
+    );
+    let _ = std::io::stdout().flush();
+    mopt_train::remote::serve(vec![device], listener, token)?;
+    println!("server stopped");
+    Ok(())
+}
+
+#[cfg(not(feature = "remote"))]
+fn serve_on(
+    _host: &str,
+    _port: u16,
+    _token: Option<&mopt_train::backend::Token>,
+    _spec: &mopt_train::DeviceSpec,
+) -> anyhow::Result<()> {
+    Err(TrainError::Input(
+        "this mopt-train was built without the `remote` feature; rebuild with `cargo build --release --features remote` to serve"
+            .into(),
+    )
+    .into())
 }
 
 /// `mopt-train convert` (and `export-hf`): the checkpoint's family writes it as `format`.
@@ -434,8 +524,16 @@ fn run_recipe(
     recipe: mopt_recipe::Recipe,
     args: &RunArgs,
 ) -> anyhow::Result<Option<mopt_stages::report::PipelineReport>> {
+    let recipe = match &args.devices {
+        Some(list) => recipe.with_devices(list)?,
+        None => recipe,
+    };
     let pipeline = mopt_stages::Pipeline::from_recipe(recipe, registry)?;
-    let (device, replicas) = mopt_stages::recipe_devices(&pipeline.recipe, args.device.as_deref())?;
+    let flags = mopt_stages::DeviceFlags {
+        device: args.device.as_deref(),
+        token_file: args.token_file.as_deref(),
+    };
+    let (device, replicas) = mopt_stages::recipe_devices(&pipeline.recipe, flags)?;
     if args.check {
         print!("{}", pipeline.check(&device)?);
         println!("recipe OK");

@@ -17,6 +17,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::data::DataFormat;
+use crate::device::DeviceRef;
 use crate::error::{Invalid, RecipeError};
 use crate::model::{model_spec, ModelSpec};
 use crate::raw::{RawModel, RawOverrides};
@@ -91,6 +92,15 @@ impl Setting for bool {
 impl Setting for &str {
     fn value(self) -> Result<toml::Value, String> {
         Ok(toml::Value::String(self.to_string()))
+    }
+}
+
+impl Setting for &DeviceRef {
+    fn value(self) -> Result<toml::Value, String> {
+        match self {
+            DeviceRef::Local(i) => i.value(),
+            DeviceRef::Remote(a) => a.to_string().as_str().value(),
+        }
     }
 }
 
@@ -251,9 +261,17 @@ impl RecipeBuilder {
         self.put("run.device", Some(device.value()))
     }
 
-    /// `[run] devices`: data-parallel device indices of `device`'s backend.
-    pub fn devices(self, devices: &[usize]) -> Self {
-        self.put("run.devices", Some(devices.value()))
+    /// `[run] devices`: data-parallel devices (indices of `device`'s backend, remote servers).
+    pub fn devices(self, devices: &[DeviceRef]) -> Self {
+        self.put(
+            "run.devices",
+            Some(devices.iter().collect::<Vec<_>>().as_slice().value()),
+        )
+    }
+
+    /// `[run] token-file`: the credential remote devices' servers check.
+    pub fn token_file(self, file: impl AsRef<Path>) -> Self {
+        self.put_path("run.token-file", file.as_ref())
     }
 
     /// `[teacher] checkpoint`: the baseline, a mopt checkpoint folder (it must exist unless
@@ -810,7 +828,7 @@ analysis = false
             .seed(7)
             .seeds(&[7, 8])
             .device("cpu")
-            .devices(&[0, 1])
+            .devices(&[DeviceRef::Local(0), DeviceRef::Local(1)])
             .teacher("checkpoints/t/best")
             .teacher_recipe("recipes/finetune_teacher.toml")
             .tokenizer(TOKENIZER)
@@ -857,7 +875,10 @@ analysis = false
             .unwrap();
         assert_eq!(shared(&built), shared(&file));
         assert_eq!(built.run.output_dir, dir.join("out"));
-        assert_eq!(built.run.devices, vec![0, 1]);
+        assert_eq!(
+            built.run.devices,
+            vec![DeviceRef::Local(0), DeviceRef::Local(1)]
+        );
         assert_eq!(built.data.max_train, Some(500));
         assert_eq!(
             built.data.labels,

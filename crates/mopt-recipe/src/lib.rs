@@ -18,6 +18,7 @@
 mod builder;
 pub use builder::{ModelBuilder, RecipeBuilder, BUILDER_FILE};
 mod data;
+pub mod device;
 mod error;
 mod metric;
 mod model;
@@ -29,6 +30,7 @@ mod stage;
 mod train;
 
 pub use data::*;
+pub use device::{DeviceRef, RemoteAddr};
 pub use error::{locate, Invalid, RecipeError};
 pub use metric::Metric;
 pub use model::*;

@@ -41,7 +41,19 @@ pub struct RawRun {
     pub seed: Option<u64>,
     pub seeds: Option<Vec<u64>>,
     pub device: Option<String>,
-    pub devices: Option<Vec<usize>>,
+    pub devices: Option<Vec<RawDevice>>,
+    pub token_file: Option<String>,
+}
+
+/// One `[run] devices` entry as written: a device index of `[run] device`'s backend, or a
+/// remote server's address.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawDevice {
+    /// `0`, `1`, ...
+    Index(usize),
+    /// `"ws://host:port"` (device 0 of that server) or `"ws://host:port#N"`.
+    Address(String),
 }
 
 #[derive(Debug, Clone, Deserialize)]

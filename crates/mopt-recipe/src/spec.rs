@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::data::{data_spec, tokenizer_spec, DataFormat, DataSpec, TokenizerSpec};
+use crate::device::DeviceRef;
 use crate::error::RecipeError;
 use crate::model::{model_spec, ModelSpec};
 use crate::raw::*;
@@ -77,9 +78,13 @@ pub struct RunSpec {
     pub seeds: Vec<u64>,
     /// Device name (`cpu`); the CLI's `--device` overrides it.
     pub device: String,
-    /// Data-parallel device indices of `device`'s backend (`[run] devices`); empty: one device.
+    /// Data-parallel devices (`[run] devices`): indices of `device`'s backend and remote
+    /// servers' addresses; the first is the main device (the optimizer's). Empty: one device.
     /// `batch-size` is per device: a step sees `batch-size × devices × grad-accum-steps` examples.
-    pub devices: Vec<usize>,
+    pub devices: Vec<DeviceRef>,
+    /// `[run] token-file`: the credential remote servers check (`mopt-train serve --token-file`),
+    /// read when the devices open; the CLI's `--token-file` overrides it.
+    pub token_file: Option<PathBuf>,
 }
 
 impl RunSpec {
@@ -105,6 +110,7 @@ fn run_spec(cx: &Scope, r: RawRun) -> Result<RunSpec, RecipeError> {
         seeds: seeds(cx, r.seeds)?,
         device: r.device.unwrap_or_else(|| "cpu".into()),
         devices: devices(cx, r.devices)?,
+        token_file: r.token_file.map(|f| cx.resolve(&f)),
     })
 }
 
@@ -133,28 +139,17 @@ fn seeds(cx: &Scope, s: Option<Vec<u64>>) -> Result<Vec<u64>, RecipeError> {
     Ok(s)
 }
 
-fn devices(cx: &Scope, d: Option<Vec<usize>>) -> Result<Vec<usize>, RecipeError> {
-    let d = d.unwrap_or_default();
-    if let Some(dup) = first_repeat(&d) {
-        return Err(cx.err(
-            "run.devices",
-            format!("device {dup} is listed twice"),
-            "list each device index once, e.g. devices = [0, 1]",
-        ));
-    }
-    if d.len() > 64 {
-        return Err(cx.err(
-            "run.devices",
-            format!("{} devices", d.len()),
-            "at most 64 devices on one machine",
-        ));
-    }
-    // One device is the same as none.
-    Ok(if d.len() == 1 && d[0] == 0 {
-        Vec::new()
-    } else {
-        d
-    })
+fn devices(cx: &Scope, d: Option<Vec<RawDevice>>) -> Result<Vec<DeviceRef>, RecipeError> {
+    let d = d
+        .unwrap_or_default()
+        .into_iter()
+        .map(|raw| match raw {
+            RawDevice::Index(i) => Ok(DeviceRef::Local(i)),
+            RawDevice::Address(a) => DeviceRef::parse(&a),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|why| cx.err("run.devices", why, DeviceRef::EXAMPLE))?;
+    crate::device::checked(d).map_err(|(why, fix)| cx.err("run.devices", why, fix))
 }
 
 fn teacher_spec(cx: &Scope, t: RawTeacher) -> Result<TeacherSpec, RecipeError> {
@@ -344,6 +339,36 @@ impl Recipe {
         self.source
             .push_str(&format!("\n# run with `mopt-train --seed {seed}`\n"));
         self
+    }
+
+    /// The recipe with `[run] devices` replaced by `devices` (the command line's `--devices`,
+    /// checked as the recipe's list is). The copy of the recipe in the run folder records a
+    /// change of the device count (which changes the steps), not of the devices: a `--resume`
+    /// may name a replacement server, not another count.
+    pub fn with_devices(mut self, devices: &[String]) -> Result<Self, RecipeError> {
+        let list = devices
+            .iter()
+            .map(|d| DeviceRef::parse_entry(d))
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(|d| crate::device::checked(d).map_err(|(why, _)| why))
+            .map_err(|why| {
+                RecipeError::Invalid(Box::new(crate::Invalid {
+                    path: self.path.clone(),
+                    key: "--devices".into(),
+                    line: None,
+                    message: why,
+                    hint: DeviceRef::EXAMPLE.into(),
+                }))
+            })?;
+        let count = |d: &[DeviceRef]| d.len().max(1);
+        if count(&list) != count(&self.run.devices) {
+            self.source.push_str(&format!(
+                "\n# run with `mopt-train --devices` on {} device(s)\n",
+                count(&list)
+            ));
+        }
+        self.run.devices = list;
+        Ok(self)
     }
 
     /// `[tokenizer]`, which every recipe of text data has (validated).

@@ -56,7 +56,9 @@ pub use error::StageError;
 pub use predict::{Prediction, Predictor};
 pub use registry::Registry;
 pub use report::PipelineReport;
-pub use runner::{obtain_checkpoint, recipe_device, recipe_devices, GoldenReference, RunOptions};
+pub use runner::{
+    obtain_checkpoint, recipe_device, recipe_devices, DeviceFlags, GoldenReference, RunOptions,
+};
 pub use stage::{Stage, StageContext, StageKind, StageOutput, StagePlan};
 
 use mopt_recipe::{Recipe, StageEntry, TrainSpec};

@@ -178,14 +178,14 @@ impl Pipeline {
             let t = &r.train;
             let _ = writeln!(
                 s,
-                "           data-parallel on devices {:?}: batch-size {} per device, effective batch {} x {} x grad-accum {} = {} examples per optimizer step; the LR schedule counts those steps{}",
-                r.run.devices,
+                "           data-parallel on devices {}: batch-size {} per device, effective batch {} x {} x grad-accum {} = {} examples per optimizer step; the LR schedule counts those steps{}",
+                mopt_recipe::device::list(&r.run.devices),
                 t.batch_size,
                 t.batch_size,
                 n,
                 t.grad_accum_steps,
                 t.batch_size * n * t.grad_accum_steps,
-                if device.feature().is_none() {
+                if device.feature().is_none() && !r.run.devices.iter().any(|d| d.is_remote()) {
                     " (on the CPU the replicas share the cores: the code path, not a speed-up)"
                 } else {
                     ""

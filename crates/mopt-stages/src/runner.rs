@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use mopt_data::LabelMap;
 use mopt_recipe::Recipe;
+use mopt_train::backend::Token;
 use mopt_train::memory::peak_rss_bytes;
 use mopt_train::trainer::TrainOptions;
 use mopt_train::{DeviceSpec, TrainError};
@@ -74,12 +75,29 @@ fn parse_device(recipe: &Recipe, flag: Option<&str>) -> Result<DeviceSpec, Train
     }
 }
 
-/// The main device and the data-parallel replicas (`[run] devices`), each opened once.
+/// What the command line says about devices, over the recipe's `[run]` settings.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeviceFlags<'a> {
+    /// `--device`, over `[run] device`.
+    pub device: Option<&'a str>,
+    /// `--token-file`, over `[run] token-file`: the credential remote servers check.
+    pub token_file: Option<&'a Path>,
+}
+
+/// The main device and the data-parallel replicas (`[run] devices`), each opened once: a
+/// remote server that cannot be reached, or refuses the token, fails here, before a run folder
+/// exists.
 pub fn recipe_devices(
     recipe: &Recipe,
-    flag: Option<&str>,
+    flags: DeviceFlags<'_>,
 ) -> Result<(DeviceSpec, Vec<DeviceSpec>), TrainError> {
-    let (main, replicas) = parse_device(recipe, flag)?.data_parallel(&recipe.run.devices);
+    let token_file = flags.token_file.or(recipe.run.token_file.as_deref());
+    let token = match token_file {
+        Some(f) if recipe.run.devices.iter().any(|d| d.is_remote()) => Some(Token::read(f)?),
+        _ => None,
+    };
+    let (main, replicas) =
+        parse_device(recipe, flags.device)?.data_parallel(&recipe.run.devices, token.as_ref());
     for d in std::iter::once(&main).chain(&replicas) {
         d.open()?;
     }
@@ -90,7 +108,7 @@ impl Pipeline {
     /// Run options as the binary builds them for this recipe: `[run] device` and `devices`
     /// (opened), reuse of other runs' stages on; no `--force`, `--resume` or `--max-steps`.
     pub fn options(&self) -> Result<RunOptions, StageError> {
-        let (device, replicas) = recipe_devices(&self.recipe, None)?;
+        let (device, replicas) = recipe_devices(&self.recipe, DeviceFlags::default())?;
         Ok(RunOptions {
             replicas,
             ..RunOptions::new(device)

@@ -6,12 +6,60 @@
 //! | `cuda:N` | Burn CUDA (CubeCL) on NVIDIA GPU N | `cuda` |
 //! | `wgpu:N` | Burn wgpu (Vulkan/Metal/DX12 through CubeCL) on discrete GPU N; `wgpu` alone: the best adapter | `wgpu` |
 //! | `tch-cuda:N`, `tch-cpu` | LibTorch through `tch` | `tch` |
+//! | `ws://host:port[#N]` | Burn's remote backend: device N of a `mopt-train serve` server | `remote` |
 //!
 //! Names of backends this build lacks parse into an error that names the feature to build with.
 
 use burn::prelude::*;
 
+use mopt_recipe::{DeviceRef, RemoteAddr};
+
 use crate::error::TrainError;
+
+/// The credential a remote server checks (`mopt-train serve --token-file`); never printed.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Token(String);
+
+impl Token {
+    /// The token in `file` (surrounding whitespace trimmed); an input error naming the file when
+    /// it cannot be read or is empty.
+    pub fn read(file: &std::path::Path) -> Result<Self, TrainError> {
+        let text = std::fs::read_to_string(file).map_err(|e| {
+            TrainError::Input(format!(
+                "{}: cannot read the token file: {e}",
+                file.display()
+            ))
+        })?;
+        let t = text.trim();
+        if t.is_empty() {
+            return Err(TrainError::Input(format!(
+                "{}: the token file is empty; write the server's token in it",
+                file.display()
+            )));
+        }
+        Ok(Token(t.to_string()))
+    }
+
+    /// The token itself.
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
+
+/// A remote server's device and the credential to present.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteSpec {
+    /// `ws://host:port` and the device's number there.
+    pub addr: RemoteAddr,
+    /// What the server's `--token-file` holds, if it asks for one.
+    pub token: Option<Token>,
+}
 
 /// A parsed `--device` / `[run] device` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,11 +74,20 @@ pub enum DeviceSpec {
     TchCuda(usize),
     /// LibTorch on the CPU.
     TchCpu,
+    /// A device of a remote server (`mopt-train serve`), through Burn's remote backend.
+    Remote(RemoteSpec),
 }
 
 impl DeviceSpec {
     /// The device named `name` (`cpu`, `cuda:0`, `wgpu:0`, `tch-cuda:0`, `tch-cpu`).
     pub fn parse(name: &str) -> Result<Self, TrainError> {
+        if name.trim().starts_with("ws://") || name.trim().starts_with("wss://") {
+            let spec = match DeviceRef::parse(name).map_err(TrainError::Input)? {
+                DeviceRef::Remote(addr) => DeviceSpec::Remote(RemoteSpec { addr, token: None }),
+                DeviceRef::Local(_) => unreachable!("a ws:// name is an address"),
+            };
+            return spec.built_or_err(name);
+        }
         let lower = name.trim().to_ascii_lowercase();
         let (kind, index) = match lower.split_once(':') {
             Some((k, i)) => {
@@ -56,7 +113,12 @@ impl DeviceSpec {
                 )))
             }
         };
-        match spec.feature() {
+        spec.built_or_err(name)
+    }
+
+    /// `self`, or the error saying which cargo feature this build lacks for it.
+    fn built_or_err(self, name: &str) -> Result<Self, TrainError> {
+        match self.feature() {
             Some(feature) if !Self::built(feature) => Err(TrainError::Input(format!(
                 "device `{name}` needs the `{feature}` backend, and this mopt-train was built without it; \
                  rebuild with `cargo build --release --features {feature}` (docs/src/gpu.md){}",
@@ -66,7 +128,7 @@ impl DeviceSpec {
                     ""
                 }
             ))),
-            _ => Ok(spec),
+            _ => Ok(self),
         }
     }
 
@@ -77,6 +139,7 @@ impl DeviceSpec {
             DeviceSpec::Cuda(_) => Some("cuda"),
             DeviceSpec::Wgpu(_) => Some("wgpu"),
             DeviceSpec::TchCuda(_) | DeviceSpec::TchCpu => Some("tch"),
+            DeviceSpec::Remote(_) => Some("remote"),
         }
     }
 
@@ -85,13 +148,14 @@ impl DeviceSpec {
             "cuda" => cfg!(feature = "cuda"),
             "wgpu" => cfg!(feature = "wgpu"),
             "tch" => cfg!(feature = "tch"),
+            "remote" => cfg!(feature = "remote"),
             _ => false,
         }
     }
 
     /// `this build has: ...` for messages.
     fn built_note() -> String {
-        let have: Vec<&str> = ["cuda", "wgpu", "tch"]
+        let have: Vec<&str> = ["cuda", "wgpu", "tch", "remote"]
             .into_iter()
             .filter(|f| Self::built(f))
             .collect();
@@ -119,6 +183,9 @@ impl DeviceSpec {
             #[cfg(feature = "tch")]
             #[allow(deprecated)]
             DeviceSpec::TchCpu => Device::libtorch(),
+            #[cfg(feature = "remote")]
+            DeviceSpec::Remote(r) => crate::remote::connect(r)
+                .unwrap_or_else(|e| panic!("remote device {}: {e}", r.addr)),
             #[allow(unreachable_patterns)]
             other => unreachable!("`parse` refuses {other:?} in a build without its feature"),
         }
@@ -127,6 +194,10 @@ impl DeviceSpec {
     /// Open the device with a first tensor, turning a backend's panic (no driver, no GPU with
     /// that index) into an error that names the device.
     pub fn open(&self) -> Result<Device, TrainError> {
+        #[cfg(feature = "remote")]
+        if let DeviceSpec::Remote(r) = self {
+            return crate::remote::open(r);
+        }
         let spec = self.clone();
         let probe = std::panic::catch_unwind(move || {
             let d = spec.device();
@@ -174,25 +245,37 @@ impl DeviceSpec {
             DeviceSpec::Wgpu(None) => "wgpu (burn-wgpu, default adapter)".into(),
             DeviceSpec::TchCuda(i) => format!("tch-cuda:{i} (LibTorch)"),
             DeviceSpec::TchCpu => "tch-cpu (LibTorch)".into(),
+            DeviceSpec::Remote(r) => format!("{} (burn-remote)", r.addr),
         }
     }
 
-    /// The main device and the data-parallel replicas for `[run] devices = indices` on this
-    /// backend (empty `indices`: this device alone). On the CPU every replica is the one Flex
-    /// device: the replicas then share the cores (the data-parallel code path without a speed-up).
-    pub fn data_parallel(&self, indices: &[usize]) -> (DeviceSpec, Vec<DeviceSpec>) {
-        let Some((&first, rest)) = indices.split_first() else {
-            return (self.clone(), Vec::new());
+    /// The main device and the data-parallel replicas for `[run] devices` on this backend
+    /// (empty: this device alone): an index is this backend's device, an address a remote
+    /// server's (presenting `token`). On the CPU every index is the one Flex device: local
+    /// replicas then share the cores (the data-parallel code path without a speed-up).
+    pub fn data_parallel(
+        &self,
+        devices: &[DeviceRef],
+        token: Option<&Token>,
+    ) -> (DeviceSpec, Vec<DeviceSpec>) {
+        let at = |d: &DeviceRef| match d {
+            DeviceRef::Local(i) => self.with_index(*i).unwrap_or_else(|| self.clone()),
+            DeviceRef::Remote(addr) => DeviceSpec::Remote(RemoteSpec {
+                addr: addr.clone(),
+                token: token.cloned(),
+            }),
         };
-        let at = |i: usize| self.with_index(i).unwrap_or_else(|| self.clone());
-        (at(first), rest.iter().map(|&i| at(i)).collect())
+        match devices.split_first() {
+            None => (self.clone(), Vec::new()),
+            Some((first, rest)) => (at(first), rest.iter().map(at).collect()),
+        }
     }
 
     /// The same backend on device index `i` (data-parallel replicas); `None` for a backend
     /// with one device (the CPU).
     pub fn with_index(&self, i: usize) -> Option<Self> {
         match self {
-            DeviceSpec::Cpu | DeviceSpec::TchCpu => None,
+            DeviceSpec::Cpu | DeviceSpec::TchCpu | DeviceSpec::Remote(_) => None,
             DeviceSpec::Cuda(_) => Some(DeviceSpec::Cuda(i)),
             DeviceSpec::Wgpu(_) => Some(DeviceSpec::Wgpu(Some(i))),
             DeviceSpec::TchCuda(_) => Some(DeviceSpec::TchCuda(i)),
@@ -249,13 +332,20 @@ mod tests {
         assert!(!d.is_autodiff());
         assert_eq!(DeviceSpec::Cpu.with_index(1), None);
         assert_eq!(DeviceSpec::Cuda(0).with_index(1), Some(DeviceSpec::Cuda(1)));
-        let (main, rest) = DeviceSpec::Cuda(0).data_parallel(&[2, 3]);
+        let (main, rest) =
+            DeviceSpec::Cuda(0).data_parallel(&[DeviceRef::Local(2), DeviceRef::Local(3)], None);
         assert_eq!(
             (main, rest),
             (DeviceSpec::Cuda(2), vec![DeviceSpec::Cuda(3)])
         );
-        let (main, rest) = DeviceSpec::Cpu.data_parallel(&[0, 1, 2]);
+        let local = [0, 1, 2].map(DeviceRef::Local);
+        let (main, rest) = DeviceSpec::Cpu.data_parallel(&local, None);
         assert_eq!((main, rest.len()), (DeviceSpec::Cpu, 2));
-        assert_eq!(DeviceSpec::Cpu.data_parallel(&[]).1.len(), 0);
+        assert_eq!(DeviceSpec::Cpu.data_parallel(&[], None).1.len(), 0);
+        let remote = DeviceRef::parse("ws://h:9#1").unwrap();
+        let (main, rest) = DeviceSpec::Cpu.data_parallel(&[DeviceRef::Local(0), remote], None);
+        assert_eq!(main, DeviceSpec::Cpu);
+        assert_eq!(rest[0].name(), "ws://h:9#1 (burn-remote)");
+        assert_eq!(rest[0].feature(), Some("remote"));
     }
 }

@@ -63,6 +63,7 @@ where
     let (mut pred, mut truth) = (vec![Vec::new(); n], vec![Vec::new(); n]);
     let (mut loss_sum, mut rows_seen) = (0.0, 0usize);
     for chunk in order.chunks(batch_size) {
+        crate::watch::beat();
         let b = examples.batch(chunk, device);
         let out = model.logits(&b);
         let labels = b.labels();

@@ -18,6 +18,8 @@ pub mod lr_find;
 pub mod memory;
 pub mod metrics;
 pub mod parallel;
+#[cfg(feature = "remote")]
+pub mod remote;
 pub mod rundir;
 pub mod schedule;
 pub mod setup;
@@ -26,6 +28,7 @@ pub mod step;
 mod task;
 pub mod tensorboard;
 pub mod trainer;
+pub mod watch;
 
 pub use backend::DeviceSpec;
 pub use error::TrainError;

@@ -16,7 +16,7 @@ use burn::data::dataset::DatasetError;
 use burn::module::{Module, ModuleDisplay};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use burn_train::train::MultiDevicesTrainStep;
+use burn_train::train::{MultiDeviceStepError, MultiDevicesTrainStep};
 use burn_train::{InferenceStep, ItemLazy, TrainOutput, TrainStep};
 use mopt_core::{Checkpoint, Examples, Labeled};
 
@@ -140,17 +140,22 @@ pub struct DataParallel<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch
     step: MultiDevicesTrainStep<Replicated<M>>,
     /// Training devices, main first.
     devices: Vec<Device>,
+    /// Their names, for errors (`ws://10.0.0.2:3000 (burn-remote)`).
+    names: Vec<String>,
     tasks: Vec<Arc<Mutex<Replica<M, C>>>>,
 }
 
 impl<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch: Labeled>> DataParallel<M, C> {
-    /// Workers on `devices` (training devices, main first), one replica of the objective each.
-    pub fn new(devices: Vec<Device>, tasks: Vec<Replica<M, C>>) -> Self {
+    /// Workers on `devices` (training devices, main first, each with its name for errors), one
+    /// replica of the objective each.
+    pub fn new(devices: Vec<(Device, String)>, tasks: Vec<Replica<M, C>>) -> Self {
         assert_eq!(devices.len(), tasks.len());
+        let (devices, names): (Vec<Device>, Vec<String>) = devices.into_iter().unzip();
         Self {
             step: MultiDevicesTrainStep::new(&devices),
             tasks: tasks.into_iter().map(|t| Arc::new(Mutex::new(t))).collect(),
             devices,
+            names,
         }
     }
 
@@ -172,11 +177,39 @@ impl<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch: Labeled>> DataPar
     }
 
     /// Forward and backward of one micro-batch over all devices; gradients on the main device.
+    /// A device that fails (a remote server gone, a connection dropped: Burn's remote client
+    /// panics, on a worker or on this thread while moving a shard or gradients) ends the step
+    /// with an error naming it; the training state saved last stays for `--resume`.
     pub(crate) fn run<E: Examples<Batch = C::Batch>>(
         &self,
         micro: &MicroBatch<E>,
         model: &M,
     ) -> Result<MicroOut, TrainError> {
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.run_devices(micro, model)
+        }));
+        let failed = |what: String| {
+            TrainError::Failed(format!(
+                "data-parallel step: {what}; the run stopped at its last saved point: restart the server (or name a replacement with --devices) and rerun with --resume"
+            ))
+        };
+        match out {
+            Ok(Err(MultiStepError::Workers(list))) => Err(failed(list)),
+            Ok(Err(MultiStepError::Other(e))) => Err(e),
+            Ok(Ok(out)) => Ok(out),
+            Err(payload) => Err(failed(format!(
+                "on devices {}: {}",
+                self.names.join(", "),
+                panic_text(payload.as_ref())
+            ))),
+        }
+    }
+
+    fn run_devices<E: Examples<Batch = C::Batch>>(
+        &self,
+        micro: &MicroBatch<E>,
+        model: &M,
+    ) -> Result<MicroOut, MultiStepError> {
         let n = micro.chunk.len();
         let shards: Vec<&[usize]> = micro.chunk.chunks(n.div_ceil(self.len())).collect();
         let mut loaders: Vec<Box<dyn DataLoaderIterator<ShardItem<M>>>> = (0..self.len())
@@ -199,7 +232,19 @@ impl<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch: Labeled>> DataPar
         let (outputs, _) = self
             .step
             .step(&mut loaders, &replicated)
-            .map_err(|e| TrainError::Failed(format!("data-parallel step: {e}")))?;
+            .map_err(|e| match e {
+                MultiDeviceStepError::Workers(failures) => MultiStepError::Workers(
+                    failures
+                        .iter()
+                        .map(|f| {
+                            let name = self.names.get(f.device_id).map_or("?", |n| n.as_str());
+                            format!("device {name} failed: {}", f.message)
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                ),
+                e => MultiStepError::Other(TrainError::Failed(format!("data-parallel step: {e}"))),
+            })?;
         let mut outputs: Vec<TrainOutput<ShardResult>> =
             outputs.into_iter().map(|o| o.output).collect();
         // Arrival order is the workers'; sum in shard order (reproducible rounding).
@@ -224,6 +269,23 @@ impl<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch: Labeled>> DataPar
         }
         Ok((loss, components, grads))
     }
+}
+
+/// Why a data-parallel step failed.
+enum MultiStepError {
+    /// Devices failed (their names and messages).
+    Workers(String),
+    /// Anything else.
+    Other(TrainError),
+}
+
+/// A panic's message.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown error".into())
 }
 
 /// A shard's output with its loss and components already weighted by its share.

@@ -232,7 +232,9 @@ fn data_parallel<T: Task, E: Copy, K>(
     ctx: &RunContext<E, K>,
     main: &Device,
 ) -> Result<Option<Workers<T>>, TrainError> {
-    if ctx.opts.replicas.is_empty() {
+    // One remote device runs through the workers too: its failures then end the run with a
+    // message, and a step that hangs meets the watchdog.
+    if ctx.opts.replicas.is_empty() && !matches!(ctx.device_spec, DeviceSpec::Remote(_)) {
         return Ok(None);
     }
     let specs = std::iter::once(ctx.device_spec).chain(&ctx.opts.replicas);
@@ -252,7 +254,7 @@ fn data_parallel<T: Task, E: Copy, K>(
             ad.seed(ctx.seed.wrapping_add(i as u64));
             ad
         };
-        devices.push(ad);
+        devices.push((ad, spec.name()));
         tasks.push(replica);
     }
     Ok(Some(DataParallel::new(devices, tasks)))
@@ -397,6 +399,7 @@ where
         }
     }
     let wall = Instant::now();
+    let _watch = remote_watch(ctx.device_spec, &ctx.opts.replicas);
     // Ids in traversal order: the optimizer's saved state is keyed by them.
     let model = mopt_core::renumber_params(model);
     let (mut fit, mut model, resumed) = Fit::start(ctx, task, model)?;
@@ -415,6 +418,17 @@ where
         }
     }
     fit.finish(wall)
+}
+
+/// The watchdog of a fit on remote devices (see [`crate::watch`]); `None` on local ones.
+fn remote_watch(main: &DeviceSpec, replicas: &[DeviceSpec]) -> Option<crate::watch::Watch> {
+    let all: Vec<&DeviceSpec> = std::iter::once(main).chain(replicas).collect();
+    all.iter()
+        .any(|d| matches!(d, DeviceSpec::Remote(_)))
+        .then(|| {
+            let names: Vec<String> = all.iter().map(|d| d.name()).collect();
+            crate::watch::arm(crate::watch::remote_limit(), names.join(", "))
+        })
 }
 
 /// The report of a fit that finished in `run_dir`, when its best checkpoint still verifies.
@@ -578,6 +592,7 @@ where
         let chunks = order.chunks(self.micro_size()).enumerate();
         for (mi, chunk) in chunks.skip(sums.micro) {
             let (loss_value, components, grads) = self.micro_step(&model, chunk, epoch, mi)?;
+            crate::watch::beat();
             match grads {
                 Some(grads) => {
                     for g in grads {

@@ -1,0 +1,331 @@
+//! Remote devices (`mopt-train serve`, `[run] devices = ["ws://..."]`): training data-parallel
+//! over servers in other processes, addresses and tokens checked before a run folder exists,
+//! and a server killed mid-run ending the run with a message naming it, `--resume` on a
+//! replacement server finishing with the metrics of an uninterrupted run.
+
+#![cfg(feature = "remote")]
+
+mod common;
+
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `mopt-train serve` process on a free port of 127.0.0.1, killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(token_file: Option<&Path>) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mopt-train"));
+        cmd.args(["serve", "--host", "127.0.0.1", "--port", "0"]);
+        if let Some(f) = token_file {
+            cmd.arg("--token-file").arg(f);
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mopt-train serve");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        // Keep reading the server's log, so that it never blocks on a full pipe.
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("ws://"))
+            .unwrap_or_else(|| panic!("no address in `{line}`"))
+            .to_string();
+        Server { child, url }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The tiny recipe without dropout, `batch` examples per device, on `devices` (a TOML list);
+/// 4 epochs instead of 2 when `extra_train` is given.
+fn recipe(dir: &Path, name: &str, batch: usize, devices: &str, extra_train: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let p = write_tiny_recipe(dir, name, extra_train);
+    let epochs = if extra_train.is_empty() { 2 } else { 4 };
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("epochs = 2\n", &format!("epochs = {epochs}\n"))
+        .replace("seed = 7\n", &format!("seed = 7\n{devices}\n"))
+        .replace("[model]\n", "[model]\ndropout = 0.0\n")
+        .replace("batch-size = 16", &format!("batch-size = {batch}"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn report(dir: &Path, name: &str) -> serde_json::Value {
+    read_json(&dir.join(format!("runs/{name}/01-finetune/report.json")))
+}
+
+fn loss(r: &serde_json::Value) -> f64 {
+    r["test"]["loss"].as_f64().unwrap()
+}
+
+#[test]
+fn two_servers_train_as_local_replicas_do() {
+    let a = Server::start(None);
+    let b = Server::start(None);
+    let tmp = tempfile::tempdir().unwrap();
+    let local = recipe(
+        &tmp.path().join("local"),
+        "local",
+        8,
+        "devices = [0, 1, 2]",
+        "",
+    );
+    let devices = format!("devices = [0, \"{}\", \"{}\"]", a.url, b.url);
+    let remote = recipe(&tmp.path().join("remote"), "remote", 8, &devices, "");
+    let check = mopt(&[remote.to_str().unwrap(), "--check"]);
+    assert!(check.status.success(), "{}", stderr(&check));
+    let plan = String::from_utf8_lossy(&check.stdout).into_owned();
+    let shown = format!(
+        "data-parallel on devices [0, {}, {}]: batch-size 8 per device, effective batch 8 x 3",
+        a.url, b.url
+    );
+    assert!(plan.contains(&shown), "{plan}");
+    for r in [&local, &remote] {
+        let out = mopt(&[r.to_str().unwrap(), "--max-steps", "3"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let (l, r) = (
+        report(&tmp.path().join("local"), "local"),
+        report(&tmp.path().join("remote"), "remote"),
+    );
+    assert_eq!(r["steps"], 3);
+    // The same shards and updates; the servers run Burn's own kernels, the local replicas
+    // mopt's: the losses agree to rounding.
+    assert!(
+        (loss(&l) - loss(&r)).abs() < 1e-4 * loss(&l).abs().max(1.0),
+        "{} vs {}",
+        loss(&l),
+        loss(&r)
+    );
+    // A single-device run of batch 8 takes other steps: the servers were used.
+    let one = recipe(&tmp.path().join("one"), "one", 8, "", "");
+    let out = mopt(&[one.to_str().unwrap(), "--max-steps", "3"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!((loss(&report(&tmp.path().join("one"), "one")) - loss(&r)).abs() > 1e-5);
+}
+
+#[test]
+fn bad_addresses_and_tokens_fail_before_the_run_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let token = tmp.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let wrong = tmp.path().join("wrong");
+    std::fs::write(&wrong, "guess").unwrap();
+    let guarded = Server::start(Some(&token));
+    // A port nothing listens on: bind one, then free it.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("ws://127.0.0.1:{}", l.local_addr().unwrap().port())
+    };
+    let cases: [(&str, Option<&Path>, &str, &[&str]); 4] = [
+        (
+            "closed",
+            None,
+            &closed,
+            &["remote device", "mopt-train serve --port"],
+        ),
+        (
+            "no-token",
+            None,
+            &guarded.url,
+            &["asks for a token", "--token-file"],
+        ),
+        (
+            "wrong-token",
+            Some(&wrong),
+            &guarded.url,
+            &["refused this token"],
+        ),
+        (
+            "bad-device",
+            Some(&token),
+            &format!("{}#3", guarded.url),
+            &["hosts only 1 device", "from #0 to #0"],
+        ),
+    ];
+    for (name, token_file, url, expect) in cases {
+        let r = recipe(
+            tmp.path(),
+            name,
+            8,
+            &format!("devices = [0, \"{url}\"]"),
+            "",
+        );
+        let mut args = vec![r.to_str().unwrap().to_string()];
+        if let Some(f) = token_file {
+            args.extend(["--token-file".into(), f.to_str().unwrap().into()]);
+        }
+        let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        let started = Instant::now();
+        let out = mopt(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(url), "{name}: {err}");
+        for e in expect {
+            assert!(err.contains(e), "{name}: `{e}` not in {err}");
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "{name}");
+        assert!(!tmp.path().join("runs").join(name).exists(), "{name}");
+    }
+    // The right token trains.
+    let r = recipe(
+        tmp.path(),
+        "ok",
+        8,
+        &format!("devices = [0, \"{}\"]", guarded.url),
+        "",
+    );
+    let out = mopt(&[
+        r.to_str().unwrap(),
+        "--token-file",
+        token.to_str().unwrap(),
+        "--max-steps",
+        "1",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// The step of the training state saved last (`state/position.json`), if any.
+fn saved_step(run: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(run.join("01-finetune/state/position.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v["step"].as_u64()
+}
+
+#[test]
+fn a_server_killed_mid_run_ends_it_and_resume_on_a_replacement_finishes_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let extra = "state-every = 1";
+    // The uninterrupted run.
+    let mut first = Server::start(None);
+    let whole = recipe(
+        &tmp.path().join("whole"),
+        "whole",
+        8,
+        &format!("devices = [0, \"{}\"]", first.url),
+        extra,
+    );
+    let out = mopt(&[whole.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The same run, its server killed once two steps are saved.
+    let cut = recipe(
+        &tmp.path().join("cut"),
+        "cut",
+        8,
+        &format!("devices = [0, \"{}\"]", first.url),
+        extra,
+    );
+    let run_dir = tmp.path().join("cut/runs/cut");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mopt-train"))
+        .arg(&cut)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while saved_step(&run_dir).unwrap_or(0) < 2 {
+        assert!(Instant::now() < deadline, "no training state saved");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before the server was killed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    first.kill();
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&first.url) && err.contains("--resume"),
+        "{err}"
+    );
+    // A replacement server at another address; the recipe's copy records the device count only.
+    let second = Server::start(None);
+    let devices = format!("0,{}", second.url);
+    let out = mopt(&[cut.to_str().unwrap(), "--resume", "--devices", &devices]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (w, c) = (
+        report(&tmp.path().join("whole"), "whole"),
+        report(&tmp.path().join("cut"), "cut"),
+    );
+    assert_eq!(w["steps"], c["steps"]);
+    assert_eq!(
+        loss(&w),
+        loss(&c),
+        "resumed run differs from the uninterrupted one"
+    );
+    assert_eq!(w["valid"], c["valid"]);
+}
+
+#[test]
+fn a_server_that_stops_answering_ends_the_run_within_the_step_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut server = Server::start(None);
+    let r = recipe(
+        tmp.path(),
+        "stalled",
+        8,
+        &format!("devices = [\"{}\"]", server.url),
+        "state-every = 1",
+    );
+    let run_dir = tmp.path().join("runs/stalled");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mopt-train"))
+        .arg(&r)
+        .env("MOPT_REMOTE_STEP_TIMEOUT_S", "3")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while saved_step(&run_dir).unwrap_or(0) < 1 {
+        assert!(Instant::now() < deadline, "no training state saved");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before the server stalled"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The server stops (its connection stays open, nothing answers).
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let stopped = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("made no progress for 3 s") && err.contains(&server.url),
+        "{err}"
+    );
+    assert!(
+        stopped.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        stopped.elapsed()
+    );
+    server.kill();
+}
