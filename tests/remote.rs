@@ -329,3 +329,57 @@ fn a_server_that_stops_answering_ends_the_run_within_the_step_timeout() {
     );
     server.kill();
 }
+
+/// Every stage kind that trains, over a local device and a server: fine-tune, distillation with
+/// a live teacher (and its hard-label twin) and with the cached one, pruning in two rounds with
+/// KD recovery, QAT. Against the same chain on two local replicas, stage by stage.
+#[test]
+fn every_training_stage_kind_runs_on_a_server() {
+    let server = Server::start(None);
+    let tmp = tempfile::tempdir().unwrap();
+    let chain = |dir: &Path, name: &str, devices: &str| {
+        let p = recipe(dir, name, 8, devices, "");
+        let cfg = dir.join("tiny-config.json");
+        let distill = |stage: &str, cache: bool, twin: bool| {
+            format!(
+                "[[stage]]\nkind = \"distill\"\nname = \"{stage}\"\nalpha = 0.5\ntemperature = 2.0\nteacher-cache = {cache}\nbaseline = {twin}\n\
+                 [stage.student]\nconfig = \"{}\"\ndropout = 0.0\ninit-from-teacher-layers = [0, 1]\n\n",
+                cfg.display()
+            )
+        };
+        let text = std::fs::read_to_string(&p).unwrap()
+            + "\n[evaluation]\nlatency-runs = 0\nanalysis = false\n\n[[stage]]\nkind = \"finetune\"\n\n"
+            + &distill("live", false, true)
+            + &distill("cached", true, false)
+            + "[[stage]]\nkind = \"prune\"\ncriterion = \"taylor\"\ntarget = 0.5\nstep = 0.25\nffn-multiple = 4\ndistill = true\n[stage.train]\nepochs = 1\n\n\
+               [[stage]]\nkind = \"qat\"\ncalibration-samples = 32\n[stage.train]\nepochs = 1\nlr = 1e-4\n";
+        std::fs::write(&p, text).unwrap();
+        let out = mopt(&[p.to_str().unwrap(), "--max-steps", "2"]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        read_json(&dir.join(format!("runs/{name}/report.json")))
+    };
+    let local = chain(&tmp.path().join("local"), "local", "devices = [0, 1]");
+    let remote = chain(
+        &tmp.path().join("remote"),
+        "remote",
+        &format!("devices = [0, \"{}\"]", server.url),
+    );
+    let stages = |r: &serde_json::Value| r["stages"].as_array().unwrap().clone();
+    let (a, b) = (stages(&local), stages(&remote));
+    assert_eq!(a.len(), 6, "baseline and five stages");
+    for i in 1..6 {
+        assert_eq!(a[i]["kind"], b[i]["kind"]);
+        let loss = |s: &serde_json::Value| s["model"]["valid"]["loss"].as_f64().unwrap();
+        assert!(
+            (loss(&a[i]) - loss(&b[i])).abs() < 1e-4 * loss(&a[i]).abs().max(1.0),
+            "stage {i} ({}): {} on local replicas vs {} with a server",
+            a[i]["kind"],
+            loss(&a[i]),
+            loss(&b[i])
+        );
+    }
+    assert_eq!(
+        b.iter().map(|s| s["kind"].as_str().unwrap().to_string()).collect::<Vec<_>>(),
+        ["baseline", "finetune", "distill", "distill", "prune", "qat"]
+    );
+}
