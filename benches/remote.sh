@@ -6,9 +6,9 @@
 #   local + 1 / 2 / 3 servers  [0, ws://..., ...]: the optimizer on the local device
 #   1 server                   [ws://...]: everything on the server
 # Each row: train time per optimizer step and examples per second (from the fit's report), and
-# the bytes the loopback interface carried during the run per step (/proc/net/dev `lo`, both
-# directions: every byte between this process and its servers), which the servers' CPU time
-# and the model's size explain (docs/src/gpu.md, "Past one machine").
+# the bytes the loopback interface carried during the run per step (/proc/net/dev `lo`, received
+# bytes: each byte between this process and its servers once, both directions), which the
+# model's size explains (docs/src/gpu.md, "Past one machine").
 #
 #   cargo build --bin mopt-train && benches/remote.sh            # writes benches/results/remote.json
 #
@@ -47,7 +47,7 @@ start_server() {
     grep -o 'ws://[0-9.:]*' "$log" | head -1
 }
 
-lo_bytes() { awk '/^ *lo:/ { print $2 + $10 }' /proc/net/dev; }
+lo_bytes() { awk '/^ *lo:/ { printf "%.0f\n", $2 }' /proc/net/dev; }
 
 URLS=()
 for i in 1 2 3; do URLS+=("$(start_server "$i")"); done

@@ -13,6 +13,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/gpu-check"
 # One check with both features: the backend code has one `#[cfg(feature = ...)]` arm per backend
 # and nothing that needs exactly one of them, and the two share the whole CubeCL graph (checked
 # once: 8m52s cold here, against about 10 minutes for two separate checks).
-echo "backends: type-checking --features cuda,wgpu"
-DOCS_RS=1 cargo check --bin mopt-train --features cuda,wgpu
+# Without the default `remote` feature: the same check also covers the code paths of a build
+# without remote devices (the test build has them), at no extra cost.
+echo "backends: type-checking --no-default-features --features cuda,wgpu"
+DOCS_RS=1 cargo check --bin mopt-train --no-default-features --features cuda,wgpu
 echo "backends: cuda and wgpu type-check"

@@ -102,6 +102,11 @@ fn two_servers_train_as_local_replicas_do() {
         a.url, b.url
     );
     assert!(plan.contains(&shown), "{plan}");
+    assert!(
+        plan.contains("devices  main (0): the memory above, optimizer state included (not sharded); each of the 2 others")
+            && plan.contains("over the network a step for each remote device"),
+        "{plan}"
+    );
     for r in [&local, &remote] {
         let out = mopt(&[r.to_str().unwrap(), "--max-steps", "3"]);
         assert!(out.status.success(), "{}", stderr(&out));
@@ -379,7 +384,9 @@ fn every_training_stage_kind_runs_on_a_server() {
         );
     }
     assert_eq!(
-        b.iter().map(|s| s["kind"].as_str().unwrap().to_string()).collect::<Vec<_>>(),
+        b.iter()
+            .map(|s| s["kind"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>(),
         ["baseline", "finetune", "distill", "distill", "prune", "qat"]
     );
 }

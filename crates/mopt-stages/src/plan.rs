@@ -285,9 +285,35 @@ impl Pipeline {
                     r.tokenizer.as_ref().map_or(String::new(), |t| format!(" x {} tokens", t.max_len)),
                     extras.iter().map(|(what, b)| format!(", {what} {}", human_bytes(*b))).collect::<String>()
                 );
+                self.write_devices(s, m);
             }
             input = p.output.clone();
         }
         peak
+    }
+
+    /// What each data-parallel device holds: nothing is sharded (the optimizer state stays on
+    /// the main device), every other device holds a step's fork of the weights, its shard's
+    /// gradients and activations; a remote one receives the weights and sends the gradients
+    /// back every step.
+    fn write_devices(&self, s: &mut String, m: &mopt_core::MemoryEstimate) {
+        let devices = &self.recipe.run.devices;
+        if devices.len() < 2 {
+            return;
+        }
+        let remote = devices.iter().filter(|d| d.is_remote()).count();
+        let _ = writeln!(
+            s,
+            "  devices  main ({}): the memory above, optimizer state included (not sharded); each of the {} others ~{} (a fork of the weights, its shard's gradients and activations{}){}",
+            devices[0],
+            devices.len() - 1,
+            human_bytes(m.weights + m.grads + m.activations),
+            if self.stages.iter().any(|(e, _)| e.kind == "distill") { ", and a live teacher's fork" } else { "" },
+            if remote > 0 {
+                format!("; {} over the network a step for each remote device (weights out, gradients back)", human_bytes(m.weights + m.grads))
+            } else {
+                String::new()
+            }
+        );
     }
 }
