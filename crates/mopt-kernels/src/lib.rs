@@ -88,7 +88,10 @@ type Ad = Autodiff<Flex, NoCheckpointing>;
 /// The autodiff device with gradient checkpointing (`device.autodiff().gradient_checkpointing()`).
 type AdCk = Autodiff<Flex, BalancedCheckpointing>;
 
-/// Where a float tensor lives, for routing.
+/// Where a float tensor lives, for routing. Built and taken apart at once, never stored: the
+/// size difference between its variants (a remote build's dispatch tensor is large) costs a
+/// stack copy, less than boxing would.
+#[allow(clippy::large_enum_variant)]
 enum Route<const D: usize> {
     Flex(burn::backend::flex::FlexTensor),
     Autodiff(burn::backend::tensor::FloatTensor<Ad>),

@@ -91,13 +91,15 @@ pub fn recipe_devices(
     recipe: &Recipe,
     flags: DeviceFlags<'_>,
 ) -> Result<(DeviceSpec, Vec<DeviceSpec>), TrainError> {
-    let token_file = flags.token_file.or(recipe.run.token_file.as_deref());
-    let token = match token_file {
-        Some(f) if recipe.run.devices.iter().any(|d| d.is_remote()) => Some(Token::read(f)?),
+    let device = parse_device(recipe, flags.device)?;
+    let remote = device.is_remote() || recipe.run.devices.iter().any(|d| d.is_remote());
+    let token = match flags.token_file.or(recipe.run.token_file.as_deref()) {
+        Some(f) if remote => Some(Token::read(f)?),
         _ => None,
     };
-    let (main, replicas) =
-        parse_device(recipe, flags.device)?.data_parallel(&recipe.run.devices, token.as_ref());
+    let (main, replicas) = device
+        .with_token(token.as_ref())
+        .data_parallel(&recipe.run.devices, token.as_ref());
     for d in std::iter::once(&main).chain(&replicas) {
         d.open()?;
     }

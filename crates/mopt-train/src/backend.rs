@@ -271,6 +271,22 @@ impl DeviceSpec {
         }
     }
 
+    /// Whether this is a remote server's device.
+    pub fn is_remote(&self) -> bool {
+        matches!(self, DeviceSpec::Remote(_))
+    }
+
+    /// A remote device presenting `token` (other devices unchanged).
+    pub fn with_token(self, token: Option<&Token>) -> Self {
+        match self {
+            DeviceSpec::Remote(r) => DeviceSpec::Remote(RemoteSpec {
+                token: token.cloned(),
+                ..r
+            }),
+            other => other,
+        }
+    }
+
     /// The same backend on device index `i` (data-parallel replicas); `None` for a backend
     /// with one device (the CPU).
     pub fn with_index(&self, i: usize) -> Option<Self> {

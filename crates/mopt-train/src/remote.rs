@@ -46,7 +46,7 @@ pub fn open(r: &RemoteSpec) -> Result<Device, TrainError> {
     });
     let addr = &r.addr;
     match rx.recv_timeout(CONNECT_TIMEOUT) {
-        Ok(Ok(Ok((d, s)))) if s == 3.0 => Ok(d),
+        Ok(Ok(Ok((d, 3.0)))) => Ok(d),
         Ok(Ok(Ok((_, s)))) => Err(TrainError::Failed(format!(
             "remote device {addr} computed 1 + 2 = {s}"
         ))),

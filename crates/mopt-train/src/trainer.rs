@@ -234,7 +234,7 @@ fn data_parallel<T: Task, E: Copy, K>(
 ) -> Result<Option<Workers<T>>, TrainError> {
     // One remote device runs through the workers too: its failures then end the run with a
     // message, and a step that hangs meets the watchdog.
-    if ctx.opts.replicas.is_empty() && !matches!(ctx.device_spec, DeviceSpec::Remote(_)) {
+    if ctx.opts.replicas.is_empty() && !ctx.device_spec.is_remote() {
         return Ok(None);
     }
     let specs = std::iter::once(ctx.device_spec).chain(&ctx.opts.replicas);
@@ -423,12 +423,10 @@ where
 /// The watchdog of a fit on remote devices (see [`crate::watch`]); `None` on local ones.
 fn remote_watch(main: &DeviceSpec, replicas: &[DeviceSpec]) -> Option<crate::watch::Watch> {
     let all: Vec<&DeviceSpec> = std::iter::once(main).chain(replicas).collect();
-    all.iter()
-        .any(|d| matches!(d, DeviceSpec::Remote(_)))
-        .then(|| {
-            let names: Vec<String> = all.iter().map(|d| d.name()).collect();
-            crate::watch::arm(crate::watch::remote_limit(), names.join(", "))
-        })
+    all.iter().any(|d| d.is_remote()).then(|| {
+        let names: Vec<String> = all.iter().map(|d| d.name()).collect();
+        crate::watch::arm(crate::watch::remote_limit(), names.join(", "))
+    })
 }
 
 /// The report of a fit that finished in `run_dir`, when its best checkpoint still verifies.
