@@ -219,6 +219,31 @@ fn saved_step(run: &Path) -> Option<u64> {
     v["step"].as_u64()
 }
 
+/// Start a run of `recipe` (with `MOPT_REMOTE_STEP_TIMEOUT_S = timeout` if given) and return
+/// it, still running, once its first stage has saved the training state of step `steps`.
+fn start_until_saved(recipe: &Path, run_dir: &Path, steps: u64, timeout: Option<&str>) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mopt-train"));
+    if let Some(t) = timeout {
+        cmd.env("MOPT_REMOTE_STEP_TIMEOUT_S", t);
+    }
+    let mut child = cmd
+        .arg(recipe)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while saved_step(run_dir).unwrap_or(0) < steps {
+        assert!(Instant::now() < deadline, "no training state saved");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before the server failed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
 #[test]
 fn a_server_killed_mid_run_ends_it_and_resume_on_a_replacement_finishes_it() {
     let tmp = tempfile::tempdir().unwrap();
@@ -243,21 +268,7 @@ fn a_server_killed_mid_run_ends_it_and_resume_on_a_replacement_finishes_it() {
         extra,
     );
     let run_dir = tmp.path().join("cut/runs/cut");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mopt-train"))
-        .arg(&cut)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while saved_step(&run_dir).unwrap_or(0) < 2 {
-        assert!(Instant::now() < deadline, "no training state saved");
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the run ended before the server was killed"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let child = start_until_saved(&cut, &run_dir, 2, None);
     first.kill();
     let out = child.wait_with_output().unwrap();
     let err = stderr(&out);
@@ -296,22 +307,7 @@ fn a_server_that_stops_answering_ends_the_run_within_the_step_timeout() {
         "state-every = 1",
     );
     let run_dir = tmp.path().join("runs/stalled");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mopt-train"))
-        .arg(&r)
-        .env("MOPT_REMOTE_STEP_TIMEOUT_S", "3")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while saved_step(&run_dir).unwrap_or(0) < 1 {
-        assert!(Instant::now() < deadline, "no training state saved");
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the run ended before the server stalled"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let child = start_until_saved(&r, &run_dir, 1, Some("3"));
     // The server stops (its connection stays open, nothing answers).
     let pid = server.child.id().to_string();
     assert!(Command::new("kill")
