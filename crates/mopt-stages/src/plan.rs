@@ -191,6 +191,16 @@ impl Pipeline {
                     ""
                 }
             );
+            let _ = writeln!(
+                s,
+                "           gradients gathered and summed on the main device ({}), one optimizer step there: Burn's multi-device strategy; {}",
+                r.run.devices[0],
+                if device.feature() == Some("cuda") {
+                    "all-reduce among CUDA devices (Burn's DDP over NCCL) is not wired into mopt yet"
+                } else {
+                    "all-reduce (Burn's DDP) needs CUDA devices of one machine"
+                }
+            );
         }
         let _ = writeln!(s, "{}", chain.inputs);
         let _ = writeln!(
