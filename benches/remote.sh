@@ -36,29 +36,31 @@ sed -e "s|\.\./|$ROOT/|g" -e "s|^output-dir = .*|output-dir = \"$WORK/runs\"|" \
     recipes/finetune_teacher.toml > "$WORK/recipe.toml"
 printf '\n[evaluation]\nlatency-runs = 0\nanalysis = false\n' >> "$WORK/recipe.toml"
 
-start_server() {
-    local log="$WORK/server$1.log"
+URLS=()
+start_server() { # index: appends the server's address to URLS
+    local log="$WORK/server$1.log" url=""
     "$BIN" serve --host 127.0.0.1 --port 0 > "$log" 2>&1 &
     SERVERS+=($!)
     for _ in $(seq 100); do
-        grep -q "^serving" "$log" && break
+        url=$(grep -o 'ws://[0-9.:]*' "$log" | head -1 || true)
+        [ -n "$url" ] && break
         sleep 0.1
     done
-    grep -o 'ws://[0-9.:]*' "$log" | head -1
+    [ -n "$url" ] || { echo "server $1 did not start:" >&2; cat "$log" >&2; exit 1; }
+    URLS+=("$url")
 }
 
 lo_bytes() { awk '/^ *lo:/ { printf "%.0f\n", $2 }' /proc/net/dev; }
 
-URLS=()
-for i in 1 2 3; do URLS+=("$(start_server "$i")"); done
+for i in 1 2 3; do start_server "$i"; done
 echo "servers: ${URLS[*]}"
 
 rows=()
 run() { # name, devices (comma list or empty)
-    local name=$1 devices=$2 args=() before after
-    [ -n "$devices" ] && args=(--devices "$devices")
+    local name=$1 devices=$2 args=(--max-steps "$STEPS") before after
+    [ -n "$devices" ] && args+=(--devices "$devices")
     before=$(lo_bytes)
-    "$BIN" "$WORK/recipe.toml" --max-steps "$STEPS" --force --no-reuse "${args[@]}" > "$WORK/$name.log" 2>&1 \
+    "$BIN" "$WORK/recipe.toml" --force --no-reuse "${args[@]}" > "$WORK/$name.log" 2>&1 \
         || { tail -5 "$WORK/$name.log" >&2; exit 1; }
     after=$(lo_bytes)
     local report="$WORK/runs/finetune-teacher/01-finetune/report.json"

@@ -195,8 +195,9 @@ enum Command {
         /// TCP port to listen on (0: one the system picks, printed).
         #[arg(long, default_value_t = 3000)]
         port: u16,
-        /// Address to listen on.
-        #[arg(long, default_value = "0.0.0.0")]
+        /// Address to listen on (this machine only unless given: `--host 0.0.0.0` serves the
+        /// network, with `--token-file` on anything but a trusted one).
+        #[arg(long, default_value = "127.0.0.1")]
         host: String,
         /// Accept only clients presenting the token in this file.
         #[arg(long, value_name = "FILE")]
@@ -372,6 +373,12 @@ fn serve(
     device: &str,
 ) -> anyhow::Result<()> {
     let spec = mopt_train::DeviceSpec::parse(device)?;
+    if spec.is_remote() {
+        return Err(TrainError::Input(format!(
+            "serve --device {device}: a server serves a device of this machine (cpu, or a GPU of a build with its feature), not another server's"
+        ))
+        .into());
+    }
     let token = token_file
         .map(mopt_train::backend::Token::read)
         .transpose()?;
@@ -398,10 +405,10 @@ fn serve_on(
     println!(
         "serving {} on ws://{addr} ({}); stop with SIGTERM or Ctrl+C",
         spec.name(),
-        if token.is_some() {
-            "clients must present the token"
-        } else {
-            "no token: anyone who reaches the port can run tensors here"
+        match (token.is_some(), addr.ip().is_loopback()) {
+            (true, _) => "clients must present the token",
+            (false, true) => "no token: any program of this machine can run tensors here",
+            (false, false) => "no token: anyone who reaches the port can run tensors here; give --token-file off a trusted network",
         }
     );
     let _ = std::io::stdout().flush();

@@ -195,6 +195,16 @@ fn bad_addresses_and_tokens_fail_before_the_run_folder() {
         assert!(started.elapsed() < Duration::from_secs(60), "{name}");
         assert!(!tmp.path().join("runs").join(name).exists(), "{name}");
     }
+    // Local indices beside a remote main device would all mean that server.
+    let r = recipe(tmp.path(), "mixed", 8, "devices = [0, 1]", "");
+    let out = mopt(&[r.to_str().unwrap(), "--device", &guarded.url]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("lists local device indices"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!tmp.path().join("runs/mixed").exists());
     // The right token trains.
     let r = recipe(
         tmp.path(),

@@ -11,10 +11,13 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/gpu-check"
 TOL=${TOL:-1e-3}
-[ -f /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || [ -n "${VK_ICD_FILENAMES:-}" ] || {
+compgen -G "/usr/share/vulkan/icd.d/lvp_icd.*.json" > /dev/null || [ -n "${VK_ICD_FILENAMES:-}" ] || {
     echo "no Vulkan driver: install lavapipe (apt-get install mesa-vulkan-drivers libvulkan1)" >&2
     exit 2
 }
+# `--device wgpu` is wgpu's default adapter: make it the CPU (lavapipe) one even where a real GPU
+# is present, so that this script always tests the software driver.
+export CUBECL_WGPU_DEFAULT_DEVICE=${CUBECL_WGPU_DEFAULT_DEVICE:-Cpu}
 echo "wgpu: building mopt-train --no-default-features --features wgpu"
 cargo build --bin mopt-train --no-default-features --features wgpu
 BIN="$CARGO_TARGET_DIR/debug/mopt-train"

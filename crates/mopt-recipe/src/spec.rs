@@ -350,14 +350,15 @@ impl Recipe {
             .iter()
             .map(|d| DeviceRef::parse_entry(d))
             .collect::<Result<Vec<_>, _>>()
-            .and_then(|d| crate::device::checked(d).map_err(|(why, _)| why))
-            .map_err(|why| {
+            .map_err(|why| (why, DeviceRef::EXAMPLE.to_string()))
+            .and_then(crate::device::checked)
+            .map_err(|(why, fix)| {
                 RecipeError::Invalid(Box::new(crate::Invalid {
                     path: self.path.clone(),
                     key: "--devices".into(),
                     line: None,
                     message: why,
-                    hint: DeviceRef::EXAMPLE.into(),
+                    hint: fix,
                 }))
             })?;
         let count = |d: &[DeviceRef]| d.len().max(1);

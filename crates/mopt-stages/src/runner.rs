@@ -60,6 +60,11 @@ impl RunOptions {
 /// that a missing GPU fails before a run folder exists.
 pub fn recipe_device(recipe: &Recipe, flag: Option<&str>) -> Result<DeviceSpec, TrainError> {
     let spec = parse_device(recipe, flag)?;
+    let token = match &recipe.run.token_file {
+        Some(f) if spec.is_remote() => Some(Token::read(f)?),
+        _ => None,
+    };
+    let spec = spec.with_token(token.as_ref());
     spec.open()?;
     Ok(spec)
 }
@@ -92,6 +97,13 @@ pub fn recipe_devices(
     flags: DeviceFlags<'_>,
 ) -> Result<(DeviceSpec, Vec<DeviceSpec>), TrainError> {
     let device = parse_device(recipe, flags.device)?;
+    if device.is_remote() && recipe.run.devices.iter().any(|d| !d.is_remote()) {
+        return Err(TrainError::Input(format!(
+            "{}: run.devices lists local device indices, and the device is the remote {}: an index means a device of [run] device's backend; make [run] device local (e.g. `cpu`) and list the servers in devices",
+            recipe.path.display(),
+            device.name()
+        )));
+    }
     let remote = device.is_remote() || recipe.run.devices.iter().any(|d| d.is_remote());
     let token = match flags.token_file.or(recipe.run.token_file.as_deref()) {
         Some(f) if remote => Some(Token::read(f)?),

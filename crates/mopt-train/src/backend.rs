@@ -191,6 +191,21 @@ impl DeviceSpec {
         }
     }
 
+    /// The device, or an error naming it when it cannot be reached now (a remote server that
+    /// died since the run started: the run stops there, its last state kept for `--resume`).
+    pub fn try_device(&self) -> Result<Device, TrainError> {
+        #[cfg(feature = "remote")]
+        if let DeviceSpec::Remote(r) = self {
+            return crate::remote::connect(r).map_err(|e| {
+                TrainError::Failed(format!(
+                    "remote device {}: {e}; restart its server (or name a replacement with --devices) and rerun with --resume",
+                    r.addr
+                ))
+            });
+        }
+        Ok(self.device())
+    }
+
     /// Open the device with a first tensor, turning a backend's panic (no driver, no GPU with
     /// that index) into an error that names the device.
     pub fn open(&self) -> Result<Device, TrainError> {

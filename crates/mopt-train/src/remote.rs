@@ -65,10 +65,13 @@ pub fn open(r: &RemoteSpec) -> Result<Device, TrainError> {
 fn connect_message(r: &RemoteSpec, e: &ConnectError) -> String {
     let addr = &r.addr;
     let fix = match e {
-        ConnectError::Unreachable { .. } | ConnectError::Handshake { .. } => format!(
+        ConnectError::Unreachable { .. } => format!(
             "start `mopt-train serve --port {}` on that machine, or fix the address in [run] devices / --devices",
             addr.url.rsplit(':').next().unwrap_or("PORT")
         ),
+        ConnectError::Handshake { .. } => {
+            "check that a `mopt-train serve` of this same mopt build answers there (an older Burn release's server ends its sessions this way)".into()
+        }
         ConnectError::Unauthorized => if r.token.is_some() {
             "the server refused this token: give the one its --token-file holds ([run] token-file or --token-file)"
         } else {
@@ -97,7 +100,7 @@ pub fn serve(
     let mut server = RemoteServer::new(devices);
     if let Some(t) = token {
         let auth = TokenAuthorizer::new(t.secret())
-            .map_err(|e| TrainError::Input(format!("--token-file: {e}")))?;
+            .map_err(|e| TrainError::Input(format!("serve --token-file: {e}")))?;
         server = server.with_authorizer(auth);
     }
     server

@@ -241,7 +241,7 @@ fn data_parallel<T: Task, E: Copy, K>(
     let mut devices = Vec::new();
     let mut tasks = Vec::new();
     for (i, spec) in specs.enumerate() {
-        let replica = task.replicate(&spec.device()).ok_or_else(|| {
+        let replica = task.replicate(&spec.try_device()?).ok_or_else(|| {
             TrainError::Input(format!(
                 "{}: this objective cannot run data-parallel; remove [run] devices",
                 ctx.name

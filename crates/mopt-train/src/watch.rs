@@ -6,11 +6,14 @@
 //! naming the devices. The training state saved last is on disk (written atomically), so
 //! `--resume` goes on from it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// What is watched: the last beat, the limit, the devices for the message.
 struct Watched {
+    /// The [`Watch`] that armed it.
+    id: u64,
     last: Instant,
     limit: Duration,
     devices: String,
@@ -18,14 +21,19 @@ struct Watched {
 
 static WATCHED: Mutex<Option<Watched>> = Mutex::new(None);
 static THREAD: OnceLock<()> = OnceLock::new();
+static NEXT: AtomicU64 = AtomicU64::new(0);
 
-/// Armed while it lives.
+/// Armed while it lives (the latest one armed: a Watch dropped after a newer one was armed
+/// leaves the newer one in place).
 #[must_use = "the watchdog is disarmed when the Watch is dropped"]
-pub struct Watch(());
+pub struct Watch(u64);
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        *WATCHED.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let mut watched = WATCHED.lock().unwrap_or_else(|e| e.into_inner());
+        if watched.as_ref().is_some_and(|w| w.id == self.0) {
+            *watched = None;
+        }
     }
 }
 
@@ -42,7 +50,9 @@ pub fn remote_limit() -> Duration {
 
 /// Watch from now: without a [`beat`] for `limit`, the process ends naming `devices`.
 pub fn arm(limit: Duration, devices: String) -> Watch {
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
     *WATCHED.lock().unwrap_or_else(|e| e.into_inner()) = Some(Watched {
+        id,
         last: Instant::now(),
         limit,
         devices,
@@ -50,7 +60,7 @@ pub fn arm(limit: Duration, devices: String) -> Watch {
     THREAD.get_or_init(|| {
         std::thread::spawn(watch_loop);
     });
-    Watch(())
+    Watch(id)
 }
 
 /// Progress: a batch finished (a no-op when nothing is watched).
