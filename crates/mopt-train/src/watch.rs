@@ -40,12 +40,18 @@ impl Drop for Watch {
 /// How long work on remote devices may go without a beat: `MOPT_REMOTE_STEP_TIMEOUT_S`
 /// seconds, 600 unless set.
 pub fn remote_limit() -> Duration {
-    let secs = std::env::var("MOPT_REMOTE_STEP_TIMEOUT_S")
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(600.0);
-    Duration::from_secs_f64(secs)
+    let Ok(text) = std::env::var("MOPT_REMOTE_STEP_TIMEOUT_S") else {
+        return Duration::from_secs(600);
+    };
+    match text.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s),
+        _ => {
+            eprintln!(
+                "warning: MOPT_REMOTE_STEP_TIMEOUT_S={text} is not a number of seconds above 0; using 600"
+            );
+            Duration::from_secs(600)
+        }
+    }
 }
 
 /// Watch from now: without a [`beat`] for `limit`, the process ends naming `devices`.
