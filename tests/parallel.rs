@@ -83,6 +83,39 @@ fn duplicate_devices_are_refused_before_anything_is_written() {
     assert!(!tmp.path().join("runs/dup").exists());
 }
 
+#[test]
+fn device_entries_that_are_neither_index_nor_address_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (i, (entry, expect)) in [
+        ("-1", "device index -1 is negative"),
+        ("1.5", "a device index (0, 1, ...) or a server's address"),
+        (
+            "\"10.0.0.2:3000\"",
+            "neither a device index nor a ws:// address",
+        ),
+        ("\"ws://10.0.0.2\"", "has no port"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let name = format!("bad{i}");
+        std::fs::create_dir_all(tmp.path().join(&name)).unwrap();
+        let recipe = write_tiny_recipe(&tmp.path().join(&name), &name, "");
+        let text = std::fs::read_to_string(&recipe)
+            .unwrap()
+            .replace("seed = 7\n", &format!("seed = 7\ndevices = [0, {entry}]\n"));
+        std::fs::write(&recipe, text).unwrap();
+        let out = mopt(&[recipe.to_str().unwrap()]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{entry}: {err}");
+        assert!(
+            err.contains("devices") && err.contains(expect),
+            "{entry}: {err}"
+        );
+        assert!(!tmp.path().join(&name).join("runs").exists(), "{entry}");
+    }
+}
+
 /// A finetune stage (the teacher) and two distillation stages (live teacher, then the first
 /// student distilled into a second through the teacher cache), with
 /// `batch` examples per device on `devices`. CE and KD are per-example means, so two shards of 8

@@ -47,13 +47,44 @@ pub struct RawRun {
 
 /// One `[run] devices` entry as written: a device index of `[run] device`'s backend, or a
 /// remote server's address.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone)]
 pub enum RawDevice {
     /// `0`, `1`, ...
     Index(usize),
     /// `"ws://host:port"` (device 0 of that server) or `"ws://host:port#N"`.
     Address(String),
+}
+
+impl<'de> Deserialize<'de> for RawDevice {
+    /// An index or an address, with a message that says so for anything else (an untagged
+    /// enum's would only say that nothing matched).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Entry;
+        impl serde::de::Visitor<'_> for Entry {
+            type Value = RawDevice;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a device index (0, 1, ...) or a server's address (\"ws://HOST:PORT\")")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<RawDevice, E> {
+                usize::try_from(v)
+                    .map(RawDevice::Index)
+                    .map_err(|_| E::custom(format!("device index {v} is too large")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<RawDevice, E> {
+                u64::try_from(v)
+                    .map_err(|_| {
+                        E::custom(format!(
+                            "device index {v} is negative: indices count from 0"
+                        ))
+                    })
+                    .and_then(|v| self.visit_u64(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawDevice, E> {
+                Ok(RawDevice::Address(v.to_string()))
+            }
+        }
+        d.deserialize_any(Entry)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
