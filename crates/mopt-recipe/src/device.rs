@@ -97,8 +97,7 @@ impl fmt::Display for DeviceRef {
 /// A device list as a run uses it: each device once, at most 64, and `[0]` the same as none.
 /// Otherwise the problem and its fix.
 pub fn checked(d: Vec<DeviceRef>) -> Result<Vec<DeviceRef>, (String, String)> {
-    let mut seen = std::collections::BTreeSet::new();
-    if let Some(dup) = d.iter().find(|x| !seen.insert(*x)) {
+    if let Some(dup) = crate::spec::first_repeat(&d) {
         return Err((
             format!("device {dup} is listed twice"),
             "list each device once, e.g. devices = [0, 1] or [0, \"ws://10.0.0.2:3000\"]".into(),

@@ -115,7 +115,7 @@ fn run_spec(cx: &Scope, r: RawRun) -> Result<RunSpec, RecipeError> {
 }
 
 /// The first value of `v` that appeared earlier in it.
-fn first_repeat<T: Ord>(v: &[T]) -> Option<&T> {
+pub(crate) fn first_repeat<T: Ord>(v: &[T]) -> Option<&T> {
     let mut seen = std::collections::BTreeSet::new();
     v.iter().find(|x| !seen.insert(*x))
 }

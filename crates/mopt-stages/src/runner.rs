@@ -60,10 +60,7 @@ impl RunOptions {
 /// that a missing GPU fails before a run folder exists.
 pub fn recipe_device(recipe: &Recipe, flag: Option<&str>) -> Result<DeviceSpec, TrainError> {
     let spec = parse_device(recipe, flag)?;
-    let token = match &recipe.run.token_file {
-        Some(f) if spec.is_remote() => Some(Token::read(f)?),
-        _ => None,
-    };
+    let token = recipe_token(recipe, None, spec.is_remote())?;
     let spec = spec.with_token(token.as_ref());
     spec.open()?;
     Ok(spec)
@@ -77,6 +74,19 @@ fn parse_device(recipe: &Recipe, flag: Option<&str>) -> Result<DeviceSpec, Train
         }
         None => DeviceSpec::parse(&recipe.run.device)
             .map_err(|e| TrainError::Input(format!("{}: run.device: {e}", recipe.path.display()))),
+    }
+}
+
+/// The token remote servers check (`flag`, else `[run] token-file`), read only when a device
+/// is `remote`.
+fn recipe_token(
+    recipe: &Recipe,
+    flag: Option<&Path>,
+    remote: bool,
+) -> Result<Option<Token>, TrainError> {
+    match flag.or(recipe.run.token_file.as_deref()) {
+        Some(f) if remote => Token::read(f).map(Some),
+        _ => Ok(None),
     }
 }
 
@@ -105,10 +115,7 @@ pub fn recipe_devices(
         )));
     }
     let remote = device.is_remote() || recipe.run.devices.iter().any(|d| d.is_remote());
-    let token = match flags.token_file.or(recipe.run.token_file.as_deref()) {
-        Some(f) if remote => Some(Token::read(f)?),
-        _ => None,
-    };
+    let token = recipe_token(recipe, flags.token_file, remote)?;
     let (main, replicas) = device
         .with_token(token.as_ref())
         .data_parallel(&recipe.run.devices, token.as_ref());

@@ -216,8 +216,7 @@ impl DeviceSpec {
         let spec = self.clone();
         let probe = std::panic::catch_unwind(move || {
             let d = spec.device();
-            let x = Tensor::<1>::from_floats([1.0, 2.0], &d);
-            let s: f32 = x.sum().into_scalar();
+            let s = one_plus_two(&d);
             (d, s)
         });
         match probe {
@@ -227,11 +226,7 @@ impl DeviceSpec {
                 self.name()
             ))),
             Err(payload) => {
-                let msg = payload
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "unknown error".into());
+                let msg = panic_text(payload.as_ref());
                 Err(TrainError::Input(format!(
                     "cannot open device {}: {msg}; check that the GPU and its driver are present (nvidia-smi / vulkaninfo) or pick another --device",
                     self.name()
@@ -312,6 +307,20 @@ impl DeviceSpec {
             DeviceSpec::TchCuda(_) => Some(DeviceSpec::TchCuda(i)),
         }
     }
+}
+
+/// A device's first computation, 1 + 2 (3 on a device that works).
+pub(crate) fn one_plus_two(d: &Device) -> f32 {
+    Tensor::<1>::from_floats([1.0, 2.0], d).sum().into_scalar()
+}
+
+/// A panic's message.
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown error".into())
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ use burn_train::train::{MultiDeviceStepError, MultiDevicesTrainStep};
 use burn_train::{InferenceStep, ItemLazy, TrainOutput, TrainStep};
 use mopt_core::{Checkpoint, Examples, Labeled};
 
+use crate::backend::panic_text;
 use crate::error::TrainError;
 use crate::trainer::{MicroBatch, MicroOut, Replica, ShardOut};
 
@@ -277,15 +278,6 @@ enum MultiStepError {
     Workers(String),
     /// Anything else.
     Other(TrainError),
-}
-
-/// A panic's message.
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "unknown error".into())
 }
 
 /// A shard's output with its loss and components already weighted by its share.

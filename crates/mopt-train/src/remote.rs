@@ -12,7 +12,7 @@ use burn::prelude::*;
 use burn::remote::{ConnectError, RemoteHost};
 use burn::server::{RemoteServer, ServeError, TokenAuthorizer, WebSocketTransport};
 
-use crate::backend::{RemoteSpec, Token};
+use crate::backend::{one_plus_two, panic_text, RemoteSpec, Token};
 use crate::error::TrainError;
 
 /// How long opening a remote device may take before it is called unreachable.
@@ -37,8 +37,7 @@ pub fn open(r: &RemoteSpec) -> Result<Device, TrainError> {
     std::thread::spawn(move || {
         let out = std::panic::catch_unwind(|| {
             connect(&spec).map(|d| {
-                let x = Tensor::<1>::from_floats([1.0, 2.0], &d);
-                let s: f32 = x.sum().into_scalar();
+                let s = one_plus_two(&d);
                 (d, s)
             })
         });
@@ -51,8 +50,9 @@ pub fn open(r: &RemoteSpec) -> Result<Device, TrainError> {
             "remote device {addr} computed 1 + 2 = {s}"
         ))),
         Ok(Ok(Err(e))) => Err(TrainError::Input(connect_message(r, &e))),
-        Ok(Err(_)) => Err(TrainError::Input(format!(
-            "remote device {addr}: the connection failed (the panic above); check that `mopt-train serve` runs there"
+        Ok(Err(payload)) => Err(TrainError::Input(format!(
+            "remote device {addr}: the connection failed ({}); check that `mopt-train serve` runs there",
+            panic_text(payload.as_ref())
         ))),
         Err(_) => Err(TrainError::Input(format!(
             "remote device {addr}: no answer within {} s; check the address, that `mopt-train serve` runs there and that the port is open",
