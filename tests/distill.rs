@@ -602,3 +602,63 @@ fn an_extra_term_reads_the_computed_outputs_and_adds_to_the_loss() {
     // The term read the logits of this forward pass: no second student forward.
     assert_eq!(*seen.lock().unwrap(), vec![[2, 3]]);
 }
+
+/// TinyBERT's augmentation: copies of every sentence that the cached teacher labels, and a twin
+/// that trains on the originals for the student's steps; its keys' errors name them.
+#[test]
+fn augmentation_copies_are_labelled_by_the_teacher_and_the_twin_gets_their_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_pair(tmp.path(), "", LAYER_INIT);
+    let text = std::fs::read_to_string(&recipe).unwrap();
+    let with =
+        |keys: &str| text.replace("baseline = true\n", &format!("baseline = true\n{keys}\n"));
+    std::fs::write(&recipe, with("augment-copies = 2\naugment-neighbours = 5")).unwrap();
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = tmp.path().join("runs/student");
+    let r = read_json(&run.join("report.json"));
+    let student = &r["stages"][1];
+    // 96 sentences and 2 copies each: the teacher ran on 288, the student's epochs are 288
+    // examples (18 steps of 16, 2 epochs), and the twin's, on the originals thrice, as many.
+    assert_eq!(student["facts"]["teacher_cache"]["teacher_forwards"], 288);
+    assert_eq!(student["steps"], 36, "{student}");
+    assert_eq!(student["facts"]["twin_steps"], 36, "{student}");
+    let notes = student["notes"].to_string();
+    assert!(
+        notes.contains("192 copies of the 96 training sentences (2 each)")
+            && notes.contains("5 nearest words"),
+        "{notes}"
+    );
+    // The same seed draws the same copies: the cache is found again, the student is the same.
+    let again = mopt(&[recipe.to_str().unwrap(), "--force"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    let r2 = read_json(&run.join("report.json"));
+    assert_eq!(r2["stages"][1]["facts"]["teacher_cache"]["hit"], true);
+    assert_eq!(r2["stages"][1]["model"]["test"], student["model"]["test"]);
+    for (keys, expect) in [
+        (
+            "augment-replace = 0.3",
+            &["stage[1].augment-replace", "without `augment-copies`"][..],
+        ),
+        (
+            "augment-copies = 0",
+            &["stage[1].augment-copies", "use 1 to 100"],
+        ),
+        (
+            "augment-copies = 2\naugment-replace = 1.5",
+            &["stage[1].augment-replace", "not a probability"],
+        ),
+        (
+            "augment-copies = 2\nteacher-cache = false",
+            &["stage[1].teacher-cache", "labelled by the cached teacher"],
+        ),
+    ] {
+        std::fs::write(&recipe, with(keys)).unwrap();
+        let out = mopt(&[recipe.to_str().unwrap(), "--check"]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{keys}: {err}");
+        for e in expect {
+            assert!(err.contains(e), "{keys}: `{e}` not in {err}");
+        }
+    }
+}

@@ -270,7 +270,14 @@ fn a_server_killed_mid_run_ends_it_and_resume_on_a_replacement_finishes_it() {
     );
     let out = mopt(&[whole.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
-    // The same run, its server killed once two steps are saved.
+    // The same run, its server killed at a step drawn from the clock (1 to 4 steps saved; the
+    // message says which, for a failure to be replayed).
+    let at = 1 + std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64
+        % 4;
+    eprintln!("killing the server once {at} steps are saved");
     let cut = recipe(
         &tmp.path().join("cut"),
         "cut",
@@ -279,7 +286,7 @@ fn a_server_killed_mid_run_ends_it_and_resume_on_a_replacement_finishes_it() {
         extra,
     );
     let run_dir = tmp.path().join("cut/runs/cut");
-    let child = start_until_saved(&cut, &run_dir, 2, None);
+    let child = start_until_saved(&cut, &run_dir, at, None);
     first.kill();
     let out = child.wait_with_output().unwrap();
     let err = stderr(&out);
@@ -304,6 +311,21 @@ fn a_server_killed_mid_run_ends_it_and_resume_on_a_replacement_finishes_it() {
         "resumed run differs from the uninterrupted one"
     );
     assert_eq!(w["valid"], c["valid"]);
+    // Byte-identical: every checkpoint's weights and config.
+    let (a, b) = (tmp.path().join("whole/runs/whole"), run_dir);
+    let mut compared = 0;
+    for name in ["model.bpk", "config.json"] {
+        for f in files_named(&a, name) {
+            let rel = f.strip_prefix(&a).unwrap();
+            assert!(
+                std::fs::read(&f).unwrap() == std::fs::read(b.join(rel)).unwrap(),
+                "{} differs between the uninterrupted and the resumed run (killed at step {at})",
+                rel.display()
+            );
+            compared += 1;
+        }
+    }
+    assert!(compared >= 2, "only {compared} files compared");
 }
 
 #[test]

@@ -249,32 +249,6 @@ fn killed_run(recipe: &Path, run_dir: &Path, kills: &[Kill], log: &Path) {
     run(recipe, run_dir, flags, None, log);
 }
 
-/// `dir` and everything under it (folders before their contents), sorted.
-fn tree(dir: &Path) -> Vec<PathBuf> {
-    let mut out = vec![dir.to_path_buf()];
-    let mut i = 0;
-    while i < out.len() {
-        if out[i].is_dir() {
-            let mut inner: Vec<PathBuf> = std::fs::read_dir(&out[i])
-                .unwrap()
-                .map(|e| e.unwrap().path())
-                .collect();
-            out.append(&mut inner);
-        }
-        i += 1;
-    }
-    out.sort();
-    out
-}
-
-/// The files called `name` under `dir`.
-fn files_named(dir: &Path, name: &str) -> Vec<PathBuf> {
-    tree(dir)
-        .into_iter()
-        .filter(|p| p.is_file() && p.file_name().is_some_and(|n| n == name))
-        .collect()
-}
-
 /// Keys that time the run rather than compute it.
 const TIMING: [&str; 4] = ["samples_per_s", "time_s", "peak_rss_mb", "wall_time_s"];
 

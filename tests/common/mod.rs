@@ -183,3 +183,29 @@ latency-runs = 0
     std::fs::write(&p, text).unwrap();
     p
 }
+
+/// `dir` and everything under it (folders before their contents), sorted.
+pub fn tree(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    let mut i = 0;
+    while i < out.len() {
+        if out[i].is_dir() {
+            let mut inner: Vec<PathBuf> = std::fs::read_dir(&out[i])
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            out.append(&mut inner);
+        }
+        i += 1;
+    }
+    out.sort();
+    out
+}
+
+/// The files called `name` under `dir`.
+pub fn files_named(dir: &Path, name: &str) -> Vec<PathBuf> {
+    tree(dir)
+        .into_iter()
+        .filter(|p| p.is_file() && p.file_name().is_some_and(|n| n == name))
+        .collect()
+}

@@ -97,6 +97,11 @@ impl TextTokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The token of `id` (`"movie"`, `"##ing"`), if the vocabulary has it.
+    pub fn token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
     /// Ids of the special tokens (`[PAD]`, `[UNK]`, `[CLS]`, `[SEP]`, `[MASK]`) the vocabulary has.
     pub fn special_ids(&self) -> Vec<u32> {
         ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -446,6 +446,15 @@ impl TeacherCache {
         }
     }
 
+    /// The teacher's logits of example `i`.
+    pub fn logits(&self, i: usize) -> Vec<f32> {
+        let c = self.num_labels;
+        match &self.store {
+            Store::Memory(m) => m[i].logits.clone(),
+            Store::File(f) => f.logits[i * c..(i + 1) * c].to_vec(),
+        }
+    }
+
     /// Number of examples.
     pub fn len(&self) -> usize {
         match &self.store {

@@ -11,6 +11,7 @@
 //! Everything is usable from Rust without the CLI; the `distill` stage runs it from a recipe.
 
 #![deny(missing_docs)]
+pub mod augment;
 pub mod cache;
 mod cache_file;
 pub mod features;

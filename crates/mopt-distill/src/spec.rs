@@ -134,6 +134,9 @@ pub struct DistillSpec {
     pub baseline: bool,
     /// Intermediate matches.
     pub matches: Vec<MatchSpec>,
+    /// TinyBERT's data augmentation: copies of the training sentences that the teacher labels
+    /// ([`crate::augment`]); the twin trains on the originals for as many steps.
+    pub augment: Option<crate::augment::TextAugment>,
 }
 
 impl MatchSpec {
@@ -214,6 +217,7 @@ impl Default for DistillSpec {
             teacher_top_k: None,
             baseline: false,
             matches: Vec::new(),
+            augment: None,
         }
     }
 }

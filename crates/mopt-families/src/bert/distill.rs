@@ -7,7 +7,7 @@ use std::path::Path;
 
 use burn::prelude::*;
 use mopt_core::{ModelFault, Tapped};
-use mopt_data::{LabelMap, TextBatch};
+use mopt_data::{LabelMap, TextBatch, TextSplit};
 use mopt_distill::matching::resolve;
 use mopt_distill::matching::MatchPlan;
 use mopt_distill::pipeline::{teacher_source, with_word_table, TeacherOutputs};
@@ -17,7 +17,7 @@ use mopt_models::bert::setup::{build_model, model_config};
 use mopt_models::bert::student::{check_layer_init, from_teacher_layers};
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification as Model};
 use mopt_recipe::{ModelSpec, Scope, StageEntry};
-use mopt_train::trainer::{fit, RunContext};
+use mopt_train::trainer::{fit, RunContext, Splits};
 use mopt_train::TrainError;
 use serde_json::json;
 
@@ -211,6 +211,12 @@ fn plan_lines(stage: &DistillStage, config: &BertConfig, plan: &MatchPlan) -> Ve
             s.baseline
         ),
     ];
+    if let Some(a) = s.augment {
+        settings.push(format!(
+            "augment-copies = {}, augment-replace = {}, augment-neighbours = {} (TinyBERT: copies labelled by the teacher; the twin trains on the originals {}x)",
+            a.copies, a.replace, a.neighbours, 1 + a.copies
+        ));
+    }
     for (m, resolved) in s.matches.iter().zip(&plan.matches) {
         let pairs: Vec<String> = resolved
             .pairs
@@ -239,7 +245,7 @@ fn plan_memory(
         4 * input.num_params() as u64,
     )];
     if s.enabled && s.teacher_cache {
-        let n = cx.train_examples as u64;
+        let n = cx.train_examples as u64 * (1 + s.augment.map_or(0, |a| a.copies as u64));
         let per = cache_bytes_per_example(
             plan,
             input,
@@ -283,12 +289,21 @@ pub fn run(
         &text.spec,
         text.vocab(),
     )?;
+    let mut augmented = super::augment::copies(
+        stage,
+        (&teacher, &teacher_config),
+        &text.train.examples,
+        &text.tokenizer,
+        cx.seed,
+    )?;
     let (source, cache) = teacher_source(
         &TeacherOutputs {
             teacher_dir: input,
             teacher: &teacher,
             data: cx.data_spec,
-            train: &text.train.examples,
+            train: augmented
+                .as_ref()
+                .map_or(&text.train.examples, |a| &a.examples),
             pad_id: text.pad_id(),
             batch_size: entry.train.eval_batch_size,
         },
@@ -296,7 +311,26 @@ pub fn run(
         &plan,
         &device,
     )?;
-    let run = cx.run_context::<TextBatch, _>(&config)?;
+    let mut notes = Vec::new();
+    let split = augmented.as_mut().map(|a| {
+        let flipped = super::augment::relabel(a, &source);
+        notes.push(augment_note(stage, a, flipped));
+        TextSplit {
+            examples: std::mem::take(&mut a.examples),
+            pad_id: text.pad_id(),
+        }
+    });
+    let base = cx.run_context::<TextBatch, _>(&config)?;
+    let run = match &split {
+        Some(s) => RunContext {
+            data: Splits {
+                train: s as &dyn mopt_core::Examples<Batch = TextBatch>,
+                ..base.data
+            },
+            ..base
+        },
+        None => base,
+    };
     let student = init_student(&stage.student, cx.seed, &config, input, &ad)?;
     let model = DistillModel::new(student, &plan.projections, &ad);
     eprintln!(
@@ -318,15 +352,17 @@ pub fn run(
     .with_extra(stage.extra.clone());
     let training = fit(&run, task, model)?;
     let mut references = Vec::new();
-    let mut notes = vec![format!(
+    notes.insert(0, format!(
         "Teacher cache: {}{}; teacher pass over the training split {:.1}s (paid once with the cache, every epoch without it); student epoch times {:?} s.",
         if cache.enabled { "on" } else { "off" },
         if cache.hit { ", reused from disk" } else { "" },
         cache.teacher_pass_s,
         training.epochs.iter().map(|e| (e.epoch_time_s * 10.0).round() / 10.0).collect::<Vec<_>>()
-    )];
+    ));
+    let mut twin_steps = None;
     if stage.spec.enabled && stage.spec.baseline {
-        let twin = twin(stage, input, &config, &run, cx)?;
+        let twin = twin(stage, input, &config, &run, (cx, &text.train))?;
+        twin_steps = Some(twin.steps);
         let (reference, note) = mopt_stages::kinds::kd_student::twin_report(
             &entry.name,
             (&twin, &training),
@@ -343,12 +379,31 @@ pub fn run(
             "best_epoch": training.best_epoch,
             "epoch_time_s": training.epochs.iter().map(|e| e.epoch_time_s).collect::<Vec<_>>(),
             "train_samples_per_s": training.train_samples_per_s,
+            "twin_steps": twin_steps,
         }),
         notes,
         references,
         logit_error_vs_input: None,
         artifacts: Vec::new(),
     })
+}
+
+/// The report's line on the augmentation: what was drawn and how often the teacher's label
+/// of a copy differs from its sentence's.
+fn augment_note(stage: &DistillStage, a: &super::augment::Augmented, flipped: usize) -> String {
+    let spec = stage.spec.augment.unwrap_or_default();
+    let copies = a.examples.len() - a.originals;
+    format!(
+        "Augmentation (TinyBERT): {copies} copies of the {} training sentences ({} each), each word replaced with probability {} by one of its {} nearest words in the teacher's table ({} distinct words replaceable; {:.1} s); the teacher labels the copies: {flipped} ({:.1}%) get another class than their sentence. The twin trains on the originals repeated {}x (the same steps).",
+        a.originals,
+        spec.copies,
+        spec.replace,
+        spec.neighbours,
+        a.words,
+        a.seconds,
+        100.0 * flipped as f64 / copies.max(1) as f64,
+        1 + spec.copies
+    )
 }
 
 /// The hard-label twin: the same student (same init), trained with the same budget on the
@@ -358,9 +413,27 @@ fn twin(
     input: &Path,
     config: &BertConfig,
     run: &RunContext<'_, &dyn mopt_core::Examples<Batch = TextBatch>, BertConfig>,
-    cx: &StageContext,
+    (cx, originals): (&StageContext, &TextSplit),
 ) -> Result<mopt_train::trainer::TrainReport, StageError> {
     eprintln!("twin: the same student trained on hard labels only");
+    // With augmentation the twin has no labels for the copies: it trains on the originals,
+    // repeated as often, so that its schedule has the student's steps.
+    let repeated = stage.spec.augment.map(|a| TextSplit {
+        examples: (0..=a.copies)
+            .flat_map(|_| originals.examples.iter().cloned())
+            .collect(),
+        pad_id: originals.pad_id,
+    });
+    let run = match &repeated {
+        Some(r) => RunContext {
+            data: Splits {
+                train: r as &dyn mopt_core::Examples<Batch = TextBatch>,
+                ..run.data
+            },
+            ..*run
+        },
+        None => *run,
+    };
     let ad = cx.device.train_device(&cx.entry.train);
     let dir = cx.dir.join("twin");
     std::fs::create_dir_all(&dir).map_err(|e| StageError::io(&dir, e))?;
@@ -380,7 +453,7 @@ fn twin(
     Ok(fit(
         &RunContext {
             run_dir: &dir,
-            ..*run
+            ..run
         },
         task,
         twin,

@@ -10,6 +10,7 @@ use mopt_recipe::{ModelSpec, Recipe, Scope, StageEntry, TokenizerSpec};
 use mopt_train::trainer::save_checkpoint_dir;
 
 pub mod analysis;
+pub mod augment;
 pub mod distill;
 
 use burn::prelude::Device;

@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use mopt_distill::augment::TextAugment;
 use mopt_distill::spec::*;
 use mopt_recipe::RawModel;
 use mopt_recipe::{model_spec, ModelSpec, RecipeError, Scope, StageEntry, TrainSpec};
@@ -37,6 +38,9 @@ struct RawDistillStage {
     teacher_cache: Option<bool>,
     teacher_top_k: Option<usize>,
     baseline: Option<bool>,
+    augment_copies: Option<usize>,
+    augment_replace: Option<f64>,
+    augment_neighbours: Option<usize>,
     #[serde(default, rename = "match")]
     matches: Vec<RawMatch>,
 }
@@ -318,6 +322,11 @@ fn distill_spec(
             "keep the k largest logits of each row, e.g. 64, or leave the key out (every logit)",
         ));
     }
+    let augment = augment_spec(
+        cx,
+        (d.augment_copies, d.augment_replace, d.augment_neighbours),
+        (d.enabled, d.teacher_cache),
+    )?;
     let matches = d
         .matches
         .into_iter()
@@ -335,8 +344,72 @@ fn distill_spec(
             teacher_top_k: d.teacher_top_k,
             baseline: d.baseline.unwrap_or(false),
             matches,
+            augment,
         },
     ))
+}
+
+/// `augment-copies` and its companions: TinyBERT's augmentation, labelled by the cached teacher.
+fn augment_spec(
+    cx: &Scope,
+    (copies, replace, neighbours): (Option<usize>, Option<f64>, Option<usize>),
+    (enabled, teacher_cache): (Option<bool>, Option<bool>),
+) -> Result<Option<TextAugment>, RecipeError> {
+    let Some(copies) = copies else {
+        for (key, set) in [
+            ("augment-replace", replace.is_some()),
+            ("augment-neighbours", neighbours.is_some()),
+        ] {
+            if set {
+                return Err(cx.err(
+                    key,
+                    "is set without `augment-copies`",
+                    "add `augment-copies = 4` (copies of every training sentence), or remove the key",
+                ));
+            }
+        }
+        return Ok(None);
+    };
+    let defaults = TextAugment::default();
+    let spec = TextAugment {
+        copies,
+        replace: replace.unwrap_or(defaults.replace),
+        neighbours: neighbours.unwrap_or(defaults.neighbours),
+    };
+    if !(1..=100).contains(&copies) {
+        return Err(cx.err(
+            "augment-copies",
+            format!("{copies} copies of every sentence"),
+            "use 1 to 100 (TinyBERT used 20; each copy adds a training set to every epoch)",
+        ));
+    }
+    if !(spec.replace > 0.0 && spec.replace <= 1.0) {
+        return Err(cx.err(
+            "augment-replace",
+            format!("{} is not a probability in (0, 1]", spec.replace),
+            "the chance that a word is replaced; TinyBERT used 0.4",
+        ));
+    }
+    if spec.neighbours == 0 {
+        return Err(cx.err(
+            "augment-neighbours",
+            "0 neighbours leaves nothing to replace a word with",
+            "draw from the 15 nearest words (TinyBERT's choice), or any number above 0",
+        ));
+    }
+    if enabled == Some(false) || teacher_cache == Some(false) {
+        let key = if enabled == Some(false) {
+            "enabled"
+        } else {
+            "teacher-cache"
+        };
+        return Err(cx.err(
+            key,
+            "`augment-copies` needs the teacher and its cache: the copies are labelled by the cached teacher",
+            "remove `augment-copies`, or set this key to true",
+        ));
+    }
+    Ok(Some(spec))
 }
 
 pub use mopt_distill::task::ExtraTerm;
@@ -376,6 +449,21 @@ impl DistillStage {
     pub fn with_term(mut self, term: ExtraTerm) -> Self {
         self.extra = Some(term);
         self
+    }
+
+    /// Refuse `augment-copies` for a stage whose family cannot augment its inputs (`why`).
+    pub fn refuse_augment(&self, why: &str) -> Result<(), StageError> {
+        match self.spec.augment {
+            Some(_) => Err(self
+                .scope
+                .err(
+                    "augment-copies",
+                    format!("{why}: there are no sentences to copy"),
+                    "remove the augment-* keys (TinyBERT's augmentation is for text classifiers)",
+                )
+                .into()),
+            None => Ok(()),
+        }
     }
 
     /// Refuse `teacher-top-k` for a stage whose teacher is not read from a logit cache

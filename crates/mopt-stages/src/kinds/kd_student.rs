@@ -27,6 +27,7 @@ pub fn plan<C: ModelConfig>(
     (teacher, student): (&Shape, C),
     cx: &PlanContext,
 ) -> Result<StagePlan, StageError> {
+    stage.refuse_augment("this family's distillation trains on its inputs as they are")?;
     let (s, size) = (&stage.spec, cx.size());
     let settings = vec![
         format!(

@@ -1,0 +1,133 @@
+//! TinyBERT's data augmentation on a BERT distill stage (`augment-copies`): copies of the
+//! training sentences with whole words replaced by their neighbours in the teacher's
+//! word-embedding table ([`mopt_distill::augment`]), labelled by the teacher's cached logits.
+
+use std::time::Instant;
+
+use mopt_core::Tapped;
+use mopt_data::{Encoded, TextTokenizer};
+use mopt_distill::augment::{augment, neighbours, Replacements, WordTable};
+use mopt_distill::TeacherSource;
+use mopt_models::bert::{BertConfig, BertForSequenceClassification as Model};
+use mopt_stages::kinds::distill::DistillStage;
+use mopt_stages::StageError;
+
+/// The training split with its copies, and what the report says about them.
+pub struct Augmented {
+    /// The originals, then their copies.
+    pub examples: Vec<Encoded>,
+    /// How many originals lead the list.
+    pub originals: usize,
+    /// Distinct words of the training split that can be replaced.
+    pub words: usize,
+    /// Seconds spent finding neighbours and drawing copies.
+    pub seconds: f64,
+}
+
+/// The copies the stage asks for (`None` without `augment-copies`), from the teacher's table.
+pub fn copies(
+    stage: &DistillStage,
+    (teacher, teacher_config): (&Model, &BertConfig),
+    originals: &[Encoded],
+    tokenizer: &TextTokenizer,
+    seed: u64,
+) -> Result<Option<Augmented>, StageError> {
+    let Some(spec) = stage.spec.augment else {
+        return Ok(None);
+    };
+    if teacher_config.mopt_vocab_map.is_some() {
+        return Err(stage
+            .scope
+            .err(
+                "augment-copies",
+                "the teacher's vocabulary was pruned: its table's rows are not token ids",
+                "distil from the teacher before vocabulary pruning, or remove the augment-* keys",
+            )
+            .into());
+    }
+    let start = Instant::now();
+    let rows = teacher
+        .word_embeddings()
+        .ok_or_else(|| StageError::Unsupported("the teacher has no word-embedding table".into()))?
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .map_err(|e| StageError::Unsupported(format!("the teacher's word table: {e:?}")))?;
+    let words = vocabulary(tokenizer, teacher_config.vocab_size);
+    let mut queries: Vec<u32> = originals
+        .iter()
+        .flat_map(|e| e.ids.iter().copied())
+        .filter(|&id| words.replaceable.get(id as usize) == Some(&true))
+        .collect();
+    queries.sort_unstable();
+    queries.dedup();
+    let table = WordTable {
+        rows: &rows,
+        hidden: teacher_config.hidden_size,
+    };
+    let replacements = Replacements {
+        neighbours: neighbours(&table, &queries, &words.candidates, spec.neighbours),
+        continuation: words.continuation,
+    };
+    let examples = augment(originals, &replacements, &spec, seed);
+    Ok(Some(Augmented {
+        examples,
+        originals: originals.len(),
+        words: queries.len(),
+        seconds: start.elapsed().as_secs_f64(),
+    }))
+}
+
+/// Which vocabulary entries are words (replaceable, and replacements) and which continue one.
+struct Vocabulary {
+    replaceable: Vec<bool>,
+    candidates: Vec<u32>,
+    continuation: Vec<bool>,
+}
+
+/// Words: two or more letters, not a special token, not a `##` continuation piece (numbers and
+/// punctuation stay as they are).
+fn vocabulary(tokenizer: &TextTokenizer, size: usize) -> Vocabulary {
+    let special = tokenizer.special_ids();
+    let mut v = Vocabulary {
+        replaceable: vec![false; size],
+        candidates: Vec::new(),
+        continuation: vec![false; size],
+    };
+    for id in 0..size as u32 {
+        let Some(token) = tokenizer.token(id) else {
+            continue;
+        };
+        if token.starts_with("##") {
+            v.continuation[id as usize] = true;
+        } else if token.chars().count() >= 2
+            && token.chars().all(char::is_alphabetic)
+            && !special.contains(&id)
+        {
+            v.replaceable[id as usize] = true;
+            v.candidates.push(id);
+        }
+    }
+    v
+}
+
+/// Give every copy the teacher's top class as its hard label (the cached logits, row by row);
+/// returns how many copies the teacher labels otherwise than their original.
+pub fn relabel(a: &mut Augmented, source: &TeacherSource<Model>) -> usize {
+    let TeacherSource::Cache(cache) = source else {
+        return 0;
+    };
+    let (n, copies) = (a.originals, a.examples.len() - a.originals);
+    let per = copies / n.max(1);
+    let mut flipped = 0;
+    for i in n..a.examples.len() {
+        let logits = cache.logits(i);
+        let top = (0..logits.len())
+            .max_by(|&x, &y| logits[x].total_cmp(&logits[y]).then(y.cmp(&x)))
+            .unwrap_or(0);
+        let original = a.examples[(i - n) / per.max(1)].label;
+        flipped += usize::from(top != original);
+        a.examples[i].label = top;
+    }
+    flipped
+}
