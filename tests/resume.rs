@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{read_json, write_tiny_recipe};
+use common::{files_named, read_json, tree, write_tiny_recipe};
 
 /// The tiny recipe with a state saved after every optimizer step, then `stages`.
 fn chain_recipe(dir: &Path, name: &str, stages: &str) -> PathBuf {
