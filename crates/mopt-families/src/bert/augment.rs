@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use mopt_core::Tapped;
-use mopt_data::{Encoded, TextTokenizer};
+use mopt_data::{Encoded, TextSplit, TextTokenizer};
 use mopt_distill::augment::{augment, neighbours, Replacements, WordTable};
 use mopt_distill::TeacherSource;
 use mopt_models::bert::{BertConfig, BertForSequenceClassification as Model};
@@ -70,11 +70,18 @@ pub fn copies(
         continuation: words.continuation,
     };
     let examples = augment(originals, &replacements, &spec, seed);
+    let seconds = start.elapsed().as_secs_f64();
+    eprintln!(
+        "augmentation: {} copies of {} sentences ({} distinct replaceable words; {seconds:.1}s)",
+        examples.len() - originals.len(),
+        originals.len(),
+        queries.len()
+    );
     Ok(Some(Augmented {
         examples,
         originals: originals.len(),
         words: queries.len(),
-        seconds: start.elapsed().as_secs_f64(),
+        seconds,
     }))
 }
 
@@ -111,9 +118,39 @@ fn vocabulary(tokenizer: &TextTokenizer, size: usize) -> Vocabulary {
     v
 }
 
+/// The student's training split: the copies relabelled by the teacher (`source`), and the
+/// report's line on them (what was drawn, how often the teacher's label of a copy differs from
+/// its sentence's).
+pub fn labelled(
+    stage: &DistillStage,
+    mut a: Augmented,
+    source: &TeacherSource<Model>,
+    pad_id: u32,
+) -> (TextSplit, String) {
+    let flipped = relabel(&mut a, source);
+    let spec = stage.spec.augment.unwrap_or_default();
+    let copies = a.examples.len() - a.originals;
+    let note = format!(
+        "Augmentation (TinyBERT): {copies} copies of the {} training sentences ({} each), each word replaced with probability {} by one of its {} nearest words in the teacher's table ({} distinct words replaceable; {:.1} s); the teacher labels the copies: {flipped} ({:.1}%) get another class than their sentence. The twin trains on the originals repeated {}x (the same steps).",
+        a.originals,
+        spec.copies,
+        spec.replace,
+        spec.neighbours,
+        a.words,
+        a.seconds,
+        100.0 * flipped as f64 / copies.max(1) as f64,
+        1 + spec.copies
+    );
+    let split = TextSplit {
+        examples: a.examples,
+        pad_id,
+    };
+    (split, note)
+}
+
 /// Give every copy the teacher's top class as its hard label (the cached logits, row by row);
 /// returns how many copies the teacher labels otherwise than their original.
-pub fn relabel(a: &mut Augmented, source: &TeacherSource<Model>) -> usize {
+fn relabel(a: &mut Augmented, source: &TeacherSource<Model>) -> usize {
     let TeacherSource::Cache(cache) = source else {
         return 0;
     };

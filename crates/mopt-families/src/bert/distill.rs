@@ -289,7 +289,7 @@ pub fn run(
         &text.spec,
         text.vocab(),
     )?;
-    let mut augmented = super::augment::copies(
+    let augmented = super::augment::copies(
         stage,
         (&teacher, &teacher_config),
         &text.train.examples,
@@ -311,26 +311,12 @@ pub fn run(
         &plan,
         &device,
     )?;
-    let mut notes = Vec::new();
-    let split = augmented.as_mut().map(|a| {
-        let flipped = super::augment::relabel(a, &source);
-        notes.push(augment_note(stage, a, flipped));
-        TextSplit {
-            examples: std::mem::take(&mut a.examples),
-            pad_id: text.pad_id(),
-        }
-    });
-    let base = cx.run_context::<TextBatch, _>(&config)?;
-    let run = match &split {
-        Some(s) => RunContext {
-            data: Splits {
-                train: s as &dyn mopt_core::Examples<Batch = TextBatch>,
-                ..base.data
-            },
-            ..base
-        },
-        None => base,
-    };
+    let labelled = augmented.map(|a| super::augment::labelled(stage, a, &source, text.pad_id()));
+    let mut notes: Vec<String> = labelled.iter().map(|(_, note)| note.clone()).collect();
+    let run = with_train(
+        cx.run_context::<TextBatch, _>(&config)?,
+        labelled.as_ref().map(|(split, _)| split),
+    );
     let student = init_student(&stage.student, cx.seed, &config, input, &ad)?;
     let model = DistillModel::new(student, &plan.projections, &ad);
     eprintln!(
@@ -388,22 +374,21 @@ pub fn run(
     })
 }
 
-/// The report's line on the augmentation: what was drawn and how often the teacher's label
-/// of a copy differs from its sentence's.
-fn augment_note(stage: &DistillStage, a: &super::augment::Augmented, flipped: usize) -> String {
-    let spec = stage.spec.augment.unwrap_or_default();
-    let copies = a.examples.len() - a.originals;
-    format!(
-        "Augmentation (TinyBERT): {copies} copies of the {} training sentences ({} each), each word replaced with probability {} by one of its {} nearest words in the teacher's table ({} distinct words replaceable; {:.1} s); the teacher labels the copies: {flipped} ({:.1}%) get another class than their sentence. The twin trains on the originals repeated {}x (the same steps).",
-        a.originals,
-        spec.copies,
-        spec.replace,
-        spec.neighbours,
-        a.words,
-        a.seconds,
-        100.0 * flipped as f64 / copies.max(1) as f64,
-        1 + spec.copies
-    )
+/// `run` training on `train` instead of its own training split, when given.
+fn with_train<'b>(
+    run: RunContext<'b, &'b dyn mopt_core::Examples<Batch = TextBatch>, BertConfig>,
+    train: Option<&'b TextSplit>,
+) -> RunContext<'b, &'b dyn mopt_core::Examples<Batch = TextBatch>, BertConfig> {
+    match train {
+        Some(t) => RunContext {
+            data: Splits {
+                train: t,
+                ..run.data
+            },
+            ..run
+        },
+        None => run,
+    }
 }
 
 /// The hard-label twin: the same student (same init), trained with the same budget on the
@@ -424,16 +409,7 @@ fn twin(
             .collect(),
         pad_id: originals.pad_id,
     });
-    let run = match &repeated {
-        Some(r) => RunContext {
-            data: Splits {
-                train: r as &dyn mopt_core::Examples<Batch = TextBatch>,
-                ..run.data
-            },
-            ..*run
-        },
-        None => *run,
-    };
+    let run = with_train(*run, repeated.as_ref());
     let ad = cx.device.train_device(&cx.entry.train);
     let dir = cx.dir.join("twin");
     std::fs::create_dir_all(&dir).map_err(|e| StageError::io(&dir, e))?;
