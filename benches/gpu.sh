@@ -42,6 +42,17 @@ for p in fp32 bf16 fp16; do
     2>&1 | tee "$WORK/distill-$p.log" | grep -E '^(epoch|[0-9]+ )' || true
 done
 
+# 1b. With two or more GPUs: the fp32 distillation data-parallel over two of them, gradients
+# all-reduced by Burn's collectives (NCCL); the log's "data parallel over 2 devices" line says
+# which strategy ran.
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l || echo 0)
+if [ "$FEATURE" = cuda ] && [ "$gpus" -ge 2 ]; then
+  echo "== distillation, fp32, $STEPS steps on cuda:0 + cuda:1 (all-reduce)"
+  sed -e 's/^name = "distill-bert"/name = "gpu-bench-ddp"/' recipes/distill_bert.toml > recipes/.gpu-bench-ddp.toml
+  "$BIN" recipes/.gpu-bench-ddp.toml --device cuda:0 --devices 0,1 --max-steps "$STEPS" --force --no-reuse \
+    2>&1 | tee "$WORK/distill-ddp.log" | grep -E '^(epoch|data parallel)' || true
+fi
+
 # 2. The speed harness (mopt and PyTorch on the same device; fp32, bf16, fp16 student rows).
 # shellcheck disable=SC2086
 cargo bench --profile dev "${features[@]}" --bench speed -- --device "$DEVICE" --out "$WORK/speed.json" $HARNESS_ARGS
@@ -59,6 +70,13 @@ for p in ["fp32", "bf16", "fp16"]:
                "valid_accuracy": st["model"]["valid"]["accuracy"],
                "test_accuracy": st["model"]["test"]["accuracy"],
                "loss_scale": train.get("loss_scale")}
+ddp = pathlib.Path("checkpoints/gpu-bench-ddp/report.json")
+if (work / "distill-ddp.log").exists() and ddp.exists():
+    st = next(s for s in json.loads(ddp.read_text())["stages"] if s["kind"] == "distill")
+    runs["fp32-2gpu"] = {"steps": st["steps"], "wall_time_s": st["wall_time_s"],
+                         "valid_accuracy": st["model"]["valid"]["accuracy"],
+                         "strategy": next((l for l in (work / "distill-ddp.log").read_text().splitlines()
+                                           if l.startswith("data parallel")), None)}
 res = {"device": device, "hardware": (work / "gpu.txt").read_text().strip(), "distill_steps": steps,
        "distill": runs, "speed": json.loads((work / "speed.json").read_text())}
 pathlib.Path(out).write_text(json.dumps(res, indent=1))

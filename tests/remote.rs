@@ -105,7 +105,8 @@ fn two_servers_train_as_local_replicas_do() {
     assert!(
         plan.contains("devices  main (0): the memory above, optimizer state included (not sharded); each of the 2 others")
             && plan.contains("over the network a step for each remote device")
-            && plan.contains("gradients gathered and summed on the main device (0)"),
+            && plan.contains("gradients gathered and summed on the main device (Burn's multi-device strategy")
+            && plan.contains("one optimizer step on the main device (0)"),
         "{plan}"
     );
     for r in [&local, &remote] {

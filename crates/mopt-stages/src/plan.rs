@@ -191,15 +191,17 @@ impl Pipeline {
                     ""
                 }
             );
+            let all_cuda =
+                device.feature() == Some("cuda") && !r.run.devices.iter().any(|d| d.is_remote());
             let _ = writeln!(
                 s,
-                "           gradients gathered and summed on the main device ({}), one optimizer step there: Burn's multi-device strategy; {}",
-                r.run.devices[0],
-                if device.feature() == Some("cuda") {
-                    "all-reduce among CUDA devices (Burn's DDP over NCCL) is not wired into mopt yet"
+                "           {}, one optimizer step on the main device ({})",
+                if all_cuda {
+                    "gradients all-reduced among the CUDA devices during the backward pass (Burn's collectives over NCCL)"
                 } else {
-                    "all-reduce (Burn's DDP) needs CUDA devices of one machine"
-                }
+                    "gradients gathered and summed on the main device (Burn's multi-device strategy; all-reduce needs CUDA devices of one machine)"
+                },
+                r.run.devices[0],
             );
         }
         let _ = writeln!(s, "{}", chain.inputs);

@@ -8,6 +8,13 @@
 //! does for its main-device optimizer strategy, before one optimizer step there.
 //! mopt keeps its own loop around that step (burn-train's `Learner` would own the loop, the
 //! data loaders and the logging, which mopt's stages drive themselves).
+//!
+//! On CUDA devices of one machine the gradients are all-reduced instead ([`Reduce::AllReduce`]):
+//! every worker's copy of the model has its parameters marked distributed (burn-train's
+//! [`ModuleSharder`], as its DDP strategy does), so Burn's autodiff sums each parameter's
+//! gradient across the devices through the backend's collectives (NCCL) as soon as the backward
+//! pass has it; the main device's gradients are then the sum and nothing is gathered. Burn
+//! 0.22.1 has collectives on CUDA only (Flex, wgpu and the remote backend refuse them).
 
 use std::sync::{Arc, Mutex};
 
@@ -16,8 +23,9 @@ use burn::data::dataset::DatasetError;
 use burn::module::{Module, ModuleDisplay};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
+use burn::tensor::distributed::{DistributedConfig, DistributedContext, ReduceOperation};
 use burn_train::train::{MultiDeviceStepError, MultiDevicesTrainStep};
-use burn_train::{InferenceStep, ItemLazy, TrainOutput, TrainStep};
+use burn_train::{InferenceStep, ItemLazy, ModuleSharder, TrainOutput, TrainStep};
 use mopt_core::{Checkpoint, Examples, Labeled};
 
 use crate::backend::panic_text;
@@ -87,16 +95,25 @@ impl<M: Module + ModuleDisplay + 'static> TrainStep for Replicated<M> {
 
 /// The job of shard `index` (weight: its share of the micro-batch): the objective's loss and
 /// gradients with the device's model.
+/// With `all_reduce`, the device's model has its parameters marked distributed first, so that
+/// the backward pass sums their gradients across the devices.
 fn shard_job<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch: Labeled>>(
     batch: C::Batch,
     indices: Vec<usize>,
     (index, weight): (usize, f32),
     task: Arc<Mutex<Replica<M, C>>>,
-    settings: ShardSettings,
+    (settings, all_reduce): (ShardSettings, bool),
 ) -> ShardItem<M> {
     ShardItem {
         job: Box::new(move |model: &M| {
             let mut task = task.lock().expect("replica task");
+            let sharded;
+            let model = if all_reduce {
+                sharded = model.clone().map(&mut ModuleSharder);
+                &sharded
+            } else {
+                model
+            };
             let (loss, parts, grads) =
                 settings.shard(&mut *task, model, &batch, (&indices, index), Some(weight));
             TrainOutput {
@@ -136,9 +153,43 @@ impl<M: Module + ModuleDisplay + 'static> DataLoaderIterator<ShardItem<M>> for O
     }
 }
 
+/// How the devices' gradients meet.
+pub enum Reduce {
+    /// Moved to the main device and summed there, in shard order (any devices; Burn's
+    /// multi-device strategy).
+    Gather,
+    /// Summed across the devices by the backend's collectives during the backward pass (Burn's
+    /// DDP machinery; CUDA's NCCL). The context keeps the collectives' server alive.
+    AllReduce(DistributedContext),
+}
+
+impl Reduce {
+    /// All-reduce where every device supports collectives (`collectives`: CUDA devices of this
+    /// machine, two or more), with the reason for the choice; otherwise gathering.
+    pub fn choose(devices: &[Device], collectives: bool) -> (Self, String) {
+        if collectives && devices.len() > 1 {
+            let context = DistributedContext::init(
+                devices.to_vec(),
+                DistributedConfig {
+                    all_reduce_op: ReduceOperation::Sum,
+                },
+            );
+            let why = format!(
+                "gradients all-reduced among the {} CUDA devices during the backward pass (Burn's collectives over NCCL)",
+                devices.len()
+            );
+            (Reduce::AllReduce(context), why)
+        } else {
+            let why = "gradients gathered and summed on the main device (all-reduce needs CUDA devices of one machine: Burn 0.22.1's collectives run on NCCL only)";
+            (Reduce::Gather, why.into())
+        }
+    }
+}
+
 /// The devices of a data-parallel run, their workers and their replicas of the objective.
 pub struct DataParallel<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch: Labeled>> {
     step: MultiDevicesTrainStep<Replicated<M>>,
+    reduce: Reduce,
     /// Training devices, main first.
     devices: Vec<Device>,
     /// Their names, for errors (`ws://10.0.0.2:3000 (burn-remote)`).
@@ -148,12 +199,13 @@ pub struct DataParallel<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch
 
 impl<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch: Labeled>> DataParallel<M, C> {
     /// Workers on `devices` (training devices, main first, each with its name for errors), one
-    /// replica of the objective each.
-    pub fn new(devices: Vec<(Device, String)>, tasks: Vec<Replica<M, C>>) -> Self {
+    /// replica of the objective each; their gradients meet by `reduce`.
+    pub fn new(devices: Vec<(Device, String)>, tasks: Vec<Replica<M, C>>, reduce: Reduce) -> Self {
         assert_eq!(devices.len(), tasks.len());
         let (devices, names): (Vec<Device>, Vec<String>) = devices.into_iter().unzip();
         Self {
             step: MultiDevicesTrainStep::new(&devices),
+            reduce,
             tasks: tasks.into_iter().map(|t| Arc::new(Mutex::new(t))).collect(),
             devices,
             names,
@@ -213,6 +265,10 @@ impl<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch: Labeled>> DataPar
     ) -> Result<MicroOut, MultiStepError> {
         let n = micro.chunk.len();
         let shards: Vec<&[usize]> = micro.chunk.chunks(n.div_ceil(self.len())).collect();
+        // A collective needs every device: a micro-batch smaller than the device count (an
+        // epoch's last) gathers instead.
+        let all_reduce =
+            matches!(self.reduce, Reduce::AllReduce(_)) && shards.len() == self.len();
         let mut loaders: Vec<Box<dyn DataLoaderIterator<ShardItem<M>>>> = (0..self.len())
             .map(|i| {
                 let item = shards.get(i).map(|&shard| {
@@ -221,7 +277,7 @@ impl<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch: Labeled>> DataPar
                         shard.to_vec(),
                         (i, shard.len() as f32 / n as f32),
                         self.tasks[i].clone(),
-                        micro.settings,
+                        (micro.settings, all_reduce),
                     )
                 });
                 Box::new(OneShard(item)) as Box<dyn DataLoaderIterator<ShardItem<M>>>
@@ -262,11 +318,12 @@ impl<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch: Labeled>> DataPar
                     None => components.push((name, x)),
                 }
             }
-            let g = o.item.finite.then(|| o.grads.to_device(main, model));
-            grads = grads.zip(g).map(|(mut all, g)| {
-                all.push(g);
-                all
-            });
+            // All-reduced: the main device's gradients are already the sum.
+            if !o.item.finite {
+                grads = None;
+            } else if let Some(all) = grads.as_mut().filter(|_| !all_reduce || o.item.index == 0) {
+                all.push(o.grads.to_device(main, model));
+            }
         }
         Ok((loss, components, grads))
     }

@@ -22,7 +22,7 @@ use crate::error::TrainError;
 use crate::logging::{Progress, RunLogger};
 use crate::memory::peak_rss_bytes;
 use crate::metrics::EvalMetrics;
-use crate::parallel::{weighted, DataParallel, ShardSettings};
+use crate::parallel::{weighted, DataParallel, Reduce, ShardSettings};
 use crate::state::{EpochSums, Fingerprint, Position, WindowSums};
 use crate::step::Stepper;
 
@@ -257,7 +257,15 @@ fn data_parallel<T: Task, E: Copy, K>(
         devices.push((ad, spec.name()));
         tasks.push(replica);
     }
-    Ok(Some(DataParallel::new(devices, tasks)))
+    let collectives = std::iter::once(ctx.device_spec)
+        .chain(&ctx.opts.replicas)
+        .all(|d| matches!(d, DeviceSpec::Cuda(_)));
+    let on: Vec<Device> = devices.iter().map(|(d, _)| d.clone()).collect();
+    let (reduce, why) = Reduce::choose(&on, collectives);
+    if devices.len() > 1 {
+        eprintln!("data parallel over {} devices: {why}", devices.len());
+    }
+    Ok(Some(DataParallel::new(devices, tasks, reduce)))
 }
 
 /// One micro-batch of the training split: on the main device, or split into one shard per
