@@ -81,25 +81,30 @@ fn loss(r: &serde_json::Value) -> f64 {
 }
 
 #[test]
-fn two_servers_train_as_local_replicas_do() {
-    let a = Server::start(None);
-    let b = Server::start(None);
+fn two_and_three_servers_train_as_one_device_with_their_total_batch() {
+    let servers: Vec<Server> = (0..3).map(|_| Server::start(None)).collect();
     let tmp = tempfile::tempdir().unwrap();
-    let local = recipe(
-        &tmp.path().join("local"),
-        "local",
+    // Two servers: the plan, then the run against one device of batch 3 x 8.
+    let urls = |n: usize| {
+        servers[..n]
+            .iter()
+            .map(|s| format!("\"{}\"", s.url))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let two = recipe(
+        &tmp.path().join("two"),
+        "two",
         8,
-        "devices = [0, 1, 2]",
+        &format!("devices = [0, {}]", urls(2)),
         "",
     );
-    let devices = format!("devices = [0, \"{}\", \"{}\"]", a.url, b.url);
-    let remote = recipe(&tmp.path().join("remote"), "remote", 8, &devices, "");
-    let check = mopt(&[remote.to_str().unwrap(), "--check"]);
+    let check = mopt(&[two.to_str().unwrap(), "--check"]);
     assert!(check.status.success(), "{}", stderr(&check));
     let plan = String::from_utf8_lossy(&check.stdout).into_owned();
     let shown = format!(
         "data-parallel on devices [0, {}, {}]: batch-size 8 per device, effective batch 8 x 3",
-        a.url, b.url
+        servers[0].url, servers[1].url
     );
     assert!(plan.contains(&shown), "{plan}");
     assert!(
@@ -109,28 +114,39 @@ fn two_servers_train_as_local_replicas_do() {
             && plan.contains("one optimizer step on the main device (0)"),
         "{plan}"
     );
-    for r in [&local, &remote] {
-        let out = mopt(&[r.to_str().unwrap(), "--max-steps", "3"]);
-        assert!(out.status.success(), "{}", stderr(&out));
+    for n in [2, 3] {
+        let dir = tmp.path().join(format!("servers{n}"));
+        let remote = recipe(
+            &dir,
+            "remote",
+            8,
+            &format!("devices = [0, {}]", urls(n)),
+            "",
+        );
+        let one_dir = tmp.path().join(format!("one{n}"));
+        let one = recipe(&one_dir, "one", 8 * (n + 1), "", "");
+        for r in [&remote, &one] {
+            let out = mopt(&[r.to_str().unwrap(), "--max-steps", "3"]);
+            assert!(out.status.success(), "{}", stderr(&out));
+        }
+        let (r, o) = (report(&dir, "remote"), report(&one_dir, "one"));
+        assert_eq!(r["steps"], 3);
+        // The same examples a step, split in shards of 8 whose losses are weighted by their
+        // share; the servers run Burn's own kernels, the local device mopt's: the losses agree
+        // to rounding.
+        assert!(
+            (loss(&o) - loss(&r)).abs() < 1e-4 * loss(&o).abs().max(1.0),
+            "{n} servers: {} vs one device {}",
+            loss(&r),
+            loss(&o)
+        );
     }
-    let (l, r) = (
-        report(&tmp.path().join("local"), "local"),
-        report(&tmp.path().join("remote"), "remote"),
-    );
-    assert_eq!(r["steps"], 3);
-    // The same shards and updates; the servers run Burn's own kernels, the local replicas
-    // mopt's: the losses agree to rounding.
-    assert!(
-        (loss(&l) - loss(&r)).abs() < 1e-4 * loss(&l).abs().max(1.0),
-        "{} vs {}",
-        loss(&l),
-        loss(&r)
-    );
     // A single-device run of batch 8 takes other steps: the servers were used.
-    let one = recipe(&tmp.path().join("one"), "one", 8, "", "");
-    let out = mopt(&[one.to_str().unwrap(), "--max-steps", "3"]);
+    let small = recipe(&tmp.path().join("small"), "small", 8, "", "");
+    let out = mopt(&[small.to_str().unwrap(), "--max-steps", "3"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!((loss(&report(&tmp.path().join("one"), "one")) - loss(&r)).abs() > 1e-5);
+    let r = report(&tmp.path().join("servers2"), "remote");
+    assert!((loss(&report(&tmp.path().join("small"), "small")) - loss(&r)).abs() > 1e-5);
 }
 
 #[test]
@@ -372,8 +388,8 @@ fn a_server_that_stops_answering_ends_the_run_within_the_step_timeout() {
 fn every_training_stage_kind_runs_on_a_server() {
     let server = Server::start(None);
     let tmp = tempfile::tempdir().unwrap();
-    let chain = |dir: &Path, name: &str, devices: &str| {
-        let p = recipe(dir, name, 8, devices, "");
+    let chain = |dir: &Path, name: &str, batch: usize, devices: &str| {
+        let p = recipe(dir, name, batch, devices, "");
         let cfg = dir.join("tiny-config.json");
         let distill = |stage: &str, cache: bool, twin: bool| {
             format!(
@@ -393,10 +409,12 @@ fn every_training_stage_kind_runs_on_a_server() {
         assert!(out.status.success(), "{name}: {}", stderr(&out));
         read_json(&dir.join(format!("runs/{name}/report.json")))
     };
-    let local = chain(&tmp.path().join("local"), "local", "devices = [0, 1]");
+    // One device with the total batch against the main device and a server, 8 each.
+    let local = chain(&tmp.path().join("local"), "local", 16, "");
     let remote = chain(
         &tmp.path().join("remote"),
         "remote",
+        8,
         &format!("devices = [0, \"{}\"]", server.url),
     );
     let stages = |r: &serde_json::Value| r["stages"].as_array().unwrap().clone();
@@ -407,7 +425,7 @@ fn every_training_stage_kind_runs_on_a_server() {
         let loss = |s: &serde_json::Value| s["model"]["valid"]["loss"].as_f64().unwrap();
         assert!(
             (loss(&a[i]) - loss(&b[i])).abs() < 1e-4 * loss(&a[i]).abs().max(1.0),
-            "stage {i} ({}): {} on local replicas vs {} with a server",
+            "stage {i} ({}): {} on one device vs {} with a server",
             a[i]["kind"],
             loss(&a[i]),
             loss(&b[i])
