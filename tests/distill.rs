@@ -662,3 +662,34 @@ fn augmentation_copies_are_labelled_by_the_teacher_and_the_twin_gets_their_steps
         }
     }
 }
+
+/// A distill stage reused from another run of the output folder brings its hard-label twin
+/// along (measured again), so that a seeds summary can pair every seed's student with its twin.
+#[test]
+fn a_reused_distill_stage_keeps_its_twin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = write_pair(tmp.path(), "", LAYER_INIT);
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&recipe).unwrap();
+    let again = tmp.path().join("again.toml");
+    std::fs::write(
+        &again,
+        text.replace("name = \"student\"", "name = \"again\""),
+    )
+    .unwrap();
+    let out = mopt(&[again.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (a, b) = (
+        read_json(&tmp.path().join("runs/student/report.json")),
+        read_json(&tmp.path().join("runs/again/report.json")),
+    );
+    let reused = &b["stages"][1];
+    assert!(reused["facts"]["reused_from"].is_string(), "{reused}");
+    let (twin_a, twin_b) = (&a["stages"][1]["references"][0], &reused["references"][0]);
+    assert!(
+        twin_b["name"].as_str().unwrap().contains("twin"),
+        "{reused}"
+    );
+    assert_eq!(twin_a["model"]["test"], twin_b["model"]["test"]);
+}

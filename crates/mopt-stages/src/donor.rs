@@ -76,7 +76,17 @@ impl Donor {
             steps: 0,
             facts: serde_json::json!({ "reused_from": shown(&self.dir), "donor": r.facts }),
             notes,
-            references: Vec::new(),
+            // Its references (a distillation's twin) come along, measured again like the output:
+            // a seeds summary pairs every seed's student with its twin.
+            references: r
+                .references
+                .iter()
+                .map(|x| crate::stage::ReferenceModel {
+                    name: x.name.clone(),
+                    about: x.about.clone(),
+                    checkpoint: PathBuf::from(&x.model.checkpoint),
+                })
+                .collect(),
             logit_error_vs_input: None,
             artifacts: r.artifacts.iter().map(|a| PathBuf::from(&a.path)).collect(),
         }

@@ -267,8 +267,7 @@ impl<M: Module + ModuleDisplay + 'static, C: Checkpoint<Batch: Labeled>> DataPar
         let shards: Vec<&[usize]> = micro.chunk.chunks(n.div_ceil(self.len())).collect();
         // A collective needs every device: a micro-batch smaller than the device count (an
         // epoch's last) gathers instead.
-        let all_reduce =
-            matches!(self.reduce, Reduce::AllReduce(_)) && shards.len() == self.len();
+        let all_reduce = matches!(self.reduce, Reduce::AllReduce(_)) && shards.len() == self.len();
         let mut loaders: Vec<Box<dyn DataLoaderIterator<ShardItem<M>>>> = (0..self.len())
             .map(|i| {
                 let item = shards.get(i).map(|&shard| {
