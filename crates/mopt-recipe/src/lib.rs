@@ -30,7 +30,7 @@ mod stage;
 mod train;
 
 pub use data::*;
-pub use device::{DeviceRef, RemoteAddr};
+pub use device::{DeviceError, DeviceRef, RemoteAddr};
 pub use error::{locate, Invalid, RecipeError};
 pub use metric::Metric;
 pub use model::*;

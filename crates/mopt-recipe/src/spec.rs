@@ -140,16 +140,15 @@ fn seeds(cx: &Scope, s: Option<Vec<u64>>) -> Result<Vec<u64>, RecipeError> {
 }
 
 fn devices(cx: &Scope, d: Option<Vec<RawDevice>>) -> Result<Vec<DeviceRef>, RecipeError> {
-    let d = d
-        .unwrap_or_default()
+    d.unwrap_or_default()
         .into_iter()
         .map(|raw| match raw {
             RawDevice::Index(i) => Ok(DeviceRef::Local(i)),
             RawDevice::Address(a) => DeviceRef::parse(&a),
         })
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|why| cx.err("run.devices", why, DeviceRef::EXAMPLE))?;
-    crate::device::checked(d).map_err(|(why, fix)| cx.err("run.devices", why, fix))
+        .and_then(crate::device::checked)
+        .map_err(|e| cx.err("run.devices", e.to_string(), e.fix()))
 }
 
 fn teacher_spec(cx: &Scope, t: RawTeacher) -> Result<TeacherSpec, RecipeError> {
@@ -350,15 +349,14 @@ impl Recipe {
             .iter()
             .map(|d| DeviceRef::parse_entry(d))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|why| (why, DeviceRef::EXAMPLE.to_string()))
             .and_then(crate::device::checked)
-            .map_err(|(why, fix)| {
+            .map_err(|e| {
                 RecipeError::Invalid(Box::new(crate::Invalid {
                     path: self.path.clone(),
                     key: "--devices".into(),
                     line: None,
-                    message: why,
-                    hint: fix,
+                    message: e.to_string(),
+                    hint: e.fix().into(),
                 }))
             })?;
         let count = |d: &[DeviceRef]| d.len().max(1);

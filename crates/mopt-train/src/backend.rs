@@ -82,7 +82,7 @@ impl DeviceSpec {
     /// The device named `name` (`cpu`, `cuda:0`, `wgpu:0`, `tch-cuda:0`, `tch-cpu`).
     pub fn parse(name: &str) -> Result<Self, TrainError> {
         if name.trim().starts_with("ws://") || name.trim().starts_with("wss://") {
-            let spec = match DeviceRef::parse(name).map_err(TrainError::Input)? {
+            let spec = match DeviceRef::parse(name).map_err(|e| TrainError::Input(e.to_string()))? {
                 DeviceRef::Remote(addr) => DeviceSpec::Remote(RemoteSpec { addr, token: None }),
                 DeviceRef::Local(_) => unreachable!("a ws:// name is an address"),
             };
