@@ -196,11 +196,7 @@ impl Pipeline {
             let _ = writeln!(
                 s,
                 "           {}, one optimizer step on the main device ({})",
-                if all_cuda {
-                    "gradients all-reduced among the CUDA devices during the backward pass (Burn's collectives over NCCL)"
-                } else {
-                    "gradients gathered and summed on the main device (Burn's multi-device strategy; all-reduce needs CUDA devices of one machine)"
-                },
+                mopt_train::parallel::strategy(all_cuda, n),
                 r.run.devices[0],
             );
         }

@@ -167,22 +167,28 @@ impl Reduce {
     /// All-reduce where every device supports collectives (`collectives`: CUDA devices of this
     /// machine, two or more), with the reason for the choice; otherwise gathering.
     pub fn choose(devices: &[Device], collectives: bool) -> (Self, String) {
-        if collectives && devices.len() > 1 {
+        let all_reduce = collectives && devices.len() > 1;
+        let why = strategy(all_reduce, devices.len());
+        if all_reduce {
             let context = DistributedContext::init(
                 devices.to_vec(),
                 DistributedConfig {
                     all_reduce_op: ReduceOperation::Sum,
                 },
             );
-            let why = format!(
-                "gradients all-reduced among the {} CUDA devices during the backward pass (Burn's collectives over NCCL)",
-                devices.len()
-            );
             (Reduce::AllReduce(context), why)
         } else {
-            let why = "gradients gathered and summed on the main device (all-reduce needs CUDA devices of one machine: Burn 0.22.1's collectives run on NCCL only)";
-            (Reduce::Gather, why.into())
+            (Reduce::Gather, why)
         }
+    }
+}
+
+/// How the gradients of `devices` devices meet, in words (the run's line and `--check`'s).
+pub fn strategy(all_reduce: bool, devices: usize) -> String {
+    if all_reduce {
+        format!("gradients all-reduced among the {devices} CUDA devices during the backward pass (Burn's collectives over NCCL)")
+    } else {
+        "gradients gathered and summed on the main device (Burn's multi-device strategy; all-reduce needs CUDA devices of one machine)".into()
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use mopt_core::Tapped;
 use mopt_data::{Encoded, TextSplit, TextTokenizer};
-use mopt_distill::augment::{augment, neighbours, Replacements, WordTable};
+use mopt_distill::augment::{augment, neighbours, Replacements, TextAugment, WordTable};
 use mopt_distill::TeacherSource;
 use mopt_models::bert::{BertConfig, BertForSequenceClassification as Model};
 use mopt_stages::kinds::distill::DistillStage;
@@ -18,6 +18,8 @@ pub struct Augmented {
     pub examples: Vec<Encoded>,
     /// How many originals lead the list.
     pub originals: usize,
+    /// How they were drawn.
+    pub spec: TextAugment,
     /// Distinct words of the training split that can be replaced.
     pub words: usize,
     /// Seconds spent finding neighbours and drawing copies.
@@ -80,6 +82,7 @@ pub fn copies(
     Ok(Some(Augmented {
         examples,
         originals: originals.len(),
+        spec,
         words: queries.len(),
         seconds,
     }))
@@ -122,13 +125,12 @@ fn vocabulary(tokenizer: &TextTokenizer, size: usize) -> Vocabulary {
 /// report's line on them (what was drawn, how often the teacher's label of a copy differs from
 /// its sentence's).
 pub fn labelled(
-    stage: &DistillStage,
     mut a: Augmented,
     source: &TeacherSource<Model>,
     pad_id: u32,
 ) -> (TextSplit, String) {
     let flipped = relabel(&mut a, source);
-    let spec = stage.spec.augment.unwrap_or_default();
+    let spec = a.spec;
     let copies = a.examples.len() - a.originals;
     let note = format!(
         "Augmentation (TinyBERT): {copies} copies of the {} training sentences ({} each), each word replaced with probability {} by one of its {} nearest words in the teacher's table ({} distinct words replaceable; {:.1} s); the teacher labels the copies: {flipped} ({:.1}%) get another class than their sentence. The twin trains on the originals repeated {}x (the same steps).",
@@ -154,15 +156,14 @@ fn relabel(a: &mut Augmented, source: &TeacherSource<Model>) -> usize {
     let TeacherSource::Cache(cache) = source else {
         return 0;
     };
-    let (n, copies) = (a.originals, a.examples.len() - a.originals);
-    let per = copies / n.max(1);
+    let (n, per) = (a.originals, a.spec.copies);
     let mut flipped = 0;
     for i in n..a.examples.len() {
         let logits = cache.logits(i);
         let top = (0..logits.len())
             .max_by(|&x, &y| logits[x].total_cmp(&logits[y]).then(y.cmp(&x)))
             .unwrap_or(0);
-        let original = a.examples[(i - n) / per.max(1)].label;
+        let original = a.examples[(i - n) / per].label;
         flipped += usize::from(top != original);
         a.examples[i].label = top;
     }

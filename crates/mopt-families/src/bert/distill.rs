@@ -311,7 +311,7 @@ pub fn run(
         &plan,
         &device,
     )?;
-    let labelled = augmented.map(|a| super::augment::labelled(stage, a, &source, text.pad_id()));
+    let labelled = augmented.map(|a| super::augment::labelled(a, &source, text.pad_id()));
     let mut notes: Vec<String> = labelled.iter().map(|(_, note)| note.clone()).collect();
     let run = with_train(
         cx.run_context::<TextBatch, _>(&config)?,
