@@ -227,7 +227,7 @@ pub struct Epilogue<'a> {
 
 impl<'a> Epilogue<'a> {
     /// The part for output channels from `c0` on, whose first value is at `at` of the output.
-    fn from(&self, c0: usize, at: usize) -> Epilogue<'a> {
+    pub(crate) fn from(&self, c0: usize, at: usize) -> Epilogue<'a> {
         Epilogue {
             coef: &self.coef[c0..],
             residual: self.residual.map(|r| &r[at..]),
@@ -239,6 +239,9 @@ impl<'a> Epilogue<'a> {
 /// [`conv2d`], each output value passed through `then` as it is written.
 pub fn conv2d_then(x: &[f32], w: &[f32], s: &ConvShape, then: Option<&Epilogue>) -> Vec<f32> {
     crate::threads::keep_warm();
+    if let Some(y) = crate::winograd::conv2d(x, w, s, then) {
+        return y;
+    }
     if let Some(t) = s.pointwise_strided() {
         return conv2d_then(&subsample(x, s), w, &t, then);
     }
@@ -507,6 +510,9 @@ fn input_grad_flipped(w: &[f32], g: &[f32], s: &ConvShape) -> Vec<f32> {
         pad: k - 1 - s.pad,
     };
     debug_assert_eq!(t.out_hw(), (s.height, s.width));
+    if let Some(dx) = crate::winograd::conv2d(g, &flipped, &t, None) {
+        return dx;
+    }
     forward_packed(
         g,
         &PackedA::new(View::row_major(&flipped, s.channels, t.patch())),
@@ -789,11 +795,11 @@ fn weight_grad_part(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The definition, in f64.
-    fn naive(x: &[f32], w: &[f32], s: &ConvShape) -> Vec<f32> {
+    pub(crate) fn naive(x: &[f32], w: &[f32], s: &ConvShape) -> Vec<f32> {
         let (oh, ow) = s.out_hw();
         let mut y = vec![0.0f32; s.batch * s.out_channels * oh * ow];
         for n in 0..s.batch {
@@ -830,7 +836,7 @@ mod tests {
         y
     }
 
-    fn data(n: usize, seed: u32) -> Vec<f32> {
+    pub(crate) fn data(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
             .map(|i| {
                 ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 9) as f32 / 8388608.0
@@ -869,6 +875,10 @@ mod tests {
             s(2, 16, 4, 40, 3, 1, 1),
             // a pointwise projection of stride 3 (subsampled), 32 channels
             s(2, 32, 7, 12, 1, 3, 0),
+            // Winograd F(2x2, 3x3) where the CPU has a register tile (whole vectors of
+            // channels), forward and input gradient; larger ones in `winograd::tests`
+            s(2, 32, 3, 32, 3, 1, 1),
+            s(3, 16, 4, 32, 3, 1, 1),
         ]
     }
 

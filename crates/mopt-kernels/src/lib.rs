@@ -49,6 +49,7 @@ mod native;
 pub mod reference;
 mod threads;
 pub mod transpose;
+mod winograd;
 
 pub use adamw::FusedAdamW;
 pub use threads::init_pool;
