@@ -19,6 +19,8 @@
 //! the result differs from the direct convolution by rounding only (a few ulps of the terms'
 //! magnitude; `tests` bounds it against the definition in f64 beside the direct path's).
 
+use std::cell::RefCell;
+
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
@@ -73,6 +75,15 @@ impl Isa {
         None
     }
 
+    /// Rows of its register tile.
+    fn tile_rows(self) -> usize {
+        if self.lanes() == 16 {
+            12
+        } else {
+            6
+        }
+    }
+
     fn lanes(self) -> usize {
         match self {
             #[cfg(target_arch = "x86_64")]
@@ -83,34 +94,77 @@ impl Isa {
     }
 }
 
-/// `U_ξ[c, o]` for `ξ = 4i + j`: `(G g G^T)[i, j]` of every filter `g = w[o, c]`.
+/// `U_ξ[c, o]` for `ξ = 4i + j`: `(G g G^T)[i, j]` of every filter `g = w[o, c]`, a vector of
+/// output channels at a time (the weights first transposed to `[C, 3, 3, O]`).
 ///
 /// # Shapes
 /// - `w`: `[O, C, 3, 3]`
 /// - returns `[16, C, O]`
-fn filters(w: &[f32], c: usize, o: usize) -> Vec<f32> {
+fn filters(isa: Isa, w: &[f32], c: usize, o: usize) -> Vec<f32> {
+    let mut wt = vec![0.0f32; w.len()];
+    transpose((w, c * 9), (o, c * 9), &mut wt, o);
     let mut u = vec![0.0f32; 16 * c * o];
-    for oc in 0..o {
+    let run = Filters {
+        wt: &wt,
+        u: &mut u,
+        c,
+        o,
+    };
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::V4(v) => Simd::vectorize(v, run),
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        Isa::V3(v) => Simd::vectorize(v, run),
+    }
+    u
+}
+
+/// [`filters`], compiled for the CPU's vector width.
+struct Filters<'a> {
+    wt: &'a [f32],
+    u: &'a mut [f32],
+    c: usize,
+    o: usize,
+}
+
+impl WithSimd for Filters<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        let Filters { wt, u, c, o } = self;
+        let half = simd.splat_f32s(0.5);
+        let (add, sub) = (|a, b| simd.add_f32s(a, b), |a, b| simd.sub_f32s(a, b));
+        let z = simd.splat_f32s(0.0);
         for ic in 0..c {
-            let g = &w[(oc * c + ic) * 9..][..9];
-            // t = G g (4 × 3), then u = t Gᵀ (4 × 4).
-            let mut t = [[0.0f32; 3]; 4];
-            for j in 0..3 {
-                let (g0, g1, g2) = (g[j], g[3 + j], g[6 + j]);
-                t[0][j] = g0;
-                t[1][j] = 0.5 * (g0 + g1 + g2);
-                t[2][j] = 0.5 * (g0 - g1 + g2);
-                t[3][j] = g2;
-            }
-            for (i, &[t0, t1, t2]) in t.iter().enumerate() {
-                let row = [t0, 0.5 * (t0 + t1 + t2), 0.5 * (t0 - t1 + t2), t2];
-                for (j, v) in row.into_iter().enumerate() {
-                    u[((i * 4 + j) * c + ic) * o + oc] = v;
+            for o0 in (0..o).step_by(S::F32_LANES) {
+                let mut g = [z; 9];
+                for (k, gk) in g.iter_mut().enumerate() {
+                    *gk = load::<S>(&wt[(ic * 9 + k) * o + o0..]);
+                }
+                // t = G g (4 × 3), then u = t Gᵀ (4 × 4).
+                let mut t = [[z; 3]; 4];
+                for j in 0..3 {
+                    let (g0, g1, g2) = (g[j], g[3 + j], g[6 + j]);
+                    t[0][j] = g0;
+                    t[1][j] = simd.mul_f32s(half, add(add(g0, g1), g2));
+                    t[2][j] = simd.mul_f32s(half, add(sub(g0, g1), g2));
+                    t[3][j] = g2;
+                }
+                for (i, &[t0, t1, t2]) in t.iter().enumerate() {
+                    let row = [
+                        t0,
+                        simd.mul_f32s(half, add(add(t0, t1), t2)),
+                        simd.mul_f32s(half, add(sub(t0, t1), t2)),
+                        t2,
+                    ];
+                    for (j, v) in row.into_iter().enumerate() {
+                        store::<S>(&mut u[((i * 4 + j) * c + ic) * o + o0..], v);
+                    }
                 }
             }
         }
     }
-    u
 }
 
 /// The geometry of one call.
@@ -151,30 +205,47 @@ impl Plan {
     }
 }
 
-/// Per-thread buffers, reused from call to call.
+/// An image's buffers, reused from call to call by the thread that runs the image.
 #[derive(Default)]
-struct Scratch {
-    /// The image channels-last, unpadded, then the output channels-last.
+struct ImageBufs {
+    /// The image channels-last: unpadded, then zero-padded.
     flat: Vec<f32>,
-    /// The image channels-last, zero-padded.
     padded: Vec<f32>,
-    /// Transformed inputs `[16, chunk + slack, C]` and products `[16, chunk + slack, O]`.
-    v: Vec<f32>,
-    m: Vec<f32>,
-    /// The output NCHW before the epilogue.
+    /// The output channels-last `[H, W, O]`, then NCHW before the epilogue.
+    yc: Vec<f32>,
     out: Vec<f32>,
 }
 
+/// A chunk's buffers: transformed inputs `[16, chunk + SLACK, C]` and products
+/// `[16, chunk + SLACK, O]` (the rows past the chunk only read by a short register tile).
+#[derive(Default)]
+struct ChunkBufs {
+    v: Vec<f32>,
+    m: Vec<f32>,
+}
+
 thread_local! {
-    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+    static IMAGE: RefCell<ImageBufs> = RefCell::default();
+    static CHUNK: RefCell<ChunkBufs> = RefCell::default();
+}
+
+/// Run `f` with this thread's buffers in `key` (fresh ones if they are in use).
+fn with<T: Default + 'static, R>(
+    key: &'static std::thread::LocalKey<RefCell<T>>,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut held) => f(&mut held),
+        Err(_) => f(&mut T::default()),
+    })
 }
 
 /// Rows past a chunk's last tile that a short register tile may read (never stored).
 const SLACK: usize = 12;
 
-/// `y = conv(x, w)` (+ `then` on every output value), or `None` when [`applies`] is false or
-/// the batch is too small to give every thread whole images (the direct path splits an
-/// image's channels over threads instead).
+/// `y = conv(x, w)` (+ `then` on every output value), or `None` when [`applies`] is false.
+/// Whole images a task when the batch keeps every thread busy; otherwise each image's tile
+/// rows split over the threads.
 ///
 /// # Shapes
 /// - `x`: `[batch, C, H, W]`, `w`: `[O, C, 3, 3]`
@@ -186,116 +257,151 @@ pub(crate) fn conv2d(
     then: Option<&Epilogue>,
 ) -> Option<Vec<f32>> {
     let isa = Isa::get()?;
-    if !applies(s) || s.batch < 2 * rayon::current_num_threads().max(1) {
+    if !applies(s) {
         return None;
     }
-    let u = filters(w, s.channels, s.out_channels);
-    let (image, plane) = (s.channels * s.height * s.width, s.height * s.width);
-    let mut y = vec![0.0f32; s.batch * s.out_channels * plane];
-    y.par_chunks_mut(s.out_channels * plane)
-        .enumerate()
-        .for_each(|(n, out)| {
-            let then = then.map(|e| e.from(0, n * s.out_channels * plane));
-            let img = &x[n * image..][..image];
-            SCRATCH.with(|cell| {
-                let mut fresh = Scratch::default();
-                let mut held = cell.try_borrow_mut();
-                let sc = match held.as_deref_mut() {
-                    Ok(sc) => sc,
-                    Err(_) => &mut fresh,
-                };
-                let run = Image {
-                    img,
-                    u: &u,
-                    out,
-                    then,
-                    sc,
-                    s,
-                };
-                match isa {
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::V4(v) => Simd::vectorize(v, run),
-                    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-                    Isa::V3(v) => Simd::vectorize(v, run),
-                }
+    let p = Plan::new(s, isa.tile_rows());
+    let u = filters(isa, w, p.c, p.o);
+    let (image, plane, o) = (p.c * p.h * p.w, p.h * p.w, p.o);
+    let mut y = vec![0.0f32; s.batch * o * plane];
+    let threads = rayon::current_num_threads().max(1);
+    // Image `n`'s input and epilogue.
+    let part = |n: usize| {
+        let then = then.map(|e| e.from(0, n * o * plane));
+        (&x[n * image..][..image], then)
+    };
+    if s.batch >= 2 * threads {
+        y.par_chunks_mut(o * plane).enumerate().for_each(|(n, out)| {
+            let (img, then) = part(n);
+            with(&IMAGE, |ib| {
+                pad_channels_last(img, &p, ib);
+                ib.yc.resize(plane * o, 0.0);
+                with(&CHUNK, |cb| tiles(isa, &p, (0, p.th), (&ib.padded, &u), cb, &mut ib.yc));
+                finish(&p, ib, out, then.as_ref());
             })
         });
+        return Some(y);
+    }
+    let per = p.th.div_ceil(threads);
+    for (n, out) in y.chunks_mut(o * plane).enumerate() {
+        let (img, then) = part(n);
+        with(&IMAGE, |ib| {
+            pad_channels_last(img, &p, ib);
+            ib.yc.resize(plane * o, 0.0);
+            let padded = &ib.padded;
+            ib.yc
+                .par_chunks_mut(2 * per * p.w * o)
+                .enumerate()
+                .for_each(|(i, yc)| {
+                    let rows = (i * per, ((i + 1) * per).min(p.th));
+                    with(&CHUNK, |cb| tiles(isa, &p, rows, (padded, &u), cb, yc));
+                });
+            finish(&p, ib, out, then.as_ref());
+        })
+    }
     Some(y)
 }
 
-/// One image, start to end, compiled for the CPU's vector width.
-struct Image<'a> {
-    img: &'a [f32],
-    u: &'a [f32],
-    out: &'a mut [f32],
-    then: Option<Epilogue<'a>>,
-    sc: &'a mut Scratch,
-    s: &'a ConvShape,
+/// Tile rows `r0..r1` of an image (`padded` as [`pad_channels_last`] leaves it, `u` from
+/// [`filters`]): their outputs into `yc`, channels-last from output row `2·r0` on.
+fn tiles(
+    isa: Isa,
+    p: &Plan,
+    (r0, r1): (usize, usize),
+    (padded, u): (&[f32], &[f32]),
+    cb: &mut ChunkBufs,
+    yc: &mut [f32],
+) {
+    let run = Tiles {
+        p,
+        rows: (r0, r1),
+        padded,
+        u,
+        cb,
+        yc,
+    };
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::V4(v) => Simd::vectorize(v, run),
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        Isa::V3(v) => Simd::vectorize(v, run),
+    }
 }
 
-impl WithSimd for Image<'_> {
+/// [`tiles`], compiled for the CPU's vector width.
+struct Tiles<'a> {
+    p: &'a Plan,
+    rows: (usize, usize),
+    padded: &'a [f32],
+    u: &'a [f32],
+    cb: &'a mut ChunkBufs,
+    yc: &'a mut [f32],
+}
+
+impl WithSimd for Tiles<'_> {
     type Output = ();
 
     #[inline(always)]
     fn with_simd<S: Simd>(self, simd: S) {
-        let Image {
-            img,
+        let Tiles {
+            p,
+            rows: (r0, r1),
+            padded,
             u,
-            out,
-            then,
-            sc,
-            s,
+            cb,
+            yc,
         } = self;
         let mr = if S::F32_LANES == 16 { 12 } else { 6 };
-        let p = Plan::new(s, mr);
-        pad_channels_last(img, &p, sc);
-        let tiles = p.th * p.tw;
         let rows = p.chunk + SLACK;
-        sc.v.resize(16 * rows * p.c, 0.0);
-        sc.m.resize(16 * rows * p.o, 0.0);
-        sc.flat.resize(p.h * p.w * p.o, 0.0);
-        for t0 in (0..tiles).step_by(p.chunk) {
-            let nt = p.chunk.min(tiles - t0);
-            inputs(simd, &p, (t0, nt), &sc.padded, &mut sc.v);
+        cb.v.resize(16 * rows * p.c, 0.0);
+        cb.m.resize(16 * rows * p.o, 0.0);
+        let end = r1 * p.tw;
+        for t0 in (r0 * p.tw..end).step_by(p.chunk) {
+            let nt = p.chunk.min(end - t0);
+            inputs(simd, p, (t0, nt), padded, &mut cb.v);
             for xi in 0..16 {
-                let a = &sc.v[xi * rows * p.c..][..rows * p.c];
+                let a = &cb.v[xi * rows * p.c..][..rows * p.c];
                 let b = &u[xi * p.c * p.o..][..p.c * p.o];
-                let m = &mut sc.m[xi * rows * p.o..][..rows * p.o];
+                let m = &mut cb.m[xi * rows * p.o..][..rows * p.o];
                 product(simd, mr, (a, b, m), (nt, p.c, p.o));
             }
-            outputs(simd, &p, (t0, nt), &sc.m, &mut sc.flat);
-        }
-        let plane = p.h * p.w;
-        match then {
-            None => transpose((&sc.flat, p.o), (plane, p.o), out, plane),
-            Some(e) => {
-                sc.out.resize(p.o * plane, 0.0);
-                transpose((&sc.flat, p.o), (plane, p.o), &mut sc.out, plane);
-                let planes = out.chunks_exact_mut(plane).zip(sc.out.chunks_exact(plane));
-                for (c, (dst, src)) in planes.enumerate() {
-                    let res = e.residual.map(|r| &r[c * plane..][..plane]);
-                    normalize_run(dst, src, res, e.coef[c], e.floor);
-                }
-            }
+            outputs(simd, p, (t0, nt), &cb.m, (yc, 2 * r0));
         }
     }
 }
-/// `img` (`[C, H, W]`) into `sc.padded` as `[2·th + 2, wp, C]`, the image at row and column 1,
+
+/// The image's output, channels-last in `ib.yc`, into `out` (`[O, H, W]`), through the
+/// epilogue when there is one.
+fn finish(p: &Plan, ib: &mut ImageBufs, out: &mut [f32], then: Option<&Epilogue>) {
+    let plane = p.h * p.w;
+    let Some(e) = then else {
+        return transpose((&ib.yc, p.o), (plane, p.o), out, plane);
+    };
+    ib.out.resize(p.o * plane, 0.0);
+    transpose((&ib.yc, p.o), (plane, p.o), &mut ib.out, plane);
+    let planes = out.chunks_exact_mut(plane).zip(ib.out.chunks_exact(plane));
+    for (c, (dst, src)) in planes.enumerate() {
+        let res = e.residual.map(|r| &r[c * plane..][..plane]);
+        normalize_run(dst, src, res, e.coef[c], e.floor);
+    }
+}
+
+/// `img` (`[C, H, W]`) into `ib.padded` as `[2·th + 2, wp, C]`, the image at row and column 1,
 /// zeros around it (only the border is written with zeros).
-fn pad_channels_last(img: &[f32], p: &Plan, sc: &mut Scratch) {
+fn pad_channels_last(img: &[f32], p: &Plan, ib: &mut ImageBufs) {
     let (c, row) = (p.c, p.wp * p.c);
     let plane = p.h * p.w;
-    sc.flat.resize(plane * c.max(p.o), 0.0);
-    transpose((img, plane), (c, plane), &mut sc.flat, c);
-    sc.padded.resize(p.padded(), 0.0);
-    let padded = &mut sc.padded[..p.padded()];
+    ib.flat.resize(plane * c, 0.0);
+    transpose((img, plane), (c, plane), &mut ib.flat, c);
+    ib.padded.resize(p.padded(), 0.0);
+    let padded = &mut ib.padded[..p.padded()];
     padded[..row].fill(0.0);
     padded[(p.h + 1) * row..].fill(0.0);
     for y in 0..p.h {
         let r = &mut padded[(y + 1) * row..][..row];
         r[..c].fill(0.0);
         r[(p.w + 1) * c..].fill(0.0);
-        r[c..(p.w + 1) * c].copy_from_slice(&sc.flat[y * p.w * c..][..p.w * c]);
+        r[c..(p.w + 1) * c].copy_from_slice(&ib.flat[y * p.w * c..][..p.w * c]);
     }
 }
 
@@ -354,10 +460,16 @@ fn inputs<S: Simd>(simd: S, p: &Plan, (t0, nt): (usize, usize), padded: &[f32], 
     }
 }
 
-/// `Y = Aᵀ M A` for tiles `t0..t0 + nt` into `flat` (`[H, W, O]`), the 2 × 2 outputs of tile
-/// `(ty, tx)` at `(2·ty, 2·tx)`, those past the image's edge dropped.
+/// `Y = Aᵀ M A` for tiles `t0..t0 + nt` into `yc` (`[H, W, O]` from row `y0` on), the 2 × 2
+/// outputs of tile `(ty, tx)` at `(2·ty, 2·tx)`, those past the image's edge dropped.
 #[inline(always)]
-fn outputs<S: Simd>(simd: S, p: &Plan, (t0, nt): (usize, usize), m: &[f32], flat: &mut [f32]) {
+fn outputs<S: Simd>(
+    simd: S,
+    p: &Plan,
+    (t0, nt): (usize, usize),
+    m: &[f32],
+    (yc, y0): (&mut [f32], usize),
+) {
     let (o, l, rows) = (p.o, S::F32_LANES, p.chunk + SLACK);
     let (add, sub) = (|a, b| simd.add_f32s(a, b), |a, b| simd.sub_f32s(a, b));
     for tl in 0..nt {
@@ -388,7 +500,7 @@ fn outputs<S: Simd>(simd: S, p: &Plan, (t0, nt): (usize, usize), m: &[f32], flat
                 for (b, val) in pair.into_iter().enumerate() {
                     let x = 2 * tx + b;
                     if x < p.w {
-                        store::<S>(&mut flat[(y * p.w + x) * o + o0..], val);
+                        store::<S>(&mut yc[((y - y0) * p.w + x) * o + o0..], val);
                     }
                 }
             }
@@ -511,7 +623,7 @@ mod tests {
     }
 
     /// Shapes it leaves to the direct path: other kernels, strides and paddings, channels
-    /// that are not whole vectors, a batch smaller than twice the threads.
+    /// that are not whole vectors.
     #[test]
     fn other_shapes_are_left_to_the_direct_path() {
         if Isa::get().is_none() {
@@ -528,12 +640,36 @@ mod tests {
             assert!(!applies(&s), "{s:?}");
         }
         assert!(applies(&base));
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        let small = ConvShape { batch: 3, ..base };
-        let (x, w) = (data(3 * 32 * 8 * 9, 1), data(32 * 32 * 9, 2));
-        assert!(pool.install(|| conv2d(&x, &w, &small, None)).is_none());
+    }
+
+    /// A batch too small for whole images a thread splits each image's tile rows over the
+    /// threads (uneven parts, an odd height); every tile is computed as on one thread, so the
+    /// results are equal bit for bit, with and without the epilogue.
+    #[test]
+    fn tile_rows_split_over_threads_equal_whole_images() {
+        if Isa::get().is_none() {
+            return;
+        }
+        let s = shape(2, 32, 13, 64);
+        let (x, w) = (data(2 * 32 * 13 * 14, 1), data(64 * 32 * 9, 2));
+        let coef: Vec<(f32, f32)> = (0..64).map(|i| (0.5 + i as f32 / 64.0, -0.1)).collect();
+        let r = data(2 * 64 * 13 * 14, 3);
+        let then = Epilogue {
+            coef: &coef,
+            residual: Some(&r),
+            floor: 0.0,
+        };
+        let on = |threads: usize, then: Option<&Epilogue>| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| conv2d(&x, &w, &s, then)).unwrap()
+        };
+        for then in [None, Some(&then)] {
+            let whole = on(1, then);
+            assert_eq!(on(3, then), whole);
+            assert_eq!(on(5, then), whole);
+        }
     }
 }
