@@ -39,7 +39,7 @@ pub(crate) fn applies(s: &ConvShape) -> bool {
         && s.stride == 1
         && s.pad == 1
         && s.channels % lanes == 0
-        && s.out_channels % (2 * lanes) == 0
+        && s.out_channels % lanes == 0
         && !direct_only()
 }
 
@@ -525,26 +525,28 @@ fn product<S: Simd>(
         for o0 in (0..o).step_by(nr) {
             let b = &b[o0..];
             let m = &mut m[o0..];
-            match (mr, h) {
-                (12, 9..) => tile::<S, 12>(simd, (a, c), (b, o), c, (m, o)),
-                (12, 5..=8) => tile::<S, 8>(simd, (a, c), (b, o), c, (m, o)),
-                (_, 5..) => tile::<S, 6>(simd, (a, c), (b, o), c, (m, o)),
-                (_, 3..=4) => tile::<S, 4>(simd, (a, c), (b, o), c, (m, o)),
-                _ => tile::<S, 2>(simd, (a, c), (b, o), c, (m, o)),
+            let args = ((a, c), (b, o), c, (m, o));
+            match (mr, h, o - o0 >= nr) {
+                (12, 9.., true) => tile::<S, 12, 2>(simd, args),
+                (12, 5..=8, true) => tile::<S, 8, 2>(simd, args),
+                (_, 5.., true) => tile::<S, 6, 2>(simd, args),
+                (_, 3..=4, true) => tile::<S, 4, 2>(simd, args),
+                (_, _, true) => tile::<S, 2, 2>(simd, args),
+                // A last block of output channels one vector wide.
+                (12, 9.., false) => tile::<S, 12, 1>(simd, args),
+                (_, 5.., false) => tile::<S, 8, 1>(simd, args),
+                (_, _, false) => tile::<S, 4, 1>(simd, args),
             }
         }
     }
 }
 
-/// The register tile: `m[r, 0..2L] = Σ_k a[r·lda + k] · b[k·ldb + 0..2L]` for `r < R`
-/// (`L` lanes), A broadcast from its rows in place, B's row two vectors.
+/// The register tile: `m[r, 0..V·L] = Σ_k a[r·lda + k] · b[k·ldb + 0..V·L]` for `r < R` (`L`
+/// lanes, `V` vectors), A broadcast from its rows in place.
 #[inline(always)]
-fn tile<S: Simd, const R: usize>(
+fn tile<S: Simd, const R: usize, const V: usize>(
     simd: S,
-    (a, lda): (&[f32], usize),
-    (b, ldb): (&[f32], usize),
-    kc: usize,
-    (m, ldm): (&mut [f32], usize),
+    ((a, lda), (b, ldb), kc, (m, ldm)): ((&[f32], usize), (&[f32], usize), usize, (&mut [f32], usize)),
 ) {
     let l = S::F32_LANES;
     let mut rows: [&[f32]; R] = [&[]; R];
@@ -552,19 +554,24 @@ fn tile<S: Simd, const R: usize>(
         *row = &a[r * lda..][..kc];
     }
     let z = simd.splat_f32s(0.0);
-    let mut acc = [[z; 2]; R];
+    let mut acc = [[z; V]; R];
     for k in 0..kc {
-        let bk = &b[k * ldb..][..2 * l];
-        let (b0, b1) = (load::<S>(bk), load::<S>(&bk[l..]));
+        let bk = &b[k * ldb..][..V * l];
+        let mut bv = [z; V];
+        for (v, bv) in bv.iter_mut().enumerate() {
+            *bv = load::<S>(&bk[v * l..]);
+        }
         for (r, acc) in acc.iter_mut().enumerate() {
             let av = simd.splat_f32s(rows[r][k]);
-            acc[0] = simd.mul_add_f32s(av, b0, acc[0]);
-            acc[1] = simd.mul_add_f32s(av, b1, acc[1]);
+            for (acc, &bv) in acc.iter_mut().zip(&bv) {
+                *acc = simd.mul_add_f32s(av, bv, *acc);
+            }
         }
     }
     for (r, acc) in acc.iter().enumerate() {
-        store::<S>(&mut m[r * ldm..], acc[0]);
-        store::<S>(&mut m[r * ldm + l..], acc[1]);
+        for (v, &acc) in acc.iter().enumerate() {
+            store::<S>(&mut m[r * ldm + v * l..], acc);
+        }
     }
 }
 
@@ -606,6 +613,9 @@ mod tests {
                 shape(2, 128, 7, 128),
                 shape(3, 16, 5, 32),
                 shape(2, 32, 1, 64),
+                // output channels one vector wide (AVX-512), and one and a half tiles
+                shape(2, 16, 6, 16),
+                shape(2, 32, 4, 48),
             ] {
                 let x = data(s.batch * s.channels * s.height * s.width, 1);
                 let w = data(s.out_channels * s.channels * 9, 2);
@@ -635,7 +645,7 @@ mod tests {
             ConvShape { stride: 2, ..base },
             ConvShape { pad: 0, ..base },
             ConvShape { channels: 12, ..base },
-            ConvShape { out_channels: 24, ..base },
+            ConvShape { out_channels: 12, ..base },
         ] {
             assert!(!applies(&s), "{s:?}");
         }
