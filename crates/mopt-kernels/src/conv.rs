@@ -479,7 +479,8 @@ pub fn conv2d_backward(
             input_grad_scatter(w, g, s)
         }
     });
-    let dw = want_dw.then(|| weight_grad(x, g, s));
+    let dw = want_dw
+        .then(|| crate::winograd::weight_grad(x, g, s).unwrap_or_else(|| weight_grad(x, g, s)));
     (dx, dw)
 }
 

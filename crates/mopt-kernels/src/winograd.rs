@@ -271,15 +271,19 @@ pub(crate) fn conv2d(
         (&x[n * image..][..image], then)
     };
     if s.batch >= 2 * threads {
-        y.par_chunks_mut(o * plane).enumerate().for_each(|(n, out)| {
-            let (img, then) = part(n);
-            with(&IMAGE, |ib| {
-                pad_channels_last(img, &p, ib);
-                ib.yc.resize(plane * o, 0.0);
-                with(&CHUNK, |cb| tiles(isa, &p, (0, p.th), (&ib.padded, &u), cb, &mut ib.yc));
-                finish(&p, ib, out, then.as_ref());
-            })
-        });
+        y.par_chunks_mut(o * plane)
+            .enumerate()
+            .for_each(|(n, out)| {
+                let (img, then) = part(n);
+                with(&IMAGE, |ib| {
+                    pad_channels_last(img, &p, ib);
+                    ib.yc.resize(plane * o, 0.0);
+                    with(&CHUNK, |cb| {
+                        tiles(isa, &p, (0, p.th), (&ib.padded, &u), cb, &mut ib.yc)
+                    });
+                    finish(&p, ib, out, then.as_ref());
+                })
+            });
         return Some(y);
     }
     let per = p.th.div_ceil(threads);
@@ -358,7 +362,7 @@ impl WithSimd for Tiles<'_> {
         let end = r1 * p.tw;
         for t0 in (r0 * p.tw..end).step_by(p.chunk) {
             let nt = p.chunk.min(end - t0);
-            inputs(simd, p, (t0, nt), padded, &mut cb.v);
+            inputs(simd, p, (t0, nt), padded, (&mut cb.v, rows, 0));
             for xi in 0..16 {
                 let a = &cb.v[xi * rows * p.c..][..rows * p.c];
                 let b = &u[xi * p.c * p.o..][..p.c * p.o];
@@ -416,10 +420,16 @@ fn store<S: Simd>(d: &mut [f32], v: S::f32s) {
 }
 
 /// `V_ξ[t, c] = (Bᵀ d B)[ξ]` for tiles `t0..t0 + nt`, `d` the 4 × 4 patch at padded
-/// `(2·ty, 2·tx)`: into `v` as `[16, chunk + SLACK, C]`.
+/// `(2·ty, 2·tx)`: into `v` as `[16, rows, C]` from row `r0` on.
 #[inline(always)]
-fn inputs<S: Simd>(simd: S, p: &Plan, (t0, nt): (usize, usize), padded: &[f32], v: &mut [f32]) {
-    let (c, l, rows) = (p.c, S::F32_LANES, p.chunk + SLACK);
+fn inputs<S: Simd>(
+    simd: S,
+    p: &Plan,
+    (t0, nt): (usize, usize),
+    padded: &[f32],
+    (v, rows, r0): (&mut [f32], usize, usize),
+) {
+    let (c, l) = (p.c, S::F32_LANES);
     for tl in 0..nt {
         let (ty, tx) = ((t0 + tl) / p.tw, (t0 + tl) % p.tw);
         let base = (2 * ty * p.wp + 2 * tx) * c;
@@ -453,7 +463,7 @@ fn inputs<S: Simd>(simd: S, p: &Plan, (t0, nt): (usize, usize), padded: &[f32], 
                     sub(t[1][i], t[3][i]),
                 ];
                 for (j, val) in row.into_iter().enumerate() {
-                    store::<S>(&mut v[((i * 4 + j) * rows + tl) * c + c0..], val);
+                    store::<S>(&mut v[((i * 4 + j) * rows + r0 + tl) * c + c0..], val);
                 }
             }
         }
@@ -493,10 +503,7 @@ fn outputs<S: Simd>(
                 if y >= p.h {
                     break;
                 }
-                let pair = [
-                    add(add(sa[0], sa[1]), sa[2]),
-                    sub(sub(sa[1], sa[2]), sa[3]),
-                ];
+                let pair = [add(add(sa[0], sa[1]), sa[2]), sub(sub(sa[1], sa[2]), sa[3])];
                 for (b, val) in pair.into_iter().enumerate() {
                     let x = 2 * tx + b;
                     if x < p.w {
@@ -546,7 +553,12 @@ fn product<S: Simd>(
 #[inline(always)]
 fn tile<S: Simd, const R: usize, const V: usize>(
     simd: S,
-    ((a, lda), (b, ldb), kc, (m, ldm)): ((&[f32], usize), (&[f32], usize), usize, (&mut [f32], usize)),
+    ((a, lda), (b, ldb), kc, (m, ldm)): (
+        (&[f32], usize),
+        (&[f32], usize),
+        usize,
+        (&mut [f32], usize),
+    ),
 ) {
     let l = S::F32_LANES;
     let mut rows: [&[f32]; R] = [&[]; R];
@@ -571,6 +583,262 @@ fn tile<S: Simd, const R: usize, const V: usize>(
     for (r, acc) in acc.iter().enumerate() {
         for (v, &acc) in acc.iter().enumerate() {
             store::<S>(&mut m[r * ldm + v * l..], acc);
+        }
+    }
+}
+
+/// The weight gradient `dW[o, c, ky, kx] = Σ g[n, o, y, x] · x[n, c, y + ky − 1, x + kx − 1]`
+/// by F(3×3, 2×2), the transposed algorithm: each 2 × 2 block of the output gradient `e` and
+/// the 4 × 4 input patch `d` under it (the forward's tile) add `(A e Aᵀ) ⊙ (Bᵀ d B)` to `M`,
+/// and `dW = Gᵀ M G` at the end. `M_ξ[o, c] = Σ_t E_ξ[t, o] · V_ξ[t, c]` over every tile of the
+/// batch is 16 products of depth `tiles` (2.25× fewer multiplications than the direct 9); the
+/// batch is split over the threads and their partial sums added. `None` when [`applies`] is
+/// false.
+///
+/// # Shapes
+/// - `x`: `[batch, C, H, W]`, `g`: `[batch, O, H, W]`
+/// - returns `[O, C, 3, 3]`
+pub(crate) fn weight_grad(x: &[f32], g: &[f32], s: &ConvShape) -> Option<Vec<f32>> {
+    let isa = Isa::get()?;
+    if !applies(s) {
+        return None;
+    }
+    let p = Plan::new(s, isa.tile_rows());
+    let threads = rayon::current_num_threads().max(1);
+    let per = s.batch.div_ceil(threads);
+    let parts: Vec<Vec<f32>> = (0..s.batch.div_ceil(per))
+        .into_par_iter()
+        .map(|part| {
+            let images = (part * per, ((part + 1) * per).min(s.batch));
+            let mut m = vec![0.0f32; 16 * p.o * p.c];
+            with(&IMAGE, |ib| {
+                with(&CHUNK, |cb| {
+                    let run = Gradients {
+                        p: &p,
+                        xg: (x, g),
+                        images,
+                        bufs: (ib, cb),
+                        m: &mut m,
+                    };
+                    match isa {
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::V4(v) => Simd::vectorize(v, run),
+                        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+                        Isa::V3(v) => Simd::vectorize(v, run),
+                    }
+                })
+            });
+            m
+        })
+        .collect();
+    let mut dw = vec![0.0f32; p.o * p.c * 9];
+    dw.par_chunks_mut(p.c * 9).enumerate().for_each(|(o, dwo)| {
+        for (c, k) in dwo.chunks_exact_mut(9).enumerate() {
+            let mut m = [[0.0f32; 4]; 4];
+            for part in &parts {
+                for (xi, v) in m.as_flattened_mut().iter_mut().enumerate() {
+                    *v += part[(xi * p.o + o) * p.c + c];
+                }
+            }
+            k.copy_from_slice(&filter_gradient(&m));
+        }
+    });
+    Some(dw)
+}
+
+/// `Gᵀ M G` (3 × 3), `G` the filter transform's matrix.
+fn filter_gradient(m: &[[f32; 4]; 4]) -> [f32; 9] {
+    let g_t = |v: [f32; 4]| {
+        [
+            v[0] + 0.5 * (v[1] + v[2]),
+            0.5 * (v[1] - v[2]),
+            0.5 * (v[1] + v[2]) + v[3],
+        ]
+    };
+    let rows: [[f32; 3]; 4] = [g_t(m[0]), g_t(m[1]), g_t(m[2]), g_t(m[3])];
+    let mut out = [0.0f32; 9];
+    for kx in 0..3 {
+        let col = g_t([rows[0][kx], rows[1][kx], rows[2][kx], rows[3][kx]]);
+        for ky in 0..3 {
+            out[ky * 3 + kx] = col[ky];
+        }
+    }
+    out
+}
+
+/// Images `n0..n1`'s tiles added to `m` (`[16, O, C]`), compiled for the CPU's vector width.
+/// Tiles are gathered across images into chunks (the order of a sum's terms is free), so a
+/// 7-pixel image's 16 tiles do not each pass over all of `m`.
+struct Gradients<'a> {
+    p: &'a Plan,
+    xg: (&'a [f32], &'a [f32]),
+    images: (usize, usize),
+    bufs: (&'a mut ImageBufs, &'a mut ChunkBufs),
+    m: &'a mut [f32],
+}
+
+impl WithSimd for Gradients<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        let Gradients {
+            p,
+            xg: (x, g),
+            images: (n0, n1),
+            bufs: (ib, cb),
+            m,
+        } = self;
+        let mr = if S::F32_LANES == 16 { 12 } else { 6 };
+        // A chunk's transformed inputs and gradients within ~768 KiB.
+        let chunk = (12288 / (p.c + p.o)).max(mr) / mr * mr;
+        let rows = chunk + SLACK;
+        cb.v.resize(16 * rows * p.c, 0.0);
+        cb.m.resize(16 * rows * p.o, 0.0);
+        let plane = p.h * p.w;
+        let tiles = p.th * p.tw;
+        let mut fill = 0;
+        for n in n0..n1 {
+            pad_channels_last(&x[n * p.c * plane..][..p.c * plane], p, ib);
+            ib.yc.resize(plane * p.o, 0.0);
+            let gn = &g[n * p.o * plane..][..p.o * plane];
+            transpose((gn, plane), (p.o, plane), &mut ib.yc, p.o);
+            let mut t0 = 0;
+            while t0 < tiles {
+                let nt = (chunk - fill).min(tiles - t0);
+                inputs(simd, p, (t0, nt), &ib.padded, (&mut cb.v, rows, fill));
+                output_grads(simd, p, (t0, nt), &ib.yc, (&mut cb.m, rows, fill));
+                (fill, t0) = (fill + nt, t0 + nt);
+                if fill == chunk {
+                    flush(simd, (p, mr, rows), cb, fill, m);
+                    fill = 0;
+                }
+            }
+        }
+        if fill > 0 {
+            flush(simd, (p, mr, rows), cb, fill, m);
+        }
+    }
+}
+
+/// A chunk of `nt` tiles' 16 products added to `m` (a function, not a closure: closures are
+/// not always inlined into the vectorised caller, and would run without its target features).
+#[inline(always)]
+fn flush<S: Simd>(
+    simd: S,
+    (p, mr, rows): (&Plan, usize, usize),
+    cb: &ChunkBufs,
+    nt: usize,
+    m: &mut [f32],
+) {
+    for xi in 0..16 {
+        let ev = &cb.m[xi * rows * p.o..][..rows * p.o];
+        let v = &cb.v[xi * rows * p.c..][..rows * p.c];
+        let mx = &mut m[xi * p.o * p.c..][..p.o * p.c];
+        product_t(simd, mr, (ev, v, mx), (nt, p.o, p.c));
+    }
+}
+
+/// `E_ξ[t, o] = (A e Aᵀ)[ξ]` for tiles `t0..t0 + nt`, `e` the 2 × 2 block of the output
+/// gradient at `(2·ty, 2·tx)` (zeros past the image's edge): into `out` as `[16, rows, O]`
+/// from row `r0` on.
+#[inline(always)]
+fn output_grads<S: Simd>(
+    simd: S,
+    p: &Plan,
+    (t0, nt): (usize, usize),
+    e: &[f32],
+    (out, rows, r0): (&mut [f32], usize, usize),
+) {
+    let (o, l) = (p.o, S::F32_LANES);
+    let z = simd.splat_f32s(0.0);
+    let (add, sub) = (|a, b| simd.add_f32s(a, b), |a, b| simd.sub_f32s(a, b));
+    for tl in 0..nt {
+        let (ty, tx) = ((t0 + tl) / p.tw, (t0 + tl) % p.tw);
+        for o0 in (0..o).step_by(l) {
+            let mut d = [[z; 2]; 2];
+            for (a, row) in d.iter_mut().enumerate() {
+                for (b, v) in row.iter_mut().enumerate() {
+                    let (y, x) = (2 * ty + a, 2 * tx + b);
+                    if y < p.h && x < p.w {
+                        *v = load::<S>(&e[(y * p.w + x) * o + o0..]);
+                    }
+                }
+            }
+            // u = A e (4 × 2), then E = u Aᵀ (4 × 4); A = [1 0; 1 1; 1 −1; 0 −1].
+            let a_col = |v0, v1| [v0, add(v0, v1), sub(v0, v1), sub(z, v1)];
+            let u = [a_col(d[0][0], d[1][0]), a_col(d[0][1], d[1][1])];
+            for i in 0..4 {
+                let row = a_col(u[0][i], u[1][i]);
+                for (j, val) in row.into_iter().enumerate() {
+                    store::<S>(&mut out[((i * 4 + j) * rows + r0 + tl) * o + o0..], val);
+                }
+            }
+        }
+    }
+}
+
+/// `m[o, :] += Σ_t e[t, o] · v[t, :]` for `t < nt`: `e` is `[rows, O]`, `v` `[rows, C]`, `m`
+/// `[O, C]`.
+#[inline(always)]
+fn product_t<S: Simd>(
+    simd: S,
+    mr: usize,
+    (e, v, m): (&[f32], &[f32], &mut [f32]),
+    (nt, o, c): (usize, usize, usize),
+) {
+    let nr = 2 * S::F32_LANES;
+    for o0 in (0..o).step_by(mr) {
+        let h = mr.min(o - o0);
+        for c0 in (0..c).step_by(nr) {
+            let args = (&e[o0..], o, &v[c0..], c, nt, &mut m[o0 * c + c0..]);
+            // `O` is whole vectors, so a short last block is exactly 2, 4 or 8 rows.
+            match (h, c - c0 >= nr) {
+                (12, true) => tile_t::<S, 12, 2>(simd, args),
+                (8, true) => tile_t::<S, 8, 2>(simd, args),
+                (6, true) => tile_t::<S, 6, 2>(simd, args),
+                (4, true) => tile_t::<S, 4, 2>(simd, args),
+                (2, true) => tile_t::<S, 2, 2>(simd, args),
+                (12, false) => tile_t::<S, 12, 1>(simd, args),
+                (8, false) => tile_t::<S, 8, 1>(simd, args),
+                (6, false) => tile_t::<S, 6, 1>(simd, args),
+                (4, false) => tile_t::<S, 4, 1>(simd, args),
+                (2, false) => tile_t::<S, 2, 1>(simd, args),
+                _ => unreachable!("{h} rows of output channels in whole vectors"),
+            }
+        }
+    }
+}
+
+/// The register tile with A read transposed and the sums added: `m[r·ldm + 0..V·L] +=
+/// Σ_k a[k·lda + r] · b[k·ldb + 0..V·L]` for `r < R`.
+#[inline(always)]
+fn tile_t<S: Simd, const R: usize, const V: usize>(
+    simd: S,
+    (a, lda, b, ldb, kc, m): (&[f32], usize, &[f32], usize, usize, &mut [f32]),
+) {
+    let (l, ldm) = (S::F32_LANES, ldb);
+    let z = simd.splat_f32s(0.0);
+    let mut acc = [[z; V]; R];
+    for k in 0..kc {
+        let ak = &a[k * lda..][..R];
+        let bk = &b[k * ldb..][..V * l];
+        let mut bv = [z; V];
+        for (v, bv) in bv.iter_mut().enumerate() {
+            *bv = load::<S>(&bk[v * l..]);
+        }
+        for (acc, &ar) in acc.iter_mut().zip(ak) {
+            let av = simd.splat_f32s(ar);
+            for (acc, &bv) in acc.iter_mut().zip(&bv) {
+                *acc = simd.mul_add_f32s(av, bv, *acc);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (v, &acc) in acc.iter().enumerate() {
+            let at = r * ldm + v * l;
+            let sum = simd.add_f32s(load::<S>(&m[at..]), acc);
+            store::<S>(&mut m[at..], sum);
         }
     }
 }
@@ -632,6 +900,60 @@ mod tests {
         });
     }
 
+    /// The weight gradient by F(3×3, 2×2) against its definition in f64, on the ResNet's
+    /// sides, an odd one (a half tile of zeros at the edge) and a batch split unevenly over
+    /// three threads.
+    #[test]
+    fn weight_gradient_matches_the_definition() {
+        if Isa::get().is_none() {
+            return;
+        }
+        for (s, threads) in [
+            (shape(2, 32, 28, 32), 1),
+            (shape(2, 64, 14, 16), 1),
+            (shape(3, 16, 7, 48), 3),
+            (shape(5, 32, 5, 32), 3),
+        ] {
+            let (o, c, plane) = (s.out_channels, s.channels, s.height * s.width);
+            let x = data(s.batch * c * plane, 1);
+            let g = data(s.batch * o * plane, 2);
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let dw = pool
+                .install(|| weight_grad(&x, &g, &s))
+                .expect("winograd runs it");
+            let mut want = vec![0.0f64; o * c * 9];
+            for n in 0..s.batch {
+                for (oc, ic) in (0..o).flat_map(|oc| (0..c).map(move |ic| (oc, ic))) {
+                    for (ky, kx) in (0..3).flat_map(|ky| (0..3).map(move |kx| (ky, kx))) {
+                        let mut acc = 0.0f64;
+                        for y in 0..s.height {
+                            for xx in 0..s.width {
+                                let (iy, ix) = (y + ky, xx + kx);
+                                if iy < 1 || ix < 1 || iy > s.height || ix > s.width {
+                                    continue;
+                                }
+                                let gv = g[((n * o + oc) * s.height + y) * s.width + xx];
+                                let xv = x[((n * c + ic) * s.height + iy - 1) * s.width + ix - 1];
+                                acc += gv as f64 * xv as f64;
+                            }
+                        }
+                        want[(oc * c + ic) * 9 + ky * 3 + kx] += acc;
+                    }
+                }
+            }
+            let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            let err = dw
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (*a as f64 - b).abs())
+                .fold(0.0, f64::max);
+            assert!(err < 2e-6 * scale, "{s:?}: {err} (values up to {scale})");
+        }
+    }
+
     /// Shapes it leaves to the direct path: other kernels, strides and paddings, channels
     /// that are not whole vectors.
     #[test]
@@ -641,11 +963,21 @@ mod tests {
         }
         let base = shape(4, 32, 8, 32);
         for s in [
-            ConvShape { kernel: 5, pad: 2, ..base },
+            ConvShape {
+                kernel: 5,
+                pad: 2,
+                ..base
+            },
             ConvShape { stride: 2, ..base },
             ConvShape { pad: 0, ..base },
-            ConvShape { channels: 12, ..base },
-            ConvShape { out_channels: 12, ..base },
+            ConvShape {
+                channels: 12,
+                ..base
+            },
+            ConvShape {
+                out_channels: 12,
+                ..base
+            },
         ] {
             assert!(!applies(&s), "{s:?}");
         }
