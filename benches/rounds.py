@@ -68,7 +68,7 @@ def main():
     med = lambda v: f"{statistics.median(v):.1f}" if v else "-"
     cpu = runs[0].get("cpu", {})
     simd = [f for f in cpu.get("simd", []) if f.startswith(("avx512f", "avx512_bf16", "avx512_vnni", "amx"))]
-    print(f"\n{args.runs} runs on {cpu.get('model', '?')} ({cpu.get('gemm_path', '?')} GEMM; {' '.join(simd)}), "
+    print(f"\n{args.runs} runs on {cpu.get('model', '?')} ({cpu.get('gemm_path', '?')} GEMM; {' '.join(simd)}; mopt kernels {cpu.get('kernels_simd', 'widest')}, oneDNN {cpu.get('torch_isa', 'widest')}), "
           f"{runs[0].get('threads', '?')} threads")
     print("| row | mopt ms (median) | PyTorch ms (median) | mopt / PyTorch, median | min-max |")
     print("|---|---|---|---|---|")

@@ -154,6 +154,10 @@ pub fn cpu_info() -> Value {
         "simd": simd,
         "gemm_path": mopt_kernels::gemm::path(),
         "bf16_path": mopt_kernels::bf16::path(),
+        // `MOPT_SIMD=avx2`: mopt's kernels held to AVX2 on this CPU (a proxy), and PyTorch's
+        // too when `ATEN_CPU_CAPABILITY` / `ONEDNN_MAX_CPU_ISA` say so.
+        "kernels_simd": if mopt_kernels::cpu::avx2_only() { "avx2 (MOPT_SIMD)" } else { "widest" },
+        "torch_isa": std::env::var("ONEDNN_MAX_CPU_ISA").unwrap_or_else(|_| "widest".into()),
         "logical_cpus": text.lines().filter(|l| l.starts_with("processor")).count(),
     })
 }

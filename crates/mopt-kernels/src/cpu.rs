@@ -38,13 +38,40 @@ macro_rules! simd_fn {
                     $body
                 }
             }
-            pulp::Arch::new().dispatch(Kernel { $($arg,)* _life: std::marker::PhantomData })
+            $crate::cpu::arch().dispatch(Kernel { $($arg,)* _life: std::marker::PhantomData })
         }
     };
     (@out) => { () };
     (@out $t:ty) => { $t };
 }
 pub(crate) use simd_fn;
+
+/// `MOPT_SIMD=avx2`: every kernel of this crate on AVX2 (+FMA) although the CPU has AVX-512
+/// (the element-wise passes, the transposes, the GEMM's tile and the convolutions), to
+/// measure an AVX2-only machine where none is at hand. A proxy: the caches, the clock and the
+/// core stay the AVX-512 machine's.
+pub fn avx2_only() -> bool {
+    static ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ONLY.get_or_init(|| std::env::var("MOPT_SIMD").is_ok_and(|v| v == "avx2"))
+}
+
+/// The widest SIMD level the kernels dispatch to: `pulp`'s detection, capped at AVX2 by
+/// [`avx2_only`].
+pub(crate) fn arch() -> Arch {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    if avx2_only() {
+        if let Some(v) = pulp::x86::V3::try_new() {
+            return Arch::V3(v);
+        }
+    }
+    Arch::new()
+}
+
+/// The AVX-512 level, when the CPU has it and [`avx2_only`] does not hide it.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn v4() -> Option<pulp::x86::V4> {
+    pulp::x86::V4::try_new().filter(|_| !avx2_only())
+}
 
 /// `len` zeros for an output every element of which is written next, in parallel where the
 /// `native` module is built (a serial `vec![0.0; len]` elsewhere).
@@ -770,7 +797,7 @@ pub fn attention(q: &[f32], k: &[f32], v: &[f32], mask: &[f32], a: Attn) -> (Vec
         .enumerate()
         .for_each(|(b, (ctx, probs))| {
             let rows = b * s * w..(b + 1) * s * w;
-            Arch::new().dispatch(AttnForward {
+            arch().dispatch(AttnForward {
                 q: &q[rows.clone()],
                 k: &k[rows.clone()],
                 v: &v[rows],
@@ -882,7 +909,7 @@ pub fn attention_backward(
         .enumerate()
         .for_each(|(b, ((dq, dk), dv))| {
             let rows = b * s * w..(b + 1) * s * w;
-            Arch::new().dispatch(AttnBackward {
+            arch().dispatch(AttnBackward {
                 q: &q[rows.clone()],
                 k: &k[rows.clone()],
                 v: &v[rows.clone()],

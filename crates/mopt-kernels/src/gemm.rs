@@ -60,7 +60,7 @@ fn tile() -> Tile {
             return portable;
         }
         #[cfg(target_arch = "x86_64")]
-        if let Some(v) = pulp::x86::V4::try_new().filter(|_| !cap.starts_with("avx2")) {
+        if let Some(v) = crate::cpu::v4().filter(|_| !cap.starts_with("avx2")) {
             // (the products go to the `gemm` crate unless `avx512-own`: see `on_gemm_crate`.)
             return Tile {
                 mr: MR_512,

@@ -15,7 +15,7 @@ pub fn transpose(
 ) {
     const B: usize = 16;
     #[cfg(target_arch = "x86_64")]
-    let simd = pulp::x86::V4::try_new();
+    let simd = crate::cpu::v4();
     for i0 in (0..rows).step_by(B) {
         let i1 = (i0 + B).min(rows);
         for j0 in (0..cols).step_by(B) {

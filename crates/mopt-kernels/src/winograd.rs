@@ -67,7 +67,7 @@ impl Isa {
             let direct = crate::gemm::Direct::get()?;
             #[cfg(target_arch = "x86_64")]
             if direct.wide() {
-                return pulp::x86::V4::try_new().map(Isa::V4);
+                return crate::cpu::v4().map(Isa::V4);
             }
             pulp::x86::V3::try_new().map(Isa::V3)
         }
