@@ -16,6 +16,10 @@
 //! - dW: with the prepared input and the gradient both channels-last, `dW[:, :, ky, kx]` is one
 //!   product `gᵀ · X_shifted` over every pixel of the batch (all packing is copies), the batch
 //!   split over threads and the partial sums added.
+//!
+//! The 3×3 stride-1 padding-1 convolutions whose channels fill whole vectors take Winograd's
+//! F(2×2, 3×3) instead, all three products (`crate::winograd`; `MOPT_CONV=direct` keeps them
+//! here).
 
 use rayon::prelude::*;
 

@@ -1,5 +1,6 @@
 //! Winograd's minimal filtering F(2×2, 3×3) for the stride-1, padding-1 3×3 convolutions
-//! (the ResNet blocks' body and, through the flipped kernel, their input gradient).
+//! (the ResNet blocks' body and, through the flipped kernel, their input gradient), and its
+//! transpose F(3×3, 2×2) for their weight gradient ([`weight_grad`]).
 //!
 //! Each 2×2 block of outputs (a *tile*) is computed from the 4×4 input patch `d` around it as
 //! `Y = Aᵀ [ Σ_c (G g G^T) ⊙ (Bᵀ d B) ] A`: 16 products a tile and input-output channel pair
@@ -38,8 +39,8 @@ pub(crate) fn applies(s: &ConvShape) -> bool {
     s.kernel == 3
         && s.stride == 1
         && s.pad == 1
-        && s.channels % lanes == 0
-        && s.out_channels % lanes == 0
+        && s.channels.is_multiple_of(lanes)
+        && s.out_channels.is_multiple_of(lanes)
         && !direct_only()
 }
 
@@ -548,17 +549,17 @@ fn product<S: Simd>(
     }
 }
 
+/// A row-major matrix and its row stride.
+type Rows<'a> = (&'a [f32], usize);
+/// [`Rows`], written.
+type RowsMut<'a> = (&'a mut [f32], usize);
+
 /// The register tile: `m[r, 0..V·L] = Σ_k a[r·lda + k] · b[k·ldb + 0..V·L]` for `r < R` (`L`
 /// lanes, `V` vectors), A broadcast from its rows in place.
 #[inline(always)]
 fn tile<S: Simd, const R: usize, const V: usize>(
     simd: S,
-    ((a, lda), (b, ldb), kc, (m, ldm)): (
-        (&[f32], usize),
-        (&[f32], usize),
-        usize,
-        (&mut [f32], usize),
-    ),
+    ((a, lda), (b, ldb), kc, (m, ldm)): (Rows, Rows, usize, RowsMut),
 ) {
     let l = S::F32_LANES;
     let mut rows: [&[f32]; R] = [&[]; R];
