@@ -223,8 +223,16 @@ fn fused_adamw_follows_burns_adamw_step_for_step() {
 
 #[test]
 fn conv2d_matches_burn_for_input_and_weight() {
-    // A 3×3 "same" convolution, a strided one and a strided 1×1 projection (a ResNet's three).
-    for (c, o, k, stride, pad) in [(5, 7, 3, 1, 1), (4, 6, 3, 2, 1), (6, 8, 1, 2, 0)] {
+    // A 3×3 "same" convolution, a strided one and a strided 1×1 projection (a ResNet's three);
+    // two "same" ones whose channels fill whole vectors (Winograd F(2×2, 3×3) on AVX2 and
+    // AVX-512, forward, input and weight gradients).
+    for (c, o, k, stride, pad) in [
+        (5, 7, 3, 1, 1),
+        (4, 6, 3, 2, 1),
+        (6, 8, 1, 2, 0),
+        (32, 16, 3, 1, 1),
+        (16, 32, 3, 1, 1),
+    ] {
         let x = random([3, c, 9, 10], 1.0);
         let w = random([o, c, k, k], 0.3);
         let run = |fused: bool| {
