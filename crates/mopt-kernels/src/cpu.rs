@@ -56,15 +56,18 @@ pub fn avx2_only() -> bool {
 }
 
 /// The widest SIMD level the kernels dispatch to: `pulp`'s detection, capped at AVX2 by
-/// [`avx2_only`].
+/// [`avx2_only`]; decided once (every element-wise kernel call asks).
 pub(crate) fn arch() -> Arch {
-    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if avx2_only() {
-        if let Some(v) = pulp::x86::V3::try_new() {
-            return Arch::V3(v);
+    static ARCH: std::sync::OnceLock<Arch> = std::sync::OnceLock::new();
+    *ARCH.get_or_init(|| {
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        if avx2_only() {
+            if let Some(v) = pulp::x86::V3::try_new() {
+                return Arch::V3(v);
+            }
         }
-    }
-    Arch::new()
+        Arch::new()
+    })
 }
 
 /// The AVX-512 level, when the CPU has it and [`avx2_only`] does not hide it.

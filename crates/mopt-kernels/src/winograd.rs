@@ -29,19 +29,19 @@ use crate::batchnorm::normalize_run;
 use crate::conv::{ConvShape, Epilogue};
 use crate::transpose::transpose;
 
-/// Whether F(2×2, 3×3) runs this convolution: 3×3, stride 1, padding 1, channels and output
-/// channels in whole vectors, a SIMD register tile on this CPU, and `MOPT_CONV` not `direct`.
-pub(crate) fn applies(s: &ConvShape) -> bool {
-    let Some(isa) = Isa::get() else {
-        return false;
-    };
+/// The vector width F(2×2, 3×3) runs this convolution at, if it runs it: 3×3, stride 1,
+/// padding 1, channels and output channels in whole vectors, a SIMD register tile on this CPU,
+/// and `MOPT_CONV` not `direct`.
+fn isa_for(s: &ConvShape) -> Option<Isa> {
+    let isa = Isa::get()?;
     let lanes = isa.lanes();
-    s.kernel == 3
+    (s.kernel == 3
         && s.stride == 1
         && s.pad == 1
         && s.channels.is_multiple_of(lanes)
         && s.out_channels.is_multiple_of(lanes)
-        && !direct_only()
+        && !direct_only())
+    .then_some(isa)
 }
 
 /// `MOPT_CONV=direct`: every convolution on the direct (shifted-row) products, for comparisons.
@@ -74,6 +74,16 @@ impl Isa {
         }
         #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
         None
+    }
+
+    /// Run `op` compiled for this vector width.
+    fn vectorize<Op: WithSimd>(self, op: Op) -> Op::Output {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::V4(v) => Simd::vectorize(v, op),
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+            Isa::V3(v) => Simd::vectorize(v, op),
+        }
     }
 
     /// Rows of its register tile.
@@ -111,12 +121,7 @@ fn filters(isa: Isa, w: &[f32], c: usize, o: usize) -> Vec<f32> {
         c,
         o,
     };
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::V4(v) => Simd::vectorize(v, run),
-        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-        Isa::V3(v) => Simd::vectorize(v, run),
-    }
+    isa.vectorize(run);
     u
 }
 
@@ -180,16 +185,16 @@ struct Plan {
     tw: usize,
     /// Padded width, in pixels (`2·tw + 2`); the padded height is `2·th + 2`.
     wp: usize,
-    /// Tiles a chunk.
+    /// Rows of the register tile.
+    mr: usize,
+    /// Tiles a chunk of the forward (and input gradient).
     chunk: usize,
 }
 
 impl Plan {
     fn new(s: &ConvShape, mr: usize) -> Self {
         let (th, tw) = (s.height.div_ceil(2), s.width.div_ceil(2));
-        // A chunk's transformed inputs and products, 16·chunk·(C + O) values, within ~384 KiB.
-        let fit = (6144 / (s.channels + s.out_channels)).max(mr);
-        Self {
+        let mut p = Self {
             c: s.channels,
             o: s.out_channels,
             h: s.height,
@@ -197,8 +202,19 @@ impl Plan {
             th,
             tw,
             wp: 2 * tw + 2,
-            chunk: fit / mr * mr,
-        }
+            mr,
+            chunk: 0,
+        };
+        // A chunk's transformed inputs and products within ~384 KiB.
+        p.chunk = p.tiles_within(384);
+        p
+    }
+
+    /// Tiles (whole register tiles, at least one) whose 16 transformed inputs and outputs,
+    /// `16·tiles·(C + O)` values, fit in `kib` KiB.
+    fn tiles_within(&self, kib: usize) -> usize {
+        let fit = (kib * 1024 / 4 / 16 / (self.c + self.o)).max(self.mr);
+        fit / self.mr * self.mr
     }
 
     fn padded(&self) -> usize {
@@ -244,7 +260,8 @@ fn with<T: Default + 'static, R>(
 /// Rows past a chunk's last tile that a short register tile may read (never stored).
 const SLACK: usize = 12;
 
-/// `y = conv(x, w)` (+ `then` on every output value), or `None` when [`applies`] is false.
+/// `y = conv(x, w)` (+ `then` on every output value), or `None` when F(2×2, 3×3) does not run
+/// this shape ([`isa_for`]).
 /// Whole images a task when the batch keeps every thread busy; otherwise each image's tile
 /// rows split over the threads.
 ///
@@ -257,10 +274,7 @@ pub(crate) fn conv2d(
     s: &ConvShape,
     then: Option<&Epilogue>,
 ) -> Option<Vec<f32>> {
-    let isa = Isa::get()?;
-    if !applies(s) {
-        return None;
-    }
+    let isa = isa_for(s)?;
     let p = Plan::new(s, isa.tile_rows());
     let u = filters(isa, w, p.c, p.o);
     let (image, plane, o) = (p.c * p.h * p.w, p.h * p.w, p.o);
@@ -325,12 +339,7 @@ fn tiles(
         cb,
         yc,
     };
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::V4(v) => Simd::vectorize(v, run),
-        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-        Isa::V3(v) => Simd::vectorize(v, run),
-    }
+    isa.vectorize(run)
 }
 
 /// [`tiles`], compiled for the CPU's vector width.
@@ -356,7 +365,6 @@ impl WithSimd for Tiles<'_> {
             cb,
             yc,
         } = self;
-        let mr = if S::F32_LANES == 16 { 12 } else { 6 };
         let rows = p.chunk + SLACK;
         cb.v.resize(16 * rows * p.c, 0.0);
         cb.m.resize(16 * rows * p.o, 0.0);
@@ -368,7 +376,7 @@ impl WithSimd for Tiles<'_> {
                 let a = &cb.v[xi * rows * p.c..][..rows * p.c];
                 let b = &u[xi * p.c * p.o..][..p.c * p.o];
                 let m = &mut cb.m[xi * rows * p.o..][..rows * p.o];
-                product(simd, mr, (a, b, m), (nt, p.c, p.o));
+                product(simd, p.mr, (a, b, m), (nt, p.c, p.o));
             }
             outputs(simd, p, (t0, nt), &cb.m, (yc, 2 * r0));
         }
@@ -399,7 +407,7 @@ fn pad_channels_last(img: &[f32], p: &Plan, ib: &mut ImageBufs) {
     ib.flat.resize(plane * c, 0.0);
     transpose((img, plane), (c, plane), &mut ib.flat, c);
     ib.padded.resize(p.padded(), 0.0);
-    let padded = &mut ib.padded[..p.padded()];
+    let padded = &mut ib.padded[..];
     padded[..row].fill(0.0);
     padded[(p.h + 1) * row..].fill(0.0);
     for y in 0..p.h {
@@ -593,17 +601,14 @@ fn tile<S: Simd, const R: usize, const V: usize>(
 /// the 4 × 4 input patch `d` under it (the forward's tile) add `(A e Aᵀ) ⊙ (Bᵀ d B)` to `M`,
 /// and `dW = Gᵀ M G` at the end. `M_ξ[o, c] = Σ_t E_ξ[t, o] · V_ξ[t, c]` over every tile of the
 /// batch is 16 products of depth `tiles` (2.25× fewer multiplications than the direct 9); the
-/// batch is split over the threads and their partial sums added. `None` when [`applies`] is
-/// false.
+/// batch is split over the threads and their partial sums added. `None` when [`isa_for`]
+/// declines the shape.
 ///
 /// # Shapes
 /// - `x`: `[batch, C, H, W]`, `g`: `[batch, O, H, W]`
 /// - returns `[O, C, 3, 3]`
 pub(crate) fn weight_grad(x: &[f32], g: &[f32], s: &ConvShape) -> Option<Vec<f32>> {
-    let isa = Isa::get()?;
-    if !applies(s) {
-        return None;
-    }
+    let isa = isa_for(s)?;
     let p = Plan::new(s, isa.tile_rows());
     let threads = rayon::current_num_threads().max(1);
     let per = s.batch.div_ceil(threads);
@@ -621,12 +626,7 @@ pub(crate) fn weight_grad(x: &[f32], g: &[f32], s: &ConvShape) -> Option<Vec<f32
                         bufs: (ib, cb),
                         m: &mut m,
                     };
-                    match isa {
-                        #[cfg(target_arch = "x86_64")]
-                        Isa::V4(v) => Simd::vectorize(v, run),
-                        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-                        Isa::V3(v) => Simd::vectorize(v, run),
-                    }
+                    isa.vectorize(run)
                 })
             });
             m
@@ -690,9 +690,9 @@ impl WithSimd for Gradients<'_> {
             bufs: (ib, cb),
             m,
         } = self;
-        let mr = if S::F32_LANES == 16 { 12 } else { 6 };
-        // A chunk's transformed inputs and gradients within ~768 KiB.
-        let chunk = (12288 / (p.c + p.o)).max(mr) / mr * mr;
+        // A chunk's transformed inputs and gradients within ~768 KiB: the depth of the
+        // products, so the larger the fewer passes over `m`.
+        let chunk = p.tiles_within(768);
         let rows = chunk + SLACK;
         cb.v.resize(16 * rows * p.c, 0.0);
         cb.m.resize(16 * rows * p.o, 0.0);
@@ -711,13 +711,13 @@ impl WithSimd for Gradients<'_> {
                 output_grads(simd, p, (t0, nt), &ib.yc, (&mut cb.m, rows, fill));
                 (fill, t0) = (fill + nt, t0 + nt);
                 if fill == chunk {
-                    flush(simd, (p, mr, rows), cb, fill, m);
+                    flush(simd, (p, rows), cb, fill, m);
                     fill = 0;
                 }
             }
         }
         if fill > 0 {
-            flush(simd, (p, mr, rows), cb, fill, m);
+            flush(simd, (p, rows), cb, fill, m);
         }
     }
 }
@@ -725,18 +725,12 @@ impl WithSimd for Gradients<'_> {
 /// A chunk of `nt` tiles' 16 products added to `m` (a function, not a closure: closures are
 /// not always inlined into the vectorised caller, and would run without its target features).
 #[inline(always)]
-fn flush<S: Simd>(
-    simd: S,
-    (p, mr, rows): (&Plan, usize, usize),
-    cb: &ChunkBufs,
-    nt: usize,
-    m: &mut [f32],
-) {
+fn flush<S: Simd>(simd: S, (p, rows): (&Plan, usize), cb: &ChunkBufs, nt: usize, m: &mut [f32]) {
     for xi in 0..16 {
         let ev = &cb.m[xi * rows * p.o..][..rows * p.o];
         let v = &cb.v[xi * rows * p.c..][..rows * p.c];
         let mx = &mut m[xi * p.o * p.c..][..p.o * p.c];
-        product_t(simd, mr, (ev, v, mx), (nt, p.o, p.c));
+        product_t(simd, p.mr, (ev, v, mx), (nt, p.o, p.c));
     }
 }
 
@@ -849,6 +843,17 @@ mod tests {
     use super::*;
     use crate::conv::tests::{data, naive};
 
+    fn pool_of(threads: usize) -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+    }
+
+    fn applies(s: &ConvShape) -> bool {
+        isa_for(s).is_some()
+    }
+
     fn shape(batch: usize, channels: usize, side: usize, out_channels: usize) -> ConvShape {
         ConvShape {
             batch,
@@ -870,10 +875,7 @@ mod tests {
         if Isa::get().is_none() {
             return;
         }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap();
+        let pool = pool_of(1);
         pool.install(|| {
             // 28, 14 and 7 px as the ResNet's, odd and even, one chunk and several.
             for s in [
@@ -918,10 +920,7 @@ mod tests {
             let (o, c, plane) = (s.out_channels, s.channels, s.height * s.width);
             let x = data(s.batch * c * plane, 1);
             let g = data(s.batch * o * plane, 2);
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
+            let pool = pool_of(threads);
             let dw = pool
                 .install(|| weight_grad(&x, &g, &s))
                 .expect("winograd runs it");
@@ -1003,10 +1002,7 @@ mod tests {
             floor: 0.0,
         };
         let on = |threads: usize, then: Option<&Epilogue>| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
+            let pool = pool_of(threads);
             pool.install(|| conv2d(&x, &w, &s, then)).unwrap()
         };
         for then in [None, Some(&then)] {
