@@ -180,9 +180,14 @@ fn bert_with_pruned_hidden_channels_exports_and_matches() {
 /// A tiny INT8 model: weights per channel (7-bit range), inputs uint8 per tensor, calibrated on
 /// `calib` sentences.
 fn quantized_checkpoint(dir: &std::path::Path, bits: u32) -> BertConfig {
+    quantized_checkpoint_with(dir, bits, "gelu")
+}
+
+fn quantized_checkpoint_with(dir: &std::path::Path, bits: u32, act: &str) -> BertConfig {
     use mopt_quant::node::QuantConfig;
     let dev = Device::flex();
     let mut c = BertConfig::tiny(30522, 3);
+    c.hidden_act = act.into();
     c.hidden_dropout_prob = 0.0;
     c.attention_probs_dropout_prob = 0.0;
     // Larger weights than BERT's 0.02 so that the logits (and their errors) are not tiny.
@@ -255,6 +260,41 @@ fn int8_bert_exports_as_qdq_runs_on_integer_kernels_and_agrees_with_mopt() {
         other => panic!("expected a refusal, got {other:?}"),
     }
     assert!(!out.exists());
+}
+
+#[test]
+fn tanh_gelu_bert_exports_with_parity_and_runs_fast_gelu_in_the_int8_graph() {
+    // Float: the tanh GELU written as plain ONNX ops matches mopt's fused kernel.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = BertConfig::tiny(30522, 2);
+    c.hidden_act = "gelu_new".into();
+    checkpoint(&c, &tmp.path().join("ckpt"));
+    let card = export_checkpoint(
+        &tmp.path().join("ckpt"),
+        &tmp.path().join("export"),
+        &samples(40, 30522, 1),
+        &opts(),
+    )
+    .unwrap();
+    assert!(card.parity.max_abs_err < 1e-4, "{:?}", card.parity);
+    // INT8: mopt's fusion runs each layer's GELU as one FastGelu, and still agrees with mopt.
+    let ckpt = tmp.path().join("int8");
+    quantized_checkpoint_with(&ckpt, 8, "gelu_new");
+    let card = export_checkpoint(
+        &ckpt,
+        &tmp.path().join("export8"),
+        &samples(200, 30522, 3),
+        &opts(),
+    )
+    .unwrap();
+    let ops = &card.quantization.as_ref().unwrap()["onnxruntime_optimized_ops"];
+    assert_eq!(ops["FastGelu"].as_u64(), Some(2), "{ops}");
+    // No erf GELU, and the one Tanh left is the pooler's.
+    assert!(ops.get("Gelu").is_none(), "{ops}");
+    assert_eq!(ops["Tanh"].as_u64(), Some(1), "{ops}");
+    let fused = card.fused_graph.as_ref().expect("a fused graph");
+    assert!(fused["agreement"].as_f64().unwrap() >= 0.995, "{fused}");
+    assert!(fused["max_abs_err"].as_f64().unwrap() < 0.05, "{fused}");
 }
 
 #[test]

@@ -12,7 +12,8 @@
                                       DQ(x) . DQ(W) (+ bias) as one MatMulIntegerToFloat with the
                                       bias inside, every residual Add + LayerNormalization as one
                                       SkipLayerNormalization, every attention core as one
-                                      MultiHeadAttention; op-type counts after ORT's own pass
+                                      MultiHeadAttention, every tanh GELU as one FastGelu;
+                                      op-type counts after ORT's own pass
   bench-many SPEC_JSON WARMUP RUNS    several models' latency p50/p90/p99 (ms), interleaved in
                                       rounds: spec [{"name", "model", "feeds": [{"batch", "seq_len",
                                       "feed"}]}]; RUNS timed runs (4x at batch 1) in blocks of
@@ -127,7 +128,8 @@ def attention_core(softmax, producer, users, inits, g):
 def fuse_qdq(src, dst):
     """QDQ graph -> ONNX Runtime contrib ops (com.microsoft): MatMulIntegerToFloat with its bias,
     SkipLayerNormalization for the residual sums mopt's exporter names `*residual*`, one
-    MultiHeadAttention per attention core (key padding mask from `attention_mask`). The integer
+    MultiHeadAttention per attention core (key padding mask from `attention_mask`), one FastGelu
+    per tanh GELU. The integer
     arithmetic is unchanged (same uint8 inputs, int8 weights, scales and zero points)."""
     import onnx
     from onnx import helper
@@ -169,6 +171,17 @@ def fuse_qdq(src, dst):
             "SkipLayerNormalization", [n.input[0], n.input[1], ln.input[1], ln.input[2]], [ln.output[0]],
             name=n.name + "_skipln", domain="com.microsoft", epsilon=eps)
         drop.add(id(ln))
+    for t in g.node:
+        # mopt's tanh GELU (`*.gelu.tanh`: Tanh -> Add(1) -> Mul(x) -> Mul(0.5)) as one FastGelu.
+        if t.op_type != "Tanh" or ".gelu.tanh" not in t.output[0]:
+            continue
+        add = (users.get(t.output[0]) or [None])[0]
+        mul = add and (users.get(add.output[0]) or [None])[0]
+        out = mul and (users.get(mul.output[0]) or [None])[0]
+        if not (out and add.op_type == "Add" and mul.op_type == "Mul" and out.op_type == "Mul"):
+            continue
+        replace[id(out)] = helper.make_node(
+            "FastGelu", [mul.input[0]], [out.output[0]], name=t.name + "_fastgelu", domain="com.microsoft")
     mask = None
     has_mask = any(i.name == "attention_mask" for i in g.input)
     for sm in [n for n in g.node if n.op_type == "Softmax" and has_mask]:

@@ -11,6 +11,7 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::Flex;
 
+use crate::cpu::GeluKind;
 use crate::flex;
 
 type Ad<C> = FloatTensor<Autodiff<Flex, C>>;
@@ -29,28 +30,31 @@ fn register<const N: usize>(
 }
 
 #[derive(Debug)]
-struct GeluBackward;
+struct GeluBackward(GeluKind);
 
 impl Backward<Flex, 1> for GeluBackward {
     type State = FlexTensor;
 
     fn backward(self, ops: Ops<FlexTensor, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let x = ops.state;
-        unary::<Flex, _>(ops.parents, ops.node, grads, |g| flex::gelu_backward(&x, g));
+        let kind = self.0;
+        unary::<Flex, _>(ops.parents, ops.node, grads, |g| {
+            flex::gelu_backward(&x, g, kind)
+        });
     }
 }
 
-pub fn gelu<C: CheckpointStrategy>(x: Ad<C>) -> Ad<C> {
-    match GeluBackward
+pub fn gelu<C: CheckpointStrategy>(x: Ad<C>, kind: GeluKind) -> Ad<C> {
+    match GeluBackward(kind)
         .prepare::<C>([x.node()])
         .compute_bound()
         .stateful()
     {
         OpsKind::Tracked(prep) => {
             let p = x.primitive().clone();
-            prep.finish(p.clone(), flex::gelu(p))
+            prep.finish(p.clone(), flex::gelu(p, kind))
         }
-        OpsKind::UnTracked(prep) => prep.finish(flex::gelu(x.into_primitive())),
+        OpsKind::UnTracked(prep) => prep.finish(flex::gelu(x.into_primitive(), kind)),
     }
 }
 

@@ -173,6 +173,33 @@ fn gelu_grad_one(x: f32, g: f32) -> f32 {
     g * (cdf + x * pdf)
 }
 
+/// √(2/π)
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+/// The cubic term's weight in the tanh approximation.
+const GELU_CUBIC: f32 = 0.044_715;
+
+/// `tanh(u)` as `1 − 2 / (1 + e^{2u})` on [`exp`] (which saturates instead of overflowing).
+#[inline(always)]
+fn tanh(u: f32) -> f32 {
+    1.0 - 2.0 / (1.0 + exp(2.0 * u))
+}
+
+/// The tanh approximation: `x/2 · (1 + tanh(√(2/π) (x + 0.044715 x³)))` (HF `gelu_new`, ONNX
+/// Runtime's `FastGelu`).
+#[inline(always)]
+fn gelu_tanh_one(x: f32) -> f32 {
+    let t = tanh(SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x));
+    0.5 * x * (1.0 + t)
+}
+
+#[inline(always)]
+fn gelu_tanh_grad_one(x: f32, g: f32) -> f32 {
+    let x2 = x * x;
+    let t = tanh(SQRT_2_OVER_PI * (x + GELU_CUBIC * x2 * x));
+    let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x2);
+    g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du)
+}
+
 #[inline(always)]
 fn sum(v: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
@@ -230,46 +257,80 @@ fn max(v: &[f32]) -> f32 {
 // ---------------------------------------------------------------------------------------------
 // GELU
 
-/// `out = gelu(x)` (exact, erf-based GELU as in BERT).
-pub fn gelu(x: &[f32], out: &mut [f32]) {
+/// Which GELU the FFN computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GeluKind {
+    /// The exact one, `x · Φ(x)` through `erf` (BERT's `hidden_act = "gelu"`).
+    #[default]
+    Erf,
+    /// The tanh approximation (HF's `gelu_new`, ONNX Runtime's `FastGelu`): within 5e-4 of
+    /// the exact one, and cheaper for a runtime that has no fast `erf`.
+    Tanh,
+}
+
+/// `out = gelu(x)`.
+pub fn gelu(x: &[f32], out: &mut [f32], kind: GeluKind) {
+    let tanh = kind == GeluKind::Tanh;
     out.par_chunks_mut(GRAIN)
         .zip(x.par_chunks(GRAIN))
-        .for_each(|(o, x)| gelu_chunk(x, o));
+        .for_each(|(o, x)| gelu_chunk(x, o, tanh));
 }
 
 simd_fn! {
-    fn gelu_chunk<'a>(x: &'a [f32], o: &'a mut [f32]) {
-        for (o, &x) in o.iter_mut().zip(x) {
-            *o = gelu_one(x);
+    fn gelu_chunk<'a>(x: &'a [f32], o: &'a mut [f32], tanh: bool) {
+        // The branch sits outside the loops, so that each loop vectorises on its own.
+        if tanh {
+            for (o, &x) in o.iter_mut().zip(x) {
+                *o = gelu_tanh_one(x);
+            }
+        } else {
+            for (o, &x) in o.iter_mut().zip(x) {
+                *o = gelu_one(x);
+            }
         }
     }
 }
 
 /// `v ← gelu(v)` in place (an inference pass's intermediate, owned by nobody else).
-pub fn gelu_in_place(v: &mut [f32]) {
-    v.par_chunks_mut(GRAIN).for_each(gelu_chunk_in_place);
+pub fn gelu_in_place(v: &mut [f32], kind: GeluKind) {
+    let tanh = kind == GeluKind::Tanh;
+    v.par_chunks_mut(GRAIN)
+        .for_each(|v| gelu_chunk_in_place(v, tanh));
 }
 
 simd_fn! {
-    fn gelu_chunk_in_place<'a>(v: &'a mut [f32]) {
-        for x in v.iter_mut() {
-            *x = gelu_one(*x);
+    fn gelu_chunk_in_place<'a>(v: &'a mut [f32], tanh: bool) {
+        if tanh {
+            for x in v.iter_mut() {
+                *x = gelu_tanh_one(*x);
+            }
+        } else {
+            for x in v.iter_mut() {
+                *x = gelu_one(*x);
+            }
         }
     }
 }
 
 /// `g ← g · gelu'(x)` in place.
-pub fn gelu_backward(x: &[f32], g: &mut [f32]) {
+pub fn gelu_backward(x: &[f32], g: &mut [f32], kind: GeluKind) {
+    let tanh = kind == GeluKind::Tanh;
     g.par_chunks_mut(GRAIN)
         .zip(x.par_chunks(GRAIN))
-        .for_each(|(g, x)| gelu_backward_chunk(x, g));
+        .for_each(|(g, x)| gelu_backward_chunk(x, g, tanh));
 }
 
 simd_fn! {
     /// The body of [`gelu_backward`] for one chunk.
-    fn gelu_backward_chunk<'a>(x: &'a [f32], g: &'a mut [f32]) {
-        for (g, &x) in g.iter_mut().zip(x) {
-            *g = gelu_grad_one(x, *g);
+    fn gelu_backward_chunk<'a>(x: &'a [f32], g: &'a mut [f32], tanh: bool) {
+        if tanh {
+            for (g, &x) in g.iter_mut().zip(x) {
+                *g = gelu_tanh_grad_one(x, *g);
+            }
+        } else {
+            for (g, &x) in g.iter_mut().zip(x) {
+                *g = gelu_grad_one(x, *g);
+            }
         }
     }
 }

@@ -4,7 +4,7 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::TensorMetadata;
 use burn::tensor::{DType, Shape, TensorData};
 
-use crate::cpu;
+use crate::cpu::{self, GeluKind};
 use crate::gemm::View;
 
 pub(crate) fn contiguous(t: FlexTensor) -> FlexTensor {
@@ -81,13 +81,17 @@ fn last_dim(t: &FlexTensor) -> usize {
     s[s.num_dims() - 1]
 }
 
-pub fn gelu(x: FlexTensor) -> FlexTensor {
-    in_place_or(x, cpu::gelu_in_place, cpu::gelu)
+pub fn gelu(x: FlexTensor, kind: GeluKind) -> FlexTensor {
+    in_place_or(
+        x,
+        |v| cpu::gelu_in_place(v, kind),
+        |x, o| cpu::gelu(x, o, kind),
+    )
 }
 
-pub fn gelu_backward(x: &FlexTensor, g: FlexTensor) -> FlexTensor {
+pub fn gelu_backward(x: &FlexTensor, g: FlexTensor, kind: GeluKind) -> FlexTensor {
     let x = contiguous(x.clone());
-    in_place(g, |g| cpu::gelu_backward(f32s(&x), g))
+    in_place(g, |g| cpu::gelu_backward(f32s(&x), g, kind))
 }
 
 pub fn softmax(x: FlexTensor) -> FlexTensor {

@@ -52,6 +52,7 @@ pub mod transpose;
 mod winograd;
 
 pub use adamw::FusedAdamW;
+pub use cpu::GeluKind;
 pub use threads::init_pool;
 
 /// Tune the process's allocator for tensor work (call once, early, from a binary): on Linux
@@ -152,13 +153,27 @@ pub fn scale<const D: usize>(x: Tensor<D>, factor: f32) -> Tensor<D> {
 /// # Shapes
 /// any → same
 pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    gelu_as(GeluKind::Erf, x)
+}
+
+/// GELU of either kind: the exact one or the tanh approximation ([`GeluKind`]), fused forward
+/// and backward.
+///
+/// # Shapes
+/// any → same
+pub fn gelu_as<const D: usize>(kind: GeluKind, x: Tensor<D>) -> Tensor<D> {
     match route(x) {
-        Route::Flex(p) => Tensor::from_primitive::<Flex>(flex::gelu(p)),
-        Route::Autodiff(p) => Tensor::from_primitive::<Ad>(autodiff::gelu::<NoCheckpointing>(p)),
-        Route::Checkpointed(p) => {
-            Tensor::from_primitive::<AdCk>(autodiff::gelu::<BalancedCheckpointing>(p))
+        Route::Flex(p) => Tensor::from_primitive::<Flex>(flex::gelu(p, kind)),
+        Route::Autodiff(p) => {
+            Tensor::from_primitive::<Ad>(autodiff::gelu::<NoCheckpointing>(p, kind))
         }
-        Route::Other(x) => reference::gelu(x),
+        Route::Checkpointed(p) => {
+            Tensor::from_primitive::<AdCk>(autodiff::gelu::<BalancedCheckpointing>(p, kind))
+        }
+        Route::Other(x) => match kind {
+            GeluKind::Erf => reference::gelu(x),
+            GeluKind::Tanh => reference::gelu_tanh(x),
+        },
     }
 }
 

@@ -8,6 +8,11 @@ pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     burn::tensor::activation::gelu(x)
 }
 
+/// GELU's tanh approximation, Burn's.
+pub fn gelu_tanh<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    burn::tensor::activation::gelu_approximate(x)
+}
+
 /// Softmax along `dim`, Burn's.
 pub fn softmax<const D: usize>(x: Tensor<D>, dim: usize) -> Tensor<D> {
     burn::tensor::activation::softmax(x, dim)

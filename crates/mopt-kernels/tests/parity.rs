@@ -73,6 +73,31 @@ fn gelu_matches_burn_values_and_gradients() {
 }
 
 #[test]
+fn tanh_gelu_matches_burn_values_and_gradients() {
+    use mopt_kernels::GeluKind;
+    let x = random([4, 7, 37], 3.0);
+    let w = random([4, 7, 37], 1.0);
+    let (y1, g1) = value_and_grad(&x, &w, |x| mopt_kernels::gelu_as(GeluKind::Tanh, x));
+    let (y2, g2) = value_and_grad(&x, &w, reference::gelu_tanh);
+    assert_close("gelu tanh", y1.clone(), y2, 1e-5);
+    assert_close("gelu tanh grad", g1, g2, 1e-5);
+    // It is the approximation, not the exact GELU again: the two differ by up to ~5e-4.
+    let (exact, _) = value_and_grad(&x, &w, mopt_kernels::gelu);
+    let gap = y1
+        .iter()
+        .zip(&exact)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(gap > 1e-4 && gap < 1e-3, "tanh vs erf GELU gap {gap}");
+    assert_close(
+        "gelu tanh (plain device)",
+        values(mopt_kernels::gelu_as(GeluKind::Tanh, x.clone())),
+        values(reference::gelu_tanh(x)),
+        1e-5,
+    );
+}
+
+#[test]
 fn softmax_matches_burn_with_padding_bias() {
     // Rows of 13 (not a multiple of the 8 lanes) and a -10000 bias on some keys, as attention.
     let mut x = random([3, 2, 5, 13], 2.0);

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use crate::data::DataFormat;
 use crate::device::DeviceRef;
 use crate::error::{Invalid, RecipeError};
-use crate::model::{model_spec, ModelSpec};
+use crate::model::{model_spec, Activation, ModelSpec};
 use crate::raw::{RawModel, RawOverrides};
 use crate::scope::Scope;
 use crate::spec::Recipe;
@@ -607,6 +607,18 @@ impl ModelBuilder {
         self
     }
 
+    /// `overrides.hidden-act`: the FFN's activation.
+    pub fn hidden_act(mut self, act: Activation) -> Self {
+        self.raw.overrides.hidden_act = Some(
+            match act {
+                Activation::Gelu => "gelu",
+                Activation::GeluTanh => "gelu-tanh",
+            }
+            .into(),
+        );
+        self
+    }
+
     /// Validate the table as a recipe's, in `scope` (the table's own: `recipe.scope.nested("model")`,
     /// `recipe.scope.stage(1).nested("student")`), whose folder relative paths resolve against.
     pub fn build(self, scope: &Scope) -> Result<ModelSpec, RecipeError> {
@@ -1048,5 +1060,15 @@ analysis = false
         );
         assert_eq!(e.key, "stage[1].student.overrides.num-hidden-layers");
         assert_eq!(e.message, "must be at least 1");
+        let tanh = ModelSpec::builder(format!("../{CONFIG}"))
+            .hidden_act(Activation::GeluTanh)
+            .build(&scope)
+            .unwrap();
+        assert_eq!(tanh.overrides.hidden_act, Some(Activation::GeluTanh));
+        let mut bad = ModelSpec::builder(format!("../{CONFIG}"));
+        bad.raw.overrides.hidden_act = Some("relu".into());
+        let e = invalid(bad.build(&scope).unwrap_err());
+        assert_eq!(e.key, "stage[1].student.overrides.hidden-act");
+        assert!(e.message.contains("`relu`"), "{}", e.message);
     }
 }

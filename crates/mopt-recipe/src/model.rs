@@ -42,6 +42,28 @@ pub struct ModelOverrides {
     pub layer_heads: Option<Vec<usize>>,
     /// FFN width of each layer.
     pub layer_intermediate_sizes: Option<Vec<usize>>,
+    /// The FFN activation.
+    pub hidden_act: Option<Activation>,
+}
+
+/// `overrides.hidden-act`: the FFN's activation (a student trained with the function its
+/// deployment computes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `gelu`: the exact GELU (through `erf`), BERT's.
+    Gelu,
+    /// `gelu-tanh`: GELU's tanh approximation (HF `gelu_new`, ONNX Runtime's `FastGelu`).
+    GeluTanh,
+}
+
+impl Activation {
+    /// The name a Hugging Face `config.json` gives it (`hidden_act`).
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Activation::Gelu => "gelu",
+            Activation::GeluTanh => "gelu_new",
+        }
+    }
 }
 
 /// Validate a model table; `cx` is the scope of the table itself (`model.` or `stage[2].student.`).
@@ -72,6 +94,18 @@ pub fn model_spec(cx: &Scope, raw: RawModel) -> Result<ModelSpec, RecipeError> {
             ));
         }
     }
+    let hidden_act = match o.hidden_act.as_deref() {
+        None => None,
+        Some("gelu") => Some(Activation::Gelu),
+        Some("gelu-tanh") => Some(Activation::GeluTanh),
+        Some(other) => {
+            return Err(cx.err(
+                "overrides.hidden-act",
+                format!("`{other}` is not an activation mopt knows"),
+                "use \"gelu\" (exact) or \"gelu-tanh\" (tanh approximation)",
+            ))
+        }
+    };
     Ok(ModelSpec {
         arch,
         config,
@@ -86,6 +120,7 @@ pub fn model_spec(cx: &Scope, raw: RawModel) -> Result<ModelSpec, RecipeError> {
             intermediate_size: o.intermediate_size,
             layer_heads: o.layer_heads,
             layer_intermediate_sizes: o.layer_intermediate_sizes,
+            hidden_act,
         },
     })
 }

@@ -124,6 +124,8 @@ pub struct RawOverrides {
     pub layer_heads: Option<Vec<usize>>,
     /// `layer-intermediate-sizes`.
     pub layer_intermediate_sizes: Option<Vec<usize>>,
+    /// `hidden-act`.
+    pub hidden_act: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

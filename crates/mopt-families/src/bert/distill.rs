@@ -199,10 +199,11 @@ fn plan_lines(stage: &DistillStage, config: &BertConfig, plan: &MatchPlan) -> Ve
     };
     let mut settings = vec![
         format!(
-            "student: {} layers x {} ({:.2}M params), {init}",
+            "student: {} layers x {} ({:.2}M params), {init}, hidden_act = \"{}\"",
             config.num_hidden_layers,
             config.hidden_size,
-            config.num_params() as f64 / 1e6
+            config.num_params() as f64 / 1e6,
+            config.hidden_act
         ),
         format!(
             "{}, teacher-cache = {}, baseline = {}",

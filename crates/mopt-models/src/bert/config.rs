@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use mopt_kernels::GeluKind;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ModelError;
@@ -39,7 +40,7 @@ pub struct BertConfig {
     /// Dropout on the attention probabilities.
     pub attention_probs_dropout_prob: f64,
     #[serde(default = "default_act")]
-    /// The FFN activation (`gelu`).
+    /// The FFN activation: `gelu` (exact) or `gelu_new` (tanh approximation).
     pub hidden_act: String,
     #[serde(default)]
     /// Token id of padding.
@@ -176,14 +177,22 @@ impl BertConfig {
             .map_or(self.intermediate_size, |v| v[i])
     }
 
+    /// The FFN's GELU: `gelu` (exact, BERT's) or `gelu_new` / `gelu_pytorch_tanh` (the tanh
+    /// approximation, which ONNX Runtime runs as `FastGelu`).
+    pub fn gelu_kind(&self) -> Result<GeluKind, String> {
+        match self.hidden_act.as_str() {
+            "gelu" => Ok(GeluKind::Erf),
+            "gelu_new" | "gelu_pytorch_tanh" => Ok(GeluKind::Tanh),
+            other => Err(format!(
+                "hidden_act `{other}` is not supported (`gelu`, exact as in BERT, or `gelu_new` / \
+                 `gelu_pytorch_tanh`, its tanh approximation)"
+            )),
+        }
+    }
+
     /// Internal consistency; the message says what to fix.
     pub fn check(&self) -> Result<(), String> {
-        if self.hidden_act != "gelu" {
-            return Err(format!(
-                "hidden_act `{}` is not supported (only exact `gelu`, as in BERT)",
-                self.hidden_act
-            ));
-        }
+        self.gelu_kind()?;
         if self.attention_head_size.is_none()
             && !self
                 .hidden_size

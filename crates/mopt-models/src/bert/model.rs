@@ -13,7 +13,7 @@ use burn::nn::{
 use burn::prelude::*;
 use burn::tensor::activation::tanh;
 use mopt_kernels::autocast::{self, matmul};
-use mopt_kernels::{gelu, softmax_biased};
+use mopt_kernels::{gelu_as, softmax_biased, GeluKind};
 use mopt_quant::node::{LinearQuant, Phase};
 
 use super::config::BertConfig;
@@ -311,6 +311,9 @@ pub struct BertIntermediate {
     pub dense: Linear,
     /// Its quantizers, when quantized.
     pub dense_quant: Option<LinearQuant>,
+    /// The GELU after it (`hidden_act` of the config; rebuilt from it, not saved).
+    #[module(skip)]
+    pub act: GeluKind,
 }
 
 #[derive(Module, Debug)]
@@ -352,6 +355,8 @@ impl BertLayer {
             intermediate: BertIntermediate {
                 dense: dense(c.hidden_size, f, c, device),
                 dense_quant: None,
+                // A config that passed `check` names a known kind.
+                act: c.gelu_kind().unwrap_or_default(),
             },
             output: BertResidualOutput::new(f, c, hidden_dropout, device),
         }
@@ -393,7 +398,7 @@ impl BertLayer {
     /// - x, output: `[batch, seq, hidden]`
     pub fn ffn(&self, x: Tensor<3>) -> Tensor<3> {
         let i = &self.intermediate;
-        let inter = gelu(linear(&i.dense, &i.dense_quant, x.clone()));
+        let inter = gelu_as(i.act, linear(&i.dense, &i.dense_quant, x.clone()));
         self.output.forward(inter, x)
     }
 }

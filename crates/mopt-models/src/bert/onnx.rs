@@ -3,7 +3,8 @@
 //! Q, K and V are three MatMul+Add on the same input, reshaped with constant `[0, 0, heads,
 //! head_size]` and transposed (`[0,2,1,3]` for Q and V, `[0,2,3,1]` for K); scores are
 //! MatMul → Div(√d) → Add(mask) → Softmax, the mask being `(1 − mask) · −10000` built by
-//! Unsqueeze → Unsqueeze → Cast → Sub → Mul; GELU is Div(√2) → Erf → Add(1) → Mul(x) → Mul(0.5);
+//! Unsqueeze → Unsqueeze → Cast → Sub → Mul; GELU is Div(√2) → Erf → Add(1) → Mul(x) → Mul(0.5)
+//! (its tanh approximation: x³ → ·0.044715 → +x → ·√(2/π) → Tanh → Add(1) → Mul(x) → Mul(0.5));
 //! residual Add + LayerNormalization. Burn's Linear weight is `[in, out]`, which MatMul takes as is.
 //! Each layer uses its own head count and FFN width, so pruned models export unchanged.
 //!
@@ -35,6 +36,7 @@ use serde_json::{Map, Value};
 /// Graph input names.
 pub const INPUTS: [&str; 3] = ["input_ids", "attention_mask", "token_type_ids"];
 use mopt_export::export::OUTPUT;
+use mopt_kernels::GeluKind;
 
 fn layer_norm(g: &mut GraphBuilder, x: &str, ln: &LayerNorm, eps: f64, name: &str) -> String {
     let gamma = g.f32s(
@@ -55,6 +57,24 @@ fn layer_norm(g: &mut GraphBuilder, x: &str, ln: &LayerNorm, eps: f64, name: &st
         vec![int("axis", -1), float("epsilon", eps as f32)],
         &format!("{name}.out"),
     )
+}
+
+/// GELU's tanh approximation as plain ONNX ops, `x/2 · (1 + tanh(√(2/π) (x + 0.044715 x³)))`,
+/// named `{name}.*` so that the INT8 fusion finds it (and writes ONNX Runtime's `FastGelu`).
+fn gelu_tanh(g: &mut GraphBuilder, x: &str, name: &str) -> String {
+    let cubic = g.scalar("const_gelu_cubic", 0.044_715);
+    let k = g.scalar("const_sqrt_2_over_pi", (2.0 / std::f32::consts::PI).sqrt());
+    let one = g.scalar("const_one", 1.0);
+    let half = g.scalar("const_half", 0.5);
+    let x2 = g.op("Mul", &[x, x], vec![], &format!("{name}.square"));
+    let x3 = g.op("Mul", &[&x2, x], vec![], &format!("{name}.cube"));
+    let c = g.op("Mul", &[&x3, &cubic], vec![], &format!("{name}.cubic"));
+    let inner = g.op("Add", &[x, &c], vec![], &format!("{name}.inner"));
+    let u = g.op("Mul", &[&inner, &k], vec![], &format!("{name}.scaled"));
+    let t = g.op("Tanh", &[&u], vec![], &format!("{name}.tanh"));
+    let a = g.op("Add", &[&t, &one], vec![], &format!("{name}.add"));
+    let m = g.op("Mul", &[x, &a], vec![], &format!("{name}.mul"));
+    g.op("Mul", &[&m, &half], vec![], &format!("{name}.out"))
 }
 
 fn gelu(g: &mut GraphBuilder, x: &str, name: &str) -> String {
@@ -275,7 +295,10 @@ impl Writer {
             &it.dense_quant,
             &format!("{p}.intermediate.dense"),
         );
-        let f = gelu(&mut self.g, &f, &format!("{p}.gelu"));
+        let f = match it.act {
+            GeluKind::Erf => gelu(&mut self.g, &f, &format!("{p}.gelu")),
+            GeluKind::Tanh => gelu_tanh(&mut self.g, &f, &format!("{p}.gelu")),
+        };
         let y = self.linear(&f, &o.dense, &o.dense_quant, &format!("{p}.output.dense"));
         let y = self.g.op("Add", &[&y, &attn], vec![], "ffn_residual");
         layer_norm(

@@ -39,6 +39,9 @@ pub fn model_config(
     if let Some(v) = &o.layer_intermediate_sizes {
         c.mopt_layer_intermediate_sizes = Some(v.clone());
     }
+    if let Some(a) = o.hidden_act {
+        c.hidden_act = a.hf_name().into();
+    }
     if let Some(p) = m.dropout {
         c.hidden_dropout_prob = p;
         c.attention_probs_dropout_prob = p;
