@@ -517,7 +517,7 @@ pub fn ort_latency_interleaved(
     let graph = |m: &BenchModel| {
         let fused = m.onnx.with_file_name(FUSED);
         if fused.is_file() && is_quantized_export(&m.onnx) {
-            (fused, "mopt's QDQ fusion for ORT (MatMulIntegerToFloat with bias, SkipLayerNormalization, MultiHeadAttention) + ORT_ENABLE_ALL")
+            (fused, "mopt's QDQ fusion for ORT (MatMulIntegerToFloat with bias, SkipLayerNormalization, MultiHeadAttention, FastGelu for a tanh GELU) + ORT_ENABLE_ALL")
         } else if fused.is_file() {
             (fused, "ORT transformer optimizer (fused Attention, SkipLayerNormalization, BiasGelu) + ORT_ENABLE_ALL")
         } else {
