@@ -88,7 +88,7 @@ pub fn init_student(
         Some(layers) => {
             let (teacher_ad, _) =
                 weights::load_checkpoint(teacher_dir, ad).map_err(ModelFault::from)?;
-            Ok(from_teacher_layers(&teacher_ad, layers))
+            Ok(from_teacher_layers(&teacher_ad, layers, config))
         }
         None => Ok(build_model(student_spec, seed, config, ad)
             .map_err(ModelFault::from)?

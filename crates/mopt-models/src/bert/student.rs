@@ -50,16 +50,32 @@ pub fn check_layer_init(
 }
 
 /// A student made of the teacher's embeddings, the listed encoder layers (0-based), pooler and
-/// classifier (DistilBERT-style initialisation). Call [`check_layer_init`] first.
+/// classifier (DistilBERT-style initialisation), computing what the student's `config` says
+/// beyond the weights: its FFN's GELU (`hidden_act`) and its dropout. Call [`check_layer_init`]
+/// first.
 pub fn from_teacher_layers(
     teacher: &BertForSequenceClassification,
     layers: &[usize],
+    config: &BertConfig,
 ) -> BertForSequenceClassification {
     let mut student = teacher.clone();
     student.bert.encoder.layer = layers
         .iter()
         .map(|&i| teacher.bert.encoder.layer[i].clone())
         .collect();
+    // A config that passed `check` names a known GELU.
+    let act = config.gelu_kind().unwrap_or_default();
+    let (hidden, attention) = (
+        config.hidden_dropout_prob,
+        config.attention_probs_dropout_prob,
+    );
+    student.bert.embeddings.dropout.prob = hidden;
+    for l in &mut student.bert.encoder.layer {
+        l.intermediate.act = act;
+        l.attention.self_attn.dropout.prob = attention;
+        l.attention.output.dropout.prob = hidden;
+        l.output.dropout.prob = hidden;
+    }
     student
 }
 
@@ -77,7 +93,7 @@ mod tests {
         let mut s = t.clone();
         s.num_hidden_layers = 2;
         check_layer_init(&s, &t, &[0, 2]).unwrap();
-        let student = from_teacher_layers(&teacher, &[0, 2]);
+        let student = from_teacher_layers(&teacher, &[0, 2], &s);
         assert_eq!(student.bert.encoder.layer.len(), 2);
         let a: Vec<f32> = student.bert.encoder.layer[1]
             .intermediate
@@ -105,6 +121,24 @@ mod tests {
         assert!(check_layer_init(&s, &t, &[0])
             .unwrap_err()
             .contains("1 teacher layers"));
+        // The student's own activation and dropout, not the teacher's, in every copied layer
+        // (the copies once kept the teacher's exact GELU under a `gelu_new` student config).
+        let mut tanh = s.clone();
+        tanh.hidden_act = "gelu_new".into();
+        tanh.hidden_dropout_prob = 0.25;
+        tanh.attention_probs_dropout_prob = 0.05;
+        let student = from_teacher_layers(&teacher, &[0, 2], &tanh);
+        assert_eq!(student.bert.embeddings.dropout.prob, 0.25);
+        for l in &student.bert.encoder.layer {
+            assert_eq!(l.intermediate.act, mopt_kernels::GeluKind::Tanh);
+            assert_eq!(l.attention.self_attn.dropout.prob, 0.05);
+            assert_eq!(l.attention.output.dropout.prob, 0.25);
+            assert_eq!(l.output.dropout.prob, 0.25);
+        }
+        assert_eq!(
+            teacher.bert.encoder.layer[0].intermediate.act,
+            mopt_kernels::GeluKind::Erf
+        );
         s.hidden_size = 16;
         s.num_attention_heads = 2;
         assert!(check_layer_init(&s, &t, &[0, 1]).is_err());
