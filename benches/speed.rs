@@ -447,9 +447,9 @@ fn prepare(bench: &Bench, work: &Path) -> Prepared {
         .init_from_teacher_layers
         .clone()
         .expect("distill_bert.toml initialises from teacher layers");
-    let student = from_teacher_layers(&teacher, &layers);
     let mut student_config = config.clone();
     student_config.num_hidden_layers = layers.len();
+    let student = from_teacher_layers(&teacher, &layers, &student_config);
     weights::save_hf(&student, &student_config, &work.join("student-hf")).expect("student hf");
     Prepared {
         teacher_recipe,
@@ -560,7 +560,7 @@ fn run_steps(bench: &mut Bench, work: &Path) {
             (warmup, steps),
             Precision::Fp32,
             &mut task,
-            from_teacher_layers(&teacher_ad(), &p.layers),
+            from_teacher_layers(&teacher_ad(), &p.layers, &p.student_config),
             adamw(),
             &batches,
             &index_chunks,
@@ -584,7 +584,7 @@ fn run_steps(bench: &mut Bench, work: &Path) {
             (warmup, steps),
             precision,
             &mut task,
-            from_teacher_layers(&teacher_ad(), &p.layers),
+            from_teacher_layers(&teacher_ad(), &p.layers, &p.student_config),
             adamw(),
             &batches,
             &index_chunks,
@@ -622,7 +622,7 @@ fn run_steps(bench: &mut Bench, work: &Path) {
             }
         };
         let mut task = DistillTask::new(p.distill_spec.clone(), p.plan.clone(), source, &ad);
-        let student = from_teacher_layers(&teacher_ad(), &p.layers);
+        let student = from_teacher_layers(&teacher_ad(), &p.layers, &p.student_config);
         let model = DistillModel::new(student, &p.plan.projections, &ad);
         let ms = time_training(
             (warmup, steps),
