@@ -609,13 +609,7 @@ impl ModelBuilder {
 
     /// `overrides.hidden-act`: the FFN's activation.
     pub fn hidden_act(mut self, act: Activation) -> Self {
-        self.raw.overrides.hidden_act = Some(
-            match act {
-                Activation::Gelu => "gelu",
-                Activation::GeluTanh => "gelu-tanh",
-            }
-            .into(),
-        );
+        self.raw.overrides.hidden_act = Some(act.name().into());
         self
     }
 

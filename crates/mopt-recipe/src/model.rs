@@ -57,6 +57,21 @@ pub enum Activation {
 }
 
 impl Activation {
+    /// The activation's recipe name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Gelu => "gelu",
+            Activation::GeluTanh => "gelu-tanh",
+        }
+    }
+
+    /// The activation named `s` in a recipe (`gelu`, `gelu-tanh`).
+    pub fn parse(s: &str) -> Option<Self> {
+        [Activation::Gelu, Activation::GeluTanh]
+            .into_iter()
+            .find(|a| a.name() == s)
+    }
+
     /// The name a Hugging Face `config.json` gives it (`hidden_act`).
     pub fn hf_name(self) -> &'static str {
         match self {
@@ -96,15 +111,13 @@ pub fn model_spec(cx: &Scope, raw: RawModel) -> Result<ModelSpec, RecipeError> {
     }
     let hidden_act = match o.hidden_act.as_deref() {
         None => None,
-        Some("gelu") => Some(Activation::Gelu),
-        Some("gelu-tanh") => Some(Activation::GeluTanh),
-        Some(other) => {
-            return Err(cx.err(
+        Some(name) => Some(Activation::parse(name).ok_or_else(|| {
+            cx.err(
                 "overrides.hidden-act",
-                format!("`{other}` is not an activation mopt knows"),
+                format!("`{name}` is not an activation mopt knows"),
                 "use \"gelu\" (exact) or \"gelu-tanh\" (tanh approximation)",
-            ))
-        }
+            )
+        })?),
     };
     Ok(ModelSpec {
         arch,
