@@ -47,6 +47,31 @@ fn checkpoint(config: &BertConfig, dir: &std::path::Path) {
     weights::save_checkpoint(&model, config, dir).unwrap();
 }
 
+/// A seeded model of `config` saved to `dir/ckpt` and exported to `dir/export` with parity on
+/// `n` sentences drawn with `seed`.
+fn exported(
+    config: &BertConfig,
+    dir: &std::path::Path,
+    n: usize,
+    seed: u64,
+) -> Result<ModelCard, ExportError> {
+    checkpoint(config, &dir.join("ckpt"));
+    export_checkpoint(
+        &dir.join("ckpt"),
+        &dir.join("export"),
+        &samples(n, 30522, seed),
+        &opts(),
+    )
+}
+
+/// The fused graph ONNX Runtime runs agrees with mopt's fake-quantized forward as `model.onnx`
+/// must: predictions on 99.5% of the sentences, logits within 0.05.
+fn assert_fused_graph_agrees(card: &ModelCard) {
+    let fused = card.fused_graph.as_ref().expect("a fused graph");
+    assert!(fused["agreement"].as_f64().unwrap() >= 0.995, "{fused}");
+    assert!(fused["max_abs_err"].as_f64().unwrap() < 0.05, "{fused}");
+}
+
 fn opts() -> ExportOptions {
     ExportOptions {
         tolerance: 1e-4,
@@ -61,15 +86,8 @@ fn opts() -> ExportOptions {
 fn tiny_bert_exports_checks_matches_and_fuses() {
     let tmp = tempfile::tempdir().unwrap();
     let c = BertConfig::tiny(30522, 2);
-    checkpoint(&c, &tmp.path().join("ckpt"));
+    let card = exported(&c, tmp.path(), 70, 1).unwrap();
     let out = tmp.path().join("export");
-    let card = export_checkpoint(
-        &tmp.path().join("ckpt"),
-        &out,
-        &samples(70, 30522, 1),
-        &opts(),
-    )
-    .unwrap();
     assert!(
         card.parity.max_abs_err < 1e-4,
         "{}",
@@ -128,14 +146,7 @@ fn pruned_bert_with_per_layer_heads_and_ffn_exports_and_matches() {
     c.num_hidden_layers = 3;
     c.mopt_layer_heads = Some(vec![4, 1, 3]);
     c.mopt_layer_intermediate_sizes = Some(vec![64, 8, 40]);
-    checkpoint(&c, &tmp.path().join("ckpt"));
-    let card = export_checkpoint(
-        &tmp.path().join("ckpt"),
-        &tmp.path().join("export"),
-        &samples(40, 30522, 3),
-        &opts(),
-    )
-    .unwrap();
+    let card = exported(&c, tmp.path(), 40, 3).unwrap();
     assert!(
         card.parity.max_abs_err < 1e-4,
         "{}",
@@ -161,14 +172,7 @@ fn bert_with_pruned_hidden_channels_exports_and_matches() {
     c.hidden_size = 24;
     c.attention_head_size = Some(8);
     c.num_hidden_layers = 1;
-    checkpoint(&c, &tmp.path().join("ckpt"));
-    let card = export_checkpoint(
-        &tmp.path().join("ckpt"),
-        &tmp.path().join("export"),
-        &samples(20, 30522, 3),
-        &opts(),
-    )
-    .unwrap();
+    let card = exported(&c, tmp.path(), 20, 3).unwrap();
     assert!(
         card.parity.max_abs_err < 1e-4,
         "{}",
@@ -248,9 +252,7 @@ fn int8_bert_exports_as_qdq_runs_on_integer_kernels_and_agrees_with_mopt() {
     // Q, K and V share one QuantizeLinear: 2 layers x 4 + pooler + classifier.
     assert_eq!(ops["QuantizeLinear"].as_u64(), Some(10), "{ops}");
     // The fused graph is checked against mopt like model.onnx.
-    let fused = card.fused_graph.as_ref().expect("a fused graph");
-    assert!(fused["agreement"].as_f64().unwrap() >= 0.995, "{fused}");
-    assert!(fused["max_abs_err"].as_f64().unwrap() < 0.05, "{fused}");
+    assert_fused_graph_agrees(&card);
     // INT4 weights have no QDQ export here, and nothing is written.
     let four = tmp.path().join("four");
     quantized_checkpoint(&four, 4);
@@ -268,14 +270,7 @@ fn tanh_gelu_bert_exports_with_parity_and_runs_fast_gelu_in_the_int8_graph() {
     let tmp = tempfile::tempdir().unwrap();
     let mut c = BertConfig::tiny(30522, 2);
     c.hidden_act = "gelu_new".into();
-    checkpoint(&c, &tmp.path().join("ckpt"));
-    let card = export_checkpoint(
-        &tmp.path().join("ckpt"),
-        &tmp.path().join("export"),
-        &samples(40, 30522, 1),
-        &opts(),
-    )
-    .unwrap();
+    let card = exported(&c, tmp.path(), 40, 1).unwrap();
     assert!(card.parity.max_abs_err < 1e-4, "{:?}", card.parity);
     // INT8: mopt's fusion runs each layer's GELU as one FastGelu, and still agrees with mopt.
     let ckpt = tmp.path().join("int8");
@@ -292,9 +287,7 @@ fn tanh_gelu_bert_exports_with_parity_and_runs_fast_gelu_in_the_int8_graph() {
     // No erf GELU, and the one Tanh left is the pooler's.
     assert!(ops.get("Gelu").is_none(), "{ops}");
     assert_eq!(ops["Tanh"].as_u64(), Some(1), "{ops}");
-    let fused = card.fused_graph.as_ref().expect("a fused graph");
-    assert!(fused["agreement"].as_f64().unwrap() >= 0.995, "{fused}");
-    assert!(fused["max_abs_err"].as_f64().unwrap() < 0.05, "{fused}");
+    assert_fused_graph_agrees(&card);
 }
 
 #[test]
