@@ -559,6 +559,26 @@ fn qat_trains_through_fake_quant_and_exports_as_qdq() {
         let l = row["latency"].as_array().unwrap();
         assert_eq!(l.len(), 2, "batch 1 and 32: {row}");
         assert!(l.iter().all(|b| b["p50_ms"].as_f64().unwrap() > 0.0));
+        // Each batch is timed in every layout the machine allows, and the row is the fastest.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for b in l {
+            let layouts = b["layouts"].as_array().unwrap();
+            let split = layouts
+                .iter()
+                .any(|x| x["layout"].as_str().unwrap().starts_with("data-parallel"));
+            assert_eq!(split, cores > 1 && b["batch"].as_u64() > Some(1), "{b}");
+            let fastest = layouts
+                .iter()
+                .min_by(|x, y| {
+                    x["p50_ms"]
+                        .as_f64()
+                        .partial_cmp(&y["p50_ms"].as_f64())
+                        .unwrap()
+                })
+                .unwrap();
+            assert_eq!(b["layout"], fastest["layout"], "{b}");
+            assert_eq!(b["p50_ms"], fastest["p50_ms"], "{b}");
+        }
     }
     let md = std::fs::read_to_string(run.join("report.md")).unwrap();
     assert!(md.contains("interleaved in the same run"), "{md}");

@@ -17,7 +17,9 @@
   bench-many SPEC_JSON WARMUP RUNS    several models' latency p50/p90/p99 (ms), interleaved in
                                       rounds: spec [{"name", "model", "feeds": [{"batch", "seq_len",
                                       "feed"}]}]; RUNS timed runs (4x at batch 1) in blocks of
-                                      back-to-back runs of every model in turn (see bench_many)
+                                      back-to-back runs of every model in turn, each in every
+                                      layout (intra-op; data-parallel), its fastest one reported
+                                      (see bench_many)
 """
 import json
 import sys
@@ -31,7 +33,7 @@ def op_counts(model):
     return dict(Counter(n.op_type for n in model.graph.node))
 
 
-def session(path, optimized_out=None, level="all"):
+def session(path, optimized_out=None, level="all", threads=0):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -39,6 +41,7 @@ def session(path, optimized_out=None, level="all"):
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     }[level]
+    so.intra_op_num_threads = threads
     if optimized_out:
         so.optimized_model_filepath = optimized_out
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
@@ -59,6 +62,54 @@ ROUNDS = 5
 REWARM = 2
 
 
+def cores():
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class IntraOp:
+    """One session, ONNX Runtime's default thread pool (a thread per core) inside each op."""
+
+    def __init__(self, sess, feed):
+        self.sess, self.feed = sess, feed
+        self.name = f"one session, intra-op threads ({cores()} cores)"
+
+    def run(self):
+        self.sess.run(None, self.feed)
+
+
+class DataParallel:
+    """The batch split across one single-threaded session per core, run concurrently (ONNX
+    Runtime releases the GIL): a server's worker per core. No thread pool synchronises inside
+    an op, which a model of short kernels pays for on some machines (measured on a 2-vCPU EPYC:
+    an INT8 MiniLM student at batch 32 took 27.4 ms intra-op and 19.1 ms split, while the fused
+    teacher took 255.6 and 259.4)."""
+
+    def __init__(self, path, feed, k):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.sessions = [session(path, threads=1) for _ in range(k)]
+        parts = {n: np.array_split(v, k) for n, v in feed.items()}
+        self.feeds = [{n: parts[n][i] for n in feed} for i in range(k)]
+        self.pool = ThreadPoolExecutor(k)
+        self.name = f"data-parallel, {k} single-thread sessions, the batch split"
+
+    def run(self):
+        for f in [self.pool.submit(s.run, None, x) for s, x in zip(self.sessions, self.feeds)]:
+            f.result()
+
+
+def layouts(path, sess, feed, batch):
+    """The ways to run a model at `batch` on this machine: intra-op always; data-parallel when
+    the batch fills every core and every input has the batch as its first axis."""
+    out = [IntraOp(sess, feed)]
+    k = min(cores(), batch)
+    if k > 1 and all(v.ndim > 0 and v.shape[0] == batch for v in feed.values()):
+        out.append(DataParallel(path, feed, k))
+    return out
+
+
 def bench_many(spec, warmup, runs):
     """Every model's sessions first, then per batch: warm-up, then ROUNDS rounds in which each
     model in turn runs REWARM untimed runs and a block of back-to-back timed runs. A model is
@@ -66,30 +117,40 @@ def bench_many(spec, warmup, runs):
     its weights in cache); the rounds spread the machine's drift over all models alike. Timing
     models one run each in turn instead lets the previous model's spinning thread pool, caches
     and clock state slow the next: measured on a 2-vCPU Xeon, a fused MiniLM teacher at batch 1
-    took 9.4 ms that way and 4.7 ms back to back, an INT8 student at batch 32 32 ms and 14 ms."""
+    took 9.4 ms that way and 4.7 ms back to back, an INT8 student at batch 32 32 ms and 14 ms.
+
+    Each model runs in every layout of `layouts` (each a turn of the rounds) and its row is
+    its fastest layout's (lowest p50), named in `layout`; every layout's numbers are in
+    `layouts`, so each model is compared in its own best configuration."""
     sessions = [session(m["model"]) for m in spec]
     rows = [[] for _ in spec]
     for b in range(len(spec[0]["feeds"])):
-        feeds = [feeds_of(s, m["feeds"][b]) for s, m in zip(sessions, spec)]
-        for s, f in zip(sessions, feeds):
-            for _ in range(warmup):
-                s.run(None, f)
         entry = spec[0]["feeds"][b]
+        runners = [
+            (i, r)
+            for i, (s, m) in enumerate(zip(sessions, spec))
+            for r in layouts(m["model"], s, feeds_of(s, m["feeds"][b]), m["feeds"][b]["batch"])
+        ]
+        for _, r in runners:
+            for _ in range(warmup):
+                r.run()
         n = runs * 4 if entry["batch"] == 1 else runs
         block = max(1, -(-n // ROUNDS))
-        times = [[] for _ in spec]
+        times = [[] for _ in runners]
         while len(times[0]) < n:
             k = min(block, n - len(times[0]))
-            for i, (s, f) in enumerate(zip(sessions, feeds)):
+            for j, (_, r) in enumerate(runners):
                 for _ in range(REWARM):
-                    s.run(None, f)
+                    r.run()
                 for _ in range(k):
                     t = time.perf_counter()
-                    s.run(None, f)
-                    times[i].append((time.perf_counter() - t) * 1e3)
+                    r.run()
+                    times[j].append((time.perf_counter() - t) * 1e3)
         for i, m in enumerate(spec):
             e = m["feeds"][b]
-            rows[i].append({"batch": e["batch"], "seq_len": e["seq_len"], "runs": n, **percentiles(times[i])})
+            mine = [{"layout": r.name, **percentiles(times[j])} for j, (owner, r) in enumerate(runners) if owner == i]
+            best = min(mine, key=lambda x: x["p50_ms"])
+            rows[i].append({"batch": e["batch"], "seq_len": e["seq_len"], "runs": n, **best, "layouts": mine})
     return [{"name": m["name"], "latency": r} for m, r in zip(spec, rows)]
 
 

@@ -499,12 +499,18 @@ fn is_quantized_export(onnx: &Path) -> bool {
         .is_some_and(|c| c.get("quantization").is_some_and(|q| !q.is_null()))
 }
 
+/// How [`ort_latency_interleaved`] times: part of the export stage's reuse key, so that a stage
+/// timed by another method is not reused as if this build had timed it.
+pub const LATENCY_METHOD: &str = "rounds of back-to-back blocks; every layout (intra-op, data-parallel); each model's fastest layout";
+
 /// ONNX Runtime latency of `models`, interleaved in rounds: each round times a block of
 /// back-to-back runs of every model in turn (after two untimed runs), so that every model is
 /// timed hot, as a deployment serving requests runs it, and meets the same drift of a shared
 /// machine (`ort_tool.py`'s `bench_many`). Each model runs its fused graph ([`FUSED`]) when
 /// the export wrote one (float and QDQ transformers), as a deployment would; every session has
-/// ORT's full graph optimisation. One row per model: `{"model", "graph",
+/// ORT's full graph optimisation, in every layout the batch allows (one session with ORT's
+/// intra-op threads; the batch split over one single-thread session per core), and its row is
+/// its fastest layout's, named (`"layout"`, every layout in `"layouts"`). One row per model: `{"model", "graph",
 /// "file", "latency": [{"batch", "seq_len", "runs", "p50_ms", "p90_ms", "p99_ms", "mean_ms"}]}`.
 pub fn ort_latency_interleaved(
     models: &[BenchModel],

@@ -22,5 +22,5 @@ pub use contract::{
 pub use error::ExportError;
 pub use export::{
     bench_feeds, export_checkpoint, ort_latency_interleaved, BenchModel, ExportOptions, ModelCard,
-    FUSED,
+    FUSED, LATENCY_METHOD,
 };

@@ -190,18 +190,19 @@ pub fn export_recipe(
 /// The latency rows as a markdown table.
 fn latency_markdown(latency: &[OrtLatency]) -> String {
     let mut md = String::from(
-        "| ONNX Runtime CPU latency (ms) | batch | p50 | p90 | p99 |\n|---|---|---|---|---|\n",
+        "| ONNX Runtime CPU latency (ms) | batch | p50 | p90 | p99 | layout (the model's fastest) |\n|---|---|---|---|---|---|\n",
     );
     for l in latency {
         for row in l.latency.as_array().into_iter().flatten() {
             md += &format!(
-                "| {} | {} x {} | {:.2} | {:.2} | {:.2} |\n",
+                "| {} | {} x {} | {:.2} | {:.2} | {:.2} | {} |\n",
                 l.model,
                 row["batch"],
                 row["seq_len"],
                 row["p50_ms"].as_f64().unwrap_or(f64::NAN),
                 row["p90_ms"].as_f64().unwrap_or(f64::NAN),
-                row["p99_ms"].as_f64().unwrap_or(f64::NAN)
+                row["p99_ms"].as_f64().unwrap_or(f64::NAN),
+                row["layout"].as_str().unwrap_or("")
             );
         }
     }

@@ -405,7 +405,33 @@ impl Stage for ExportStage {
     }
 
     fn reuse_key(&self) -> Option<String> {
-        Some(format!("{self:?}"))
+        Some(format!("{self:?} latency: {}", mopt_export::LATENCY_METHOD))
+    }
+}
+
+/// The layout a latency row was measured in (its model's fastest) and the p50 of the others,
+/// as ` (LAYOUT; OTHER: p50 X ms)`; empty for a row without layouts.
+pub(crate) fn layout_note(row: &serde_json::Value) -> String {
+    let Some(best) = row["layout"].as_str() else {
+        return String::new();
+    };
+    let others: Vec<String> = row["layouts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|l| l["layout"].as_str() != Some(best))
+        .map(|l| {
+            format!(
+                "{}: p50 {:.2} ms",
+                l["layout"].as_str().unwrap_or("?"),
+                l["p50_ms"].as_f64().unwrap_or(f64::NAN)
+            )
+        })
+        .collect();
+    if others.is_empty() {
+        format!(" ({best})")
+    } else {
+        format!(" ({best}, its fastest; {})", others.join("; "))
     }
 }
 
@@ -558,11 +584,12 @@ fn latency(
                 _ => String::new(),
             };
             notes.push(format!(
-                "ONNX Runtime CPU latency, {name}, batch {}{size}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms.",
+                "ONNX Runtime CPU latency, {name}, batch {}{size}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms{}.",
                 row["batch"],
                 row["p50_ms"].as_f64().unwrap_or(f64::NAN),
                 row["p90_ms"].as_f64().unwrap_or(f64::NAN),
-                row["p99_ms"].as_f64().unwrap_or(f64::NAN)
+                row["p99_ms"].as_f64().unwrap_or(f64::NAN),
+                layout_note(row)
             ));
         }
     }
