@@ -84,7 +84,8 @@ class DataParallel:
     Runtime releases the GIL): a server's worker per core. No thread pool synchronises inside
     an op, which a model of short kernels pays for on some machines (measured on a 2-vCPU EPYC:
     an INT8 MiniLM student at batch 32 took 27.4 ms intra-op and 19.1 ms split, while the fused
-    teacher took 255.6 and 259.4)."""
+    teacher took 255.6 and 259.4; at batch 1 one thread took 1.11 ms against 0.78-1.36 for
+    two)."""
 
     def __init__(self, path, feed, k):
         from concurrent.futures import ThreadPoolExecutor
@@ -92,20 +93,25 @@ class DataParallel:
         self.sessions = [session(path, threads=1) for _ in range(k)]
         parts = {n: np.array_split(v, k) for n, v in feed.items()}
         self.feeds = [{n: parts[n][i] for n in feed} for i in range(k)]
-        self.pool = ThreadPoolExecutor(k)
-        self.name = f"data-parallel, {k} single-thread sessions, the batch split"
+        self.pool = ThreadPoolExecutor(k) if k > 1 else None
+        self.name = f"data-parallel, {k} single-thread sessions, the batch split" if k > 1 else "one single-thread session"
 
     def run(self):
+        if self.pool is None:
+            self.sessions[0].run(None, self.feeds[0])
+            return
         for f in [self.pool.submit(s.run, None, x) for s, x in zip(self.sessions, self.feeds)]:
             f.result()
 
 
 def layouts(path, sess, feed, batch):
-    """The ways to run a model at `batch` on this machine: intra-op always; data-parallel when
-    the batch fills every core and every input has the batch as its first axis."""
+    """The ways to run a model at `batch` on a machine of several cores: intra-op always;
+    data-parallel over min(cores, batch) single-thread sessions when every input has the batch
+    as its first axis (at batch 1, one single-thread session: a request per core, as a
+    latency server runs a small model)."""
     out = [IntraOp(sess, feed)]
     k = min(cores(), batch)
-    if k > 1 and all(v.ndim > 0 and v.shape[0] == batch for v in feed.values()):
+    if cores() > 1 and all(v.ndim > 0 and v.shape[0] == batch for v in feed.values()):
         out.append(DataParallel(path, feed, k))
     return out
 

@@ -501,7 +501,7 @@ fn is_quantized_export(onnx: &Path) -> bool {
 
 /// How [`ort_latency_interleaved`] times: part of the export stage's reuse key, so that a stage
 /// timed by another method is not reused as if this build had timed it.
-pub const LATENCY_METHOD: &str = "rounds of back-to-back blocks; every layout (intra-op, data-parallel); each model's fastest layout";
+pub const LATENCY_METHOD: &str = "rounds of back-to-back blocks; every layout (intra-op; data-parallel single-thread sessions, one at batch 1); each model's fastest layout";
 
 /// ONNX Runtime latency of `models`, interleaved in rounds: each round times a block of
 /// back-to-back runs of every model in turn (after two untimed runs), so that every model is
