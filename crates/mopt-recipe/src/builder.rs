@@ -534,6 +534,7 @@ impl ModelSpec {
                 allow_fresh_head: None,
                 dropout: None,
                 init_from_teacher_layers: None,
+                weights_layers: None,
                 overrides: RawOverrides::default(),
             },
         }
@@ -568,6 +569,12 @@ impl ModelBuilder {
     /// `init-from-teacher-layers`: a student initialised from these teacher layers (0-based).
     pub fn init_from_teacher_layers(mut self, layers: &[usize]) -> Self {
         self.raw.init_from_teacher_layers = Some(layers.to_vec());
+        self
+    }
+
+    /// `weights-layers`: the model's layers are these layers of the `weights` file (0-based).
+    pub fn weights_layers(mut self, layers: &[usize]) -> Self {
+        self.raw.weights_layers = Some(layers.to_vec());
         self
     }
 
@@ -1064,5 +1071,13 @@ analysis = false
         let e = invalid(bad.build(&scope).unwrap_err());
         assert_eq!(e.key, "stage[1].student.overrides.hidden-act");
         assert!(e.message.contains("`relu`"), "{}", e.message);
+        let e = invalid(
+            ModelSpec::builder(format!("../{CONFIG}"))
+                .weights_layers(&[0, 2, 4])
+                .build(&scope)
+                .unwrap_err(),
+        );
+        assert_eq!(e.key, "stage[1].student.weights-layers");
+        assert!(e.hint.contains("add `weights`"), "{}", e.hint);
     }
 }

@@ -23,6 +23,10 @@ pub struct ModelSpec {
     pub dropout: Option<f64>,
     /// Initialise the student from these teacher layers (0-based), embeddings, pooler and head copied.
     pub init_from_teacher_layers: Option<Vec<usize>>,
+    /// With `weights`: the model's layers are these layers of the weights file (0-based; the
+    /// file is as deep as `config` says), embeddings, pooler and head with them (DistilBERT's
+    /// initialisation, from a pretrained model rather than the fine-tuned teacher).
+    pub weights_layers: Option<Vec<usize>>,
     /// Shape changes over the config file.
     pub overrides: ModelOverrides,
 }
@@ -89,6 +93,13 @@ pub fn model_spec(cx: &Scope, raw: RawModel) -> Result<ModelSpec, RecipeError> {
         Some(w) => Some(cx.input_file("weights", w)?),
         None => None,
     };
+    if raw.weights_layers.is_some() && weights.is_none() {
+        return Err(cx.err(
+            "weights-layers",
+            "picks layers of the `weights` file, and there is none",
+            "add `weights` (e.g. the pretrained model's model.safetensors, with its config.json as `config`)",
+        ));
+    }
     if let Some(p) = raw.dropout {
         if !(0.0..1.0).contains(&p) {
             return Err(cx.err("dropout", format!("{p} is outside [0, 1)"), "use e.g. 0.1"));
@@ -126,6 +137,7 @@ pub fn model_spec(cx: &Scope, raw: RawModel) -> Result<ModelSpec, RecipeError> {
         allow_fresh_head: raw.allow_fresh_head.unwrap_or(false),
         dropout: raw.dropout,
         init_from_teacher_layers: raw.init_from_teacher_layers.clone(),
+        weights_layers: raw.weights_layers.clone(),
         overrides: ModelOverrides {
             num_hidden_layers: o.num_hidden_layers,
             hidden_size: o.hidden_size,

@@ -103,6 +103,8 @@ pub struct RawModel {
     pub dropout: Option<f64>,
     /// `init-from-teacher-layers`.
     pub init_from_teacher_layers: Option<Vec<usize>>,
+    /// `weights-layers`.
+    pub weights_layers: Option<Vec<usize>>,
     #[serde(default)]
     /// `[….overrides]`.
     pub overrides: RawOverrides,

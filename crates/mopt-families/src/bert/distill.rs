@@ -194,7 +194,10 @@ fn plan_lines(stage: &DistillStage, config: &BertConfig, plan: &MatchPlan) -> Ve
         &stage.student.weights,
     ) {
         (Some(l), _) => format!("init-from-teacher-layers = {l:?}"),
-        (None, Some(w)) => format!("weights = \"{}\"", w.display()),
+        (None, Some(w)) => match &stage.student.weights_layers {
+            Some(l) => format!("weights = \"{}\", its layers {l:?}", w.display()),
+            None => format!("weights = \"{}\"", w.display()),
+        },
         (None, None) => "random init".into(),
     };
     let mut settings = vec![
