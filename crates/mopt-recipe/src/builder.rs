@@ -653,6 +653,7 @@ mod tests {
 
     const TOKENIZER: &str = "datasets/data/models/all-MiniLM-L6-v2/tokenizer.json";
     const CONFIG: &str = "datasets/data/models/all-MiniLM-L6-v2/config.json";
+    const WEIGHTS: &str = "datasets/data/models/all-MiniLM-L6-v2/model.safetensors";
     const CORPUS: &str = "datasets/data/rotten_tomatoes/rotten_tomatoes_corpus_full.csv.bz2";
 
     impl Repo {
@@ -660,7 +661,13 @@ mod tests {
             let dir = std::env::temp_dir()
                 .join(format!("mopt-recipe-builder-{}-{name}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
-            for f in [TOKENIZER, CONFIG, CORPUS, "recipes/finetune_teacher.toml"] {
+            for f in [
+                TOKENIZER,
+                CONFIG,
+                WEIGHTS,
+                CORPUS,
+                "recipes/finetune_teacher.toml",
+            ] {
                 let p = dir.join(f);
                 std::fs::create_dir_all(p.parent().unwrap()).unwrap();
                 std::fs::write(p, "").unwrap();
@@ -1044,14 +1051,17 @@ analysis = false
         let from_file = model_spec(&scope, raw).unwrap();
         // The shipped student, relative to the recipe's folder as the file writes it.
         let built = ModelSpec::builder(format!("../{CONFIG}"))
-            .init_from_teacher_layers(&[0, 2, 4])
+            .weights(format!("../{WEIGHTS}"))
+            .weights_layers(&[0, 2, 4])
+            .allow_fresh_head(true)
             .num_hidden_layers(3)
             .build(&scope)
             .unwrap();
         assert_eq!(format!("{built:?}"), format!("{from_file:?}"));
         assert_eq!(built.config, repo.0.join(CONFIG));
         assert_eq!(built.arch, None, "no arch written: the run's family");
-        assert_eq!(built.init_from_teacher_layers, Some(vec![0, 2, 4]));
+        assert_eq!(built.weights_layers, Some(vec![0, 2, 4]));
+        assert_eq!(built.init_from_teacher_layers, None);
         assert_eq!(built.overrides.num_hidden_layers, Some(3));
         let e = invalid(
             ModelSpec::builder(format!("../{CONFIG}"))

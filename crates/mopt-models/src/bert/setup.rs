@@ -198,7 +198,9 @@ mod tests {
         // Without `weights-layers` the 2-layer model refuses the 3-layer file's extra layer.
         let m = spec(None);
         let config = model_config(&m, &tok, &scope, &labels, 50).unwrap();
-        let err = build_model(&m, 7, &config, &d).err().expect("refused");
+        let Err(err) = build_model(&m, 7, &config, &d) else {
+            panic!("a 2-layer model loaded a 3-layer file without weights-layers");
+        };
         assert!(err.to_string().contains("encoder.layer.2"), "{err}");
     }
 }
