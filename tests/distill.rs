@@ -93,6 +93,11 @@ fn tiny_distillation_trains_teacher_then_student_and_reuses_the_cache() {
         md.contains("hard-label twin") && md.contains("| 1 | distill | distill | kept |"),
         "{md}"
     );
+    // A twin copied from the teacher's layers is called what it is, next to its difference.
+    assert!(
+        md.contains("both start from the teacher's own layers"),
+        "{md}"
+    );
     // Every loss component is logged on its own.
     let metrics = std::fs::read_to_string(run.join("01-distill/metrics.jsonl")).unwrap();
     let train: serde_json::Value = metrics

@@ -75,6 +75,11 @@ pub fn check_compat(
     Ok(plan)
 }
 
+/// The report's word on a twin built from the teacher's own layers: KD's gain over it is small
+/// by nature (measured: +0.42 +- 1.02 points over three seeds on Rotten Tomatoes, against +1.40
+/// +- 0.67 over five from the pretrained layers).
+pub const INHERITED_TWIN: &str = "The student and its twin both start from the teacher's own layers, so the twin inherits what the teacher learnt from these labels: KD's gain over it is small by nature, and one seed's difference is noise (run --seeds for its interval; a student from the pretrained model's layers, `weights` with `weights-layers`, leaves the task to the teacher's soft targets).";
+
 /// A fresh student on the autodiff device `ad`: teacher layers (of the checkpoint at
 /// `teacher_dir`), the student table's weights, or random.
 pub fn init_student(
@@ -360,6 +365,9 @@ pub fn run(
         );
         references.push(reference);
         notes.push(note);
+        if stage.student.init_from_teacher_layers.is_some() {
+            notes.push(INHERITED_TWIN.into());
+        }
     }
     Ok(StageOutput {
         checkpoint: training.checkpoint.clone(),
