@@ -379,6 +379,52 @@ fn a_custom_loss_term_reads_a_language_models_windows() {
     assert!(metrics.contains("rows_seen"), "{metrics}");
 }
 
+/// Minitron's activation-based importance through the binary: `criterion = "activation-l2"`
+/// scores the tiny Llama's FFN neurons by their gated values and its layers by block
+/// influence over calibration windows, and removes half of each (the recipe's `ffn` ratio and
+/// one of two layers); the plan and the report name the criterion.
+#[test]
+fn activation_importance_prunes_ffn_neurons_and_a_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let stages = r#"
+[[stage]]
+kind = "finetune"
+
+[[stage]]
+kind = "prune"
+targets = ["ffn", "layers"]
+criterion = "activation-l2"
+taylor-batches = 2
+target = 0.5
+step = 0.5
+distill = false
+[stage.train]
+epochs = 1
+[stage.gate]
+metric = "perplexity"
+max-relative-rise = 100.0
+"#;
+    let recipe = write_lm_recipe(dir.path(), stages);
+    let r = recipe.to_str().unwrap();
+    let check = mopt(&[r, "--check"]);
+    assert!(check.status.success(), "{}", stderr(&check));
+    let plan = String::from_utf8_lossy(&check.stdout);
+    assert!(plan.contains("criterion = \"activation-l2\""), "{plan}");
+    let out = mopt(&[r]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("scoring (activation-l2)"),
+        "{}",
+        stderr(&out)
+    );
+    let report = read_json(&dir.path().join("runs/lm/report.json"));
+    let model = &report["stages"][2]["model"];
+    assert_eq!(model["layers"], 1, "{model}");
+    assert_eq!(model["ffn"], serde_json::json!([32]), "{model}");
+    let ppl = model["valid"]["loss"].as_f64().unwrap().exp();
+    assert!(ppl.is_finite() && ppl < 49_152.0, "{ppl}");
+}
+
 /// A prune stage with KD (`distill = true`) and `baseline = true` also runs its hard-label twin:
 /// the same rounds, criterion and budget recovered on next tokens alone, in the stage's `twin/`
 /// folder, measured and reported beside the distilled model. (The KD teacher here is the run's

@@ -426,6 +426,21 @@ fn prune_stage_removes_hidden_channels_and_whole_layers() {
         "{}",
         stderr(&out)
     );
+    // Activation-based importance needs a family whose model reports activations (the llama
+    // family's does; BERT's does not): refused at --check, naming the key.
+    let bad = write_pipeline(
+        &tmp.path().join("bad"),
+        "bad-act",
+        &stage.replace("\"taylor\"", "\"activation-l2\""),
+    );
+    let out = mopt(&[bad.to_str().unwrap(), "--check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("].criterion`")
+            && stderr(&out).contains("`activation-l2` measures activations"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

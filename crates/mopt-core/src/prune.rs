@@ -219,6 +219,17 @@ impl UnitLimits {
     }
 }
 
+/// How a unit's activations over one sequence become its score (Minitron's activation-based
+/// importance, Muralidharan et al., 2024): the mean of their magnitudes over the tokens, or
+/// their root mean square. Scores are then averaged over the calibration sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActivationStat {
+    /// `mean_t |a_t|`.
+    Mean,
+    /// `√(mean_t a_t²)`.
+    L2,
+}
+
 /// A model whose units can be removed physically: its dependency group kinds, and a fresh model
 /// of a (shrunken) config to load the sliced parameters into ([`Checkpoint::init`]). The
 /// pruned model is a plain model of the smaller config: it saves and reloads with no history.
@@ -236,5 +247,26 @@ pub trait Prunable: Checkpoint {
     /// the input layer each pruned layer came from). 0 (the default): no layer-scoped kinds.
     fn layers(_config: &Self::Config) -> usize {
         0
+    }
+
+    /// Whether [`Prunable::activation_scores`] measures this family's groups (the
+    /// `activation-*` criteria refuse the others). False by default.
+    fn scores_activations() -> bool {
+        false
+    }
+
+    /// Activation-based importance over one calibration batch: for every group kind (by name)
+    /// and scope, one score a unit, **summed over the batch's sequences** (the caller divides
+    /// by the number of sequences). What a unit's activation is belongs to the family (an
+    /// attention head's output, an FFN neuron's gated value, a hidden channel's normalised
+    /// values, a layer's block influence `1 − cos(input, output)`); `stat` reduces it over a
+    /// sequence's tokens. `None` (the default): no activation statistics.
+    fn activation_scores(
+        &self,
+        _config: &Self::Config,
+        _batch: &Self::Batch,
+        _stat: ActivationStat,
+    ) -> Option<GroupScores> {
+        None
     }
 }

@@ -20,7 +20,7 @@ use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::Distribution;
-use mopt_core::prune::{GroupKind, Keep, Prunable, UnitLimits};
+use mopt_core::prune::{ActivationStat, GroupKind, GroupScores, Keep, Prunable, UnitLimits};
 use mopt_core::{Checkpoint, Classifier, Examples, ModelConfig, ParamTable};
 use mopt_data::{TokenWindows, WindowSplit};
 use mopt_models::llama::{Heads, LlamaConfig, LlamaForCausalLM};
@@ -612,4 +612,145 @@ fn prunable_declares_five_kinds_and_counts_layers() {
     let b = LlamaForCausalLM::bench_batch(&c, 2, 5, &Device::flex()).unwrap();
     assert_eq!((b.inputs.dims(), b.targets.dims()), ([2, 5], [10]));
     assert_eq!(model(&c).logits(&b).dims(), [10, 64]);
+}
+
+/// Column `j` of a linear layer's `[d_in, d_out]` weight times `factors[j]` (1 where absent):
+/// output `j` scales by it.
+fn scale_cols(l: &mut Linear, factors: &[(usize, f32)]) {
+    let w = l.weight.val();
+    let [_, cols] = w.dims();
+    let f: Vec<f32> = (0..cols)
+        .map(|j| factors.iter().find(|(c, _)| *c == j).map_or(1.0, |x| x.1))
+        .collect();
+    let f = Tensor::<1>::from_data(TensorData::new(f, [cols]), &w.device());
+    l.weight = Param::from_tensor(w * f.unsqueeze_dim::<2>(0));
+}
+
+fn activations(m: &LlamaForCausalLM, c: &LlamaConfig, stat: ActivationStat) -> GroupScores {
+    m.activation_scores(c, windows().inputs, stat)
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-5 * a.abs().max(b.abs()).max(1e-3)
+}
+
+/// Minitron's activation-based importance: each unit's score follows what the unit emits.
+/// A KV group scores as its query heads together; tripling a KV head's values triples its
+/// query heads' scores (their contexts) and leaves the other group's alone; a neuron with a
+/// zeroed up projection scores 0 and a doubled one twice as much; a layer whose output
+/// projections are zero (the identity) has block influence 0; a hidden channel zeroed in every
+/// RMSNorm scores 0. The FFN scores of layer 0 equal the statistic computed here from the
+/// layer's own pieces, both statistics.
+#[test]
+fn activation_scores_follow_what_each_unit_emits() {
+    let c = config(true);
+    let m = model(&c);
+    let _ = logits(&m); // draw every parameter before the model is cloned
+    let l2 = activations(&m, &c, ActivationStat::L2);
+    let mean = activations(&m, &c, ActivationStat::Mean);
+    let shape = |s: &GroupScores, k: &str| -> Vec<usize> { s[k].iter().map(Vec::len).collect() };
+    assert_eq!(shape(&l2, "heads"), [6, 6, 6]);
+    assert_eq!(shape(&l2, "kv-groups"), [2, 2, 2]);
+    assert_eq!(shape(&l2, "ffn"), [40, 40, 40]);
+    assert_eq!(
+        (shape(&l2, "hidden"), shape(&l2, "layers")),
+        (vec![32], vec![3])
+    );
+    for s in [&l2, &mean] {
+        for (heads, groups) in s["heads"].iter().zip(&s["kv-groups"]) {
+            assert!(close(groups[0], heads[..3].iter().sum()));
+            assert!(close(groups[1], heads[3..].iter().sum()));
+        }
+    }
+    // Per unit, the root mean square is at least the mean magnitude (summed over sequences).
+    let pairs = l2["ffn"].iter().flatten().zip(mean["ffn"].iter().flatten());
+    assert!(pairs.clone().all(|(a, b)| *a >= *b - 1e-9));
+    assert!(pairs.clone().any(|(a, b)| *a > *b * 1.01));
+
+    // Layer 0's neurons, from its own pieces: x -> attention -> post-norm -> gated values.
+    let ids = windows().inputs;
+    let layer = &m.model.layers[0];
+    let x = m.model.embed_tokens.forward(ids.clone());
+    let (cos, sin) = m.model.rope.tables(0, 7, &Device::flex());
+    let bias = mopt_models::llama::causal_bias(7, 7, &Device::flex());
+    let attn = layer.self_attn.forward(
+        layer.input_layernorm.forward(x.clone()),
+        (&cos, &sin),
+        bias,
+        None,
+    );
+    let gated = values(
+        layer
+            .mlp
+            .gated(layer.post_attention_layernorm.forward(x + attn)),
+    );
+    for j in [0, 17, 39] {
+        let (mut want_mean, mut want_l2) = (0.0, 0.0);
+        for b in 0..2 {
+            let a: Vec<f64> = (0..7).map(|t| gated[(b * 7 + t) * 40 + j] as f64).collect();
+            want_mean += a.iter().map(|v| v.abs()).sum::<f64>() / 7.0;
+            want_l2 += (a.iter().map(|v| v * v).sum::<f64>() / 7.0).sqrt();
+        }
+        assert!(
+            close(mean["ffn"][0][j], want_mean),
+            "{} vs {want_mean}",
+            mean["ffn"][0][j]
+        );
+        assert!(
+            close(l2["ffn"][0][j], want_l2),
+            "{} vs {want_l2}",
+            l2["ffn"][0][j]
+        );
+    }
+
+    let mut r = m.clone();
+    scale_cols(
+        &mut r.model.layers[0].self_attn.v_proj,
+        &(8..16).map(|j| (j, 3.0)).collect::<Vec<_>>(),
+    );
+    let s = activations(&r, &c, ActivationStat::L2);
+    for h in 0..6 {
+        let want = if h >= 3 { 3.0 } else { 1.0 } * l2["heads"][0][h];
+        assert!(
+            close(s["heads"][0][h], want),
+            "head {h}: {} vs {want}",
+            s["heads"][0][h]
+        );
+    }
+    // Layer 1's neurons see layer 0's output, which its own FFN does not change.
+    let mut r = m.clone();
+    scale_cols(&mut r.model.layers[1].mlp.up_proj, &[(5, 0.0), (6, 2.0)]);
+    let skipped = &mut r.model.layers[2];
+    zero_rows(&mut skipped.self_attn.o_proj, &(0..48).collect::<Vec<_>>());
+    zero_rows(&mut skipped.mlp.down_proj, &(0..40).collect::<Vec<_>>());
+    let s = activations(&r, &c, ActivationStat::L2);
+    assert_eq!(s["ffn"][1][5], 0.0);
+    assert!(close(s["ffn"][1][6], 2.0 * l2["ffn"][1][6]));
+    assert!(close(s["ffn"][1][7], l2["ffn"][1][7]));
+    assert!(s["layers"][0][2].abs() < 1e-6, "{:?}", s["layers"]);
+    assert!(
+        s["layers"][0][..2].iter().all(|&bi| bi > 1e-3),
+        "{:?}",
+        s["layers"]
+    );
+
+    let mut r = m.clone();
+    let zero = |w: &mut Param<Tensor<1>>| {
+        let v = w.val();
+        let mask: Vec<f32> = (0..32).map(|i| if i == 9 { 0.0 } else { 1.0 }).collect();
+        *w = Param::from_tensor(
+            v * Tensor::<1>::from_data(TensorData::new(mask, [32]), &Device::flex()),
+        );
+    };
+    for layer in r.model.layers.iter_mut() {
+        zero(&mut layer.input_layernorm.weight);
+        zero(&mut layer.post_attention_layernorm.weight);
+    }
+    zero(&mut r.model.norm.weight);
+    let s = activations(&r, &c, ActivationStat::Mean);
+    assert_eq!(s["hidden"][0][9], 0.0);
+    assert!(s["hidden"][0]
+        .iter()
+        .enumerate()
+        .all(|(i, &v)| i == 9 || v > 0.0));
 }

@@ -19,6 +19,13 @@ pub enum Criterion {
     /// Σ |γ| over the group's normalisation scales only (BatchNorm's γ, Network Slimming):
     /// for groups whose units each own a normalisation entry.
     BnScale,
+    /// Minitron's activation-based importance: each unit's activations over calibration
+    /// sequences, the mean of their magnitudes a sequence (then averaged over the sequences);
+    /// whole layers by block influence, `1 − cos(input, output)`. Measured by the model
+    /// ([`mopt_core::Prunable::activation_scores`]), not from weights.
+    ActivationMean,
+    /// As [`Criterion::ActivationMean`] with the root mean square over a sequence's tokens.
+    ActivationL2,
 }
 
 impl Criterion {
@@ -30,6 +37,18 @@ impl Criterion {
             Criterion::Taylor => "taylor",
             Criterion::Random => "random",
             Criterion::BnScale => "bn-scale",
+            Criterion::ActivationMean => "activation-mean",
+            Criterion::ActivationL2 => "activation-l2",
+        }
+    }
+
+    /// The statistic of an activation-based criterion; `None` for those scored from weights.
+    pub fn activation(self) -> Option<mopt_core::prune::ActivationStat> {
+        use mopt_core::prune::ActivationStat;
+        match self {
+            Criterion::ActivationMean => Some(ActivationStat::Mean),
+            Criterion::ActivationL2 => Some(ActivationStat::L2),
+            _ => None,
         }
     }
 
@@ -59,7 +78,7 @@ impl Criterion {
                     .map(|(x, d)| (*x as f64 * *d as f64).abs())
                     .sum()
             }
-            Criterion::Random => 0.0,
+            Criterion::Random | Criterion::ActivationMean | Criterion::ActivationL2 => 0.0,
         }
     }
 }

@@ -4,7 +4,7 @@
 //! *dependency group* is the set of weight slices that must go together for a unit to
 //! disappear ([`mopt_core::prune`]; BERT's are attention heads, FFN neurons, hidden channels and
 //! whole layers). Units are scored by an [`importance::Criterion`] (L1, L2, first-order Taylor,
-//! random) over their scored members ([`group::score`]), ranked per scope or globally under a
+//! random; or activation-based, measured by the model) over their scored members ([`group::score`]), ranked per scope or globally under a
 //! schedule ([`schedule`]), and removed physically ([`remove::prune`]): the result is a smaller
 //! model built from a shrunken config that saves and reloads without knowing its history.
 
@@ -16,7 +16,7 @@ pub mod schedule;
 
 pub use importance::{Criterion, Reduce};
 pub use mopt_core::prune::{
-    glob, GroupKind, GroupScores, Keep, Member, Prunable, Role, Rule, UnitLimits,
+    glob, ActivationStat, GroupKind, GroupScores, Keep, Member, Prunable, Role, Rule, UnitLimits,
 };
 pub use mopt_core::{Array, ParamTable};
 pub use remove::{prune, scores};

@@ -248,6 +248,31 @@ impl LlamaAttention {
     pub fn forward(
         &self,
         x: Tensor<3>,
+        rope: (&Tensor<2>, &Tensor<2>),
+        bias: Option<Tensor<4>>,
+        cache: Option<&mut LayerCache>,
+    ) -> Tensor<3> {
+        self.project(self.context(x, rope, bias, cache))
+    }
+
+    /// The output projection of the heads' concatenated context.
+    ///
+    /// # Shapes
+    /// - ctx: `[batch, seq, heads × head_dim]`
+    /// - output: `[batch, seq, hidden]`
+    pub fn project(&self, ctx: Tensor<3>) -> Tensor<3> {
+        linear(&self.o_proj, &self.o_proj_quant, ctx)
+    }
+
+    /// The attention's heads before the output projection: head `j`'s context in columns
+    /// `j·head_dim ..`. Arguments as [`LlamaAttention::forward`].
+    ///
+    /// # Shapes
+    /// - x: `[batch, seq, hidden]`
+    /// - output: `[batch, seq, heads × head_dim]`
+    pub fn context(
+        &self,
+        x: Tensor<3>,
         (cos, sin): (&Tensor<2>, &Tensor<2>),
         bias: Option<Tensor<4>>,
         cache: Option<&mut LayerCache>,
@@ -277,11 +302,10 @@ impl LlamaAttention {
             None => scores,
         };
         let probs = mopt_kernels::softmax(scores, 3).reshape([b, kv, group * s, t]);
-        let ctx = matmul(probs, v)
+        matmul(probs, v)
             .reshape([b, h, s, d])
             .swap_dims(1, 2)
-            .reshape([b, s, h * d]);
-        linear(&self.o_proj, &self.o_proj_quant, ctx)
+            .reshape([b, s, h * d])
     }
 }
 
@@ -320,9 +344,27 @@ impl LlamaMlp {
     /// # Shapes
     /// - x, output: `[batch, seq, hidden]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        self.down(self.gated(x))
+    }
+
+    /// The neurons' values, `silu(gate(x)) · up(x)`.
+    ///
+    /// # Shapes
+    /// - x: `[batch, seq, hidden]`
+    /// - output: `[batch, seq, ffn]`
+    pub fn gated(&self, x: Tensor<3>) -> Tensor<3> {
         let gate = silu(linear(&self.gate_proj, &self.gate_proj_quant, x.clone()));
         let up = linear(&self.up_proj, &self.up_proj_quant, x);
-        linear(&self.down_proj, &self.down_proj_quant, gate * up)
+        gate * up
+    }
+
+    /// The down projection of the neurons' values.
+    ///
+    /// # Shapes
+    /// - x: `[batch, seq, ffn]`
+    /// - output: `[batch, seq, hidden]`
+    pub fn down(&self, x: Tensor<3>) -> Tensor<3> {
+        linear(&self.down_proj, &self.down_proj_quant, x)
     }
 }
 

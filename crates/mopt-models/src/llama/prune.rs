@@ -28,8 +28,11 @@
 //! keeping as many), so that a KV group's queries are still consecutive when `kv-groups` slices
 //! them with the shrunken group size.
 
-use mopt_core::prune::{GroupKind, Member, Prunable, Rule, UnitLimits};
+use mopt_core::prune::{
+    ActivationStat, GroupKind, GroupScores, Member, Prunable, Rule, UnitLimits,
+};
 use mopt_core::ParamTable;
+use mopt_data::TokenWindows;
 
 use super::{LlamaConfig, LlamaForCausalLM};
 
@@ -67,6 +70,25 @@ impl Prunable for LlamaForCausalLM {
 
     fn layers(c: &LlamaConfig) -> usize {
         c.num_hidden_layers
+    }
+
+    fn scores_activations() -> bool {
+        true
+    }
+
+    /// Minitron's activation statistics (`super::activations`).
+    fn activation_scores(
+        &self,
+        config: &LlamaConfig,
+        batch: &TokenWindows,
+        stat: ActivationStat,
+    ) -> Option<GroupScores> {
+        Some(LlamaForCausalLM::activation_scores(
+            self,
+            config,
+            batch.inputs.clone(),
+            stat,
+        ))
     }
 }
 

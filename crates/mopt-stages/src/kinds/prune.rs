@@ -351,6 +351,8 @@ impl StageKind for Prune {
             ("taylor", Criterion::Taylor),
             ("random", Criterion::Random),
             ("bn-scale", Criterion::BnScale),
+            ("activation-mean", Criterion::ActivationMean),
+            ("activation-l2", Criterion::ActivationL2),
         ];
         let scopes = parse_ratios(cx, r.ratios.clone().unwrap_or_default())?;
         let mut compare = Vec::new();
@@ -434,6 +436,14 @@ impl StageKind for Prune {
             compare,
             twin: r.baseline.unwrap_or(false),
         }))
+    }
+}
+
+/// The recipe name of the activation criterion with statistic `stat`.
+fn criterion_name(stat: mopt_prune::ActivationStat) -> &'static str {
+    match stat {
+        mopt_prune::ActivationStat::Mean => Criterion::ActivationMean.name(),
+        mopt_prune::ActivationStat::L2 => Criterion::ActivationL2.name(),
     }
 }
 
@@ -550,6 +560,51 @@ impl PruneStage {
 }
 
 impl PruneStage {
+    /// Activation-based scores of the targeted groups ([`Prunable::activation_scores`]),
+    /// averaged over the sequences of `taylor_batches` training batches (the order Taylor
+    /// scoring reads), measured on the inference device without gradients.
+    fn activation_scores<M: Prunable<Batch: Labeled>>(
+        &self,
+        model: &M,
+        config: &M::Config,
+        stat: mopt_prune::ActivationStat,
+        cx: &StageContext,
+    ) -> Result<GroupScores, StageError> {
+        let device = cx.device.device();
+        let train = cx.splits::<M::Batch>()?.train;
+        let order = epoch_order(train.len(), self.seed ^ cx.seed, 0);
+        let mut acc = GroupScores::new();
+        let mut sequences = 0usize;
+        for chunk in order
+            .chunks(cx.entry.train.batch_size)
+            .take(self.taylor_batches)
+        {
+            let b = train.batch(chunk, &device);
+            let Some(s) = model.activation_scores(config, &b, stat) else {
+                return Err(StageError::Unsupported(format!(
+                    "stage `{}`: criterion `{}` needs activation statistics, and this family measures none; use `taylor` or `l1`",
+                    cx.entry.name,
+                    criterion_name(stat)
+                )));
+            };
+            for (kind, scopes) in s {
+                let a = acc
+                    .entry(kind)
+                    .or_insert_with(|| scopes.iter().map(|u| vec![0.0; u.len()]).collect());
+                for (x, y) in a.iter_mut().flatten().zip(scopes.iter().flatten()) {
+                    *x += y;
+                }
+            }
+            sequences += chunk.len();
+        }
+        let n = sequences.max(1) as f64;
+        acc.retain(|kind, _| self.targets.contains(&kind.as_str()));
+        acc.values_mut()
+            .flat_map(|s| s.iter_mut().flatten())
+            .for_each(|x| *x /= n);
+        Ok(acc)
+    }
+
     /// One schedule of up to `rounds` rounds with `criterion`, its rounds in `dir/round-N`. With
     /// `stop_at_knee` (the stage's `on-fail = "retry"`) it stops at the first round that fails
     /// the gate and hands on the last passing round's model; otherwise every round runs.
@@ -589,15 +644,18 @@ impl PruneStage {
             } else {
                 None
             };
-            let scores = mopt_prune::scores(
-                &ParamTable::weights(&model.valid()),
-                &config,
-                &self.groups::<M>(),
-                criterion,
-                self.reduce,
-                grads.as_ref(),
-                self.seed.wrapping_add(r as u64),
-            );
+            let scores = match criterion.activation() {
+                Some(stat) => self.activation_scores(&model, &config, stat, cx)?,
+                None => mopt_prune::scores(
+                    &ParamTable::weights(&model.valid()),
+                    &config,
+                    &self.groups::<M>(),
+                    criterion,
+                    self.reduce,
+                    grads.as_ref(),
+                    self.seed.wrapping_add(r as u64),
+                ),
+            };
             let keep = self.keep::<M>(&scores, &config, &orig, &origin, r);
             let (pruned, pcfg) = prune(&model.valid(), &config, &keep, &device);
             origin = origin_after(&origin, &keep);
@@ -906,6 +964,29 @@ impl PruneStage {
         entry: &StageEntry,
         c: &M::Config,
     ) -> Result<(), StageError> {
+        if let Some(k) = std::iter::once(&self.criterion)
+            .chain(&self.compare)
+            .find(|k| k.activation().is_some())
+        {
+            if !M::scores_activations() {
+                let key = if *k == self.criterion {
+                    "criterion"
+                } else {
+                    "compare"
+                };
+                return Err(entry
+                    .scope
+                    .err(
+                        key,
+                        format!(
+                            "`{}` measures activations, and this family's model does not report them",
+                            k.name()
+                        ),
+                        "use `taylor`, `l1` or `l2` (activation-based importance is implemented for the llama family)",
+                    )
+                    .into());
+            }
+        }
         let wanted = std::iter::once(&self.criterion)
             .chain(&self.compare)
             .any(|k| *k == Criterion::BnScale);
