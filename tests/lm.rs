@@ -382,7 +382,8 @@ fn a_custom_loss_term_reads_a_language_models_windows() {
 /// Minitron's activation-based importance through the binary: `criterion = "activation-l2"`
 /// scores the tiny Llama's FFN neurons by their gated values and its layers by block
 /// influence over calibration windows, and removes half of each (the recipe's `ffn` ratio and
-/// one of two layers); the plan and the report name the criterion.
+/// one of two layers, the one of lower block influence); the plan and the report name the
+/// criterion, and the round's scores are written beside it.
 #[test]
 fn activation_importance_prunes_ffn_neurons_and_a_layer() {
     let dir = tempfile::tempdir().unwrap();
@@ -417,10 +418,21 @@ max-relative-rise = 100.0
         "{}",
         stderr(&out)
     );
-    let report = read_json(&dir.path().join("runs/lm/report.json"));
-    let model = &report["stages"][2]["model"];
+    let run = dir.path().join("runs/lm");
+    let report = read_json(&run.join("report.json"));
+    let stage = &report["stages"][2];
+    let model = &stage["model"];
     assert_eq!(model["layers"], 1, "{model}");
     assert_eq!(model["ffn"], serde_json::json!([32]), "{model}");
+    // The round's scores lie beside it; the layer kept is the one of larger block influence.
+    let scores = read_json(&run.join("02-prune/round-1/scores.json"));
+    let bi: Vec<f64> = serde_json::from_value(scores["layers"][0].clone()).unwrap();
+    assert_eq!(bi.len(), 2);
+    assert!(bi.iter().all(|b| *b > 0.0 && *b < 2.0), "{bi:?}");
+    assert_eq!(scores["ffn"].as_array().unwrap().len(), 2, "{scores}");
+    let kept = if bi[0] > bi[1] { 0 } else { 1 };
+    let round = &stage["facts"]["rounds"][0];
+    assert_eq!(round["layers_from"], serde_json::json!([kept]), "{round}");
     let ppl = model["valid"]["loss"].as_f64().unwrap().exp();
     assert!(ppl.is_finite() && ppl < 49_152.0, "{ppl}");
 }

@@ -439,6 +439,13 @@ impl StageKind for Prune {
     }
 }
 
+/// A round's importance scores (per group kind and scope, one a unit of the round's input),
+/// written beside its checkpoints for inspection.
+fn write_scores(path: &Path, scores: &GroupScores) -> Result<(), StageError> {
+    let text = serde_json::to_string(scores).expect("scores serialize");
+    std::fs::write(path, text).map_err(|e| StageError::io(path, e))
+}
+
 /// The recipe name of the activation criterion with statistic `stat`.
 fn criterion_name(stat: mopt_prune::ActivationStat) -> &'static str {
     match stat {
@@ -489,6 +496,10 @@ pub struct RoundRecord {
     pub reason: String,
     /// Fine-tuning steps.
     pub steps: usize,
+    /// The stage input's layer each layer after the round is (`[0, 2, 3]`: layer 1 went);
+    /// empty for models without layers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers_from: Vec<usize>,
 }
 
 fn shape_after<M: Prunable>(c: &M::Config, keep: &Keep) -> M::Config {
@@ -656,6 +667,7 @@ impl PruneStage {
                     self.seed.wrapping_add(r as u64),
                 ),
             };
+            write_scores(&rdir.join("scores.json"), &scores)?;
             let keep = self.keep::<M>(&scores, &config, &orig, &origin, r);
             let (pruned, pcfg) = prune(&model.valid(), &config, &keep, &device);
             origin = origin_after(&origin, &keep);
@@ -676,9 +688,14 @@ impl PruneStage {
             let (m, c) = M::load(&report.checkpoint, &device)?;
             let err = max_abs_diff(&golden(&m, &c), cx.input_logits);
             let d = cx.judge(&report.best_valid, err);
-            let (record, note) = self.record(r, (&m, &c), &report, err, &d, cx);
+            let (mut record, note) = self.record(r, (&m, &c), &report, err, &d, cx);
+            record.layers_from = origin.clone();
             rounds.push(record);
-            notes.push(note);
+            notes.push(if self.targets.contains(&"layers") {
+                format!("{note} Layers kept (of the stage's input): {origin:?}.")
+            } else {
+                note
+            });
             model = m;
             config = c;
             current = report.checkpoint.clone();
@@ -750,6 +767,7 @@ impl PruneStage {
             passed: d.passed,
             reason: d.reason.clone(),
             steps: report.steps,
+            layers_from: Vec::new(),
         };
         (record, note)
     }
