@@ -437,6 +437,58 @@ max-relative-rise = 100.0
     assert!(ppl.is_finite() && ppl < 49_152.0, "{ppl}");
 }
 
+/// `criterion = "ablation"` scores each layer by the rise of the calibration loss when it alone
+/// is removed, and keeps the layer whose removal costs most; on query heads, which go in equal
+/// runs per KV group, it is refused at `--check`.
+#[test]
+fn ablation_keeps_the_layer_whose_removal_costs_most() {
+    let dir = tempfile::tempdir().unwrap();
+    let stages = r#"
+[[stage]]
+kind = "finetune"
+
+[[stage]]
+kind = "prune"
+targets = ["layers"]
+criterion = "ablation"
+taylor-batches = 2
+target = 0.5
+step = 0.5
+distill = false
+[stage.train]
+epochs = 1
+[stage.gate]
+metric = "perplexity"
+max-relative-rise = 100.0
+"#;
+    let recipe = write_lm_recipe(dir.path(), stages);
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = dir.path().join("runs/lm");
+    let rise: Vec<f64> = serde_json::from_value(
+        read_json(&run.join("02-prune/round-1/scores.json"))["layers"][0].clone(),
+    )
+    .unwrap();
+    eprintln!("calibration loss rise without each layer: {rise:?}");
+    assert_eq!(rise.len(), 2);
+    assert!(rise.iter().all(|r| r.is_finite() && *r != 0.0), "{rise:?}");
+    let kept = if rise[0] > rise[1] { 0 } else { 1 };
+    let report = read_json(&run.join("report.json"));
+    let round = &report["stages"][2]["facts"]["rounds"][0];
+    assert_eq!(round["layers_from"], serde_json::json!([kept]), "{round}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = stages.replace("[\"layers\"]", "[\"heads\"]");
+    let recipe = write_lm_recipe(dir.path(), &bad);
+    let out = mopt(&[recipe.to_str().unwrap(), "--check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("].criterion`") && err.contains("equal runs"),
+        "{err}"
+    );
+}
+
 /// A prune stage with KD (`distill = true`) and `baseline = true` also runs its hard-label twin:
 /// the same rounds, criterion and budget recovered on next tokens alone, in the stage's `twin/`
 /// folder, measured and reported beside the distilled model. (The KD teacher here is the run's

@@ -26,6 +26,10 @@ pub enum Criterion {
     ActivationMean,
     /// As [`Criterion::ActivationMean`] with the root mean square over a sequence's tokens.
     ActivationL2,
+    /// Ablation: a unit's score is the rise of the calibration loss when that unit alone is
+    /// removed (Minitron's perplexity-based depth importance, for any group kind whose units
+    /// can go one at a time). Measured by the stage, one evaluation a unit.
+    Ablation,
 }
 
 impl Criterion {
@@ -39,6 +43,7 @@ impl Criterion {
             Criterion::BnScale => "bn-scale",
             Criterion::ActivationMean => "activation-mean",
             Criterion::ActivationL2 => "activation-l2",
+            Criterion::Ablation => "ablation",
         }
     }
 
@@ -78,7 +83,10 @@ impl Criterion {
                     .map(|(x, d)| (*x as f64 * *d as f64).abs())
                     .sum()
             }
-            Criterion::Random | Criterion::ActivationMean | Criterion::ActivationL2 => 0.0,
+            Criterion::Random
+            | Criterion::ActivationMean
+            | Criterion::ActivationL2
+            | Criterion::Ablation => 0.0,
         }
     }
 }

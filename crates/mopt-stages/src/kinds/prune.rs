@@ -353,6 +353,7 @@ impl StageKind for Prune {
             ("bn-scale", Criterion::BnScale),
             ("activation-mean", Criterion::ActivationMean),
             ("activation-l2", Criterion::ActivationL2),
+            ("ablation", Criterion::Ablation),
         ];
         let scopes = parse_ratios(cx, r.ratios.clone().unwrap_or_default())?;
         let mut compare = Vec::new();
@@ -438,6 +439,9 @@ impl StageKind for Prune {
         }))
     }
 }
+
+/// The most units the `ablation` criterion evaluates one by one.
+const MAX_ABLATION_UNITS: usize = 512;
 
 /// A round's importance scores (per group kind and scope, one a unit of the round's input),
 /// written beside its checkpoints for inspection.
@@ -616,6 +620,64 @@ impl PruneStage {
         Ok(acc)
     }
 
+    /// Ablation scores of the targeted groups: every unit alone removed from `model`, the rise
+    /// of the mean next-label cross-entropy over `taylor_batches` training batches (the order
+    /// Taylor scoring reads). One evaluation a unit; `check_ablation` bounds their number.
+    fn ablation_scores<M: Prunable<Batch: Labeled>>(
+        &self,
+        model: &M,
+        config: &M::Config,
+        cx: &StageContext,
+    ) -> Result<GroupScores, StageError> {
+        let device = cx.device.device();
+        let train = cx.splits::<M::Batch>()?.train;
+        let order = epoch_order(train.len(), self.seed ^ cx.seed, 0);
+        let batches: Vec<M::Batch> = order
+            .chunks(cx.entry.train.batch_size)
+            .take(self.taylor_batches)
+            .map(|chunk| train.batch(chunk, &device))
+            .collect();
+        let ce = burn::nn::loss::CrossEntropyLossConfig::new().init(&device);
+        let loss = |m: &M| -> f64 {
+            let total: f64 = batches
+                .iter()
+                .map(|b| ce.forward(m.logits(b), b.labels()).into_scalar::<f32>() as f64)
+                .sum();
+            total / batches.len().max(1) as f64
+        };
+        let model = model.valid();
+        let base = loss(&model);
+        let mut out = GroupScores::new();
+        for kind in self.groups::<M>() {
+            let counts: Vec<usize> = (0..kind.scopes(config))
+                .map(|s| kind.units(config, s))
+                .collect();
+            let total: usize = counts.iter().sum();
+            let mut scores = Vec::with_capacity(counts.len());
+            for (s, &n) in counts.iter().enumerate() {
+                let mut row = Vec::with_capacity(n);
+                for u in 0..n {
+                    eprintln!(
+                        "  ablation: {} {}/{total}",
+                        kind.name(),
+                        scores.iter().map(Vec::len).sum::<usize>() + u + 1
+                    );
+                    let keep: Vec<Vec<usize>> = counts
+                        .iter()
+                        .enumerate()
+                        .map(|(t, &m)| (0..m).filter(|&v| t != s || v != u).collect())
+                        .collect();
+                    let one = Keep::from([(kind.name().to_string(), keep)]);
+                    let (pruned, _) = prune(&model, config, &one, &device);
+                    row.push(loss(&pruned) - base);
+                }
+                scores.push(row);
+            }
+            out.insert(kind.name().to_string(), scores);
+        }
+        Ok(out)
+    }
+
     /// One schedule of up to `rounds` rounds with `criterion`, its rounds in `dir/round-N`. With
     /// `stop_at_knee` (the stage's `on-fail = "retry"`) it stops at the first round that fails
     /// the gate and hands on the last passing round's model; otherwise every round runs.
@@ -657,6 +719,9 @@ impl PruneStage {
             };
             let scores = match criterion.activation() {
                 Some(stat) => self.activation_scores(&model, &config, stat, cx)?,
+                None if criterion == Criterion::Ablation => {
+                    self.ablation_scores(&model, &config, cx)?
+                }
                 None => mopt_prune::scores(
                     &ParamTable::weights(&model.valid()),
                     &config,
@@ -1005,6 +1070,7 @@ impl PruneStage {
                     .into());
             }
         }
+        self.check_ablation::<M>(entry, c)?;
         let wanted = std::iter::once(&self.criterion)
             .chain(&self.compare)
             .any(|k| *k == Criterion::BnScale);
@@ -1040,6 +1106,56 @@ impl PruneStage {
                     )
                     .into());
             }
+        }
+        Ok(())
+    }
+
+    /// `ablation` removes one unit at a time and evaluates the model each time: every
+    /// targeted kind's units must be removable one by one (no runs of equal counts, no
+    /// multiple: a Llama layer's query heads inside their KV groups, FFN widths in multiples of
+    /// 8 are not), and together at most [`MAX_ABLATION_UNITS`].
+    fn check_ablation<M: Prunable>(
+        &self,
+        entry: &StageEntry,
+        c: &M::Config,
+    ) -> Result<(), StageError> {
+        let Some(key) = [("criterion", self.criterion)]
+            .into_iter()
+            .chain(self.compare.iter().map(|k| ("compare", *k)))
+            .find(|(_, k)| *k == Criterion::Ablation)
+            .map(|(key, _)| key)
+        else {
+            return Ok(());
+        };
+        let mut total = 0;
+        for kind in self.groups::<M>() {
+            let scopes = 0..kind.scopes(c);
+            let runs = scopes.clone().any(|s| kind.runs(c, s) > 1);
+            if runs || kind.rule(&self.limits).multiple > 1 {
+                return Err(entry
+                    .scope
+                    .err(
+                        key,
+                        format!(
+                            "`ablation` removes one unit at a time, and `{}` units go {}",
+                            kind.name(),
+                            if runs { "in equal runs (a query head per KV group)" } else { "in multiples (ffn-multiple / hidden-multiple)" }
+                        ),
+                        "use it on layers or KV groups (or set the multiple to 1); `activation-l2` or `taylor` for the others",
+                    )
+                    .into());
+            }
+            total += scopes.map(|s| kind.units(c, s)).sum::<usize>();
+        }
+        if total > MAX_ABLATION_UNITS {
+            return Err(entry
+                .scope
+                .err(
+                    key,
+                    format!("`ablation` would evaluate the model once for each of {total} units (at most {MAX_ABLATION_UNITS})"),
+                    "target fewer units (layers, KV groups), or use `activation-l2` or `taylor`",
+                )
+                .into());
         }
         Ok(())
     }
