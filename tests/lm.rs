@@ -379,22 +379,18 @@ fn a_custom_loss_term_reads_a_language_models_windows() {
     assert!(metrics.contains("rows_seen"), "{metrics}");
 }
 
-/// Minitron's activation-based importance through the binary: `criterion = "activation-l2"`
-/// scores the tiny Llama's FFN neurons by their gated values and its layers by block
-/// influence over calibration windows, and removes half of each (the recipe's `ffn` ratio and
-/// one of two layers, the one of lower block influence); the plan and the report name the
-/// criterion, and the round's scores are written beside it.
-#[test]
-fn activation_importance_prunes_ffn_neurons_and_a_layer() {
-    let dir = tempfile::tempdir().unwrap();
-    let stages = r#"
+/// A fine-tune, then one round of pruning half of `targets` (a TOML array) by `criterion`,
+/// recovered on next tokens alone, under a gate every model passes.
+fn one_shot_prune(targets: &str, criterion: &str) -> String {
+    format!(
+        r#"
 [[stage]]
 kind = "finetune"
 
 [[stage]]
 kind = "prune"
-targets = ["ffn", "layers"]
-criterion = "activation-l2"
+targets = {targets}
+criterion = "{criterion}"
 taylor-batches = 2
 target = 0.5
 step = 0.5
@@ -404,8 +400,20 @@ epochs = 1
 [stage.gate]
 metric = "perplexity"
 max-relative-rise = 100.0
-"#;
-    let recipe = write_lm_recipe(dir.path(), stages);
+"#
+    )
+}
+
+/// Minitron's activation-based importance through the binary: `criterion = "activation-l2"`
+/// scores the tiny Llama's FFN neurons by their gated values and its layers by block
+/// influence over calibration windows, and removes half of each (the recipe's `ffn` ratio and
+/// one of two layers, the one of lower block influence); the plan and the report name the
+/// criterion, and the round's scores are written beside it.
+#[test]
+fn activation_importance_prunes_ffn_neurons_and_a_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let stages = one_shot_prune(r#"["ffn", "layers"]"#, "activation-l2");
+    let recipe = write_lm_recipe(dir.path(), &stages);
     let r = recipe.to_str().unwrap();
     let check = mopt(&[r, "--check"]);
     assert!(check.status.success(), "{}", stderr(&check));
@@ -443,25 +451,8 @@ max-relative-rise = 100.0
 #[test]
 fn ablation_keeps_the_layer_whose_removal_costs_most() {
     let dir = tempfile::tempdir().unwrap();
-    let stages = r#"
-[[stage]]
-kind = "finetune"
-
-[[stage]]
-kind = "prune"
-targets = ["layers"]
-criterion = "ablation"
-taylor-batches = 2
-target = 0.5
-step = 0.5
-distill = false
-[stage.train]
-epochs = 1
-[stage.gate]
-metric = "perplexity"
-max-relative-rise = 100.0
-"#;
-    let recipe = write_lm_recipe(dir.path(), stages);
+    let stages = one_shot_prune(r#"["layers"]"#, "ablation");
+    let recipe = write_lm_recipe(dir.path(), &stages);
     let out = mopt(&[recipe.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let run = dir.path().join("runs/lm");

@@ -450,14 +450,6 @@ fn write_scores(path: &Path, scores: &GroupScores) -> Result<(), StageError> {
     std::fs::write(path, text).map_err(|e| StageError::io(path, e))
 }
 
-/// The recipe name of the activation criterion with statistic `stat`.
-fn criterion_name(stat: mopt_prune::ActivationStat) -> &'static str {
-    match stat {
-        mopt_prune::ActivationStat::Mean => Criterion::ActivationMean.name(),
-        mopt_prune::ActivationStat::L2 => Criterion::ActivationL2.name(),
-    }
-}
-
 /// What one schedule of rounds produced.
 struct Pruned {
     checkpoint: std::path::PathBuf,
@@ -542,6 +534,16 @@ impl PruneStage {
         kd_objective((kd, self.teacher_top_k), cx, ad)
     }
 
+    /// The training examples of the `taylor_batches` calibration batches every data-driven
+    /// criterion reads (Taylor, activations, ablation), in the stage's seeded order.
+    fn calibration_chunks(&self, examples: usize, cx: &StageContext) -> Vec<Vec<usize>> {
+        epoch_order(examples, self.seed ^ cx.seed, 0)
+            .chunks(cx.entry.train.batch_size)
+            .take(self.taylor_batches)
+            .map(<[usize]>::to_vec)
+            .collect()
+    }
+
     /// First-order Taylor gradients of every parameter, summed over `taylor_batches` training
     /// batches.
     fn taylor_gradients<M: Prunable<Batch: Labeled>>(
@@ -553,16 +555,11 @@ impl PruneStage {
     ) -> Result<ParamTable, StageError> {
         let (model, _) = M::load(dir, ad)?;
         let train = cx.splits::<M::Batch>()?.train;
-        let order = epoch_order(train.len(), self.seed ^ cx.seed, 0);
         let mut acc = ParamTable::default();
         // Dropout seeds from the stage's seeds alone, not from whatever ran before in this
         // process: a resumed stage scores its rounds as the uninterrupted one did.
         let stream = (self.seed ^ cx.seed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        for (i, chunk) in order
-            .chunks(cx.entry.train.batch_size)
-            .take(self.taylor_batches)
-            .enumerate()
-        {
+        for (i, chunk) in self.calibration_chunks(train.len(), cx).iter().enumerate() {
             let b = train.batch(chunk, ad);
             let (loss, _) = mopt_kernels::with_seed_stream(stream.wrapping_add(i as u64), || {
                 task.loss(&model, &b, chunk, 0.0)
@@ -582,24 +579,20 @@ impl PruneStage {
         &self,
         model: &M,
         config: &M::Config,
-        stat: mopt_prune::ActivationStat,
+        (criterion, stat): (Criterion, mopt_prune::ActivationStat),
         cx: &StageContext,
     ) -> Result<GroupScores, StageError> {
         let device = cx.device.device();
         let train = cx.splits::<M::Batch>()?.train;
-        let order = epoch_order(train.len(), self.seed ^ cx.seed, 0);
         let mut acc = GroupScores::new();
         let mut sequences = 0usize;
-        for chunk in order
-            .chunks(cx.entry.train.batch_size)
-            .take(self.taylor_batches)
-        {
-            let b = train.batch(chunk, &device);
+        for chunk in self.calibration_chunks(train.len(), cx) {
+            let b = train.batch(&chunk, &device);
             let Some(s) = model.activation_scores(config, &b, stat) else {
                 return Err(StageError::Unsupported(format!(
                     "stage `{}`: criterion `{}` needs activation statistics, and this family measures none; use `taylor` or `l1`",
                     cx.entry.name,
-                    criterion_name(stat)
+                    criterion.name()
                 )));
             };
             for (kind, scopes) in s {
@@ -631,10 +624,9 @@ impl PruneStage {
     ) -> Result<GroupScores, StageError> {
         let device = cx.device.device();
         let train = cx.splits::<M::Batch>()?.train;
-        let order = epoch_order(train.len(), self.seed ^ cx.seed, 0);
-        let batches: Vec<M::Batch> = order
-            .chunks(cx.entry.train.batch_size)
-            .take(self.taylor_batches)
+        let batches: Vec<M::Batch> = self
+            .calibration_chunks(train.len(), cx)
+            .iter()
             .map(|chunk| train.batch(chunk, &device))
             .collect();
         let ce = burn::nn::loss::CrossEntropyLossConfig::new().init(&device);
@@ -718,7 +710,7 @@ impl PruneStage {
                 None
             };
             let scores = match criterion.activation() {
-                Some(stat) => self.activation_scores(&model, &config, stat, cx)?,
+                Some(stat) => self.activation_scores(&model, &config, (criterion, stat), cx)?,
                 None if criterion == Criterion::Ablation => {
                     self.ablation_scores(&model, &config, cx)?
                 }
@@ -735,6 +727,7 @@ impl PruneStage {
             write_scores(&rdir.join("scores.json"), &scores)?;
             let keep = self.keep::<M>(&scores, &config, &orig, &origin, r);
             let (pruned, pcfg) = prune(&model.valid(), &config, &keep, &device);
+            let layers_before = origin.len();
             origin = origin_after(&origin, &keep);
             let pdir = rdir.join("pruned");
             save_checkpoint_dir(&pruned, &pcfg, cx.data, &pdir)?;
@@ -756,7 +749,7 @@ impl PruneStage {
             let (mut record, note) = self.record(r, (&m, &c), &report, err, &d, cx);
             record.layers_from = origin.clone();
             rounds.push(record);
-            notes.push(if self.targets.contains(&"layers") {
+            notes.push(if origin.len() < layers_before {
                 format!("{note} Layers kept (of the stage's input): {origin:?}.")
             } else {
                 note
@@ -1040,6 +1033,14 @@ impl PruneStage {
         ))
     }
 
+    /// The first of the stage's criteria (`criterion`, then `compare`) that `pick` accepts,
+    /// with the recipe key naming it.
+    fn naming(&self, pick: impl Fn(Criterion) -> bool) -> Option<(&'static str, Criterion)> {
+        std::iter::once(("criterion", self.criterion))
+            .chain(self.compare.iter().map(|k| ("compare", *k)))
+            .find(|(_, k)| pick(*k))
+    }
+
     /// `bn-scale` (as `criterion` or in `compare`) needs a normalisation scale in every targeted
     /// group: heads or FFN neurons have none.
     fn check_criteria<M: Prunable>(
@@ -1047,16 +1048,8 @@ impl PruneStage {
         entry: &StageEntry,
         c: &M::Config,
     ) -> Result<(), StageError> {
-        if let Some(k) = std::iter::once(&self.criterion)
-            .chain(&self.compare)
-            .find(|k| k.activation().is_some())
-        {
+        if let Some((key, k)) = self.naming(|k| k.activation().is_some()) {
             if !M::scores_activations() {
-                let key = if *k == self.criterion {
-                    "criterion"
-                } else {
-                    "compare"
-                };
                 return Err(entry
                     .scope
                     .err(
@@ -1071,12 +1064,9 @@ impl PruneStage {
             }
         }
         self.check_ablation::<M>(entry, c)?;
-        let wanted = std::iter::once(&self.criterion)
-            .chain(&self.compare)
-            .any(|k| *k == Criterion::BnScale);
-        if !wanted {
+        let Some((key, _)) = self.naming(|k| k == Criterion::BnScale) else {
             return Ok(());
-        }
+        };
         for kind in M::group_kinds() {
             if !self.targets.contains(&kind.name()) {
                 continue;
@@ -1089,11 +1079,6 @@ impl PruneStage {
                 .iter()
                 .any(|m| m.role == mopt_core::prune::Role::Scale)
             {
-                let key = if self.criterion == Criterion::BnScale {
-                    "criterion"
-                } else {
-                    "compare"
-                };
                 return Err(entry
                     .scope
                     .err(
@@ -1119,12 +1104,7 @@ impl PruneStage {
         entry: &StageEntry,
         c: &M::Config,
     ) -> Result<(), StageError> {
-        let Some(key) = [("criterion", self.criterion)]
-            .into_iter()
-            .chain(self.compare.iter().map(|k| ("compare", *k)))
-            .find(|(_, k)| *k == Criterion::Ablation)
-            .map(|(key, _)| key)
-        else {
+        let Some((key, _)) = self.naming(|k| k == Criterion::Ablation) else {
             return Ok(());
         };
         let mut total = 0;
