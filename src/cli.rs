@@ -362,6 +362,17 @@ fn generate(
         out.tokens.len(),
         out.decode_tokens_per_sec()
     );
+    if out.integer_layers > 0 {
+        eprintln!(
+            "int8: {} linear layers ran in integers (u8 x s8 sums{})",
+            out.integer_layers,
+            if mopt_kernels::int8::vnni() {
+                ", AVX-512 VNNI"
+            } else {
+                ", portable loop"
+            }
+        );
+    }
     Ok(())
 }
 

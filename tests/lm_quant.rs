@@ -2,7 +2,8 @@
 //! as the classifiers: a tiny random Llama with SmolLM2's vocabulary, fine-tuned on excerpts of
 //! Shakespeare's plays, then quantized (weights int8 per output channel, inputs uint8 per
 //! tensor, on the 14 projections of its 2 layers; the tied embedding table and head float)
-//! under a perplexity gate. `datasets/fetch.sh --small`.
+//! under a perplexity gate; `generate` serves the quantized model with its projections in
+//! integers. `datasets/fetch.sh --small`.
 
 mod common;
 
@@ -120,6 +121,12 @@ fn serves_but_does_not_convert(best: &Path) {
     let out = mopt(&args);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("To be, or not"));
+    // The quantized model decodes in integers: all 14 projections packed as int8.
+    let err = stderr(&out);
+    assert!(
+        err.contains("int8: 14 linear layers ran in integers"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -250,6 +250,22 @@ pub trait Quantizable: Checkpoint {
         }
         self
     }
+
+    /// For inference: every quantized linear layer given its integer form
+    /// ([`LinearQuant::pack`]: exact `u8 · s8` sums over int8 weights packed once), which the
+    /// family's forward pass runs where it asks for it (Llama's projections). Returns the model
+    /// and how many layers got one (schemes the integer kernel cannot run exactly keep their
+    /// fake-quantized product). Not for training: the packed weights do not follow the float
+    /// ones.
+    fn with_integer_kernels(mut self) -> (Self, usize) {
+        let mut packed = 0;
+        for s in self.quant_slots() {
+            if let (QuantWeight::Linear(w), Some(q)) = (s.weight, s.quant.as_mut()) {
+                packed += usize::from(q.pack(&w.val()));
+            }
+        }
+        (self, packed)
+    }
 }
 
 /// Post-training calibration: quantizers on the layers `q.layers` lists, inputs observed over
@@ -288,6 +304,7 @@ pub fn calibrate<M: Quantizable>(
                 input,
                 weight,
                 output,
+                integer: None,
             });
         }
     }

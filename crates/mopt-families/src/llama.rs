@@ -241,6 +241,8 @@ impl CanGenerate for LlamaGenerate {
             false => GenerateConfig::greedy(s.max_new_tokens),
         };
         let config = config.with_stop_tokens(tok.eos_id());
+        // A quantized model decodes in integers (int8 weights, a byte a weight read).
+        let (model, integer_layers) = model.with_integer_kernels();
         let g = generate_timed(&model, &prompt_tokens, &config);
         let text = tok.decode(&g.tokens).map_err(gguf_error)?;
         Ok(Generation {
@@ -249,6 +251,7 @@ impl CanGenerate for LlamaGenerate {
             text,
             prompt_secs: g.prompt_secs,
             decode_secs: g.decode_secs,
+            integer_layers,
         })
     }
 }

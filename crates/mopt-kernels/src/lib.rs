@@ -18,7 +18,8 @@
 //!
 //! The products: an f32 GEMM ([`gemm`], AVX-512 / AVX2 / portable tiles), native bf16 products
 //! ([`bf16`], AMX tiles or AVX512_BF16, for [`autocast`]), convolutions on the GEMM's tiles
-//! ([`conv`]). The CPU instructions stable Rust reaches only through `unsafe` (AMX, the
+//! ([`conv`]), exact `u8 · s8` products for int8 inference ([`int8`], AVX-512 VNNI). The CPU
+//! instructions stable Rust reaches only through `unsafe` (AMX, the
 //! AVX512_BF16 dot product) live in one private module, `native`, the only `unsafe` code in
 //! mopt, each block with its safety argument.
 //!
@@ -44,6 +45,7 @@ pub mod conv;
 pub mod cpu;
 mod flex;
 pub mod gemm;
+pub mod int8;
 #[cfg(target_arch = "x86_64")]
 mod native;
 pub mod reference;

@@ -19,6 +19,10 @@
 //!   quantized model gives bit-identical logits (and with its weights baked); its config keeps
 //!   `mopt_quant`, which a float config does not write.
 //! - Greedy generation on the KV cache equals greedy decoding by full passes, token for token.
+//! - Packed for inference (`Quantizable::with_integer_kernels`: int8 weights, exact `u8 · s8`
+//!   sums), all 14 projections run in integers with logits within 1e-5 of the fake-quantized
+//!   model's (relative to the largest logit; the float product's rounding), still the
+//!   quantized model's, not the float one's; greedy generation equal token for token.
 //! - `write_gguf` refuses the quantized model (or a float one under a quantized config) by
 //!   name, and writes nothing.
 //!
@@ -310,4 +314,26 @@ fn gguf_writer_refuses_a_quantized_model() {
     let float = model(&c, 41);
     let err = write_gguf(&float, &qc, std::iter::empty(), &path, GgmlType::F32).unwrap_err();
     assert!(err.to_string().contains("mopt_quant lists 14"), "{err}");
+}
+
+#[test]
+fn packed_projections_run_in_integers_with_the_fake_quantized_logits() {
+    for (c, seed) in [(tied(), 21), (pruned_untied(), 22)] {
+        let float = model(&c, seed);
+        let (q, _) = quantized(&float, &c);
+        let fake = logits(&q);
+        let (int, packed) = q.clone().with_integer_kernels();
+        assert_eq!(packed, 7 * c.num_hidden_layers);
+        let got = logits(&int);
+        let err = relative(&fake, &got);
+        println!("integer vs fake-quantized logits: {err:.2e}");
+        assert!(err < 1e-5, "{err}");
+        assert!(relative(&logits(&float), &got) > 5e-3);
+        let prompt = [3u32, 17, 40, 2];
+        let greedy = GenerateConfig::greedy(10);
+        assert_eq!(
+            generate(&int, &prompt, &greedy),
+            generate(&q, &prompt, &greedy)
+        );
+    }
 }

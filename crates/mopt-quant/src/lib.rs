@@ -12,13 +12,17 @@
 //!   MSE-minimising search.
 //! - [`node`]: [`node::FakeQuant`], a Burn module holding one quantizer's scale and zero point
 //!   (saved with the checkpoint), its observer while calibrating, and its phase.
+//! - [`integer`]: a quantized linear layer run in integers (exact `u8 · s8` sums over a weight
+//!   packed once), the deployed form, for inference.
 
 #![deny(missing_docs)]
 pub mod fake;
+pub mod integer;
 pub mod node;
 pub mod observer;
 pub mod scheme;
 
+pub use integer::IntegerLinear;
 pub use node::{FakeQuant, LinearQuant, Phase};
 pub use observer::{Observer, ObserverKind};
 pub use scheme::{Granularity, IntFormat, QParams, QuantScheme};

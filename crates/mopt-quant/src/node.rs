@@ -17,6 +17,7 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::fake::{fake_quant, scale_gradient};
+use crate::integer::IntegerLinear;
 use crate::observer::{Observer, ObserverKind};
 use crate::scheme::{Granularity, IntFormat, QParams, QuantScheme};
 
@@ -232,9 +233,33 @@ pub struct LinearQuant {
     /// Its output (after the bias), per tensor, on the layers [`QuantConfig::outputs`] lists:
     /// where the deployed integer kernel writes integers (ONNX Runtime's `QLinearConv`).
     pub output: Option<FakeQuant>,
+    /// Its integer form, once [`LinearQuant::pack`] built it (inference: the packed weight does
+    /// not follow later changes of the float one); not saved.
+    #[module(skip)]
+    pub integer: Option<Arc<IntegerLinear>>,
 }
 
 impl LinearQuant {
+    /// Build the layer's integer form from its `[d_in, d_out]` weight, for an inference-only
+    /// model; `false` (and none) where the scheme has none ([`IntegerLinear::new`]).
+    pub fn pack(&mut self, weight: &Tensor<2>) -> bool {
+        self.integer = IntegerLinear::new(self, weight).map(Arc::new);
+        self.integer.is_some()
+    }
+
+    /// `x · W` in integers, the output quantizer after it, once [`LinearQuant::pack`] built the
+    /// integer form (`None` before).
+    ///
+    /// # Shapes
+    /// - x: `[rows, d_in]`; output: `[rows, d_out]`
+    pub fn integer_forward(&self, x: Tensor<2>) -> Option<Tensor<2>> {
+        let y = self.integer.as_ref()?.forward(x);
+        Some(match &self.output {
+            Some(o) => o.forward(y),
+            None => y,
+        })
+    }
+
     /// Put the input, weight and output quantizers in `phase`.
     pub fn set_phase(&self, phase: Phase) {
         self.input.set_phase(phase);
@@ -353,6 +378,7 @@ impl QuantConfig {
                 .iter()
                 .any(|p| p == path)
                 .then(|| per_tensor(self.observer)),
+            integer: None,
         })
     }
 }

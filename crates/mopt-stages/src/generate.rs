@@ -34,6 +34,9 @@ pub struct Generation {
     pub prompt_secs: f64,
     /// Seconds of the other new tokens, one decoding step each.
     pub decode_secs: f64,
+    /// The model's linear layers that ran in integers (int8 weights packed once; 0 for a
+    /// float model).
+    pub integer_layers: usize,
 }
 
 impl Generation {

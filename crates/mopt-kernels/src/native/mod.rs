@@ -8,6 +8,7 @@
 
 pub(crate) mod amx;
 pub(crate) mod dpbf16;
+pub(crate) mod dpbusd;
 
 /// Ask the CPU to bring the cache line holding `data[i]` into L1 ahead of its use (nothing
 /// when `i` is past the end). A prefetch never faults and changes no value.

@@ -56,22 +56,25 @@ fn dense(d_in: usize, d_out: usize, c: &LlamaConfig, device: &Device) -> Linear 
 /// (Burn's `Linear` on a 3-D input runs one small GEMM per batch entry). With quantizers `q`,
 /// the input and the weight go through them first (and the output after, where the config
 /// quantizes it), each acting by its phase: calibration observes the input with the weight's
-/// off, a quantized model fake-quantizes both.
+/// off, a quantized model fake-quantizes both, or runs the product in integers once packed.
 ///
 /// # Shapes
 /// - x: `[batch, seq, d_in]`; weight `[d_in, d_out]`; output: `[batch, seq, d_out]`
 fn linear(l: &Linear, q: &Option<LinearQuant>, x: Tensor<3>) -> Tensor<3> {
     let [b, s, d] = x.dims();
     let x = x.reshape([b * s, d]);
-    let y = match q {
-        Some(q) => {
+    // Packed for inference: the product in integers (`Quantizable::with_integer_kernels`).
+    let packed = q.as_ref().and_then(|q| q.integer_forward(x.clone()));
+    let y = match (packed, q) {
+        (Some(y), _) => y,
+        (None, Some(q)) => {
             let y = matmul(q.input.forward(x), q.weight.forward(l.weight.val()));
             match &q.output {
                 Some(o) => o.forward(y),
                 None => y,
             }
         }
-        None => matmul(x, l.weight.val()),
+        (None, None) => matmul(x, l.weight.val()),
     };
     let n = y.dims()[1];
     y.reshape([b, s, n])
