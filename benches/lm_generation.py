@@ -129,9 +129,10 @@ def main():
         ort_version = None
     print(f"CPU: {model}; SIMD: {' '.join(flags)}; onnxruntime {ort_version}; {a.new_tokens} new tokens, {a.rounds} rounds")
     for row in rows:
-        line = f"{row['name']:>16}: mopt {row.get('mopt_median', 0):6.1f} tokens/s ({row.get('mopt_ratio_median', 1):.2f}x)"
+        ratio = lambda side: f" ({row[side + '_ratio_median']:.2f}x)" if side + "_ratio_median" in row else ""
+        line = f"{row['name']:>16}: mopt {row['mopt_median']:6.1f} tokens/s{ratio('mopt')}"
         if "ort_median" in row:
-            line += f", ONNX Runtime {row['ort_median']:6.1f} tokens/s ({row.get('ort_ratio_median', 1):.2f}x)"
+            line += f", ONNX Runtime {row['ort_median']:6.1f} tokens/s{ratio('ort')}"
         print(line + (" [int8 kernels]" if row["integer_kernels"] else ""))
     if a.out:
         doc = {"cpu": model, "simd": flags, "onnxruntime": ort_version, "prompt": a.prompt,

@@ -156,6 +156,10 @@ fn exports_as_qdq(dir: &Path) {
     assert!(ops.contains("Integer"), "{ops}");
     assert_eq!(card["parity"]["samples"], 16, "{}", card["parity"]);
     assert!(card["parity"]["agreement"].as_f64().unwrap() >= 0.995);
+    // A language model's QDQ graph is held to the mean KL of its next-token distributions.
+    assert_eq!(q["parity_rule"]["max-mean-kl"], 0.1, "{q}");
+    let kl = card["parity"]["mean_kl"].as_f64().unwrap();
+    assert!((0.0..0.1).contains(&kl), "{kl}");
     let d = &card["extra"]["decoding"];
     assert_eq!(d["new_tokens"], 8, "{d}");
     eprintln!("int8 ONNX: parity {}, decoding {d}", card["parity"]);

@@ -84,9 +84,16 @@ pub trait Exportable: Checkpoint {
     }
 
     /// The quantization a quantized model was trained or calibrated with: the export is QDQ,
-    /// judged by prediction agreement rather than logit tolerance. `None`: a float model.
+    /// judged by [`qdq_parity`](Exportable::qdq_parity) rather than logit tolerance. `None`: a
+    /// float model.
     fn quantization(_config: &Self::Config) -> Option<QuantConfig> {
         None
+    }
+
+    /// What a quantized export's parity check holds it to: prediction agreement by default
+    /// ([`QDQ_MIN_AGREEMENT`](crate::export::QDQ_MIN_AGREEMENT)).
+    fn qdq_parity() -> QdqParity {
+        QdqParity::MinAgreement(crate::export::QDQ_MIN_AGREEMENT)
     }
 
     /// Settings for ONNX Runtime's transformer optimizer (float models); `None`: ONNX
@@ -161,11 +168,42 @@ pub struct Parity {
     pub samples: usize,
     /// The largest |ONNX Runtime − mopt| logit difference, over every logit.
     pub max_abs_err: f64,
-    /// The float tolerance `max_abs_err` is held to (a quantized export is held to a prediction
-    /// agreement instead, [`QDQ_MIN_AGREEMENT`](crate::export::QDQ_MIN_AGREEMENT)).
+    /// The float tolerance `max_abs_err` is held to (a quantized export is held to its
+    /// [`QdqParity`] instead).
     pub tolerance: f64,
     /// Share of examples where ONNX Runtime and mopt predict the same class.
     pub agreement: f64,
+    /// Mean KL divergence of ONNX Runtime's softmax from mopt's over the rows (every row of the
+    /// last dimension: an example's classes, a position's next tokens), in nats.
+    pub mean_kl: f64,
+}
+
+/// How a quantized (QDQ) export is held to mopt's fake-quantized forward. Logits are not held
+/// to the float tolerance: ONNX Runtime accumulates in int32 and mopt in f32, and where the two
+/// land on different sides of a rounding boundary one activation moves by a quantization step.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QdqParity {
+    /// The same predicted class on at least this share of the examples (a classifier: its
+    /// margins outlast a step here and there).
+    MinAgreement(f64),
+    /// Mean KL divergence of ONNX Runtime's distributions from mopt's at most this many nats a
+    /// row (a language model: many of its next tokens are near ties, and the steps a different
+    /// rounding moves cascade through its layers, so two exact runs of one integer model pick
+    /// different tokens at a tenth of the positions while their distributions and perplexity
+    /// stay together).
+    MaxMeanKl(f64),
+}
+
+/// KL(p || q) of the softmaxes of logit rows `a` (p) and `b` (q), in nats.
+pub fn kl_of_logits(a: &[f32], b: &[f32]) -> f64 {
+    let log_softmax = |r: &[f32]| -> Vec<f64> {
+        let max = r.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+        let lse = max + r.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+        r.iter().map(|&x| x as f64 - lse).collect()
+    };
+    let (p, q) = (log_softmax(a), log_softmax(b));
+    p.iter().zip(&q).map(|(lp, lq)| lp.exp() * (lp - lq)).sum()
 }
 
 /// Run the exported graph at `onnx` in ONNX Runtime on `examples` (in batches of `batch_size`)
@@ -191,7 +229,7 @@ where
         .collect();
     let feeds: Vec<Value> = batches.iter().map(|b| Value::Object(M::feed(b))).collect();
     let outs = python::run(onnx, &Value::Array(feeds), work)?;
-    let (mut max, mut same, mut n) = (0f64, 0usize, 0usize);
+    let (mut max, mut same, mut n, mut kl) = (0f64, 0usize, 0usize, 0f64);
     for (b, out) in batches.iter().zip(outs) {
         let ours: Vec<f32> = model.logits(b).into_data().try_to_vec().expect("f32");
         // Rows of the last dimension (`[batch, labels]`, `[batch, sequence, vocab]`).
@@ -210,6 +248,7 @@ where
             }
             let best = |r: &[f32]| argmax(r.iter().map(|&x| x as f64));
             same += usize::from(best(a) == best(t));
+            kl += kl_of_logits(a, t);
             n += 1;
         }
     }
@@ -218,12 +257,23 @@ where
         max_abs_err: max,
         tolerance,
         agreement: same as f64 / n.max(1) as f64,
+        mean_kl: kl / n.max(1) as f64,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kl_of_logits_is_that_of_their_softmaxes() {
+        assert!(kl_of_logits(&[1.0, 2.0, 3.0], &[1.0, 2.0, 3.0]).abs() < 1e-12);
+        // p = softmax(0, ln 3) = (1/4, 3/4), q uniform: KL = 1/4 ln(1/2) + 3/4 ln(3/2).
+        let want = 0.25 * 0.5f64.ln() + 0.75 * 1.5f64.ln();
+        assert!((kl_of_logits(&[0.0, 3f32.ln()], &[0.0, 0.0]) - want).abs() < 1e-6);
+        // Logits, not probabilities: a constant added to a row changes nothing.
+        assert!((kl_of_logits(&[10.0, 10.0 + 3f32.ln()], &[-5.0, -5.0]) - want).abs() < 1e-5);
+    }
 
     #[test]
     fn tensors_nest_by_their_dimensions() {

@@ -34,6 +34,18 @@ pub enum ExportError {
         /// Examples compared.
         samples: usize,
     },
+    #[error("parity check failed: ONNX Runtime's next-token distributions are {mean_kl:.4} nats (mean KL) from mopt's fake-quantized forward's over {samples} positions (at most {max} allowed; {agreement:.4} of the positions pick the same token); the export was not written")]
+    /// A quantized language model's export whose distributions drift from mopt's.
+    Divergence {
+        /// Mean KL divergence a position, in nats.
+        mean_kl: f64,
+        /// The most allowed.
+        max: f64,
+        /// Share of positions with the same most likely token.
+        agreement: f64,
+        /// Positions compared.
+        samples: usize,
+    },
     #[error("{0}")]
     /// An export that cannot be written as asked (the message says why).
     Invalid(String),

@@ -17,7 +17,8 @@ pub mod python;
 pub mod qdq;
 
 pub use contract::{
-    parity, tensor_json, write_checked, Exportable, InputSpec, InputType, OrtFusion, Parity,
+    kl_of_logits, parity, tensor_json, write_checked, Exportable, InputSpec, InputType, OrtFusion,
+    Parity, QdqParity,
 };
 pub use error::ExportError;
 pub use export::{

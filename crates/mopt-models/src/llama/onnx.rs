@@ -27,7 +27,7 @@ use mopt_export::export::OUTPUT;
 use mopt_export::graph::{data, dims, int, ints, GraphBuilder};
 use mopt_export::onnx::{dtype, value_info, Dim, ModelProto};
 use mopt_export::qdq::{linear, QdqCache};
-use mopt_export::{tensor_json, ExportError, Exportable, InputSpec, InputType};
+use mopt_export::{tensor_json, ExportError, Exportable, InputSpec, InputType, QdqParity};
 use mopt_quant::node::QuantConfig;
 use serde_json::{json, Map, Value};
 
@@ -463,6 +463,12 @@ impl Exportable for LlamaForCausalLM {
 
     fn quantization(c: &LlamaConfig) -> Option<QuantConfig> {
         c.mopt_quant.clone()
+    }
+
+    /// Next-token distributions, not argmaxes: two exact runs of one int8 decoder pick
+    /// different near-tied tokens (see [`QdqParity::MaxMeanKl`]).
+    fn qdq_parity() -> QdqParity {
+        QdqParity::MaxMeanKl(mopt_export::export::QDQ_MAX_MEAN_KL)
     }
 
     /// A single request and a small server batch.

@@ -496,11 +496,19 @@ impl ExportStage {
                 card.fused_ops
             ),
             Some(q) => format!(
-                "ONNX `{}` (QDQ): ONNX Runtime and mopt's fake-quantized forward agree on {:.2}% of {} golden validation examples (at least {:.1}% required), max logit difference {:.2e}; ONNX Runtime's optimised graph runs {} integer-kernel ops among {:?}.",
+                "ONNX `{}` (QDQ): ONNX Runtime and mopt's fake-quantized forward agree on {:.2}% of {} golden validation rows, mean KL {:.2e} nats a row (required: {}), max logit difference {:.2e}; ONNX Runtime's optimised graph runs {} integer-kernel ops among {:?}.",
                 onnx.display(),
                 card.parity.agreement * 100.0,
                 card.parity.samples,
-                mopt_export::export::QDQ_MIN_AGREEMENT * 100.0,
+                card.parity.mean_kl,
+                match &q["parity_rule"] {
+                    serde_json::Value::Object(r) => r
+                        .iter()
+                        .map(|(k, v)| format!("{k} {v}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    _ => "-".into(),
+                },
                 card.parity.max_abs_err,
                 integer_ops(&q["onnxruntime_optimized_ops"]),
                 card.fused_ops
