@@ -364,13 +364,9 @@ fn generate(
     );
     if out.integer_layers > 0 {
         eprintln!(
-            "int8: {} linear layers ran in integers (u8 x s8 sums{})",
+            "int8: {} linear layers ran in integers (u8 x s8 sums, {})",
             out.integer_layers,
-            if mopt_kernels::int8::vnni() {
-                ", AVX-512 VNNI"
-            } else {
-                ", portable loop"
-            }
+            mopt_kernels::int8::Path::best().name()
         );
     }
     Ok(())

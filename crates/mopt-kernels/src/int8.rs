@@ -7,8 +7,8 @@
 //! reading, so int8 weights are the faster model.
 //!
 //! [`PackedS8`] holds a `[k, n]` weight in blocks of 16 columns × 4 k-values (64 bytes), the
-//! operand of AVX-512 VNNI's `vpdpbusd`; [`matmul_u8s8`] runs it where the CPU has it and a
-//! portable loop elsewhere (the same integers either way).
+//! operand of AVX-512 VNNI's `vpdpbusd`; [`matmul_u8s8`] runs it where the CPU has it, AVX2's
+//! widening `vpmaddwd` or a portable loop elsewhere ([`Path`]; the same integers on each).
 
 use rayon::prelude::*;
 
@@ -111,12 +111,12 @@ pub fn matmul_u8s8(u: &[u8], rows: usize, w: &PackedS8) -> Vec<i32> {
     if n == 0 || rows == 0 {
         return out;
     }
-    let vnni = vnni();
+    let path = Path::best();
     let row = |r: usize, cols: std::ops::Range<usize>, dst: &mut [i32]| {
         let x = &padded[r * quads * 4..(r + 1) * quads * 4];
         for (b, chunk) in (cols.start / COLS..).zip(dst.chunks_mut(COLS)) {
             let mut acc = [0i32; COLS];
-            block(x, w.block(b), quads, &mut acc, vnni);
+            block(x, w.block(b), quads, &mut acc, path);
             chunk.copy_from_slice(&acc[..chunk.len()]);
         }
     };
@@ -141,26 +141,52 @@ fn blocks_per_task(k: usize, n: usize) -> usize {
     (256 * 1024 / per_block.max(1)).clamp(1, blocks.max(1))
 }
 
-/// Whether `vpdpbusd` runs the products (the CPU has AVX-512 VNNI and `MOPT_SIMD=avx2` does
-/// not hide it).
-pub fn vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        !crate::cpu::avx2_only() && crate::native::dpbusd::available()
+/// Which instructions run the products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// AVX-512 VNNI's `vpdpbusd`: 64 byte products an instruction.
+    Vnni,
+    /// AVX2: bytes widened to i16, `vpmaddwd` pairs.
+    Avx2,
+    /// Plain Rust.
+    Portable,
+}
+
+impl Path {
+    /// The fastest path this CPU has (`MOPT_SIMD=avx2` hides AVX-512).
+    pub fn best() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::native::dpbusd;
+            if !crate::cpu::avx2_only() && dpbusd::available() {
+                return Path::Vnni;
+            }
+            if dpbusd::avx2_available() {
+                return Path::Avx2;
+            }
+        }
+        Path::Portable
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+
+    /// The path's name, as `generate` prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Vnni => "AVX-512 VNNI",
+            Path::Avx2 => "AVX2",
+            Path::Portable => "portable",
+        }
     }
 }
 
-/// One row's 16-column block, on VNNI when `vnni`, else portably.
-fn block(x: &[u8], w: &[i8], quads: usize, acc: &mut [i32; COLS], vnni: bool) {
+/// One row's 16-column block on `path`.
+fn block(x: &[u8], w: &[i8], quads: usize, acc: &mut [i32; COLS], path: Path) {
     #[cfg(target_arch = "x86_64")]
-    if vnni {
-        return crate::native::dpbusd::block(x, w, quads, acc);
+    match path {
+        Path::Vnni => return crate::native::dpbusd::block(x, w, quads, acc),
+        Path::Avx2 => return crate::native::dpbusd::block_avx2(x, w, quads, acc),
+        Path::Portable => {}
     }
-    let _ = vnni;
+    let _ = path;
     for (xq, wq) in x.chunks_exact(4).zip(w.chunks_exact(QUAD)).take(quads) {
         for (c, a) in acc.iter_mut().enumerate() {
             let col = &wq[c * 4..c * 4 + 4];
@@ -230,7 +256,7 @@ mod tests {
     }
 
     #[test]
-    fn the_portable_loop_gives_the_vnni_integers() {
+    fn every_path_gives_the_same_integers() {
         let (k, n) = (100, 40);
         let u = bytes(k, 3);
         let w: Vec<i8> = bytes(k * n, 4).into_iter().map(|b| b as i8).collect();
@@ -239,12 +265,18 @@ mod tests {
         let mut x = u.clone();
         x.resize(quads * 4, 0);
         let mut portable = [0i32; COLS];
-        block(&x, p.block(1), quads, &mut portable, false);
+        block(&x, p.block(1), quads, &mut portable, Path::Portable);
         assert_eq!(portable.as_slice(), &naive(&u, 1, &w, k, n)[16..32]);
-        if vnni() {
-            let mut fast = [0i32; COLS];
-            block(&x, p.block(1), quads, &mut fast, true);
-            assert_eq!(fast, portable);
+        #[cfg(target_arch = "x86_64")]
+        for (path, has) in [
+            (Path::Vnni, crate::native::dpbusd::available()),
+            (Path::Avx2, crate::native::dpbusd::avx2_available()),
+        ] {
+            if has {
+                let mut fast = [0i32; COLS];
+                block(&x, p.block(1), quads, &mut fast, path);
+                assert_eq!(fast, portable, "{path:?}");
+            }
         }
     }
 }

@@ -49,3 +49,56 @@ unsafe fn block_avx512(u: &[u8], block: &[i8], quads: usize, out: &mut [i32; 16]
     // SAFETY: the store writes 16 i32 into a 16-element array.
     unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), sum) }
 }
+
+/// Whether this CPU has AVX2 (the fallback's widening products).
+pub(crate) fn avx2_available() -> bool {
+    is_x86_feature_detected!("avx2")
+}
+
+/// [`block`] on AVX2: no byte dot product there, so the bytes widen to i16 and `vpmaddwd`
+/// multiplies pairs into i32 (exact for any int8 weight, unlike `vpmaddubsw`, whose i16 pair
+/// sums saturate for 8-bit weights).
+///
+/// # Panics
+/// Where the CPU lacks AVX2, or `u` or `block` is shorter than the quads read.
+pub(crate) fn block_avx2(u: &[u8], block: &[i8], quads: usize, out: &mut [i32; 16]) {
+    assert!(avx2_available(), "the widening products need AVX2");
+    assert!(u.len() >= quads * 4, "input shorter than its quads");
+    assert!(block.len() >= quads * 64, "block shorter than its quads");
+    // SAFETY: AVX2 is present (asserted); the reads are in bounds as in `block`.
+    unsafe { widening_avx2(u, block, quads, out) }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn widening_avx2(u: &[u8], block: &[i8], quads: usize, out: &mut [i32; 16]) {
+    // acc[c] holds columns 4c..4c + 4, two i32 lanes each (k-offsets 0-1 and 2-3).
+    let mut acc = [_mm256_setzero_si256(); 4];
+    let (up, bp) = (u.as_ptr(), block.as_ptr());
+    for q in 0..quads {
+        // SAFETY: in bounds per `block_avx2`'s assertions; unaligned reads.
+        let (x, w) = unsafe {
+            (
+                up.add(q * 4).cast::<i32>().read_unaligned(),
+                [
+                    _mm_loadu_si128(bp.add(q * 64).cast()),
+                    _mm_loadu_si128(bp.add(q * 64 + 16).cast()),
+                    _mm_loadu_si128(bp.add(q * 64 + 32).cast()),
+                    _mm_loadu_si128(bp.add(q * 64 + 48).cast()),
+                ],
+            )
+        };
+        // The 4 input bytes as i16, repeated for the 4 columns of a vector.
+        let x = _mm256_cvtepu8_epi16(_mm_set1_epi32(x));
+        for (a, w) in acc.iter_mut().zip(w) {
+            *a = _mm256_add_epi32(*a, _mm256_madd_epi16(_mm256_cvtepi8_epi16(w), x));
+        }
+    }
+    let mut lanes = [0i32; 32];
+    for (c, a) in acc.iter().enumerate() {
+        // SAFETY: each store writes 8 i32 into an 8-element piece of `lanes`.
+        unsafe { _mm256_storeu_si256(lanes[c * 8..].as_mut_ptr().cast(), *a) };
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = lanes[2 * j] + lanes[2 * j + 1];
+    }
+}
