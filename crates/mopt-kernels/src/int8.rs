@@ -111,6 +111,7 @@ pub fn matmul_u8s8(u: &[u8], rows: usize, w: &PackedS8) -> Vec<i32> {
     if n == 0 || rows == 0 {
         return out;
     }
+    crate::threads::keep_warm();
     let path = Path::best();
     let row = |r: usize, cols: std::ops::Range<usize>, dst: &mut [i32]| {
         let x = &padded[r * quads * 4..(r + 1) * quads * 4];
