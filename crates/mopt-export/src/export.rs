@@ -370,7 +370,7 @@ fn check_parity(p: &Parity, rule: Option<QdqParity>) -> Result<(), ExportError> 
                 samples,
             });
         }
-        Some(QdqParity::MaxMeanKl(max)) if !(p.mean_kl <= max) => {
+        Some(QdqParity::MaxMeanKl(max)) if p.mean_kl > max || p.mean_kl.is_nan() => {
             return Err(ExportError::Divergence {
                 mean_kl: p.mean_kl,
                 max,
