@@ -18,16 +18,20 @@ use mopt_models::llama::{load_checkpoint, LlamaForCausalLM};
 
 const LEN: usize = 128;
 
-/// Mean next-token loss over the windows, top-1 choices, and every logit.
+/// Mean next-token loss over the windows, top-1 choices, every logit, and the seconds of the
+/// forward passes alone (one untimed pass first).
 fn run(m: &LlamaForCausalLM, windows: &[Vec<i64>]) -> (f64, Vec<usize>, Vec<f32>, f64) {
-    let (mut loss, mut picks, mut all) = (0f64, Vec::new(), Vec::new());
-    let t0 = Instant::now();
+    let forward = |w: &[i64]| -> Vec<f32> {
+        let ids = TensorData::new(w[..LEN].to_vec(), [1, LEN]);
+        let ids = Tensor::<2, Int>::from_data(ids, &Device::flex());
+        m.forward(ids).into_data().try_to_vec().expect("f32")
+    };
+    let _ = forward(&windows[0]);
+    let (mut loss, mut picks, mut all, mut secs) = (0f64, Vec::new(), Vec::new(), 0f64);
     for w in windows {
-        let ids = Tensor::<2, Int>::from_data(
-            TensorData::new(w[..LEN].to_vec(), [1, LEN]),
-            &Device::flex(),
-        );
-        let logits: Vec<f32> = m.forward(ids).into_data().try_to_vec().expect("f32");
+        let t0 = Instant::now();
+        let logits = forward(w);
+        secs += t0.elapsed().as_secs_f64();
         let vocab = logits.len() / LEN;
         for (p, row) in logits.chunks(vocab).enumerate() {
             let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
@@ -46,7 +50,6 @@ fn run(m: &LlamaForCausalLM, windows: &[Vec<i64>]) -> (f64, Vec<usize>, Vec<f32>
         }
         all.extend(logits);
     }
-    let secs = t0.elapsed().as_secs_f64();
     (loss / (windows.len() * LEN) as f64, picks, all, secs)
 }
 
@@ -69,18 +72,19 @@ fn main() -> anyhow::Result<()> {
         .into_iter()
         .map(i64::from)
         .collect();
-    let windows: Vec<Vec<i64>> = ids
-        .chunks(LEN)
+    // Windows of LEN ids and the next id each predicts last (the next window's first).
+    let windows: Vec<Vec<i64>> = (0..)
+        .map(|k| k * LEN)
+        .take_while(|s| s + LEN < ids.len())
         .take(n)
-        .filter(|w| w.len() == LEN)
-        .map(|w| w.to_vec())
+        .map(|s| ids[s..=s + LEN].to_vec())
         .collect();
-    // Each window predicts its own next ids: the first LEN - 1 targets, plus one from the next.
-    let windows: Vec<Vec<i64>> = windows
-        .iter()
-        .enumerate()
-        .map(|(k, w)| [w.as_slice(), &[ids[(k + 1) * LEN]]].concat())
-        .collect();
+    anyhow::ensure!(
+        !windows.is_empty(),
+        "{}: fewer than {} tokens",
+        text.display(),
+        LEN + 1
+    );
     let (fake_loss, fake_picks, fake_logits, fake_secs) = run(&model, &windows);
     let (int_model, packed) = model.with_integer_kernels();
     let (int_loss, int_picks, int_logits, int_secs) = run(&int_model, &windows);
@@ -96,21 +100,10 @@ fn main() -> anyhow::Result<()> {
         .fold(0f32, f32::max);
     // Mean KL(fake-quantized || integer) over the positions, in nats.
     let vocab = fake_logits.len() / fake_picks.len();
-    let log_softmax = |r: &[f32]| -> Vec<f64> {
-        let max = r.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-        let lse = max + r.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
-        r.iter().map(|&x| x as f64 - lse).collect()
-    };
     let kl: f64 = fake_logits
         .chunks(vocab)
         .zip(int_logits.chunks(vocab))
-        .map(|(a, b)| {
-            let (p, q) = (log_softmax(a), log_softmax(b));
-            p.iter()
-                .zip(&q)
-                .map(|(lp, lq)| lp.exp() * (lp - lq))
-                .sum::<f64>()
-        })
+        .map(|(a, b)| mopt_export::kl_of_logits(a, b))
         .sum::<f64>()
         / fake_picks.len() as f64;
     println!("mean KL(fake-quantized || integer) {kl:.3e} nats a token");

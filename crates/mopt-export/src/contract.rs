@@ -202,8 +202,14 @@ pub fn kl_of_logits(a: &[f32], b: &[f32]) -> f64 {
         let lse = max + r.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
         r.iter().map(|&x| x as f64 - lse).collect()
     };
+    assert_eq!(a.len(), b.len(), "rows of one width");
     let (p, q) = (log_softmax(a), log_softmax(b));
-    p.iter().zip(&q).map(|(lp, lq)| lp.exp() * (lp - lq)).sum()
+    // A token p gives no mass (a -inf logit) adds nothing.
+    p.iter()
+        .zip(&q)
+        .filter(|(lp, _)| lp.is_finite())
+        .map(|(lp, lq)| lp.exp() * (lp - lq))
+        .sum()
 }
 
 /// Run the exported graph at `onnx` in ONNX Runtime on `examples` (in batches of `batch_size`)

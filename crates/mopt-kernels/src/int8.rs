@@ -12,6 +12,9 @@
 
 use rayon::prelude::*;
 
+/// The widest input whose sums fit i32 whatever the bytes: `255 · 128 · k ≤ i32::MAX`.
+pub const MAX_K: usize = i32::MAX as usize / (255 * 128);
+
 /// Columns of a packed block.
 const COLS: usize = 16;
 /// Bytes of a block's k-quad: 16 columns × 4 k-values.
@@ -39,9 +42,11 @@ impl PackedS8 {
     /// Pack the row-major `[k, n]` int8 weight `w`.
     ///
     /// # Panics
-    /// When `w` does not hold `k · n` values.
+    /// When `w` does not hold `k · n` values, or `k` exceeds [`MAX_K`] (the i32 sums could
+    /// overflow).
     pub fn pack(w: &[i8], k: usize, n: usize) -> Self {
         assert_eq!(w.len(), k * n, "a [{k}, {n}] weight");
+        assert!(k <= MAX_K, "{k} inputs: the i32 sums hold {MAX_K} at most");
         let (quads, blocks) = (k.div_ceil(4), n.div_ceil(COLS));
         let mut data = vec![0i8; blocks * quads * QUAD];
         let mut col_sums = vec![0i32; n];
@@ -98,18 +103,15 @@ impl PackedS8 {
 pub fn matmul_u8s8(u: &[u8], rows: usize, w: &PackedS8) -> Vec<i32> {
     let (k, n) = (w.k, w.n);
     assert_eq!(u.len(), rows * k, "a [{rows}, {k}] input");
+    let mut out = vec![0i32; rows * n];
+    if n == 0 || rows == 0 || k == 0 {
+        return out;
+    }
     let quads = w.quads();
     // Each row padded to whole quads (zeros add nothing).
     let mut padded = vec![0u8; rows * quads * 4];
-    for (dst, src) in padded
-        .chunks_exact_mut(quads * 4)
-        .zip(u.chunks_exact(k.max(1)))
-    {
+    for (dst, src) in padded.chunks_exact_mut(quads * 4).zip(u.chunks_exact(k)) {
         dst[..k].copy_from_slice(src);
-    }
-    let mut out = vec![0i32; rows * n];
-    if n == 0 || rows == 0 {
-        return out;
     }
     crate::threads::keep_warm();
     let path = Path::best();
@@ -228,8 +230,10 @@ mod tests {
     #[test]
     fn products_equal_the_naive_sums_at_every_shape() {
         // Widths off the block and quad sizes, the extremes of both types included.
+        // (1, 576, 1160): three tasks at batch 1, the last ending in a partial block.
         for (rows, k, n) in [
             (1, 576, 1152),
+            (1, 576, 1160),
             (1, 7, 5),
             (3, 13, 33),
             (5, 64, 16),
@@ -265,18 +269,23 @@ mod tests {
         let quads = p.quads();
         let mut x = u.clone();
         x.resize(quads * 4, 0);
-        let mut portable = [0i32; COLS];
-        block(&x, p.block(1), quads, &mut portable, Path::Portable);
-        assert_eq!(portable.as_slice(), &naive(&u, 1, &w, k, n)[16..32]);
-        #[cfg(target_arch = "x86_64")]
-        for (path, has) in [
-            (Path::Vnni, crate::native::dpbusd::available()),
-            (Path::Avx2, crate::native::dpbusd::avx2_available()),
-        ] {
-            if has {
-                let mut fast = [0i32; COLS];
-                block(&x, p.block(1), quads, &mut fast, path);
-                assert_eq!(fast, portable, "{path:?}");
+        // Blocks 1 (columns 16..32) and 2, a partial one (columns 32..40).
+        let want = naive(&u, 1, &w, k, n);
+        for b in [1, 2] {
+            let mut portable = [0i32; COLS];
+            block(&x, p.block(b), quads, &mut portable, Path::Portable);
+            let cols = b * 16..(b * 16 + 16).min(n);
+            assert_eq!(&portable[..cols.len()], &want[cols.clone()]);
+            #[cfg(target_arch = "x86_64")]
+            for (path, has) in [
+                (Path::Vnni, crate::native::dpbusd::available()),
+                (Path::Avx2, crate::native::dpbusd::avx2_available()),
+            ] {
+                if has {
+                    let mut fast = [0i32; COLS];
+                    block(&x, p.block(b), quads, &mut fast, path);
+                    assert_eq!(fast, portable, "{path:?}, block {b}");
+                }
             }
         }
     }

@@ -247,13 +247,20 @@ impl LinearQuant {
         self.integer.is_some()
     }
 
-    /// `x · W` in integers, the output quantizer after it, once [`LinearQuant::pack`] built the
-    /// integer form (`None` before).
+    /// `x · W` in integers, the output quantizer after it (a bias-free layer's), once
+    /// [`LinearQuant::pack`] built the integer form; `None` before, and whenever the float
+    /// path must run instead: a quantizer switched out of `Quantize` since, or an input that
+    /// needs gradients (the integer product has none).
     ///
     /// # Shapes
     /// - x: `[rows, d_in]`; output: `[rows, d_out]`
     pub fn integer_forward(&self, x: Tensor<2>) -> Option<Tensor<2>> {
-        let y = self.integer.as_ref()?.forward(x);
+        let integer = self.integer.as_ref()?;
+        let quantizing = |q: &FakeQuant| q.phase() == Phase::Quantize;
+        if !quantizing(&self.input) || !quantizing(&self.weight) || x.is_require_grad() {
+            return None;
+        }
+        let y = integer.forward(x);
         Some(match &self.output {
             Some(o) => o.forward(y),
             None => y,
