@@ -64,6 +64,9 @@ def mopt_tokens_per_s(ckpt, prompt, new_tokens):
     m = GENERATED.search(out.stderr)
     if not m:
         sys.exit(f"{ckpt}: no tokens/s in generate's output:\n{out.stderr}")
+    if int(m.group(1)) < new_tokens:
+        # The end-of-text token stopped it early: fewer steps than ONNX Runtime's.
+        print(f"warning: {ckpt} wrote {m.group(1)} of {new_tokens} tokens", file=sys.stderr)
     return float(m.group(2)), out.stdout.strip(), "ran in integers" in out.stderr
 
 
@@ -83,6 +86,8 @@ def main():
     p.add_argument("--prompt", default="To be, or not to be, that is the question:")
     p.add_argument("--out", help="JSON results")
     a = p.parse_args()
+    if a.rounds < 1 or a.new_tokens < 2:
+        sys.exit("--rounds must be at least 1 and --new-tokens at least 2")
     models = []
     for spec in a.model:
         name, _, rest = spec.partition("=")
@@ -95,7 +100,10 @@ def main():
         [binary(), "generate", models[0]["checkpoint"], "--prompt", a.prompt, "--max-new-tokens", "1", "--ids"],
         capture_output=True, text=True, check=True,
     ).stderr
-    prompt_ids = json.loads(re.search(r"prompt ids (\[[0-9, ]*\])", ids).group(1))
+    found = re.search(r"prompt ids (\[[0-9, ]*\])", ids)
+    if not found:
+        sys.exit(f"no prompt ids in `generate --ids`'s output:\n{ids}")
+    prompt_ids = json.loads(found.group(1))
     for r in range(a.rounds):
         for m in models:
             tps, text, integer = mopt_tokens_per_s(m["checkpoint"], a.prompt, a.new_tokens)
