@@ -20,7 +20,6 @@ with the CPU model, its SIMD flags and the onnxruntime version.
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -29,21 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "crates/mopt-export/python"))
+sys.path.insert(0, str(ROOT / "benches"))
 
-
-def cpu():
-    model, flags = platform.processor(), []
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                have = line.split(":", 1)[1].split()
-                flags = sorted(f for f in have if f.startswith(("avx", "fma", "amx")) or "vnni" in f)
-                break
-    except OSError:
-        pass
-    return model, flags
+from ort_compare import cpu  # noqa: E402  (the CPU model and SIMD flags, as the ORT bench records them)
 
 
 def binary():
@@ -129,12 +116,9 @@ def main():
                     row[f"{side}_ratio_range"] = [min(ratios), max(ratios)]
         rows.append(row)
     model, flags = cpu()
-    try:
-        import onnxruntime
+    import onnxruntime
 
-        ort_version = onnxruntime.__version__
-    except ImportError:
-        ort_version = None
+    ort_version = onnxruntime.__version__
     print(f"CPU: {model}; SIMD: {' '.join(flags)}; onnxruntime {ort_version}; {a.new_tokens} new tokens, {a.rounds} rounds")
     for row in rows:
         ratio = lambda side: f" ({row[side + '_ratio_median']:.2f}x)" if side + "_ratio_median" in row else ""

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use burn::prelude::*;
 use mopt_core::Quantizable;
+use mopt_export::contract::argmax;
 use mopt_gguf::{Gguf, GgufTokenizer};
 use mopt_models::llama::{load_checkpoint, LlamaForCausalLM};
 
@@ -42,11 +43,7 @@ fn run(m: &LlamaForCausalLM, windows: &[Vec<i64>]) -> (f64, Vec<usize>, Vec<f32>
                     .sum::<f64>()
                     .ln();
             loss += lse - row[w[p + 1] as usize] as f64;
-            picks.push(
-                row.iter()
-                    .enumerate()
-                    .fold(0, |b, (i, &x)| if x > row[b] { i } else { b }),
-            );
+            picks.push(argmax(row.iter().map(|&x| x as f64)));
         }
         all.extend(logits);
     }

@@ -18,12 +18,18 @@ pub(crate) fn available() -> bool {
 /// Where the CPU lacks the features, or `u` or `block` is shorter than the quads read.
 pub(crate) fn block(u: &[u8], block: &[i8], quads: usize, out: &mut [i32; 16]) {
     assert!(available(), "vpdpbusd needs AVX-512F and AVX512_VNNI");
-    assert!(u.len() >= quads * 4, "input shorter than its quads");
-    assert!(block.len() >= quads * 64, "block shorter than its quads");
+    check_lengths(u, block, quads);
     // SAFETY: the features are present (asserted); the reads are in bounds: u's at 4q..4q + 4
     // ≤ 4·quads ≤ u.len(), the block's 64-byte loads at q·64 ≤ (quads − 1)·64, ending by
     // quads·64 ≤ block.len().
     unsafe { block_avx512(u, block, quads, out) }
+}
+
+/// The bounds both kernels' reads rely on: `quads` groups of 4 input bytes and of 64 weight
+/// bytes.
+fn check_lengths(u: &[u8], block: &[i8], quads: usize) {
+    assert!(u.len() >= quads * 4, "input shorter than its quads");
+    assert!(block.len() >= quads * 64, "block shorter than its quads");
 }
 
 #[target_feature(enable = "avx512f,avx512vnni")]
@@ -63,8 +69,7 @@ pub(crate) fn avx2_available() -> bool {
 /// Where the CPU lacks AVX2, or `u` or `block` is shorter than the quads read.
 pub(crate) fn block_avx2(u: &[u8], block: &[i8], quads: usize, out: &mut [i32; 16]) {
     assert!(avx2_available(), "the widening products need AVX2");
-    assert!(u.len() >= quads * 4, "input shorter than its quads");
-    assert!(block.len() >= quads * 64, "block shorter than its quads");
+    check_lengths(u, block, quads);
     // SAFETY: AVX2 is present (asserted); the reads are in bounds as in `block`.
     unsafe { widening_avx2(u, block, quads, out) }
 }
