@@ -38,6 +38,7 @@ mod memory;
 mod model;
 pub mod prune;
 pub mod quant;
+pub mod smooth;
 mod table;
 pub mod taps;
 pub mod vocab;

@@ -200,6 +200,28 @@ pub trait Quantizable: Checkpoint {
         }
     }
 
+    /// The `k`-th place (from 0; `None` past the last) where SmoothQuant may move a
+    /// per-channel scale from a layer's input into its weight ([`crate::smooth`]): a producer
+    /// (a normalisation's gain, a linear layer's output columns) and the quantizable layers
+    /// that read its channels. One group at a time, since one weight can be a consumer in
+    /// one group and the producer of the next (Llama's `v_proj`). None by default: a
+    /// `smooth` key on such a family is refused when the recipe is checked.
+    fn smoothing_group(&mut self, _k: usize) -> Option<crate::smooth::SmoothGroup<'_>> {
+        None
+    }
+
+    /// The producers' paths of [`smoothing_group`](Quantizable::smoothing_group) of a model
+    /// shaped `config`.
+    fn smoothing_paths(config: &Self::Config) -> Vec<String> {
+        let float = Self::with_quantization(config, None);
+        let mut m = Self::init(&float, &Device::flex());
+        let mut out = Vec::new();
+        while let Some(g) = m.smoothing_group(out.len()) {
+            out.push(g.producer_path);
+        }
+        out
+    }
+
     /// Every quantizable linear layer, in forward order.
     fn quant_slots(&mut self) -> Vec<QuantSlot<'_>>;
 

@@ -118,6 +118,12 @@ impl FakeQuant {
         }
     }
 
+    /// The largest magnitude each channel of the last axis has reached while observing
+    /// (calibration); empty before any data.
+    pub fn channel_absmax(&self) -> Vec<f32> {
+        self.lock().observer.channel_absmax().to_vec()
+    }
+
     /// Set the parameters (lengths must match the quantizer's).
     pub fn set_qparams(mut self, p: &QParams) -> Self {
         let device = self.scale.val().device();
@@ -200,7 +206,11 @@ impl FakeQuant {
                     .convert::<f32>()
                     .try_to_vec::<f32>()
                     .unwrap();
-                self.lock().observer.observe(&v);
+                let channels = x.dims()[D - 1];
+                let mut state = self.lock();
+                state.observer.observe(&v);
+                state.observer.observe_channels(&v, channels);
+                drop(state);
                 x
             }
             Phase::Quantize => {

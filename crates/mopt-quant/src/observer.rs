@@ -59,6 +59,7 @@ pub struct Observer {
     batches: usize,
     sample: Vec<f32>,
     seen: usize,
+    channel_absmax: Vec<f32>,
 }
 
 impl Observer {
@@ -71,6 +72,7 @@ impl Observer {
             batches: 0,
             sample: Vec::new(),
             seen: 0,
+            channel_absmax: Vec::new(),
         }
     }
 
@@ -119,6 +121,32 @@ impl Observer {
             self.sample.extend(finite.step_by(stride));
         }
         self.batches += 1;
+    }
+
+    /// Observe one batch of values laid out with `channels` channels on the last axis (a
+    /// linear layer's input `[.., d_in]`): the largest magnitude each channel has seen, which
+    /// SmoothQuant's scales read ([`Observer::channel_absmax`]). Non-finite values are ignored;
+    /// a batch of another channel count restarts the maxima.
+    pub fn observe_channels(&mut self, values: &[f32], channels: usize) {
+        if channels == 0 {
+            return;
+        }
+        if self.channel_absmax.len() != channels {
+            self.channel_absmax = vec![0.0; channels];
+        }
+        for row in values.chunks_exact(channels) {
+            for (m, v) in self.channel_absmax.iter_mut().zip(row) {
+                if v.is_finite() {
+                    *m = m.max(v.abs());
+                }
+            }
+        }
+    }
+
+    /// Each channel's largest magnitude so far ([`Observer::observe_channels`]); empty before
+    /// any data.
+    pub fn channel_absmax(&self) -> &[f32] {
+        &self.channel_absmax
     }
 
     /// The range to quantize, for `scheme` (MSE searches with it). `None` before any data.
@@ -231,6 +259,16 @@ mod tests {
                 .sum::<f64>()
         };
         assert!(err(lo, hi) < err(-1.0, 100.0) / 5.0);
+    }
+
+    #[test]
+    fn channel_maxima_are_per_last_axis_channel_magnitudes() {
+        let mut o = Observer::new(ObserverKind::MinMax);
+        assert!(o.channel_absmax().is_empty());
+        // Two rows of three channels, then one more row: channel 1 holds the largest magnitude.
+        o.observe_channels(&[1.0, -7.0, 0.5, -2.0, 3.0, f32::NAN], 3);
+        o.observe_channels(&[0.25, 6.0, -4.0], 3);
+        assert_eq!(o.channel_absmax(), &[2.0, 7.0, 4.0]);
     }
 
     #[test]

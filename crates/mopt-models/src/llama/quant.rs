@@ -14,6 +14,7 @@
 //! `lm_head`.
 
 use mopt_core::quant::{QuantSlot as Slot, QuantSlotRef as SlotRef};
+use mopt_core::smooth::{SmoothGroup, SmoothProducer};
 use mopt_core::Quantizable;
 use mopt_quant::node::QuantConfig;
 
@@ -30,6 +31,55 @@ impl Quantizable for LlamaForCausalLM {
             mopt_quant: q,
             ..c.clone()
         }
+    }
+
+    /// Four groups a layer, `k = 4 · layer + g`: the input RMSNorm's gain into `q`, `k`,
+    /// `v`; `v`'s output columns into `o` (query head `h`'s columns read value head
+    /// `h / (heads / kv_heads)`); the post-attention RMSNorm's gain into `gate`, `up`; `up`'s
+    /// output columns into `down` (SwiGLU's product is linear in `up`).
+    fn smoothing_group(&mut self, k: usize) -> Option<SmoothGroup<'_>> {
+        let i = k / 4;
+        let layer = self.model.layers.get_mut(i)?;
+        let (a, f) = (&mut layer.self_attn, &mut layer.mlp);
+        let path = |name: &str| slot_path(i, name);
+        Some(match k % 4 {
+            0 => SmoothGroup {
+                producer_path: path("input_layernorm"),
+                producer: SmoothProducer::Gain(&mut layer.input_layernorm.weight),
+                consumers: vec![
+                    (path("self_attn.q_proj"), &mut a.q_proj.weight),
+                    (path("self_attn.k_proj"), &mut a.k_proj.weight),
+                    (path("self_attn.v_proj"), &mut a.v_proj.weight),
+                ],
+                channel_map: None,
+            },
+            1 => {
+                let (h, kv, d) = (a.num_heads, a.num_kv_heads, a.head_dim);
+                let group = (h / kv.max(1)).max(1);
+                let map = (0..h * d).map(|c| (c / d / group) * d + c % d).collect();
+                SmoothGroup {
+                    producer_path: path("self_attn.v_proj"),
+                    producer: SmoothProducer::Columns(&mut a.v_proj.weight),
+                    consumers: vec![(path("self_attn.o_proj"), &mut a.o_proj.weight)],
+                    channel_map: Some(map),
+                }
+            }
+            2 => SmoothGroup {
+                producer_path: path("post_attention_layernorm"),
+                producer: SmoothProducer::Gain(&mut layer.post_attention_layernorm.weight),
+                consumers: vec![
+                    (path("mlp.gate_proj"), &mut f.gate_proj.weight),
+                    (path("mlp.up_proj"), &mut f.up_proj.weight),
+                ],
+                channel_map: None,
+            },
+            _ => SmoothGroup {
+                producer_path: path("mlp.up_proj"),
+                producer: SmoothProducer::Columns(&mut f.up_proj.weight),
+                consumers: vec![(path("mlp.down_proj"), &mut f.down_proj.weight)],
+                channel_map: None,
+            },
+        })
     }
 
     fn quant_slots(&mut self) -> Vec<Slot<'_>> {

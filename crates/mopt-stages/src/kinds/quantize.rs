@@ -54,6 +54,7 @@ struct RawQuant {
     max_fallback: Option<usize>,
     learned_scales: Option<bool>,
     embeddings: Option<bool>,
+    smooth: Option<f64>,
     distill: Option<bool>,
     alpha: Option<f64>,
     temperature: Option<f64>,
@@ -102,6 +103,14 @@ fn parse_weight_bits(cx: &Scope, bits: Option<&Bits>) -> Result<u32, RecipeError
     Ok(bits)
 }
 
+/// A calibrated model, its config, the layers whose input saw no data, and what smoothing did.
+type Calibrated<M> = (
+    M,
+    <M as mopt_core::Checkpoint>::Config,
+    Vec<String>,
+    Option<mopt_core::smooth::SmoothReport>,
+);
+
 /// A quantization stage, validated.
 #[derive(Debug, Clone)]
 pub struct QuantStage {
@@ -120,6 +129,9 @@ pub struct QuantStage {
     /// Store the family's embedding tables as int8, one scale per row
     /// ([`mopt_core::Quantizable::embedding_tables`]).
     pub embeddings: bool,
+    /// SmoothQuant's migration strength α before calibration ([`mopt_core::smooth`]);
+    /// `None`: no smoothing.
+    pub smooth: Option<f64>,
     /// Rank layers by sensitivity (ptq).
     pub sensitivity: bool,
     /// Float fallbacks at most (ptq).
@@ -207,6 +219,18 @@ fn parse_observer(cx: &Scope, r: &RawQuant) -> Result<ObserverKind, RecipeError>
     Ok(observer)
 }
 
+/// `smooth`: SmoothQuant's α, in [0, 1].
+fn parse_smooth(cx: &Scope, alpha: Option<f64>) -> Result<Option<f64>, RecipeError> {
+    match alpha {
+        Some(a) if !(0.0..=1.0).contains(&a) => Err(cx.err(
+            "smooth",
+            format!("{a} is outside [0, 1]"),
+            "set SmoothQuant's migration strength between 0 and 1 (0.5 balances activations and weights), or remove the key",
+        )),
+        a => Ok(a),
+    }
+}
+
 fn parse(
     entry: &StageEntry,
     train: bool,
@@ -278,6 +302,7 @@ fn parse(
         exclude: r.exclude.unwrap_or_else(|| can.default_exclude()),
         calibration_samples: cx.positive("calibration-samples", r.calibration_samples, 512)?,
         embeddings: r.embeddings.unwrap_or(false),
+        smooth: parse_smooth(cx, r.smooth)?,
         auto_bits: matches!(&r.weight_bits, Some(Bits::Name(_))),
         // on-fail = "retry" is the float fallback, which needs the ranking.
         sensitivity: r.sensitivity.unwrap_or(
@@ -452,12 +477,13 @@ impl QuantStage {
         )
     }
 
-    /// The input with calibrated quantizers, and the layers whose input saw no data.
+    /// The input (smoothed first when `smooth` is set) with calibrated quantizers, the layers
+    /// whose input saw no data, and what smoothing did.
     fn calibrated<M: Quantizable<Batch: Labeled>>(
         &self,
         input: &Path,
         cx: &StageContext,
-    ) -> Result<(M, M::Config, Vec<String>), StageError> {
+    ) -> Result<Calibrated<M>, StageError> {
         let device = cx.device.device();
         let (model, config) = M::load(input, &device)?;
         let (model, config) = model.fold_for_quantization(&config);
@@ -472,14 +498,26 @@ impl QuantStage {
             q.observer.name()
         );
         let model = model.valid();
-        let (mut m, unseen) = calibrate(model, &q, &device, |m| {
+        let feed = |m: &M| {
             for chunk in order[..n].chunks(cx.entry.train.eval_batch_size) {
                 let _ = m.logits(&train.batch(chunk, &device));
             }
-        });
+        };
+        let (model, smoothed) = match self.smooth {
+            Some(alpha) => {
+                eprintln!(
+                    "{}: SmoothQuant (alpha {alpha}) on {n} training examples",
+                    self.name()
+                );
+                let (m, r) = mopt_core::smooth::smooth(model, &q, alpha, &device, feed);
+                (m, Some(r))
+            }
+            None => (model, None),
+        };
+        let (mut m, unseen) = calibrate(model, &q, &device, feed);
         m.snap_embeddings(&q);
         let qc = M::with_quantization(&config, Some(q));
-        Ok((m, qc, unseen))
+        Ok((m, qc, unseen, smoothed))
     }
 
     /// Validation metrics and golden logits of `m` (the golden set is the validation split's
@@ -612,6 +650,16 @@ impl QuantStage {
                 .into());
         }
         let q = self.config_for::<M>(&paths, input);
+        if self.smooth.is_some() && M::smoothing_paths(input).is_empty() {
+            return Err(entry
+                .scope
+                .err(
+                    "smooth",
+                    "this model family lists no place to fold SmoothQuant's scales",
+                    "remove `smooth`, or list the family's groups in `Quantizable::smoothing_group`",
+                )
+                .into());
+        }
         if self.embeddings && q.embeddings.is_empty() {
             return Err(entry
                 .scope
@@ -642,6 +690,11 @@ impl QuantStage {
                 self.calibration_samples.min(cx.train_examples)
             ),
         ];
+        if let Some(alpha) = self.smooth {
+            settings.push(format!(
+                "SmoothQuant before calibration: alpha = {alpha} (input channel ranges moved into the weights, folded into the norms and projections before them)"
+            ));
+        }
         if !q.embeddings.is_empty() {
             settings.push(format!(
                 "embedding tables stored as int8, one scale per row: {}",
@@ -683,7 +736,7 @@ impl QuantStage {
     ) -> Result<StageOutput, StageError> {
         // The float input's golden logits, as the runner measured them.
         let float_logits = cx.input_logits;
-        let (mut m, mut qc, unseen) = self.calibrated::<M>(input, cx)?;
+        let (mut m, mut qc, unseen, smoothed) = self.calibrated::<M>(input, cx)?;
         let mut notes = vec![format!(
             "{} layers quantized: {}.",
             M::quantization(&qc).map_or(0, |q| q.layers.len()),
@@ -693,6 +746,12 @@ impl QuantStage {
                 format!("no data reached {unseen:?}")
             }
         )];
+        if let Some(r) = &smoothed {
+            notes.push(format!(
+                "SmoothQuant: {} producers smoothed, scales {:.3}..{:.3}; the loudest input channel over the median one {:.1} -> {:.1} (mean over the groups).",
+                r.groups, r.scale_range.0, r.scale_range.1, r.outlier_ratio.0, r.outlier_ratio.1
+            ));
+        }
         let (valid, golden) = Self::measure::<M>(&m, &qc, cx)?;
         let ptq_err = max_abs_diff(&golden, float_logits);
         notes.push(format!(
@@ -705,6 +764,14 @@ impl QuantStage {
             "calibrated_valid_accuracy": valid.accuracy,
             "calibrated_max_logit_error": ptq_err,
         });
+        if let Some(r) = &smoothed {
+            facts["smoothing"] = json!({
+                "alpha": self.smooth,
+                "groups": r.groups,
+                "scale_range": [r.scale_range.0, r.scale_range.1],
+                "outlier_ratio": [r.outlier_ratio.0, r.outlier_ratio.1],
+            });
+        }
         let mut artifacts = Vec::new();
         if self.sensitivity {
             let calibrated = (valid, ptq_err);
