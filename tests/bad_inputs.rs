@@ -124,6 +124,7 @@ fn cases() -> Vec<Case> {
         c("vocab min-count 0", append("[[stage]]\nkind = \"vocab\"\nmin-count = 0"), &["min-count"]),
         c("vocab trains", append("[[stage]]\nkind = \"vocab\"\n[stage.train]\nepochs = 1"), &["train", "vocab"]),
         c("ptq smooth above 1", append("[[stage]]\nkind = \"ptq\"\nsmooth = 1.5"), &["smooth", "1.5", "between 0 and 1"]),
+        c("ptq smooth 0", append("[[stage]]\nkind = \"ptq\"\nsmooth = 0.0"), &["smooth", "(0, 1]"]),
         c("ptq smooth without groups", append("[[stage]]\nkind = \"ptq\"\nsmooth = 0.5"), &["smooth", "SmoothQuant", "smoothing_group"]),
         c("ptq unknown observer", append("[[stage]]\nkind = \"ptq\"\nobserver = \"max\""), &["observer", "max"]),
         c("ptq percentile 120", append("[[stage]]\nkind = \"ptq\"\nobserver = \"percentile\"\npercentile = 120.0"), &["percentile"]),

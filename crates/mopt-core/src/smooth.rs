@@ -62,7 +62,8 @@ pub struct SmoothReport {
 
 /// The smoothing scales of producer channels whose consumers' input reached `act[p]` at most
 /// and whose consumers' rows reached `weight[p]`: `act^α / weight^(1-α)`, 1 where either is
-/// zero (a channel that never fires, or a pruned-away row), clamped to at least 1e-5.
+/// zero (a channel that never fires, or a pruned-away row) or where the ratio is not a finite
+/// number, clamped to [1e-5, 1e5].
 pub fn smoothing_scales(act: &[f32], weight: &[f32], alpha: f64) -> Vec<f32> {
     act.iter()
         .zip(weight)
@@ -71,7 +72,11 @@ pub fn smoothing_scales(act: &[f32], weight: &[f32], alpha: f64) -> Vec<f32> {
                 return 1.0;
             }
             let s = (a as f64).powf(alpha) / (w as f64).powf(1.0 - alpha);
-            (s as f32).max(1e-5)
+            if s.is_finite() {
+                s.clamp(1e-5, 1e5) as f32
+            } else {
+                1.0
+            }
         })
         .collect()
 }
@@ -109,18 +114,23 @@ fn scale_axis(p: &mut Param<Tensor<2>>, factors: &[f32], axis: usize) {
 }
 
 /// The per-channel maxima of the input of each quantized layer that saw calibration data,
-/// by slot path, after `feed` ran on `model` with observing quantizers on `q.layers`; the
-/// quantizers are removed again.
+/// by slot path, after `feed` ran on `model` with observing quantizers on `q.layers` (min-max:
+/// the maxima are all this pass keeps); the quantizers are removed again.
 fn input_maxima<M: Quantizable>(
     model: &mut M,
     q: &QuantConfig,
     device: &Device,
     feed: impl FnOnce(&M),
 ) -> std::collections::HashMap<String, Vec<f32>> {
-    model.attach_quantizers(q, Phase::Observe, device);
+    let q = QuantConfig {
+        observer: mopt_quant::ObserverKind::MinMax,
+        ..q.clone()
+    };
+    model.attach_quantizers(&q, Phase::Observe, device);
     for s in model.quant_slots_ref() {
         if let Some(lq) = s.quant {
             lq.weight.set_phase(Phase::Off);
+            lq.input.track_channels();
         }
     }
     feed(model);
@@ -149,8 +159,9 @@ fn outlier_ratio(m: &[f32]) -> f32 {
 /// SmoothQuant on `model` before calibration: the input channel maxima of the layers
 /// `q.layers` lists, measured over the forward passes `feed` runs (float, no quantization),
 /// then every group of [`Quantizable::smoothing_group`] with a quantized consumer that saw
-/// data smoothed with strength `alpha` (0 leaves activations alone, 1 moves all of their range
-/// into the weights). The model's function is unchanged up to float rounding.
+/// data smoothed with strength `alpha` in (0, 1] (1 moves all of the activations' range into
+/// the weights; 0.5 balances the two). The model's function is unchanged up to float rounding.
+/// The calibration data passes once here and once more in the calibration that follows.
 pub fn smooth<M: Quantizable>(
     mut model: M,
     q: &QuantConfig,
@@ -183,6 +194,7 @@ pub fn smooth<M: Quantizable>(
     }
     if report.groups == 0 {
         report.scale_range = (1.0, 1.0);
+        report.outlier_ratio = (1.0, 1.0);
     } else {
         let n = report.groups as f32;
         report.outlier_ratio = (before / n, after / n);
@@ -252,6 +264,10 @@ mod tests {
         // alpha = 0: s = 1 / w (the weight's rows normalised, activations take the rest).
         let s = smoothing_scales(&[8.0], &[4.0], 0.0);
         assert_eq!(s, vec![0.25]);
+        // A ratio past f32's range is left at 1; extreme ones are clamped.
+        let s = smoothing_scales(&[1e30, 1e-30], &[1e-38, 1e30], 0.9);
+        assert_eq!(s, vec![1e5, 1e-5]);
+        assert_eq!(smoothing_scales(&[f32::INFINITY], &[1.0], 0.5), vec![1.0]);
     }
 
     #[test]

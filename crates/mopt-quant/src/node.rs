@@ -40,6 +40,9 @@ pub struct NodeState {
     pub phase: Phase,
     /// The observer calibration feeds.
     pub observer: Observer,
+    /// Whether observing also keeps each last-axis channel's largest magnitude (a linear
+    /// layer's input, for SmoothQuant); off unless asked for ([`FakeQuant::track_channels`]).
+    pub channels: bool,
 }
 
 /// One quantizer.
@@ -88,6 +91,7 @@ impl FakeQuant {
             state: Arc::new(Mutex::new(NodeState {
                 phase,
                 observer: Observer::new(observer),
+                channels: false,
             })),
         }
     }
@@ -118,8 +122,14 @@ impl FakeQuant {
         }
     }
 
-    /// The largest magnitude each channel of the last axis has reached while observing
-    /// (calibration); empty before any data.
+    /// From now on, observing also keeps the largest magnitude of each channel of the last
+    /// axis (a linear layer's input `[.., d_in]`), for [`FakeQuant::channel_absmax`].
+    pub fn track_channels(&self) {
+        self.lock().channels = true;
+    }
+
+    /// The largest magnitude each channel of the last axis has reached while observing with
+    /// [`FakeQuant::track_channels`] on; empty before any data.
     pub fn channel_absmax(&self) -> Vec<f32> {
         self.lock().observer.channel_absmax().to_vec()
     }
@@ -209,7 +219,9 @@ impl FakeQuant {
                 let channels = x.dims()[D - 1];
                 let mut state = self.lock();
                 state.observer.observe(&v);
-                state.observer.observe_channels(&v, channels);
+                if state.channels {
+                    state.observer.observe_channels(&v, channels);
+                }
                 drop(state);
                 x
             }

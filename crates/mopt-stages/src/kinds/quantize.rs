@@ -219,12 +219,12 @@ fn parse_observer(cx: &Scope, r: &RawQuant) -> Result<ObserverKind, RecipeError>
     Ok(observer)
 }
 
-/// `smooth`: SmoothQuant's α, in [0, 1].
+/// `smooth`: SmoothQuant's α, in (0, 1].
 fn parse_smooth(cx: &Scope, alpha: Option<f64>) -> Result<Option<f64>, RecipeError> {
     match alpha {
-        Some(a) if !(0.0..=1.0).contains(&a) => Err(cx.err(
+        Some(a) if !(a > 0.0 && a <= 1.0) => Err(cx.err(
             "smooth",
-            format!("{a} is outside [0, 1]"),
+            format!("{a} is outside (0, 1]"),
             "set SmoothQuant's migration strength between 0 and 1 (0.5 balances activations and weights), or remove the key",
         )),
         a => Ok(a),
