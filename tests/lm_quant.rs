@@ -140,17 +140,12 @@ fn a_fine_tuned_tiny_llama_is_quantized_by_ptq_under_a_perplexity_gate() {
     assert!(int8 != float && int8 <= float * 1.25, "{float} → {int8}");
     // SmoothQuant smoothed all four groups of both layers before calibrating, and the
     // exported graph below (the smoothed weights) still holds ONNX Runtime's parity.
-    let report = common::read_json(&run.join("report.json"));
+    let report = read_json(&run.join("report.json"));
     let smoothing = &report["stages"][2]["facts"]["smoothing"];
     assert_eq!(smoothing["groups"], 8, "{smoothing}");
     assert_eq!(smoothing["alpha"], 0.5, "{smoothing}");
-    let ratio: Vec<f64> = smoothing["outlier_ratio"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
-    assert!(ratio[1] < ratio[0], "{smoothing}");
+    let ratio = |i: usize| smoothing["outlier_ratio"][i].as_f64().unwrap();
+    assert!(ratio(1) < ratio(0), "{smoothing}");
     serves_but_does_not_convert(&run.join("best"));
     exports_as_qdq(&run.join("03-export/onnx"));
 }

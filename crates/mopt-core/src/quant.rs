@@ -290,6 +290,25 @@ pub trait Quantizable: Checkpoint {
     }
 }
 
+/// Quantizers on the layers `q.layers` lists that observe their inputs while the weights stay
+/// float: what calibration (and SmoothQuant's measuring pass) runs the data through. Returns
+/// the inputs' quantizers.
+pub(crate) fn observe_inputs<'a, M: Quantizable>(
+    model: &'a mut M,
+    q: &QuantConfig,
+    device: &Device,
+) -> Vec<&'a mopt_quant::FakeQuant> {
+    model.attach_quantizers(q, Phase::Observe, device);
+    let mut inputs = Vec::new();
+    for s in model.quant_slots_ref() {
+        if let Some(lq) = s.quant {
+            lq.weight.set_phase(Phase::Off);
+            inputs.push(&lq.input);
+        }
+    }
+    inputs
+}
+
 /// Post-training calibration: quantizers on the layers `q.layers` lists, inputs observed over
 /// the forward passes `feed` runs (on the float model: weights stay float meanwhile), then
 /// frozen; weights get per-channel (or per-tensor) scales from their values. Returns the model
@@ -300,12 +319,7 @@ pub fn calibrate<M: Quantizable>(
     device: &Device,
     feed: impl FnOnce(&M),
 ) -> (M, Vec<String>) {
-    model.attach_quantizers(q, Phase::Observe, device);
-    for s in model.quant_slots_ref() {
-        if let Some(lq) = s.quant {
-            lq.weight.set_phase(Phase::Off);
-        }
-    }
+    observe_inputs(&mut model, q, device);
     feed(&model);
     let mut unseen = Vec::new();
     for s in model.quant_slots() {

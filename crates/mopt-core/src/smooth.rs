@@ -18,7 +18,7 @@
 
 use burn::module::Param;
 use burn::prelude::*;
-use mopt_quant::node::{Phase, QuantConfig};
+use mopt_quant::node::QuantConfig;
 
 use crate::quant::Quantizable;
 
@@ -81,33 +81,24 @@ pub fn smoothing_scales(act: &[f32], weight: &[f32], alpha: f64) -> Vec<f32> {
         .collect()
 }
 
-fn to_vec<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.into_data()
+/// Each row's largest magnitude of a `[rows, cols]` weight.
+fn row_absmax(w: &Param<Tensor<2>>) -> Vec<f32> {
+    let t = w.val();
+    let rows = t.dims()[0];
+    t.abs()
+        .max_dim(1)
+        .reshape([rows])
+        .into_data()
         .convert::<f32>()
         .try_to_vec::<f32>()
         .expect("f32 data")
 }
 
-/// Each row's largest magnitude of a `[rows, cols]` weight.
-fn row_absmax(w: &Param<Tensor<2>>) -> Vec<f32> {
-    let t = w.val();
-    let [_, cols] = t.dims();
-    to_vec(t)
-        .chunks_exact(cols.max(1))
-        .map(|r| r.iter().fold(0.0f32, |m, v| m.max(v.abs())))
-        .collect()
-}
-
-/// `t` times `factors` along `axis` (the other axis broadcast).
-fn scale_axis(p: &mut Param<Tensor<2>>, factors: &[f32], axis: usize) {
+/// `p` times `factors` laid out as `shape` (broadcast over the axes of length 1).
+fn scale<const D: usize>(p: &mut Param<Tensor<D>>, factors: Vec<f32>, shape: [usize; D]) {
     let t = p.val();
-    let shape = if axis == 0 {
-        [factors.len(), 1]
-    } else {
-        [1, factors.len()]
-    };
-    let f = Tensor::<2>::from_data(
-        TensorData::new(factors.to_vec(), shape).convert_dtype(t.dtype()),
+    let f = Tensor::<D>::from_data(
+        TensorData::new(factors, shape).convert_dtype(t.dtype()),
         &t.device(),
     );
     *p = Param::from_tensor(t * f);
@@ -126,12 +117,8 @@ fn input_maxima<M: Quantizable>(
         observer: mopt_quant::ObserverKind::MinMax,
         ..q.clone()
     };
-    model.attach_quantizers(&q, Phase::Observe, device);
-    for s in model.quant_slots_ref() {
-        if let Some(lq) = s.quant {
-            lq.weight.set_phase(Phase::Off);
-            lq.input.track_channels();
-        }
+    for input in crate::quant::observe_inputs(model, &q, device) {
+        input.track_channels();
     }
     feed(model);
     let mut out = std::collections::HashMap::new();
@@ -231,19 +218,12 @@ fn apply_group(g: SmoothGroup<'_>, act: &[f32], alpha: f64) -> Option<(Vec<f32>,
     let s = smoothing_scales(&a, &w, alpha);
     let inv: Vec<f32> = s.iter().map(|v| 1.0 / v).collect();
     match g.producer {
-        SmoothProducer::Gain(p) => {
-            let t = p.val();
-            let f = Tensor::<1>::from_data(
-                TensorData::new(inv, [channels]).convert_dtype(t.dtype()),
-                &t.device(),
-            );
-            *p = Param::from_tensor(t * f);
-        }
-        SmoothProducer::Columns(p) => scale_axis(p, &inv, 1),
+        SmoothProducer::Gain(p) => scale(p, inv, [channels]),
+        SmoothProducer::Columns(p) => scale(p, inv, [1, channels]),
     }
     let rows: Vec<f32> = map.iter().map(|&p| s[p]).collect();
     for (_, weight) in g.consumers {
-        scale_axis(weight, &rows, 0);
+        scale(weight, rows.clone(), [n_in, 1]);
     }
     let smoothed = act.iter().zip(&map).map(|(x, &p)| x / s[p]).collect();
     Some((s, smoothed))
