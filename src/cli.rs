@@ -563,21 +563,26 @@ fn run_recipe(
         replicas,
     };
     let report = pipeline.run(&opts)?;
+    let h = mopt_stages::record::Headline::named(&report.metric);
+    let name = h.0.name();
     for st in &report.stages {
         println!(
-            "{} {} ({}): {}; validation accuracy {:.4}, test {:.4}, {:.2}M params",
+            "{} {} ({}): {}; validation {name} {}, test {}, {:.2}M params",
             st.index,
             st.name,
             st.kind,
             st.decision.action.label(),
-            st.model.valid.accuracy,
-            st.model.test.accuracy,
+            h.value(h.of(&st.model.valid)),
+            h.value(h.of(&st.model.test)),
             st.model.params as f64 / 1e6
         );
     }
     println!(
-        "final model: stage {} -> {}/best (test accuracy {:.4}); {:.0}s wall",
-        report.final_stage, report.run_dir, report.final_model.test.accuracy, report.wall_time_s
+        "final model: stage {} -> {}/best (test {name} {}); {:.0}s wall",
+        report.final_stage,
+        report.run_dir,
+        h.value(h.of(&report.final_model.test)),
+        report.wall_time_s
     );
     println!("report: {}/report.md", report.run_dir);
     Ok(Some(report))

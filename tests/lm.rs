@@ -77,6 +77,20 @@ fn a_tiny_llama_is_fine_tuned_and_pruned_under_a_perplexity_gate() {
     assert_eq!(model["heads"], serde_json::json!([2, 2]), "{model}");
     assert_eq!(model["kv_heads"], serde_json::json!([2, 2]), "{model}");
     assert_eq!(model["ffn"], serde_json::json!([32, 32]), "{model}");
+    // The command line speaks of the run's metric, not of accuracy.
+    let said = String::from_utf8_lossy(&out.stdout);
+    let line = format!(
+        "2 {} (prune): {}; validation perplexity {:.3}, test {:.3}",
+        pruned["name"].as_str().unwrap(),
+        pruned["decision"]["action"]
+            .as_str()
+            .unwrap()
+            .replace('-', " "),
+        ppl(2, "valid"),
+        ppl(2, "test")
+    );
+    assert!(said.contains(&line), "{line} not in\n{said}");
+    assert!(!said.contains("accuracy"), "{said}");
     let md = std::fs::read_to_string(run.join("report.md")).unwrap();
     assert!(
         md.contains("| valid perplexity | test perplexity |"),

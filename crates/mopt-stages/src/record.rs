@@ -278,6 +278,15 @@ impl Headline {
         }
     }
 
+    /// A value as the metric is read (`0.9120` accuracy, `49.920` perplexity).
+    pub fn value(self, v: f64) -> String {
+        if self.0.in_points() {
+            format!("{v:.4}")
+        } else {
+            format!("{v:.3}")
+        }
+    }
+
     /// A difference (`+1.20 pts` of accuracy, `+0.532` of perplexity).
     pub fn delta(self, d: f64) -> String {
         if self.0.in_points() {
