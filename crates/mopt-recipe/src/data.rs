@@ -125,7 +125,49 @@ pub struct DataSpec {
     pub augment: Augment,
 }
 
+impl TokenizerSpec {
+    /// The same with its file named by an absolute path ([`crate::absolute`]).
+    pub fn absolute(&self) -> Self {
+        Self {
+            path: crate::absolute(&self.path),
+            ..self.clone()
+        }
+    }
+}
+
 impl DataSpec {
+    /// The same with every file named by an absolute path ([`crate::absolute`]): what a stage
+    /// reused across runs is keyed by, so that a run started from another folder finds it.
+    pub fn absolute(&self) -> Self {
+        let abs = |p: &PathBuf| crate::absolute(p);
+        let source = match &self.source {
+            DataSource::Single {
+                path,
+                valid_fraction,
+                test_fraction,
+            } => DataSource::Single {
+                path: abs(path),
+                valid_fraction: *valid_fraction,
+                test_fraction: *test_fraction,
+            },
+            DataSource::Files {
+                train,
+                valid,
+                test,
+                valid_fraction,
+            } => DataSource::Files {
+                train: abs(train),
+                valid: valid.as_ref().map(abs),
+                test: abs(test),
+                valid_fraction: *valid_fraction,
+            },
+        };
+        Self {
+            source,
+            ..self.clone()
+        }
+    }
+
     /// A short description of where the data comes from, for logs.
     pub fn source_label(&self) -> String {
         match &self.source {

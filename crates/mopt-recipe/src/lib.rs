@@ -34,7 +34,7 @@ pub use device::{DeviceError, DeviceRef, RemoteAddr};
 pub use error::{locate, Invalid, RecipeError};
 pub use metric::Metric;
 pub use model::*;
-pub use scope::{normalize, Scope};
+pub use scope::{absolute, normalize, Scope};
 pub use spec::*;
 pub use stage::*;
 pub use train::*;

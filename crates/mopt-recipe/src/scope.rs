@@ -220,6 +220,13 @@ fn culprit<T: DeserializeOwned>(table: &toml::Table, message: &str) -> Option<St
     })
 }
 
+/// `p` as an absolute path, normalized (`..` and `.` folded lexically): the same file named from
+/// another working directory or recipe folder reads the same. Keys that must not depend on where
+/// a run was started from (stage reuse across runs) name files this way.
+pub fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).map_or_else(|_| normalize(p), |a| normalize(&a))
+}
+
 /// `a/b/../c` → `a/c`, `./x` → `x`, without touching the file system (paths in messages and
 /// reports read as the user would write them).
 pub fn normalize(p: &Path) -> PathBuf {

@@ -29,7 +29,8 @@ pub struct Shared<'a> {
 
 /// The reuse key of a stage about to run: sha256 over its kind, its validated settings as it
 /// will use them ([`crate::Stage::reuse_key`]), its merged training settings, the data and
-/// tokenizer sections, the seed, and the gate where the gate shapes the output (`on-fail =
+/// tokenizer sections (files by absolute path: a run started from another folder keys the same
+/// files the same), the seed, and the gate where the gate shapes the output (`on-fail =
 /// "retry"`). Taken from the typed, validated structs, never from the recipe text: a stage
 /// pushed or edited in Rust gets the key of what it really runs. `None`: never reused.
 pub fn reuse_key(stage_key: Option<String>, entry: &StageEntry, shared: &Shared) -> Option<String> {
@@ -43,8 +44,10 @@ pub fn reuse_key(stage_key: Option<String>, entry: &StageEntry, shared: &Shared)
         "kind {}\nstage {stage_key}\ntrain {:?}\ndata {:?}\ntokenizer {}\nseed {}\ngate {gate}",
         entry.kind,
         entry.train,
-        shared.data,
-        shared.tokenizer.map_or("none".into(), |t| format!("{t:?}")),
+        shared.data.absolute(),
+        shared
+            .tokenizer
+            .map_or("none".into(), |t| format!("{:?}", t.absolute())),
         shared.seed
     );
     Some(format!("{:x}", Sha256::digest(text.as_bytes())))
@@ -215,6 +218,13 @@ mod tests {
         // The same text in another folder reads other data: another key.
         let other = tempfile::tempdir().unwrap();
         assert_ne!(key(other.path(), BASE, "s").as_ref(), Some(&a));
+        // The same files named from the working directory (relative) or absolutely: the same
+        // key, so a recipe run from another folder finds its donors.
+        let cwd = std::env::current_dir().unwrap();
+        let up = "../".repeat(cwd.components().count() - 1);
+        let relative = std::path::PathBuf::from(up).join(dir.strip_prefix("/").unwrap());
+        assert!(relative.is_relative() && relative.join("c.json").is_file());
+        assert_eq!(key(&relative, BASE, "s").as_ref(), Some(&a));
         // A stage without a key is never reused.
         let (r, e) = entry(dir, BASE);
         let shared = Shared {

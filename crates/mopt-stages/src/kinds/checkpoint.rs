@@ -131,6 +131,10 @@ impl Stage for CheckpointStage {
     }
 
     fn reuse_key(&self) -> Option<String> {
-        Some(format!("{self:?}"))
+        let recipe = self.recipe.as_deref().map(mopt_recipe::absolute);
+        Some(format!(
+            "path {:?} recipe {recipe:?}",
+            mopt_recipe::absolute(&self.path)
+        ))
     }
 }
