@@ -162,6 +162,18 @@ fn resume_after_sigkill_reuses_finished_stages() {
     );
     let weights = std::fs::read(run.join("01-finetune/best/model.bpk")).unwrap();
     let metrics = std::fs::read(run.join("01-finetune/metrics.jsonl")).unwrap();
+    // Wall times count every invocation: as if the killed run had spent an hour in stage 2
+    // and 1.5 hours in all (the clocks it keeps current while running).
+    assert!(
+        !run.join("clocks/01-finetune.json").exists(),
+        "a finished stage's clock is gone (its time is in its record)"
+    );
+    std::fs::write(
+        run.join("clocks/02-long.json"),
+        r#"{"wall_time_s": 3600.0}"#,
+    )
+    .unwrap();
+    std::fs::write(run.join("clocks/run.json"), r#"{"wall_time_s": 5400.0}"#).unwrap();
 
     // Without --resume the folder is refused; with it, stage 1 is reused and stage 2 completes.
     let refused = mopt(&[recipe.to_str().unwrap()]);
@@ -195,6 +207,18 @@ fn resume_after_sigkill_reuses_finished_stages() {
     let r = read_json(&run.join("report.json"));
     assert_eq!(r["stages"].as_array().unwrap().len(), 3);
     assert_eq!(r["stages"][2]["steps"], 360);
+    let wall = |v: &serde_json::Value| v["wall_time_s"].as_f64().unwrap();
+    let (first, second) = (wall(&r["stages"][1]), wall(&r["stages"][2]));
+    assert!(
+        first < 300.0,
+        "stage 1 keeps its own record's time: {first}"
+    );
+    assert!((3600.0..3900.0).contains(&second), "stage 2: {second}");
+    assert!(
+        (5400.0..5700.0).contains(&wall(&r)),
+        "the run: {}",
+        wall(&r)
+    );
 
     // A finished stage whose output no longer verifies is run again (same seed: same bytes);
     // the stage after it, whose input hash is unchanged, is reused.

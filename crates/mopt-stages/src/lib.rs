@@ -29,6 +29,7 @@
 #![deny(missing_docs)]
 pub mod analysis;
 pub mod chart;
+pub mod clock;
 pub mod convert;
 pub mod data;
 pub mod donor;

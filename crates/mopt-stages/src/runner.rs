@@ -12,6 +12,7 @@ use mopt_train::trainer::TrainOptions;
 use mopt_train::{DeviceSpec, TrainError};
 use serde::{Deserialize, Serialize};
 
+use crate::clock::{self, Clock};
 use crate::data::{RunData, Split};
 use crate::error::StageError;
 use crate::family::FamilyEntry;
@@ -339,6 +340,18 @@ impl Pipeline {
             .map_err(undo)?;
         write_golden(&run_dir, &baseline, &data, &baseline_logits).map_err(undo)?;
         opened.commit()?;
+        // The run's wall time, earlier invocations included (started once the folder is kept).
+        let run_clock = run_dir.join("clocks").join("run.json");
+        let before = if opts.resume {
+            clock::counted(&run_clock)
+        } else {
+            0.0
+        };
+        let wall = Clock::start(
+            run_clock,
+            before + wall.elapsed().as_secs_f64(),
+            clock::PERIOD,
+        );
 
         let shared = RunShared {
             pipeline: self,
@@ -363,7 +376,7 @@ impl Pipeline {
             &records,
             &current.facts,
             (data.len(Split::Golden), &device),
-            wall.elapsed().as_secs_f64(),
+            wall.elapsed_s(),
             &baseline_ckpt,
         )?;
         if let Some((index, name, reason)) = aborted {
@@ -641,7 +654,13 @@ impl RunShared<'_> {
         }
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         eprintln!("stage {} ({}): {}", entry.index, entry.kind, entry.name);
-        let t0 = Instant::now();
+        // Its wall time, counting an interrupted earlier invocation's when resuming.
+        let clock = Clock::resume_or_start(
+            self.run_dir
+                .join("clocks")
+                .join(format!("{}.json", entry.dir_name())),
+            opts.resume,
+        );
         let cx = StageContext {
             entry,
             family: self.family,
@@ -669,7 +688,7 @@ impl RunShared<'_> {
         };
         let settings = self.chain.stages[entry.index - 1].settings.clone();
         let prov = Provenance {
-            t0,
+            clock: &clock,
             max_steps: opts.max_steps,
             reuse_key,
         };
@@ -684,6 +703,7 @@ impl RunShared<'_> {
             &dir,
             prov,
         )?;
+        clock.finish();
         let d = &r.0.decision;
         eprintln!(
             "stage {} ({}): {} — {}",
@@ -825,9 +845,9 @@ fn reuse(dir: &Path, current: &Current) -> Result<Option<Finished>, StageError> 
     Ok(None)
 }
 
-/// When a stage started, whether it was a smoke run, and its reuse key.
-struct Provenance {
-    t0: Instant,
+/// The stage's clock, whether it was a smoke run, and its reuse key.
+struct Provenance<'a> {
+    clock: &'a Clock,
     max_steps: Option<usize>,
     reuse_key: Option<String>,
 }
@@ -842,7 +862,7 @@ fn finish_stage(
     out: StageOutput,
     ev: &Evaluator,
     dir: &Path,
-    prov: Provenance,
+    prov: Provenance<'_>,
 ) -> Result<Finished, StageError> {
     let (facts, logits) = if out.checkpoint == current.dir {
         (current.facts.clone(), current.logits.clone())
@@ -902,7 +922,7 @@ fn finish_stage(
         max_logit_error_vs_input: err_input,
         max_logit_error_vs_baseline: err_baseline,
         steps: out.steps,
-        wall_time_s: prov.t0.elapsed().as_secs_f64(),
+        wall_time_s: prov.clock.elapsed_s(),
         peak_rss_bytes: peak_rss_bytes(),
         max_steps: prov.max_steps,
         artifacts,
