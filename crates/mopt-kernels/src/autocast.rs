@@ -78,7 +78,7 @@ pub fn matmul<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
             round_to(crate::matmul_bf16(a, b), DType::BF16)
         }
         Some(low) => round_to(round_to(a, low).matmul(round_to(b, low)), low),
-        None => a.matmul(b),
+        None => crate::matmul_f32(a, b),
     }
 }
 

@@ -226,6 +226,33 @@ pub fn linear(x: FlexTensor, w: &FlexTensor, b: &FlexTensor, bf16: bool) -> Flex
     )
 }
 
+/// `a · b` for a `[1, k]` `a` and a `[k, n]` `b` read in place where its rows or its columns
+/// are contiguous (a linear layer's weight, a transposed embedding), on [`crate::gemv`];
+/// `None` for any other layout of `b`.
+pub fn matvec(a: FlexTensor, b: &FlexTensor) -> Option<FlexTensor> {
+    let [k, n] = b.shape().dims();
+    let strides = b.layout().strides();
+    if a.shape().dims::<2>() != [1, k] || strides.iter().any(|&s| s < 0) {
+        return None;
+    }
+    let bv = View {
+        data: b.storage::<f32>(),
+        offset: b.layout().start_offset(),
+        rows: k,
+        cols: n,
+        rs: strides[0] as usize,
+        cs: strides[1] as usize,
+    };
+    let a = contiguous(a);
+    let av = View::row_major(f32s(&a), 1, k);
+    if !crate::gemv::takes(&av, &bv) {
+        return None;
+    }
+    let mut out = cpu::zeros(n);
+    crate::gemv::sgemv(&av, &bv, &mut out, 1.0, false);
+    Some(make(out, Shape::from(vec![1, n])))
+}
+
 /// (dx, dw, db), each when its flag is set.
 pub fn linear_backward(
     x: &FlexTensor,

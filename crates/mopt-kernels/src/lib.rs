@@ -45,6 +45,7 @@ pub mod conv;
 pub mod cpu;
 mod flex;
 pub mod gemm;
+mod gemv;
 pub mod int8;
 #[cfg(target_arch = "x86_64")]
 mod native;
@@ -327,6 +328,25 @@ pub fn linear(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> {
 /// [`linear`] outside autocast: the fused f32 kernel where the tensors allow it.
 pub(crate) fn linear_f32(x: Tensor<2>, w: Tensor<2>, b: Tensor<1>) -> Tensor<2> {
     linear_on(x, w, b, false)
+}
+
+/// `a · b` in f32: a product with one row (batch-1 decoding) of plain Flex tensors on mopt's
+/// GEMV ([`flex::matvec`]: a stream through `b` read in place, where Burn's GEMM took the
+/// `gemm` crate's one-row path), everything else Burn's matmul.
+///
+/// # Shapes
+/// - a: `[.., m, k]`, b: `[.., k, n]` → `[.., m, n]`
+pub(crate) fn matmul_f32<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
+    if D == 2 && a.dims()[0] == 1 && b.dtype() == DType::F32 {
+        if let (Route::Flex(ap), Ok(bp)) =
+            (route(a.clone()), b.clone().try_into_primitive::<Flex>())
+        {
+            if let Some(y) = flex::matvec(ap, &bp) {
+                return Tensor::from_primitive::<Flex>(y);
+            }
+        }
+    }
+    a.matmul(b)
 }
 
 /// The fused linear kernel, its products (forward and backward) on bf16-rounded operands with
@@ -879,6 +899,48 @@ pub fn embedding(table: Tensor<2>, ids: Tensor<2, Int>) -> Tensor<3> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A one-row product of plain Flex tensors takes the GEMV, against a weight (rows
+    /// contiguous) and a transposed table (columns contiguous), and equals Burn's product of
+    /// the same row within 1e-4.
+    #[test]
+    fn one_row_products_take_the_gemv_with_burns_values() {
+        let dev = Device::flex();
+        let values = |t: Tensor<2>| t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+        let (k, n) = (70, 300);
+        let x = Tensor::<2>::from_data(
+            TensorData::new((0..k).map(|i| (i as f32 * 0.37).sin()).collect(), [1, k]),
+            &dev,
+        );
+        let w = Tensor::<2>::from_data(
+            TensorData::new(
+                (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect(),
+                [k, n],
+            ),
+            &dev,
+        );
+        let table = w.clone().transpose().into_data();
+        let table = Tensor::<2>::from_data(table, &dev).transpose();
+        for b in [w, table] {
+            let want = values(x.clone().matmul(b.clone()));
+            let (Route::Flex(xp), Ok(bp)) =
+                (route(x.clone()), b.clone().try_into_primitive::<Flex>())
+            else {
+                panic!("plain Flex f32 tensors")
+            };
+            let direct = values(Tensor::from_primitive::<Flex>(
+                flex::matvec(xp, &bp).unwrap(),
+            ));
+            let got = values(matmul_f32(x.clone(), b.clone()));
+            assert_eq!(got, direct, "matmul_f32 took the GEMV");
+            let err = want
+                .iter()
+                .zip(&got)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(err < 1e-4, "{err}");
+        }
+    }
 
     /// The batched bf16 product (an attention core's): values and both gradients are the
     /// products of bf16-rounded operands (the output gradient rounded too) summed in f64, on
