@@ -249,7 +249,7 @@ pub fn matvec(a: FlexTensor, b: &FlexTensor) -> Option<FlexTensor> {
         return None;
     }
     let mut out = cpu::zeros(n);
-    crate::gemv::sgemv(&av, &bv, &mut out, 1.0, false);
+    crate::gemv::sgemv(&av, &bv, &mut out);
     Some(make(out, Shape::from(vec![1, n])))
 }
 

@@ -660,10 +660,6 @@ pub fn sgemm(a: View, b: View, c: &mut [f32], alpha: f32, beta_one: bool) {
     crate::threads::keep_warm();
     #[cfg(target_arch = "x86_64")]
     if on_gemm_crate() {
-        // One row of A (batch-1 decoding): a stream through B, done by our own kernel.
-        if crate::gemv::takes(&a, &b) {
-            return crate::gemv::sgemv(&a, &b, c, alpha, beta_one);
-        }
         return crate::native::gemm_crate(&a, &b, (c, b.cols), alpha, beta_one);
     }
     if let Some(direct) = Direct::get().filter(|d| d.wide() && direct_b_pays(&a, &b, alpha)) {

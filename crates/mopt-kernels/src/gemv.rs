@@ -5,36 +5,37 @@
 //! - rows contiguous (`cs = 1`, a linear layer's `[in, out]` weight): `c += a[p] · B[p, ·]`
 //!   over p, an axpy per row into a block of C that stays in registers/L1;
 //! - columns contiguous (`rs = 1`, a transposed `[out, in]` matrix such as the tied embedding):
-//!   one dot product per column, 16 lanes of partial sums.
+//!   one dot product per column (the element-wise kernels' [`crate::cpu`] `dot`).
+//!
+//! Both run under the crate's SIMD dispatch (`simd_fn!`: AVX-512 or AVX2+FMA as the CPU has,
+//! `MOPT_SIMD=avx2` to hold them to AVX2).
 //!
 //! Columns are split between the pool's threads in blocks of [`BLOCK`]; each output's sum runs
 //! in one fixed order whatever the thread count, so the result does not depend on it.
 //!
-//! The `gemm` crate's path for one row (where [`crate::gemm::sgemm`] sent these before) took
-//! 74% of a SmolLM2-135M decoding profile; this path's effect is measured in the book
-//! (language models, decoding speed).
+//! Decoding reaches it through [`crate::autocast::matmul`] (`matmul_f32`): Burn's matmul had
+//! sent these products to the `gemm` crate's one-row path, 74% of a SmolLM2-135M decoding
+//! profile; the effect is measured in the book (language models, decoding on mopt's own GEMV).
 
 use rayon::prelude::*;
 
+use crate::cpu::{dot, simd_fn};
 use crate::gemm::View;
 
 /// Columns of C one task computes (a multiple of the 16 lanes).
 const BLOCK: usize = 256;
-
-/// Lanes of partial sums in the dot-product kernel.
-const LANES: usize = 16;
 
 /// Whether [`sgemv`] takes this product: one row of A, and B with contiguous rows or columns.
 pub(crate) fn takes(a: &View, b: &View) -> bool {
     a.rows == 1 && (b.cs == 1 || b.rs == 1) && b.cols >= 1 && b.rows >= 1
 }
 
-/// `c[..n] = alpha · a · b (+ c[..n] when beta_one)` for a `1 × k` view `a` and a `k × n` view
-/// `b` with contiguous rows or columns ([`takes`]).
+/// `c[..n] = a · b` for a `1 × k` view `a` and a `k × n` view `b` with contiguous rows or
+/// columns ([`takes`]).
 ///
 /// # Panics
 /// When the shapes disagree, a view runs past its data or `c` is shorter than `n`.
-pub(crate) fn sgemv(a: &View, b: &View, c: &mut [f32], alpha: f32, beta_one: bool) {
+pub(crate) fn sgemv(a: &View, b: &View, c: &mut [f32]) {
     let (k, n) = (a.cols, b.cols);
     assert!(takes(a, b) && b.rows == k && c.len() >= n, "sgemv shapes");
     let last = |v: &View| v.offset + (v.rows - 1) * v.rs + (v.cols - 1) * v.cs;
@@ -45,16 +46,11 @@ pub(crate) fn sgemv(a: &View, b: &View, c: &mut [f32], alpha: f32, beta_one: boo
     let x: Vec<f32> = (0..k).map(|p| a.data[a.offset + p * a.cs]).collect();
     let b_data = &b.data[b.offset..=last(b)];
     let block = |(i, out): (usize, &mut [f32])| {
-        let j0 = i * BLOCK;
-        let mut acc = [0f32; BLOCK];
-        let acc = &mut acc[..out.len()];
+        out.fill(0.0);
         if b.cs == 1 {
-            rows_dispatch(&x, b_data, b.rs, j0, acc);
+            rows(&x, b_data, b.rs, i * BLOCK, out);
         } else {
-            columns_dispatch(&x, b_data, b.cs, j0, acc);
-        }
-        for (o, s) in out.iter_mut().zip(acc.iter()) {
-            *o = if beta_one { *o + alpha * s } else { alpha * s };
+            columns(&x, b_data, b.cs, i * BLOCK, out);
         }
     };
     let c = &mut c[..n];
@@ -65,70 +61,36 @@ pub(crate) fn sgemv(a: &View, b: &View, c: &mut [f32], alpha: f32, beta_one: boo
     }
 }
 
-/// `acc[j] = Σ_p x[p] · b[p·rs + j0 + j]`, four rows of B a pass (a quarter of the
-/// accumulators' loads and stores).
-#[inline(always)]
-fn rows(x: &[f32], b: &[f32], rs: usize, j0: usize, acc: &mut [f32]) {
-    let w = acc.len();
-    let row = |p: usize| &b[p * rs + j0..p * rs + j0 + w];
-    let k4 = x.len() - x.len() % 4;
-    for p in (0..k4).step_by(4) {
-        let (x0, x1, x2, x3) = (x[p], x[p + 1], x[p + 2], x[p + 3]);
-        let (r0, r1, r2, r3) = (row(p), row(p + 1), row(p + 2), row(p + 3));
-        for j in 0..w {
-            acc[j] += x0 * r0[j] + x1 * r1[j] + x2 * r2[j] + x3 * r3[j];
-        }
-    }
-    for (p, &xp) in x.iter().enumerate().skip(k4) {
-        for (s, &v) in acc.iter_mut().zip(row(p)) {
-            *s += xp * v;
-        }
-    }
-}
-
-/// `acc[j] = Σ_p x[p] · b[(j0 + j)·cs + p]`, in 16 lanes summed at the end.
-#[inline(always)]
-fn columns(x: &[f32], b: &[f32], cs: usize, j0: usize, acc: &mut [f32]) {
-    let k = x.len();
-    for (j, s) in acc.iter_mut().enumerate() {
-        let col = &b[(j0 + j) * cs..(j0 + j) * cs + k];
-        let mut lanes = [0f32; LANES];
-        let (xc, xt) = x.split_at(k - k % LANES);
-        let (cc, ct) = col.split_at(k - k % LANES);
-        for (xs, cs) in xc.chunks_exact(LANES).zip(cc.chunks_exact(LANES)) {
-            for l in 0..LANES {
-                lanes[l] += xs[l] * cs[l];
+simd_fn! {
+    /// `acc[j] = Σ_p x[p] · b[p·rs + j0 + j]`, four rows of B a pass (a quarter of the
+    /// accumulators' loads and stores).
+    fn rows<'a>(x: &'a [f32], b: &'a [f32], rs: usize, j0: usize, acc: &'a mut [f32]) {
+        let w = acc.len();
+        let row = |p: usize| &b[p * rs + j0..p * rs + j0 + w];
+        let k4 = x.len() - x.len() % 4;
+        for p in (0..k4).step_by(4) {
+            let (x0, x1, x2, x3) = (x[p], x[p + 1], x[p + 2], x[p + 3]);
+            let (r0, r1, r2, r3) = (row(p), row(p + 1), row(p + 2), row(p + 3));
+            for j in 0..w {
+                acc[j] += x0 * r0[j] + x1 * r1[j] + x2 * r2[j] + x3 * r3[j];
             }
         }
-        let mut sum = 0f32;
-        for (xv, cv) in xt.iter().zip(ct) {
-            sum += xv * cv;
+        for (p, &xp) in x.iter().enumerate().skip(k4) {
+            for (s, &v) in acc.iter_mut().zip(row(p)) {
+                *s += xp * v;
+            }
         }
-        *s = lanes.iter().sum::<f32>() + sum;
     }
 }
 
-fn rows_dispatch(x: &[f32], b: &[f32], rs: usize, j0: usize, acc: &mut [f32]) {
-    widest(
-        #[inline(always)]
-        || rows(x, b, rs, j0, acc),
-    )
-}
-
-fn columns_dispatch(x: &[f32], b: &[f32], cs: usize, j0: usize, acc: &mut [f32]) {
-    widest(
-        #[inline(always)]
-        || columns(x, b, cs, j0, acc),
-    )
-}
-
-/// `f` compiled for the widest vectors the CPU has (the kernels' loops vectorize).
-#[inline(always)]
-fn widest<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    return crate::native::widest(f);
-    #[cfg(not(target_arch = "x86_64"))]
-    f()
+simd_fn! {
+    /// `acc[j] = Σ_p x[p] · b[(j0 + j)·cs + p]`: one [`dot`] per column.
+    fn columns<'a>(x: &'a [f32], b: &'a [f32], cs: usize, j0: usize, acc: &'a mut [f32]) {
+        for (j, s) in acc.iter_mut().enumerate() {
+            let at = (j0 + j) * cs;
+            *s = dot(x, &b[at..at + x.len()]);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -155,7 +117,7 @@ mod tests {
     }
 
     /// Both layouts of B, A's row strided or not, sizes across the lanes, the block and the
-    /// threading threshold; overwrite and accumulate.
+    /// threading threshold.
     #[test]
     fn one_row_products_match_the_naive_sum() {
         for &(k, n) in &[
@@ -195,18 +157,14 @@ mod tests {
                     };
                     assert!(takes(&a, &b));
                     let want = naive(&a, &b);
-                    let mut c = vec![f32::NAN; n];
-                    sgemv(&a, &b, &mut c, 1.0, false);
-                    let mut c2 = vec![1.0f32; n + 2];
-                    sgemv(&a, &b, &mut c2, 2.0, true);
+                    let mut c = vec![f32::NAN; n + 2];
+                    sgemv(&a, &b, &mut c);
                     let tol = 1e-5 * (k as f64).sqrt() * 4.0;
                     for j in 0..n {
                         let what = format!("k {k} n {n} rows {b_rows} strided {a_strided} j {j}");
                         assert!((c[j] as f64 - want[j]).abs() < tol, "{what}: {}", c[j]);
-                        let acc = c2[j] as f64 - (1.0 + 2.0 * want[j]);
-                        assert!(acc.abs() < 2.0 * tol, "{what}: accumulated {}", c2[j]);
                     }
-                    assert_eq!(c2[n..], [1.0, 1.0], "past n untouched");
+                    assert!(c[n..].iter().all(|v| v.is_nan()), "past n untouched");
                 }
             }
         }
@@ -224,7 +182,7 @@ mod tests {
                 .build()
                 .unwrap();
             let mut c = vec![0f32; n];
-            pool.install(|| sgemv(&a, &b, &mut c, 1.0, false));
+            pool.install(|| sgemv(&a, &b, &mut c));
             c
         };
         assert_eq!(on(1), on(4));

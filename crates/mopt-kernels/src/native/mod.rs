@@ -10,30 +10,6 @@ pub(crate) mod amx;
 pub(crate) mod dpbf16;
 pub(crate) mod dpbusd;
 
-/// Run `f` compiled for the widest vectors this CPU has (AVX-512F, else AVX2 with FMA, else
-/// the build's baseline): plain loops in `f`, inlined here, vectorize to that width. For
-/// kernels written as safe Rust over slices ([`crate::gemv`]).
-#[inline(always)]
-pub(crate) fn widest<R>(f: impl FnOnce() -> R) -> R {
-    #[target_feature(enable = "avx512f")]
-    unsafe fn wide<R>(f: impl FnOnce() -> R) -> R {
-        f()
-    }
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn narrow<R>(f: impl FnOnce() -> R) -> R {
-        f()
-    }
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has AVX-512F (checked just above); `f` is safe code.
-        return unsafe { wide(f) };
-    }
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA (checked just above); `f` is safe code.
-        return unsafe { narrow(f) };
-    }
-    f()
-}
-
 /// Ask the CPU to bring the cache line holding `data[i]` into L1 ahead of its use (nothing
 /// when `i` is past the end). A prefetch never faults and changes no value.
 #[inline(always)]
