@@ -444,8 +444,9 @@ fn prepare(bench: &Bench, work: &Path) -> Prepared {
     let _ = ckpt;
     // The student's shape and objective are the recipe's; its initial values do not change a
     // step's time, so it starts from the teacher's layers at the recipe's indices.
-    let layers = (stage.student.init_from_teacher_layers.clone())
-        .or_else(|| stage.student.weights_layers.clone())
+    let keys = mopt_models::bert::BertModel::from_spec(&stage.student).expect("BERT's keys");
+    let layers = (keys.init_from_teacher_layers.clone())
+        .or_else(|| keys.weights_layers.clone())
         .expect("distill_bert.toml's student takes layers of the teacher or of its weights");
     let mut student_config = config.clone();
     student_config.num_hidden_layers = layers.len();

@@ -10,6 +10,7 @@
 
 use burn::tensor::activation::log_softmax;
 use mopt_distill::spec::*;
+use mopt_models::bert::BertModelKeys;
 use mopt_recipe::{DataFormat, GateReference, GateSpec, ModelSpec, Recipe};
 use mopt_stages::kinds::{distill::DistillStage, distill::ExtraTerm, export::ExportStage};
 use mopt_stages::Pipeline;

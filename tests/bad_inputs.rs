@@ -97,7 +97,7 @@ fn cases() -> Vec<Case> {
         c("zero epochs", replace("epochs = 2", "epochs = 0"), &["epochs", "tiny.toml"]),
         c("zero batch size", replace("batch-size = 16", "batch-size = 0"), &["batch-size", "tiny.toml"]),
         c("zero state-every", replace("log-every = 2", "log-every = 2\nstate-every = 0"), &["train.state-every", "tiny.toml"]),
-        c("max-len too long", replace("max-len = 32", "max-len = 1000"), &["tokenizer.max-len", "512"]),
+        c("max-len too long", replace("max-len = 32", "max-len = 1000"), &["tokenizer.max-len", "1000 exceeds the model's 128 positions"]),
         c("unknown data format", replace("format = \"rotten-tomatoes\"", "format = \"parquet\""), &["data.format", "parquet"]),
         c("missing data file", replace("rotten_tomatoes_corpus_full.csv.bz2", "nope.csv.bz2"), &["data.path", "nope.csv.bz2"]),
         c("empty run name", replace("name = \"bad\"", "name = \"\""), &["run.name", "tiny.toml"]),

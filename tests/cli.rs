@@ -257,7 +257,7 @@ fn bad_recipes_exit_2_with_file_line_key_and_fix() {
         (
             "max-len = 32",
             "max-len = 1000",
-            &["tokenizer.max-len", "3..=512"],
+            &["tokenizer.max-len", "1000 exceeds", "128 positions"],
         ),
         (
             "rotten_tomatoes_corpus_full.csv.bz2",

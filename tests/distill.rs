@@ -340,7 +340,7 @@ fn distillation_recipe_errors_are_clear() {
         (
             "",
             "[model.overrides]\nvocab-size = 1000",
-            &["unknown field `vocab-size`"],
+            &["[overrides] has no key `vocab-size`"],
         ),
         (
             "[[stage.match]]\nfeature = \"attention\"\ntokens = \"cls\"\nlayers = [[1, 2]]",

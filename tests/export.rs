@@ -273,8 +273,12 @@ fn tanh_gelu_bert_exports_with_parity_and_runs_fast_gelu_in_the_int8_graph() {
     let card = exported(&c, tmp.path(), 40, 1).unwrap();
     assert!(card.parity.max_abs_err < 1e-4, "{:?}", card.parity);
     // INT8: mopt's fusion runs each layer's GELU as one FastGelu, and still agrees with mopt.
+    // Weights as `weight-bits = "auto"` picks them: full 8-bit where the CPU has VNNI, the 7-bit
+    // range without (ONNX Runtime's u8·s8 kernels sum pairs of products in int16 there, and
+    // full-range weights saturate: 0.93 agreement on an AVX2-only EPYC).
     let ckpt = tmp.path().join("int8");
-    quantized_checkpoint_with(&ckpt, 8, "gelu_new");
+    let bits = 7 + u32::from(mopt_stages::kinds::quantize::cpu_has_vnni());
+    quantized_checkpoint_with(&ckpt, bits, "gelu_new");
     let card = export_checkpoint(
         &ckpt,
         &tmp.path().join("export8"),
@@ -287,7 +291,11 @@ fn tanh_gelu_bert_exports_with_parity_and_runs_fast_gelu_in_the_int8_graph() {
     // No erf GELU, and the one Tanh left is the pooler's.
     assert!(ops.get("Gelu").is_none(), "{ops}");
     assert_eq!(ops["Tanh"].as_u64(), Some(1), "{ops}");
-    assert_fused_graph_agrees(&card);
+    // Every prediction the same; the largest logit difference a little above the other
+    // graphs' 0.05 bound with 7-bit weights (0.051 measured on an AVX2-only EPYC, agreement 1.0).
+    let fused = card.fused_graph.as_ref().expect("a fused graph");
+    assert!(fused["agreement"].as_f64().unwrap() >= 0.995, "{fused}");
+    assert!(fused["max_abs_err"].as_f64().unwrap() < 0.07, "{fused}");
 }
 
 #[test]

@@ -22,7 +22,7 @@ use mopt_stages::data::image::Images;
 use mopt_stages::data::{DataSource, RunData};
 use mopt_stages::family::{Capabilities, Family};
 use mopt_stages::kinds::distill::{CanDistill, DistillStage};
-use mopt_stages::kinds::{export, finetune, kd_maps, kd_student, prune};
+use mopt_stages::kinds::{export, finetune, kd, kd_maps, kd_student, prune};
 use mopt_stages::record::{measure_checkpoint, EvalSettings, ModelFacts};
 use mopt_stages::shape::Shape;
 use mopt_stages::stage::{PlanContext, StageContext, StageOutput, StagePlan};
@@ -73,28 +73,23 @@ fn fault(e: ModelError) -> StageError {
 }
 
 /// The recipe's `[model]` (or a student's table) as an `M` shape for classes `labels`: its
-/// `config` file, random init (keys that only BERT reads are refused, naming the key).
+/// `config` file, random init. An image model table has no keys of its own: any other key is
+/// refused, naming it.
 fn model_config<M: ImageModel>(
     m: &ModelSpec,
     scope: &Scope,
     labels: &[String],
 ) -> Result<M::Config, StageError> {
-    let refuse = |key: &str, set: bool| -> Result<(), RecipeError> {
-        if set {
-            return Err(scope.err(
-                key,
-                format!("{} `[model]` has no such setting", M::NAME),
-                "remove it: image models start from random init (seeded by [run] seed); continue from a checkpoint with [teacher]",
-            ));
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct NoKeys {}
+    let _: NoKeys = m.family_keys(M::ARCH).map_err(|e| match e {
+        RecipeError::Invalid(mut i) => {
+            i.hint = "remove it: image models start from random init (seeded by [run] seed); continue from a checkpoint with [teacher]".into();
+            RecipeError::Invalid(i)
         }
-        Ok(())
-    };
-    refuse("weights", m.weights.is_some())?;
-    refuse("dropout", m.dropout.is_some())?;
-    refuse(
-        "init-from-teacher-layers",
-        m.init_from_teacher_layers.is_some(),
-    )?;
+        other => other,
+    })?;
     M::Shape::for_labels(&m.config, labels).map_err(|e| {
         scope
             .err(
@@ -184,6 +179,7 @@ impl<M: ImageModel + 'static> Family for ImageFamily<M> {
         M::more_capabilities(
             Capabilities::default()
                 .with(finetune::capability::<M>())
+                .with(kd::teach_capability::<M>())
                 .with(prune::capability::<M>())
                 .with::<dyn CanDistill>(Box::new(ImageDistill::<M>(PhantomData)))
                 .with(export::capability::<M>(|_| {

@@ -28,7 +28,7 @@ use mopt_stages::data::{DataSource, RunData};
 use mopt_stages::family::{Capabilities, Family};
 use mopt_stages::generate::{CanGenerate, GenerateSettings, Generation};
 use mopt_stages::kinds::distill::{CanDistill, DistillStage};
-use mopt_stages::kinds::{export, finetune, kd_student, prune, quantize};
+use mopt_stages::kinds::{export, finetune, kd, kd_student, prune, quantize};
 use mopt_stages::record::{measure_checkpoint, EvalSettings, ModelFacts};
 use mopt_stages::shape::Shape;
 use mopt_stages::stage::{PlanContext, StageContext, StageOutput, StagePlan};
@@ -41,32 +41,49 @@ fn is_gguf(path: &Path) -> bool {
     path.extension().is_some_and(|x| x == "gguf")
 }
 
-/// The `[model]` table's config: from the GGUF's metadata or the JSON file; keys that only
-/// BERT reads are refused by name.
-fn config(m: &ModelSpec, scope: &Scope) -> Result<LlamaConfig, StageError> {
-    for (key, set) in [
-        ("weights", m.weights.is_some()),
-        ("dropout", m.dropout.is_some()),
-        (
-            "init-from-teacher-layers",
-            m.init_from_teacher_layers.is_some(),
-        ),
-    ] {
-        if set {
-            return Err(scope
-                .err(
-                    key,
-                    "a Llama `[model]` has no such setting",
-                    "remove it: `config` names a GGUF file (weights included) or a JSON config (random init)",
-                )
-                .into());
+/// The `[model]` table's config: from the GGUF's metadata or the JSON file. A Llama model
+/// table has no keys of its own: any other key is refused, naming it.
+fn config(m: &ModelSpec) -> Result<LlamaConfig, StageError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct NoKeys {}
+    let _: NoKeys = m.family_keys("llama").map_err(|e| match e {
+        mopt_recipe::RecipeError::Invalid(mut i) => {
+            i.hint = "remove it: `config` names a GGUF file (weights included) or a JSON config (random init)".into();
+            mopt_recipe::RecipeError::Invalid(i)
         }
-    }
+        other => other,
+    })?;
     if is_gguf(&m.config) {
         let gguf = mopt_gguf::Gguf::open(&m.config).map_err(gguf_error)?;
         return Ok(mopt_models::llama::config_from_gguf(&gguf)?);
     }
     Ok(LlamaConfig::from_file(&m.config)?)
+}
+
+/// The shape of `config`, whose context must hold the `[tokenizer]`'s windows (`max-len`).
+fn check_context(
+    config: &LlamaConfig,
+    m: &ModelSpec,
+    tokenizer: Option<&TokenizerSpec>,
+) -> Result<Shape, StageError> {
+    if let Some(t) = tokenizer.filter(|t| t.max_len > config.max_position_embeddings) {
+        return Err(m
+            .scope
+            .file()
+            .err(
+                "tokenizer.max-len",
+                format!(
+                    "{} exceeds the model's context of {} positions ({})",
+                    t.max_len,
+                    config.max_position_embeddings,
+                    m.config.display()
+                ),
+                "lower [tokenizer] max-len to the model's context or less",
+            )
+            .into());
+    }
+    Ok(Shape::new(config.clone()))
 }
 
 impl Family for Llama {
@@ -85,12 +102,12 @@ impl Family for Llama {
     fn model_shape(
         &self,
         model: &ModelSpec,
-        _tokenizer: Option<&TokenizerSpec>,
-        scope: &Scope,
+        tokenizer: Option<&TokenizerSpec>,
+        _scope: &Scope,
         _labels: &[String],
         _vocab: usize,
     ) -> Result<Shape, StageError> {
-        Ok(Shape::new(config(model, scope)?))
+        check_context(&config(model)?, model, tokenizer)
     }
 
     fn build(
@@ -104,7 +121,7 @@ impl Family for Llama {
             .model
             .as_ref()
             .expect("validated: [model] or [teacher]");
-        let config = config(m, &recipe.scope.nested("model"))?;
+        let config = config(m)?;
         let model = if is_gguf(&m.config) {
             load_gguf(&m.config, device)?.1
         } else {
@@ -150,6 +167,7 @@ impl Family for Llama {
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
             .with(finetune::capability::<Model>())
+            .with(kd::teach_capability::<Model>())
             .with(prune::capability::<Model>())
             .with(quantize::capability::<Model>())
             .with(export::capability::<Model>(|len| {
@@ -275,7 +293,7 @@ impl LlamaDistill {
             let fix = "a JSON Llama config of the student's shape as `config`, no [[stage.match]]; to start from the teacher's weights, prune it (kind = \"prune\", distill = true)";
             return Err(scope.err(key, what, fix).into());
         }
-        let student = config(&stage.student, &scope)?;
+        let student = config(&stage.student)?;
         if student.vocab_size != teacher.vocab_size {
             let what = format!(
                 "the student's vocabulary is {} tokens, the teacher's {}",

@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use crate::data::DataFormat;
 use crate::device::DeviceRef;
 use crate::error::{Invalid, RecipeError};
-use crate::model::{model_spec, Activation, ModelSpec};
-use crate::raw::{RawModel, RawOverrides};
+use crate::model::{model_spec, ModelSpec};
+use crate::raw::RawModel;
 use crate::scope::Scope;
 use crate::spec::Recipe;
 use crate::train::{BestMetric, Precision};
@@ -346,10 +346,6 @@ impl RecipeBuilder {
     setters! {
         /// `[run] seed` (default 42).
         seed: u64 => "run.seed";
-        /// `[model] allow-fresh-head` (default false).
-        allow_fresh_head: bool => "model.allow-fresh-head";
-        /// `[model] dropout`: overrides the config's dropout.
-        model_dropout: f64 => "model.dropout";
         /// `[tokenizer] max-len`, in tokens (default 128).
         max_len: usize => "tokenizer.max-len";
         /// `[tokenizer] lowercase` (default true; `vocab.txt` only).
@@ -502,141 +498,90 @@ impl RecipeBuilder {
 }
 
 /// A model table (`[model]`, a distill stage's `[stage.student]`) set in Rust, validated as a
-/// recipe's: [`ModelSpec::builder`].
+/// recipe's: [`ModelSpec::builder`]. The shared keys have setters (`arch`); a family's own keys
+/// are set by name ([`ModelBuilder::set`]) or through the typed setters a family offers on
+/// this builder (BERT's: `mopt_models::bert::BertModelKeys`).
 #[derive(Debug, Clone)]
 pub struct ModelBuilder {
     config: PathBuf,
-    weights: Option<PathBuf>,
-    raw: RawModel,
+    arch: Option<String>,
+    keys: toml::Table,
+    /// The first key no recipe can hold (a path that is not UTF-8), reported by `build`.
+    error: Option<(String, String)>,
 }
 
 impl ModelSpec {
-    /// A model built from the HF or mopt `config.json` at `config` (relative to the recipe's
-    /// folder, or the builder's base directory), defaults as in a recipe's model table.
+    /// A model built from the config file at `config` (relative to the recipe's folder, or the
+    /// builder's base directory), defaults as in a recipe's model table.
     ///
     /// ```no_run
     /// # use mopt_recipe::{ModelSpec, Recipe, RecipeError};
     /// # fn student(recipe: &Recipe) -> Result<ModelSpec, RecipeError> {
     /// ModelSpec::builder("datasets/data/models/all-MiniLM-L6-v2/config.json")
-    ///     .init_from_teacher_layers(&[1, 4])
-    ///     .num_hidden_layers(2)
+    ///     .set("init-from-teacher-layers", vec![1, 4])
+    ///     .set("overrides.num-hidden-layers", 2)
     ///     .build(&recipe.scope.stage(1).nested("student"))
     /// # }
     /// ```
     pub fn builder(config: impl AsRef<Path>) -> ModelBuilder {
         ModelBuilder {
             config: config.as_ref().to_path_buf(),
-            weights: None,
-            raw: RawModel {
-                arch: None,
-                config: String::new(),
-                weights: None,
-                allow_fresh_head: None,
-                dropout: None,
-                init_from_teacher_layers: None,
-                weights_layers: None,
-                overrides: RawOverrides::default(),
-            },
+            arch: None,
+            keys: toml::Table::new(),
+            error: None,
         }
     }
 }
 
 impl ModelBuilder {
-    /// `arch` (default `bert`).
+    /// `arch`: the registered family that builds the model (default: the run's).
     pub fn arch(mut self, arch: &str) -> Self {
-        self.raw.arch = Some(arch.to_string());
+        self.arch = Some(arch.to_string());
         self
     }
 
-    /// `weights`: HF safetensors or a mopt `.bpk` (default: random init).
-    pub fn weights(mut self, weights: impl AsRef<Path>) -> Self {
-        self.weights = Some(weights.as_ref().to_path_buf());
+    /// A key of the model's family, dotted for a sub-table (`overrides.num-hidden-layers`),
+    /// as a recipe writes it; its family validates it as it validates a file's.
+    pub fn set(mut self, key: &str, value: impl Into<toml::Value>) -> Self {
+        let (tables, leaf) = key.rsplit_once('.').unwrap_or(("", key));
+        let mut table = &mut self.keys;
+        for t in tables.split('.').filter(|t| !t.is_empty()) {
+            let entry = table
+                .entry(t)
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if !entry.is_table() {
+                *entry = toml::Value::Table(toml::Table::new());
+            }
+            table = entry.as_table_mut().expect("a table was just put there");
+        }
+        table.insert(leaf.to_string(), value.into());
         self
     }
 
-    /// `allow-fresh-head` (default false).
-    pub fn allow_fresh_head(mut self, allow: bool) -> Self {
-        self.raw.allow_fresh_head = Some(allow);
-        self
+    /// A family key that names a file (`weights`), relative to the recipe's folder.
+    pub fn set_path(mut self, key: &str, path: impl AsRef<Path>) -> Self {
+        match path_value(path.as_ref()) {
+            Ok(v) => self.set(key, v),
+            Err(message) => {
+                self.error.get_or_insert((key.to_string(), message));
+                self
+            }
+        }
     }
 
-    /// `dropout`: overrides the config's hidden and attention dropout.
-    pub fn dropout(mut self, p: f64) -> Self {
-        self.raw.dropout = Some(p);
-        self
-    }
-
-    /// `init-from-teacher-layers`: a student initialised from these teacher layers (0-based).
-    pub fn init_from_teacher_layers(mut self, layers: &[usize]) -> Self {
-        self.raw.init_from_teacher_layers = Some(layers.to_vec());
-        self
-    }
-
-    /// `weights-layers`: the model's layers are these layers of the `weights` file (0-based).
-    pub fn weights_layers(mut self, layers: &[usize]) -> Self {
-        self.raw.weights_layers = Some(layers.to_vec());
-        self
-    }
-
-    /// `overrides.num-hidden-layers`.
-    pub fn num_hidden_layers(mut self, n: usize) -> Self {
-        self.raw.overrides.num_hidden_layers = Some(n);
-        self
-    }
-
-    /// `overrides.hidden-size`.
-    pub fn hidden_size(mut self, n: usize) -> Self {
-        self.raw.overrides.hidden_size = Some(n);
-        self
-    }
-
-    /// `overrides.num-attention-heads`.
-    pub fn num_attention_heads(mut self, n: usize) -> Self {
-        self.raw.overrides.num_attention_heads = Some(n);
-        self
-    }
-
-    /// `overrides.intermediate-size`.
-    pub fn intermediate_size(mut self, n: usize) -> Self {
-        self.raw.overrides.intermediate_size = Some(n);
-        self
-    }
-
-    /// `overrides.layer-heads`: the heads of each layer.
-    pub fn layer_heads(mut self, heads: &[usize]) -> Self {
-        self.raw.overrides.layer_heads = Some(heads.to_vec());
-        self
-    }
-
-    /// `overrides.layer-intermediate-sizes`: the FFN width of each layer.
-    pub fn layer_intermediate_sizes(mut self, sizes: &[usize]) -> Self {
-        self.raw.overrides.layer_intermediate_sizes = Some(sizes.to_vec());
-        self
-    }
-
-    /// `overrides.hidden-act`: the FFN's activation.
-    pub fn hidden_act(mut self, act: Activation) -> Self {
-        self.raw.overrides.hidden_act = Some(act.name().into());
-        self
-    }
-
-    /// Validate the table as a recipe's, in `scope` (the table's own: `recipe.scope.nested("model")`,
-    /// `recipe.scope.stage(1).nested("student")`), whose folder relative paths resolve against.
+    /// Validate the table's shared keys as a recipe's, in `scope` (the table's own:
+    /// `recipe.scope.nested("model")`, `recipe.scope.stage(1).nested("student")`), whose folder
+    /// relative paths resolve against. The family validates its keys when it reads them.
     pub fn build(self, scope: &Scope) -> Result<ModelSpec, RecipeError> {
-        let utf8 = |key: &str, p: &Path| {
-            p.to_str().map(str::to_string).ok_or_else(|| {
-                scope.err(
-                    key,
-                    format!("`{}` is not valid UTF-8", p.display()),
-                    "use a UTF-8 path",
-                )
-            })
-        };
-        let mut raw = self.raw;
-        raw.config = utf8("config", &self.config)?;
-        raw.weights = match &self.weights {
-            Some(w) => Some(utf8("weights", w)?),
-            None => None,
+        if let Some((key, message)) = self.error {
+            return Err(scope.err(&key, message, "use a UTF-8 path"));
+        }
+        let config =
+            path_value(&self.config).map_err(|m| scope.err("config", m, "use a UTF-8 path"))?;
+        let raw = RawModel {
+            arch: self.arch,
+            config: config.as_str().unwrap_or_default().to_string(),
+            keys: self.keys,
         };
         model_spec(scope, raw)
     }
@@ -701,7 +646,8 @@ mod tests {
     fn shared(r: &Recipe) -> Vec<String> {
         vec![
             format!("{:?}", r.run),
-            format!("{:?}", r.model),
+            // Where the table was written (a file or the builder) aside.
+            format!("{:?}", r.model.as_ref().map(ModelSpec::identity)),
             format!("{:?}", r.teacher),
             format!("{:?}", r.tokenizer),
             format!("{:?}", r.data),
@@ -940,8 +886,8 @@ analysis = false
             .base_dir(dir)
             .model(CONFIG)
             .model_arch("bert")
-            .allow_fresh_head(true)
-            .model_dropout(0.2)
+            .set("model.allow-fresh-head", true)
+            .set("model.dropout", 0.2)
             .set("model.overrides.num-hidden-layers", 2)
             .tokenizer(TOKENIZER)
             .data_files(DataFormat::Delimited { delimiter: b'\t' }, CORPUS, CORPUS)
@@ -953,7 +899,11 @@ analysis = false
         assert_eq!(shared(&built), shared(&file));
         let m = built.model.as_ref().unwrap();
         assert_eq!(m.config, dir.join(CONFIG));
-        assert_eq!(m.overrides.num_hidden_layers, Some(2));
+        assert_eq!(
+            m.keys["overrides"]["num-hidden-layers"].as_integer(),
+            Some(2)
+        );
+        assert_eq!(m.keys["allow-fresh-head"].as_bool(), Some(true));
         assert_eq!(built.tokenizer.as_ref().unwrap().max_len, 128);
         assert_eq!(built.data.format.name(), "tsv");
     }
@@ -970,7 +920,7 @@ analysis = false
             (
                 distill_bert(&repo.0).max_len(0),
                 "tokenizer.max-len",
-                "0 is outside 3..=512",
+                "0 is below 3 tokens",
             ),
             (
                 distill_bert(&repo.0).epochs(0),
@@ -1051,43 +1001,38 @@ analysis = false
         let from_file = model_spec(&scope, raw).unwrap();
         // The shipped student, relative to the recipe's folder as the file writes it.
         let built = ModelSpec::builder(format!("../{CONFIG}"))
-            .weights(format!("../{WEIGHTS}"))
-            .weights_layers(&[0, 2, 4])
-            .allow_fresh_head(true)
-            .num_hidden_layers(3)
+            .set_path("weights", format!("../{WEIGHTS}"))
+            .set("weights-layers", vec![0, 2, 4])
+            .set("allow-fresh-head", true)
+            .set("overrides.num-hidden-layers", 3)
             .build(&scope)
             .unwrap();
         assert_eq!(format!("{built:?}"), format!("{from_file:?}"));
         assert_eq!(built.config, repo.0.join(CONFIG));
         assert_eq!(built.arch, None, "no arch written: the run's family");
-        assert_eq!(built.weights_layers, Some(vec![0, 2, 4]));
-        assert_eq!(built.init_from_teacher_layers, None);
-        assert_eq!(built.overrides.num_hidden_layers, Some(3));
-        let e = invalid(
-            ModelSpec::builder(format!("../{CONFIG}"))
-                .num_hidden_layers(0)
-                .build(&scope)
-                .unwrap_err(),
+        assert_eq!(built.keys.len(), 4, "{:?}", built.keys);
+        // A family's keys are refused by the family's own struct, naming section, key and list.
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(deny_unknown_fields, rename_all = "kebab-case")]
+        #[allow(dead_code)]
+        struct Only {
+            weights: Option<String>,
+            weights_layers: Option<Vec<usize>>,
+        }
+        let e = invalid(built.family_keys::<Only>("tiny").unwrap_err());
+        assert_eq!(e.key, "stage[1].student.allow-fresh-head");
+        assert_eq!(
+            e.message,
+            "a `tiny` model table has no key `allow-fresh-head`; it takes `arch`, `config`, `weights`, `weights-layers`"
         );
-        assert_eq!(e.key, "stage[1].student.overrides.num-hidden-layers");
-        assert_eq!(e.message, "must be at least 1");
-        let tanh = ModelSpec::builder(format!("../{CONFIG}"))
-            .hidden_act(Activation::GeluTanh)
-            .build(&scope)
-            .unwrap();
-        assert_eq!(tanh.overrides.hidden_act, Some(Activation::GeluTanh));
-        let mut bad = ModelSpec::builder(format!("../{CONFIG}"));
-        bad.raw.overrides.hidden_act = Some("relu".into());
-        let e = invalid(bad.build(&scope).unwrap_err());
-        assert_eq!(e.key, "stage[1].student.overrides.hidden-act");
-        assert!(e.message.contains("`relu`"), "{}", e.message);
-        let e = invalid(
-            ModelSpec::builder(format!("../{CONFIG}"))
-                .weights_layers(&[0, 2, 4])
-                .build(&scope)
-                .unwrap_err(),
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct NoKeys {}
+        let e = invalid(built.family_keys::<NoKeys>("bare").unwrap_err());
+        assert!(
+            e.message.ends_with("; it takes `arch`, `config`"),
+            "{}",
+            e.message
         );
-        assert_eq!(e.key, "stage[1].student.weights-layers");
-        assert!(e.hint.contains("add `weights`"), "{}", e.hint);
     }
 }

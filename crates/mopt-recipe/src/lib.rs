@@ -23,7 +23,7 @@ mod error;
 mod metric;
 mod model;
 mod raw;
-pub use raw::{RawModel, RawOverrides};
+pub use raw::RawModel;
 mod scope;
 mod spec;
 mod stage;

@@ -1,151 +1,87 @@
-//! `[model]` (and a stage's student): what to build and which weights to load.
+//! `[model]` (and a stage's student): which family, its config file, and the family's own keys.
+//!
+//! Two keys are every family's: `arch` (which registered family builds the model) and
+//! `config` (the file its shape comes from). Every other key of the table belongs to the
+//! family, which declares and validates it ([`ModelSpec::family_keys`] with a
+//! `deny_unknown_fields` struct of its own): BERT reads `weights`, `init-from-teacher-layers`
+//! and `[model.overrides]`, a Llama reads none, a user's family what it declares. A key its
+//! family does not declare is an error naming the section, the key and the keys the section
+//! takes; no family ignores a key in silence.
 
 use std::path::PathBuf;
+
+use serde::de::DeserializeOwned;
 
 use crate::error::RecipeError;
 use crate::raw::RawModel;
 use crate::scope::Scope;
 
-/// `[model]`: what to build and which weights to load.
+/// `[model]` (or `[stage.student]`): which family, its config file and the family's own keys.
 #[derive(Debug, Clone)]
 pub struct ModelSpec {
     /// `arch` as the recipe writes it; the stage runner resolves it against its registered
     /// model families (an unknown name is an error there). `None`: the run's family (a
     /// student's, its teacher's; a recipe's, its teacher checkpoint's or the registry's default).
     pub arch: Option<String>,
-    /// HF `config.json` (or a mopt checkpoint's `config.json`).
+    /// `config`: the file the family reads the model's shape from (a `config.json`, a shape
+    /// file, a GGUF file), resolved against the recipe's folder; it exists.
     pub config: PathBuf,
-    /// HF safetensors or a mopt checkpoint (`.bpk`); `None` = random init.
-    pub weights: Option<PathBuf>,
-    /// Accept a checkpoint without a classifier head (it is initialised fresh).
-    pub allow_fresh_head: bool,
-    /// Overrides the config's hidden/attention dropout.
-    pub dropout: Option<f64>,
-    /// Initialise the student from these teacher layers (0-based), embeddings, pooler and head copied.
-    pub init_from_teacher_layers: Option<Vec<usize>>,
-    /// With `weights`: the model's layers are these layers of the weights file (0-based; the
-    /// file is as deep as `config` says), embeddings, pooler and head with them (DistilBERT's
-    /// initialisation, from a pretrained model rather than the fine-tuned teacher).
-    pub weights_layers: Option<Vec<usize>>,
-    /// Shape changes over the config file.
-    pub overrides: ModelOverrides,
+    /// The table's other keys as written, for the family to validate
+    /// ([`ModelSpec::family_keys`]).
+    pub keys: toml::Table,
+    /// Where the table is (`model.`, `stage[2].student.`): errors about its keys name it.
+    pub scope: Scope,
 }
 
-/// Size overrides applied to the config (tiny test models; pruned shapes).
-#[derive(Debug, Clone, Default)]
-pub struct ModelOverrides {
-    /// Encoder layers.
-    pub num_hidden_layers: Option<usize>,
-    /// Residual width.
-    pub hidden_size: Option<usize>,
-    /// Attention heads a layer.
-    pub num_attention_heads: Option<usize>,
-    /// FFN width.
-    pub intermediate_size: Option<usize>,
-    /// Heads of each layer.
-    pub layer_heads: Option<Vec<usize>>,
-    /// FFN width of each layer.
-    pub layer_intermediate_sizes: Option<Vec<usize>>,
-    /// The FFN activation.
-    pub hidden_act: Option<Activation>,
-}
-
-/// `overrides.hidden-act`: the FFN's activation (a student trained with the function its
-/// deployment computes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    /// `gelu`: the exact GELU (through `erf`), BERT's.
-    Gelu,
-    /// `gelu-tanh`: GELU's tanh approximation (HF `gelu_new`, ONNX Runtime's `FastGelu`).
-    GeluTanh,
-}
-
-impl Activation {
-    /// The activation's recipe name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Activation::Gelu => "gelu",
-            Activation::GeluTanh => "gelu-tanh",
-        }
+impl ModelSpec {
+    /// The family's keys of this table as `T`, a `#[serde(deny_unknown_fields, rename_all =
+    /// "kebab-case")]` struct of the family `arch`'s: a key that `T` does not declare is an
+    /// error naming the section, the key, the keys the section takes and `arch`.
+    pub fn family_keys<T: DeserializeOwned>(&self, arch: &str) -> Result<T, RecipeError> {
+        self.scope.deserialize_keys(
+            self.keys.clone(),
+            &format!("a `{arch}` model table"),
+            &["arch", "config"],
+        )
     }
 
-    /// The activation named `s` in a recipe (`gelu`, `gelu-tanh`).
-    pub fn parse(s: &str) -> Option<Self> {
-        [Activation::Gelu, Activation::GeluTanh]
-            .into_iter()
-            .find(|a| a.name() == s)
+    /// The file a family key names (`weights`), resolved against the recipe's folder; it must
+    /// exist.
+    pub fn input_file(&self, key: &str, path: &str) -> Result<PathBuf, RecipeError> {
+        self.scope.input_file(key, path)
     }
 
-    /// The name a Hugging Face `config.json` gives it (`hidden_act`).
-    pub fn hf_name(self) -> &'static str {
-        match self {
-            Activation::Gelu => "gelu",
-            Activation::GeluTanh => "gelu_new",
-        }
+    /// What the table says, for keys that decide whether a finished stage can be reused: its
+    /// arch, its config file (absolute), its keys as written and the folder their relative
+    /// paths resolve against (absolute), not where in which recipe file it was written.
+    pub fn identity(&self) -> String {
+        format!(
+            "arch {:?}, config {}, keys {:?} (relative to {})",
+            self.arch,
+            crate::scope::absolute(&self.config).display(),
+            self.keys,
+            crate::scope::absolute(self.scope.dir()).display()
+        )
+    }
+
+    /// An error about `key` of this table.
+    pub fn err(
+        &self,
+        key: &str,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> RecipeError {
+        self.scope.err(key, message, hint)
     }
 }
 
-/// Validate a model table; `cx` is the scope of the table itself (`model.` or `stage[2].student.`).
+/// Validate a model table's shared keys; `cx` is the scope of the table itself (`model.` or
+/// `stage[2].student.`). Its family validates the rest.
 pub fn model_spec(cx: &Scope, raw: RawModel) -> Result<ModelSpec, RecipeError> {
-    let arch = raw.arch.clone();
-    let config = cx.input_file("config", &raw.config)?;
-    let weights = match &raw.weights {
-        Some(w) => Some(cx.input_file("weights", w)?),
-        None => None,
-    };
-    if raw.weights_layers.is_some() && weights.is_none() {
-        return Err(cx.err(
-            "weights-layers",
-            "picks layers of the `weights` file, and there is none",
-            "add `weights` (e.g. the pretrained model's model.safetensors, with its config.json as `config`)",
-        ));
-    }
-    if let Some(p) = raw.dropout {
-        if !(0.0..1.0).contains(&p) {
-            return Err(cx.err("dropout", format!("{p} is outside [0, 1)"), "use e.g. 0.1"));
-        }
-    }
-    let o = raw.overrides;
-    for (k, v) in [
-        ("overrides.num-hidden-layers", o.num_hidden_layers),
-        ("overrides.hidden-size", o.hidden_size),
-        ("overrides.num-attention-heads", o.num_attention_heads),
-        ("overrides.intermediate-size", o.intermediate_size),
-    ] {
-        if v == Some(0) {
-            return Err(cx.err(
-                k,
-                "must be at least 1",
-                "set a positive integer or remove the key",
-            ));
-        }
-    }
-    let hidden_act = match o.hidden_act.as_deref() {
-        None => None,
-        Some(name) => Some(Activation::parse(name).ok_or_else(|| {
-            cx.err(
-                "overrides.hidden-act",
-                format!("`{name}` is not an activation mopt knows"),
-                "use \"gelu\" (exact) or \"gelu-tanh\" (tanh approximation)",
-            )
-        })?),
-    };
     Ok(ModelSpec {
-        arch,
-        config,
-        weights,
-        allow_fresh_head: raw.allow_fresh_head.unwrap_or(false),
-        dropout: raw.dropout,
-        init_from_teacher_layers: raw.init_from_teacher_layers.clone(),
-        weights_layers: raw.weights_layers.clone(),
-        overrides: ModelOverrides {
-            num_hidden_layers: o.num_hidden_layers,
-            hidden_size: o.hidden_size,
-            num_attention_heads: o.num_attention_heads,
-            intermediate_size: o.intermediate_size,
-            layer_heads: o.layer_heads,
-            layer_intermediate_sizes: o.layer_intermediate_sizes,
-            hidden_act,
-        },
+        arch: raw.arch,
+        config: cx.input_file("config", &raw.config)?,
+        keys: raw.keys,
+        scope: cx.clone(),
     })
 }

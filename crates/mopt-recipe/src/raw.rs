@@ -88,46 +88,17 @@ impl<'de> Deserialize<'de> for RawDevice {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-/// A `[model]` or `[stage.student]` table as written (validated into a [`ModelSpec`](crate::ModelSpec)).
+#[serde(rename_all = "kebab-case")]
+/// A `[model]` or `[stage.student]` table as written (validated into a [`ModelSpec`](crate::ModelSpec)):
+/// the shared keys, and the family's own, which its family validates.
 pub struct RawModel {
     /// `arch`.
     pub arch: Option<String>,
     /// `config`.
     pub config: String,
-    /// `weights`.
-    pub weights: Option<String>,
-    /// `allow-fresh-head`.
-    pub allow_fresh_head: Option<bool>,
-    /// `dropout`.
-    pub dropout: Option<f64>,
-    /// `init-from-teacher-layers`.
-    pub init_from_teacher_layers: Option<Vec<usize>>,
-    /// `weights-layers`.
-    pub weights_layers: Option<Vec<usize>>,
-    #[serde(default)]
-    /// `[….overrides]`.
-    pub overrides: RawOverrides,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-/// A model table's `overrides` as written.
-pub struct RawOverrides {
-    /// `num-hidden-layers`.
-    pub num_hidden_layers: Option<usize>,
-    /// `hidden-size`.
-    pub hidden_size: Option<usize>,
-    /// `num-attention-heads`.
-    pub num_attention_heads: Option<usize>,
-    /// `intermediate-size`.
-    pub intermediate_size: Option<usize>,
-    /// `layer-heads`.
-    pub layer_heads: Option<Vec<usize>>,
-    /// `layer-intermediate-sizes`.
-    pub layer_intermediate_sizes: Option<Vec<usize>>,
-    /// `hidden-act`.
-    pub hidden_act: Option<String>,
+    /// Every other key: the family's.
+    #[serde(flatten)]
+    pub keys: toml::Table,
 }
 
 #[derive(Debug, Deserialize)]

@@ -78,6 +78,16 @@ impl Scope {
         }
     }
 
+    /// The whole recipe file this scope is part of (its shared sections' keys).
+    pub fn file(&self) -> Self {
+        Self::root(&self.path, &self.source)
+    }
+
+    /// The folder relative paths resolve against (the recipe's).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The recipe file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -202,6 +212,42 @@ impl Scope {
                 "correct the value's type (see docs/src/recipe-reference.md)"
             };
             self.err(&field, message, hint)
+        })
+    }
+
+    /// [`Scope::deserialize`] for a table whose keys an owner declares (`what`: `a \`llama\`
+    /// model table`): a key `T` does not declare is refused naming the keys the table takes,
+    /// the `shared` ones (read elsewhere: a model table's `arch` and `config`) first.
+    pub fn deserialize_keys<T: DeserializeOwned>(
+        &self,
+        table: toml::Table,
+        what: &str,
+        shared: &[&str],
+    ) -> Result<T, RecipeError> {
+        self.deserialize(table).map_err(|e| match e {
+            RecipeError::Invalid(mut i) if i.message.starts_with("unknown field") => {
+                let key = i.message.split('`').nth(1).unwrap_or_default().to_string();
+                let declared: Vec<&str> = match i.message.split_once(", expected ") {
+                    Some((_, list)) => list
+                        .split('`')
+                        .skip(1)
+                        .step_by(2)
+                        .collect(),
+                    None => Vec::new(),
+                };
+                let takes: Vec<String> = shared
+                    .iter()
+                    .chain(declared.iter())
+                    .map(|k| format!("`{k}`"))
+                    .collect();
+                i.message = match takes.is_empty() {
+                    true => format!("{what} has no key `{key}`; it takes none"),
+                    false => format!("{what} has no key `{key}`; it takes {}", takes.join(", ")),
+                };
+                i.hint = "remove the key (each family's keys: docs/src/recipe-reference.md, \"[model]\")".into();
+                RecipeError::Invalid(i)
+            }
+            other => other,
         })
     }
 }

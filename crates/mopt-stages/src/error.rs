@@ -51,8 +51,12 @@ impl From<RecipeError> for StageError {
 }
 
 impl From<mopt_models::ModelError> for StageError {
+    /// A recipe's error stays one (naming file, key and fix); the rest are the model's.
     fn from(e: mopt_models::ModelError) -> Self {
-        StageError::Train(TrainError::Model(e.into()))
+        match e {
+            mopt_models::ModelError::Recipe(r) => r.into(),
+            e => StageError::Train(TrainError::Model(e.into())),
+        }
     }
 }
 

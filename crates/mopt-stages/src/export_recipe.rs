@@ -118,8 +118,9 @@ pub fn export_recipe(
         .into());
     }
     eprintln!("exporting {} -> {}", ckpt.display(), out.display());
+    // The final model's family: a cross-family distillation's student is not the recipe's.
     let student = export_one(
-        fam,
+        registry.source_family(&ckpt).unwrap_or(fam),
         recipe,
         &ckpt,
         &out,

@@ -79,13 +79,10 @@ pub trait Family: Send + Sync {
         Metric::Accuracy
     }
 
-    /// Where the recipe's `[model]` gets its weights, for the plan: its `weights` file, or
-    /// `random init` (the default's words).
-    fn weights_source(&self, model: &ModelSpec) -> String {
-        match &model.weights {
-            Some(w) => crate::record::shown(w),
-            None => "random init".into(),
-        }
+    /// Where the recipe's `[model]` gets its weights, for the plan (`random init`, the
+    /// default's words; a family with a weights key names its file).
+    fn weights_source(&self, _model: &ModelSpec) -> String {
+        "random init".into()
     }
 
     /// The stage capabilities of its models (none by default): `finetune`, `prune`, …, each

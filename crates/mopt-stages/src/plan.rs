@@ -121,9 +121,11 @@ impl Pipeline {
         let mut input = baseline.clone();
         let mut stages = Vec::new();
         let mut earlier = vec!["baseline".to_string()];
+        let run_family = self.registry.recipe_family(r)?;
         for (entry, stage) in &self.stages {
             let cx = PlanContext {
-                family: self.registry.recipe_family(r)?,
+                // The input's family: a cross-family distill stage hands on the student's.
+                family: self.registry.shape_family(&input, run_family),
                 registry: &self.registry,
                 tokenizer: r.tokenizer.as_ref(),
                 data: &r.data,

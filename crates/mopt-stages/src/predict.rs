@@ -93,8 +93,11 @@ impl Predictor {
         let t = recipe.text_tokenizer()?;
         let tokenizer =
             TextTokenizer::from_file(&t.path, t.max_len, t.lowercase).map_err(TrainError::from)?;
-        let model = registry
-            .recipe_family(recipe)?
+        let family = match registry.source_family(checkpoint) {
+            Some(f) => f,
+            None => registry.recipe_family(recipe)?,
+        };
+        let model = family
             .require::<dyn CanClassifyText>("predict", "a text classifier", "reads no text")?
             .load(checkpoint, &device)?;
         Ok(Self {

@@ -19,6 +19,7 @@ use mopt_recipe::{Recipe, RecipeError};
 
 use crate::family::{Family, FamilyEntry};
 use crate::kinds;
+use crate::shape::Shape;
 use crate::stage::StageKind;
 
 /// Model families and stage kinds by name. Cloning is cheap (shared entries).
@@ -114,6 +115,13 @@ impl Registry {
     pub fn family(&self, arch: &str) -> Option<&FamilyEntry> {
         self.families()
             .find(|f| f.arch() == arch || f.aliases().contains(&arch))
+    }
+
+    /// The family of a model of shape `shape` (its config's `arch`; a cross-family distill
+    /// stage's output is the student's family), or `run` (the run's family) when no registered
+    /// family answers to it.
+    pub fn shape_family<'a>(&'a self, shape: &Shape, run: &'a FamilyEntry) -> &'a FamilyEntry {
+        self.family(shape.arch()).unwrap_or(run)
     }
 
     /// The stage kind named `name`.

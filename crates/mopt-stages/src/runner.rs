@@ -328,6 +328,7 @@ impl Pipeline {
             .map_err(undo)?;
         let ev = Evaluator {
             family,
+            registry: &self.registry,
             data: &data,
             settings: EvalSettings {
                 eval_batch_size: recipe.train.eval_batch_size,
@@ -355,7 +356,6 @@ impl Pipeline {
 
         let shared = RunShared {
             pipeline: self,
-            family,
             opts,
             train_opts: &train_opts,
             run_dir: &run_dir,
@@ -553,17 +553,24 @@ impl Pipeline {
     }
 }
 
-/// What the runner measures every model with: the family on the run's data.
+/// What the runner measures every model with: the model's family (the run's, or the family
+/// its checkpoint names: a cross-family student's) on the run's data.
 struct Evaluator<'a> {
     family: &'a FamilyEntry,
+    registry: &'a crate::Registry,
     data: &'a RunData,
     settings: EvalSettings<'a>,
 }
 
 impl Evaluator<'_> {
+    /// The family of the checkpoint at `dir`: the one its `config.json` names, else the run's.
+    fn family_of(&self, dir: &Path) -> &FamilyEntry {
+        self.registry.source_family(dir).unwrap_or(self.family)
+    }
+
     /// The checkpoint's facts and its logits on the golden set.
     fn measure(&self, dir: &Path) -> Result<(ModelFacts, Vec<Vec<f32>>), StageError> {
-        self.family.measure(dir, self.data, &self.settings)
+        self.family_of(dir).measure(dir, self.data, &self.settings)
     }
 }
 
@@ -576,7 +583,6 @@ struct RunShared<'a> {
     opts: &'a RunOptions,
     train_opts: &'a TrainOptions,
     run_dir: &'a Path,
-    family: &'a FamilyEntry,
     data: &'a RunData,
     ev: &'a Evaluator<'a>,
     baseline_ckpt: &'a Path,
@@ -663,7 +669,8 @@ impl RunShared<'_> {
         );
         let cx = StageContext {
             entry,
-            family: self.family,
+            // The current model's family: after a cross-family distill stage, the student's.
+            family: self.ev.family_of(&current.dir),
             registry: &self.pipeline.registry,
             device: &opts.device,
             data: self.data,

@@ -21,6 +21,8 @@ trait ErasedConfig: Send + Sync {
     fn num_params(&self) -> usize;
     fn training_memory(&self, batch: usize, size: usize) -> MemoryEstimate;
     fn logit_values(&self, size: usize) -> usize;
+    fn num_labels(&self) -> usize;
+    fn logit_rows(&self, size: usize) -> usize;
 }
 
 impl<C: ModelConfig> ErasedConfig for C {
@@ -41,6 +43,12 @@ impl<C: ModelConfig> ErasedConfig for C {
     }
     fn logit_values(&self, size: usize) -> usize {
         self.logit_rows(size) * self.num_labels()
+    }
+    fn num_labels(&self) -> usize {
+        ModelConfig::num_labels(self)
+    }
+    fn logit_rows(&self, size: usize) -> usize {
+        ModelConfig::logit_rows(self, size)
     }
 }
 
@@ -82,6 +90,17 @@ impl Shape {
     /// Training memory at `batch` examples of `size` ([`ModelConfig::training_memory`]).
     pub fn training_memory(&self, batch: usize, size: usize) -> MemoryEstimate {
         self.0.training_memory(batch, size)
+    }
+
+    /// The labels a logit row scores (classes; a language model's vocabulary).
+    pub fn num_labels(&self) -> usize {
+        self.0.num_labels()
+    }
+
+    /// Logit rows one example of `size` yields (one for a classifier, a row a position for a
+    /// language model).
+    pub fn logit_rows(&self, size: usize) -> usize {
+        self.0.logit_rows(size)
     }
 
     /// Logit values one example of `size` yields: its rows ([`ModelConfig::logit_rows`]) times

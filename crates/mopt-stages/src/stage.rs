@@ -220,14 +220,23 @@ pub trait Stage {
     fn reuse_key(&self) -> Option<String> {
         None
     }
+
+    /// The family of its output when the stage names one, and the key that names it (a
+    /// distill stage's `student.arch`): the later stages are validated against it. `None` (the
+    /// default): the input's family.
+    fn output_arch(&self) -> Option<(&'static str, &str)> {
+        None
+    }
 }
 
-/// Validate every stage of a recipe with its kind.
+/// Validate every stage of a recipe with its kind, each against the family of its input: the
+/// recipe's `family`, or the family an earlier stage's output is of.
 pub fn parse_stages(
     registry: &crate::Registry,
     entries: &[StageEntry],
     family: &FamilyEntry,
 ) -> Result<Vec<Box<dyn Stage>>, RecipeError> {
+    let mut family = family;
     entries
         .iter()
         .map(|e| {
@@ -254,7 +263,31 @@ pub fn parse_stages(
                     "use on-fail = \"rollback\" or \"abort\" (pruning and quantization stages retry)",
                 ));
             }
-            kind.parse(e, family)
+            let stage = kind.parse(e, family)?;
+            if let Some((key, arch)) = stage.output_arch() {
+                let next = registry.family(arch).ok_or_else(|| {
+                    let known: Vec<String> =
+                        registry.families().map(|f| format!("`{}`", f.arch())).collect();
+                    e.scope.err(
+                        key,
+                        format!("unknown architecture `{arch}`"),
+                        format!(
+                            "use one of {} (a family of your own is registered with `with_family`)",
+                            known.join(", ")
+                        ),
+                    )
+                })?;
+                let (read, had) = (next.data().modality(), family.data().modality());
+                if read != had {
+                    return Err(e.scope.err(
+                        key,
+                        format!("`{arch}` models read {read}, and the stage's input (`{}`) {had}: its output must read the run's data", family.arch()),
+                        format!("name a family of {had} models"),
+                    ));
+                }
+                family = next;
+            }
+            Ok(stage)
         })
         .collect()
 }

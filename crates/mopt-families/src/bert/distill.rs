@@ -15,7 +15,7 @@ use mopt_distill::spec::DistillSpec;
 use mopt_distill::{DistillModel, DistillTask, TeacherSource};
 use mopt_models::bert::setup::{build_model, model_config};
 use mopt_models::bert::student::{check_layer_init, from_teacher_layers};
-use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification as Model};
+use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification as Model, BertModel};
 use mopt_recipe::{ModelSpec, Scope, StageEntry};
 use mopt_train::trainer::{fit, RunContext, Splits};
 use mopt_train::TrainError;
@@ -63,7 +63,7 @@ pub fn check_compat(
         &Model::tap_layout(student),
         &Model::tap_layout(teacher),
     )?;
-    if let Some(layers) = &student_spec.init_from_teacher_layers {
+    if let Some(layers) = &BertModel::from_spec(student_spec)?.init_from_teacher_layers {
         check_layer_init(student, teacher, layers).map_err(|m| {
             TrainError::Recipe(scx.err(
                 "init-from-teacher-layers",
@@ -89,7 +89,7 @@ pub fn init_student(
     teacher_dir: &Path,
     ad: &Device,
 ) -> Result<Model, TrainError> {
-    match &student_spec.init_from_teacher_layers {
+    match &BertModel::from_spec(student_spec)?.init_from_teacher_layers {
         Some(layers) => {
             let (teacher_ad, _) =
                 weights::load_checkpoint(teacher_dir, ad).map_err(ModelFault::from)?;
@@ -176,7 +176,7 @@ pub fn plan(
         .tokenizer
         .ok_or_else(|| StageError::Unsupported("a BERT student needs a [tokenizer]".into()))?;
     let (config, plan) = student_config(stage, input, &labels, tokenizer, cx.vocab)?;
-    let mut settings = plan_lines(stage, &config, &plan);
+    let mut settings = plan_lines(stage, &config, &plan)?;
     settings.extend(train_settings(&entry.train, entry.train_overridden));
     let extra = plan_memory(&stage.spec, (input, &plan), entry, cx);
     Ok(StagePlan {
@@ -192,14 +192,16 @@ pub fn plan(
 }
 
 /// The student's and the objective's lines of the plan, a line a match.
-fn plan_lines(stage: &DistillStage, config: &BertConfig, plan: &MatchPlan) -> Vec<String> {
+fn plan_lines(
+    stage: &DistillStage,
+    config: &BertConfig,
+    plan: &MatchPlan,
+) -> Result<Vec<String>, StageError> {
     let s = &stage.spec;
-    let init = match (
-        &stage.student.init_from_teacher_layers,
-        &stage.student.weights,
-    ) {
+    let keys = BertModel::from_spec(&stage.student)?;
+    let init = match (&keys.init_from_teacher_layers, &keys.weights) {
         (Some(l), _) => format!("init-from-teacher-layers = {l:?}"),
-        (None, Some(w)) => match &stage.student.weights_layers {
+        (None, Some(w)) => match &keys.weights_layers {
             Some(l) => format!("weights = \"{}\", its layers {l:?}", w.display()),
             None => format!("weights = \"{}\"", w.display()),
         },
@@ -238,7 +240,7 @@ fn plan_lines(stage: &DistillStage, config: &BertConfig, plan: &MatchPlan) -> Ve
             pairs.join(", ")
         ));
     }
-    settings
+    Ok(settings)
 }
 
 /// Memory beside the student's training: the teacher's weights and, with the teacher cache,
@@ -365,7 +367,10 @@ pub fn run(
         );
         references.push(reference);
         notes.push(note);
-        if stage.student.init_from_teacher_layers.is_some() {
+        if BertModel::from_spec(&stage.student)?
+            .init_from_teacher_layers
+            .is_some()
+        {
             notes.push(INHERITED_TWIN.into());
         }
     }

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use mopt_models::bert::{onnx, BertConfig, BertForSequenceClassification as Model};
+use mopt_models::bert::{onnx, BertConfig, BertForSequenceClassification as Model, BertModel};
 
 use mopt_core::Quantizable;
 use mopt_models::bert::setup::{build_model, model_config};
@@ -20,7 +20,7 @@ use mopt_stages::data::{DataSource, RunData};
 use mopt_stages::family::{Capabilities, Family};
 use mopt_stages::kinds::distill::{CanDistill, DistillStage};
 use mopt_stages::kinds::vocab::{CanPruneVocab, Corpus, VocabStage};
-use mopt_stages::kinds::{export, finetune, prune, quantize};
+use mopt_stages::kinds::{export, finetune, kd, prune, quantize};
 use mopt_stages::record::{measure_checkpoint, EvalSettings, ModelFacts};
 use mopt_stages::shape::Shape;
 use mopt_stages::stage::{PlanContext, StageContext, StageOutput, StagePlan};
@@ -36,6 +36,14 @@ impl Family for Bert {
 
     fn aliases(&self) -> &'static [&'static str] {
         &["bert-classifier"]
+    }
+
+    /// Its `weights` file, or random init (a table whose keys are wrong fails in `model_shape`).
+    fn weights_source(&self, model: &ModelSpec) -> String {
+        match BertModel::from_spec(model).ok().and_then(|k| k.weights) {
+            Some(w) => mopt_stages::record::shown(&w),
+            None => "random init".into(),
+        }
     }
 
     fn build(
@@ -108,6 +116,18 @@ impl Family for Bert {
                 "the recipe's [model] needs text data and a [tokenizer]: `bert` reads text".into(),
             )
         })?;
+        if BertModel::from_spec(model)?
+            .init_from_teacher_layers
+            .is_some()
+        {
+            return Err(model
+                .err(
+                    "init-from-teacher-layers",
+                    "the baseline [model] has no teacher to copy layers from",
+                    "use it in a distill stage's [stage.student]; a baseline starts from `weights` (with `weights-layers` to pick layers of a deeper file)",
+                )
+                .into());
+        }
         Ok(Shape::new(model_config(
             model, tokenizer, scope, labels, vocab,
         )?))
@@ -120,6 +140,7 @@ impl Family for Bert {
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
             .with(finetune::capability::<Model>())
+            .with(kd::teach_capability::<Model>())
             .with(prune::capability::<Model>())
             .with(quantize::capability::<Model>())
             .with::<dyn CanPruneVocab>(Box::new(BertVocab))

@@ -2,6 +2,7 @@
 
 mod config;
 mod family;
+pub mod keys;
 mod model;
 pub mod onnx;
 pub mod prune;
@@ -12,4 +13,5 @@ mod vocab;
 pub mod weights;
 
 pub use config::BertConfig;
+pub use keys::{Activation, BertModel, BertModelKeys};
 pub use model::*;

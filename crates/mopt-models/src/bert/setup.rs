@@ -6,7 +6,7 @@ use std::path::Path;
 use burn::prelude::*;
 use mopt_recipe::{ModelSpec, Scope, TokenizerSpec};
 
-use super::{weights, BertConfig, BertForSequenceClassification};
+use super::{weights, BertConfig, BertForSequenceClassification, BertModel};
 use crate::error::ModelError;
 
 /// The model config: the model table's `config.json`, its overrides, its dropout, the label
@@ -18,8 +18,9 @@ pub fn model_config(
     labels: &[String],
     vocab_size: usize,
 ) -> Result<BertConfig, ModelError> {
+    let keys = BertModel::from_spec(m)?;
     let mut c = BertConfig::from_file(&m.config)?;
-    let o = &m.overrides;
+    let o = &keys.overrides;
     if let Some(v) = o.num_hidden_layers {
         c.num_hidden_layers = v;
     }
@@ -42,7 +43,7 @@ pub fn model_config(
     if let Some(a) = o.hidden_act {
         c.hidden_act = a.hf_name().into();
     }
-    if let Some(p) = m.dropout {
+    if let Some(p) = keys.dropout {
         c.hidden_dropout_prob = p;
         c.attention_probs_dropout_prob = p;
     }
@@ -67,7 +68,7 @@ pub fn model_config(
             "use the tokenizer that belongs to the model's checkpoint ([tokenizer] path), or a config with its vocabulary",
         ));
     }
-    if let Some(layers) = &m.weights_layers {
+    if let Some(layers) = &keys.weights_layers {
         super::student::check_layer_init(&c, &source_config(m, &c)?, layers).map_err(|msg| {
             bad(
                 "weights-layers",
@@ -77,14 +78,16 @@ pub fn model_config(
         })?;
     }
     if tok.max_len > c.max_position_embeddings {
-        return Err(bad(
-            "config",
+        return Err(ModelError::Recipe(cx.file().err(
+            "tokenizer.max-len",
             format!(
-                "[tokenizer] max-len {} exceeds the model's {} positions",
-                tok.max_len, c.max_position_embeddings
+                "{} exceeds the model's {} positions ({})",
+                tok.max_len,
+                c.max_position_embeddings,
+                m.config.display()
             ),
-            "lower [tokenizer] max-len",
-        ));
+            "lower [tokenizer] max-len to the model's position table or less",
+        )));
     }
     Ok(c)
 }
@@ -96,14 +99,15 @@ pub fn build_model(
     config: &BertConfig,
     device: &Device,
 ) -> Result<(BertForSequenceClassification, Option<weights::LoadReport>), ModelError> {
+    let m_keys = BertModel::from_spec(m)?;
     device.seed(seed);
     // With `weights-layers` the weights load into a model of the file's own depth first.
-    let source = match m.weights_layers {
+    let source = match m_keys.weights_layers {
         Some(_) => source_config(m, config)?,
         None => config.clone(),
     };
     let mut model = BertForSequenceClassification::new(&source, device);
-    let report = match &m.weights {
+    let report = match &m_keys.weights {
         None => None,
         Some(w) if is_burnpack(w) => {
             weights::load_burnpack(&mut model, w)?;
@@ -112,10 +116,10 @@ pub fn build_model(
         Some(w) => Some(weights::load_hf_safetensors(
             &mut model,
             w,
-            m.allow_fresh_head,
+            m_keys.allow_fresh_head,
         )?),
     };
-    if let Some(layers) = &m.weights_layers {
+    if let Some(layers) = &m_keys.weights_layers {
         model = super::student::from_teacher_layers(&model, layers, config);
     }
     Ok((model, report))
@@ -159,6 +163,7 @@ mod tests {
         let text = "[model]\nconfig = \"config.json\"\nweights = \"model.safetensors\"\n";
         let recipe = dir.path().join("r.toml");
         let scope = Scope::root(&recipe, text).nested("model");
+        use crate::bert::BertModelKeys;
         let spec = |layers: Option<&[usize]>| {
             let b = ModelSpec::builder(dir.path().join("config.json"))
                 .weights(dir.path().join("model.safetensors"))

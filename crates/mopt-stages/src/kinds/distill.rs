@@ -269,18 +269,12 @@ fn distill_spec(
         return Err(cx.err(
             "student",
             "a distill stage needs its student",
-            "add [stage.student] with `config` (and `init-from-teacher-layers`, `weights` or neither for random init) and optional [stage.student.overrides]",
+            "add [stage.student] with `config` (and the keys of the student's family: for BERT `init-from-teacher-layers`, `weights` or neither for random init, and optional [stage.student.overrides])",
         ));
     };
     let scx = cx.nested("student");
+    // The student's family validates its own keys when it plans the stage.
     let student = model_spec(&scx, raw_student)?;
-    if student.init_from_teacher_layers.is_some() && student.weights.is_some() {
-        return Err(scx.err(
-            "init-from-teacher-layers",
-            "conflicts with `weights`",
-            "keep one way to initialise the student",
-        ));
-    }
     let sched = |raw: Option<RawSchedule>, default: f64| match raw {
         None => Schedule::Constant(default),
         Some(RawSchedule::Constant(v)) => Schedule::Constant(v),
@@ -451,6 +445,74 @@ impl DistillStage {
         self
     }
 
+    /// Whether `[stage.student] arch` names another family than the teacher's `family`.
+    pub fn of_another_family(&self, family: &FamilyEntry) -> bool {
+        self.student
+            .arch
+            .as_deref()
+            .is_some_and(|a| a != family.arch() && !family.aliases().contains(&a))
+    }
+
+    /// The family that builds and trains the student: the teacher's (`teacher`), or the
+    /// registered family `[stage.student] arch` names, which must read the same data and
+    /// distil (its `CanDistill` then distils from a teacher of another family: logit KD
+    /// through the teacher family's `CanTeach`).
+    pub fn student_family<'a>(
+        &self,
+        teacher: &'a FamilyEntry,
+        registry: &'a crate::Registry,
+    ) -> Result<&'a FamilyEntry, StageError> {
+        if !self.of_another_family(teacher) {
+            return Ok(teacher);
+        }
+        let scope = self.scope.nested("student");
+        let arch = self.student.arch.as_deref().unwrap_or_default();
+        let Some(f) = registry.family(arch) else {
+            let known: Vec<String> = registry
+                .families()
+                .map(|f| format!("`{}`", f.arch()))
+                .collect();
+            return Err(scope
+                .err(
+                    "arch",
+                    format!("unknown architecture `{arch}`"),
+                    format!(
+                        "use one of {} (a family of your own is registered with `with_family`)",
+                        known.join(", ")
+                    ),
+                )
+                .into());
+        };
+        if f.data().modality() != teacher.data().modality() {
+            let what = format!(
+                "the student (`{arch}`) reads {}, the teacher (`{}`) {}: they must read the same examples",
+                f.data().modality(),
+                teacher.arch(),
+                teacher.data().modality()
+            );
+            let fix = "distil into a student of the teacher's data";
+            return Err(scope.err("arch", what, fix).into());
+        }
+        if f.capability::<dyn CanDistill>().is_none() {
+            return Err(scope
+                .err("arch", f.lacks("distill", NEEDS.0, NEEDS.1), FIX)
+                .into());
+        }
+        if teacher
+            .capability::<dyn crate::kinds::kd::CanTeach>()
+            .is_none()
+        {
+            let what = teacher.lacks(
+                "distill",
+                "a teacher of another family's student",
+                "lists no teach capability",
+            );
+            let fix = "register `mopt_stages::kinds::kd::teach_capability::<M>()` in the teacher family's `capabilities`";
+            return Err(scope.err("arch", what, fix).into());
+        }
+        Ok(f)
+    }
+
     /// Refuse `augment-copies` for a stage whose family cannot augment its inputs (`why`).
     pub fn refuse_augment(&self, why: &str) -> Result<(), StageError> {
         match self.spec.augment {
@@ -486,6 +548,9 @@ impl DistillStage {
 /// What a family without the capability lacks.
 const NEEDS: (&str, &str) = ("distillation support", "declares none");
 
+/// How a family gains it.
+const FIX: &str = "register a `CanDistill` in the family's `capabilities` (for logit KD its `plan` and `run` call `mopt_stages::kinds::kd_student::plan` and `mopt_stages::kinds::kd_student::run::<M>`, as the Llama family does)";
+
 /// A family's `distill` capability: build the `[stage.student]` of its models and train it
 /// against the input (the teacher).
 pub trait CanDistill: Send + Sync {
@@ -520,11 +585,16 @@ impl StageKind for Distill {
         entry: &StageEntry,
         family: &FamilyEntry,
     ) -> Result<Box<dyn Stage>, RecipeError> {
-        family.check::<dyn CanDistill>(
-            entry,
-            NEEDS,
-            "register a `CanDistill` in the family's `capabilities` (`kinds::kd_student::capability::<M>()` for logit KD)",
-        )?;
+        // A student of another family is checked against that family when the stage is
+        // planned (the registry is at hand there); a student of the teacher's, here.
+        let arch = entry
+            .settings
+            .get("student")
+            .and_then(|s| s.get("arch"))
+            .and_then(|a| a.as_str());
+        if !arch.is_some_and(|a| a != family.arch() && !family.aliases().contains(&a)) {
+            family.check::<dyn CanDistill>(entry, NEEDS, FIX)?;
+        }
         Ok(Box::new(DistillStage::from_entry(entry)?))
     }
 }
@@ -584,15 +654,19 @@ impl Stage for DistillStage {
         shape: &Shape,
         cx: &PlanContext,
     ) -> Result<StagePlan, StageError> {
-        cx.family
+        self.student_family(cx.family, cx.registry)?
             .require::<dyn CanDistill>("distill", NEEDS.0, NEEDS.1)?
             .plan(self, entry, shape, cx)
     }
 
     fn run(&self, input: &Path, cx: &StageContext) -> Result<StageOutput, StageError> {
-        cx.family
+        self.student_family(cx.family, cx.registry)?
             .require::<dyn CanDistill>("distill", NEEDS.0, NEEDS.1)?
             .run(self, input, cx)
+    }
+
+    fn output_arch(&self) -> Option<(&'static str, &str)> {
+        self.student.arch.as_deref().map(|a| ("student.arch", a))
     }
 
     fn reuse_key(&self) -> Option<String> {
@@ -603,6 +677,6 @@ impl Stage for DistillStage {
         }
         let mut spec = self.spec.clone();
         spec.baseline = false;
-        Some(format!("student {:?}\n{spec:?}", self.student))
+        Some(format!("student {}\n{spec:?}", self.student.identity()))
     }
 }

@@ -95,10 +95,22 @@ where
     let Some((alpha, temperature)) = kd else {
         return Ok(KdTask::hard_labels(ad));
     };
-    let device = cx.device.device();
-    let (teacher, _) = M::load(cx.baseline, &device)?;
-    let train = cx.splits::<M::Batch>()?.train;
-    let cache = teacher_logits((cx.baseline, &teacher), &train, cx, (true, top_k));
+    // The baseline teaches as a model of its own family: after a cross-family distill stage
+    // the current model (an `M`) is of another family than the teacher.
+    let teacher_family = cx.registry.source_family(cx.baseline).unwrap_or(cx.family);
+    let cache = if teacher_family.arch() == cx.family.arch() {
+        let (teacher, _) = M::load(cx.baseline, &cx.device.device())?;
+        let train = cx.splits::<M::Batch>()?.train;
+        teacher_logits((cx.baseline, &teacher), &train, cx, (true, top_k))
+    } else {
+        teacher_family
+            .require::<dyn CanTeach>(
+                "KD",
+                "a teacher of another family's student",
+                "lists no teach capability",
+            )?
+            .logits(cx.baseline, cx, (true, top_k))?
+    };
     let settings = KdSettings {
         alpha: Schedule::Constant(alpha),
         temperature: Schedule::Constant(temperature),
@@ -167,4 +179,46 @@ pub fn cache_memory(
         None => 4 * config.num_labels() as u64,
     };
     ("teacher logit cache".to_string(), rows * row)
+}
+
+/// A family's models as teachers of another family's student (cross-family logit KD): their
+/// logits on the run's training split, in its example order, which the student's batches
+/// index. Every example of the split is a row (a classifier's) or a row a position (a language
+/// model's), over the labels both families score.
+pub trait CanTeach: Send + Sync {
+    /// The logits of the checkpoint at `teacher` on the training split of `cx`'s run, from
+    /// the disk cache when `disk` ([`teacher_logits`]), each row's `top_k` largest when given.
+    fn logits(
+        &self,
+        teacher: &Path,
+        cx: &StageContext,
+        cache: (bool, Option<usize>),
+    ) -> Result<LogitCache, StageError>;
+}
+
+/// The teacher capability of the model type `M`: `M::load` and its logits over the split of
+/// `M::Batch` (a student of another family reads the same batches).
+pub fn teach_capability<M>() -> Box<dyn CanTeach>
+where
+    M: Checkpoint<Batch: mopt_core::Labeled> + 'static,
+{
+    Box::new(Teach::<M>(std::marker::PhantomData))
+}
+
+struct Teach<M>(std::marker::PhantomData<fn() -> M>);
+
+impl<M> CanTeach for Teach<M>
+where
+    M: Checkpoint<Batch: mopt_core::Labeled> + 'static,
+{
+    fn logits(
+        &self,
+        teacher: &Path,
+        cx: &StageContext,
+        cache: (bool, Option<usize>),
+    ) -> Result<LogitCache, StageError> {
+        let (model, _) = M::load(teacher, &cx.device.device())?;
+        let train = cx.splits::<M::Batch>()?.train;
+        Ok(teacher_logits((teacher, &model), &train, cx, cache))
+    }
 }

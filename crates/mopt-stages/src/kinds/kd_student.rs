@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::error::StageError;
 use crate::kinds::distill::DistillStage;
-use crate::kinds::kd::teacher_logits;
+use crate::kinds::kd::{teacher_logits, CanTeach};
 use crate::plan::train_settings;
 use crate::shape::Shape;
 use crate::stage::{PlanContext, ReferenceModel, StageContext, StageOutput, StagePlan};
@@ -29,6 +29,7 @@ pub fn plan<C: ModelConfig>(
 ) -> Result<StagePlan, StageError> {
     stage.refuse_augment("this family's distillation trains on its inputs as they are")?;
     let (s, size) = (&stage.spec, cx.size());
+    check_label_space(stage, teacher, &student, size)?;
     let settings = vec![
         format!(
             "student: {}, {:.2}M params, random init",
@@ -65,8 +66,37 @@ pub fn plan<C: ModelConfig>(
     })
 }
 
+/// Refuse a student whose logits do not line up with the teacher's: another label space (its
+/// classes, a language model's vocabulary) or another number of rows an example.
+fn check_label_space<C: ModelConfig>(
+    stage: &DistillStage,
+    teacher: &Shape,
+    student: &C,
+    size: usize,
+) -> Result<(), StageError> {
+    let (t, s) = (
+        (teacher.num_labels(), teacher.logit_rows(size)),
+        (student.num_labels(), student.logit_rows(size)),
+    );
+    if t == s {
+        return Ok(());
+    }
+    let what = format!(
+        "the student (`{}`) scores {} labels in {} rows an example, the teacher (`{}`) {} in {}: logit KD needs one label space",
+        student.arch(),
+        s.0,
+        s.1,
+        teacher.arch(),
+        t.0,
+        t.1
+    );
+    let fix = "distil into a student of the teacher's task (its classes, or its vocabulary for a language model)";
+    Err(stage.scope.nested("student").err("arch", what, fix).into())
+}
+
 /// Train a fresh `M` shaped `config` on the logits of the teacher at `input` (and its
-/// hard-label twin when the stage asks for it).
+/// hard-label twin when the stage asks for it): a teacher of `M`'s family loaded as one,
+/// another family's through its [`CanTeach`].
 pub fn run<M>(
     stage: &DistillStage,
     input: &Path,
@@ -81,13 +111,21 @@ where
     let device = cx.device.device();
     let run = cx.run_context::<M::Batch, _>(config)?;
     let task = if spec.enabled {
-        let (teacher, _) = M::load(input, &device)?;
-        let cache = teacher_logits(
-            (input, &teacher),
-            &run.data.train,
-            cx,
-            (spec.teacher_cache, spec.teacher_top_k),
-        );
+        let cache_keys = (spec.teacher_cache, spec.teacher_top_k);
+        // A teacher of the student's family is loaded as one; another family's teaches
+        // through its own capability, over the same training split.
+        let cache = if cx.family.arch() == config.arch() {
+            let (teacher, _) = M::load(input, &device)?;
+            teacher_logits((input, &teacher), &run.data.train, cx, cache_keys)
+        } else {
+            cx.family
+                .require::<dyn CanTeach>(
+                    "distill",
+                    "a teacher of another family's student",
+                    "lists no teach capability",
+                )?
+                .logits(input, cx, cache_keys)?
+        };
         let settings = KdSettings {
             alpha: spec.alpha,
             temperature: spec.temperature,
