@@ -10,7 +10,7 @@
 # bytes: each byte between this process and its servers once, both directions), which the
 # model's size explains (docs/src/gpu.md, "Past one machine").
 #
-#   cargo build --bin mopt-train && benches/remote.sh            # writes benches/results/remote.json
+#   cargo build --bin mopt-train --features remote && benches/remote.sh   # writes benches/results/remote.json
 #
 # All servers share this machine's cores with the client: this measures the protocol's cost,
 # not a speed-up (that needs servers on other machines).

@@ -13,8 +13,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/gpu-check"
 # One check with both features: the backend code has one `#[cfg(feature = ...)]` arm per backend
 # and nothing that needs exactly one of them, and the two share the whole CubeCL graph (checked
 # once: 8m52s cold here, against about 10 minutes for two separate checks).
-# Without the default `remote` feature: the same check also covers the code paths of a build
-# without remote devices (the test build has them), at no extra cost.
-echo "backends: type-checking --no-default-features --features cuda,wgpu"
-DOCS_RS=1 cargo check --bin mopt-train --no-default-features --features cuda,wgpu
-echo "backends: cuda and wgpu type-check"
+# The opt-in `remote` feature (Burn's remote backend, `mopt-train serve`) is type-checked in the
+# same check: the test build leaves it out (its Iroh stack is a quarter of a cold build).
+echo "backends: type-checking --features cuda,wgpu,remote"
+DOCS_RS=1 cargo check --bin mopt-train --no-default-features --features cuda,wgpu,remote
+echo "backends: cuda, wgpu and remote type-check"
