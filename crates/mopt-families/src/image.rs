@@ -14,7 +14,7 @@ use mopt_data::ImageBatch;
 use mopt_export::Exportable;
 use mopt_models::shape_file::ShapeFile;
 use mopt_models::ModelError;
-use mopt_recipe::{ModelSpec, Recipe, RecipeError, Scope, StageEntry, TokenizerSpec};
+use mopt_recipe::{ModelSpec, Recipe, Scope, StageEntry, TokenizerSpec};
 use mopt_train::trainer::save_checkpoint_dir;
 use mopt_train::TrainError;
 
@@ -80,16 +80,7 @@ fn model_config<M: ImageModel>(
     scope: &Scope,
     labels: &[String],
 ) -> Result<M::Config, StageError> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct NoKeys {}
-    let _: NoKeys = m.family_keys(M::ARCH).map_err(|e| match e {
-        RecipeError::Invalid(mut i) => {
-            i.hint = "remove it: image models start from random init (seeded by [run] seed); continue from a checkpoint with [teacher]".into();
-            RecipeError::Invalid(i)
-        }
-        other => other,
-    })?;
+    m.no_family_keys(M::ARCH, "remove it: image models start from random init (seeded by [run] seed); continue from a checkpoint with [teacher]")?;
     M::Shape::for_labels(&m.config, labels).map_err(|e| {
         scope
             .err(

@@ -44,16 +44,10 @@ fn is_gguf(path: &Path) -> bool {
 /// The `[model]` table's config: from the GGUF's metadata or the JSON file. A Llama model
 /// table has no keys of its own: any other key is refused, naming it.
 fn config(m: &ModelSpec) -> Result<LlamaConfig, StageError> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct NoKeys {}
-    let _: NoKeys = m.family_keys("llama").map_err(|e| match e {
-        mopt_recipe::RecipeError::Invalid(mut i) => {
-            i.hint = "remove it: `config` names a GGUF file (weights included) or a JSON config (random init)".into();
-            mopt_recipe::RecipeError::Invalid(i)
-        }
-        other => other,
-    })?;
+    m.no_family_keys(
+        "llama",
+        "remove it: `config` names a GGUF file (weights included) or a JSON config (random init)",
+    )?;
     if is_gguf(&m.config) {
         let gguf = mopt_gguf::Gguf::open(&m.config).map_err(gguf_error)?;
         return Ok(mopt_models::llama::config_from_gguf(&gguf)?);

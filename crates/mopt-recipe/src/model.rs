@@ -45,6 +45,23 @@ impl ModelSpec {
         )
     }
 
+    /// For a family whose model table has no keys of its own (`arch`): any key is refused as
+    /// [`ModelSpec::family_keys`] refuses it, with `fix` as the hint.
+    pub fn no_family_keys(&self, arch: &str, fix: &str) -> Result<(), RecipeError> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct NoKeys {}
+        self.family_keys::<NoKeys>(arch)
+            .map(|_| ())
+            .map_err(|e| match e {
+                RecipeError::Invalid(mut i) => {
+                    i.hint = fix.into();
+                    RecipeError::Invalid(i)
+                }
+                other => other,
+            })
+    }
+
     /// The file a family key names (`weights`), resolved against the recipe's folder; it must
     /// exist.
     pub fn input_file(&self, key: &str, path: &str) -> Result<PathBuf, RecipeError> {

@@ -124,6 +124,41 @@ impl Registry {
         self.family(shape.arch()).unwrap_or(run)
     }
 
+    /// The registered family `arch` that a stage's output of a model of the family `input` is
+    /// of (named by `key` of `scope`: a distill stage's `student.arch`): an unknown name, or a
+    /// family reading other data than `input`'s, is an error naming the key.
+    pub fn output_family(
+        &self,
+        input: &FamilyEntry,
+        arch: &str,
+        scope: &mopt_recipe::Scope,
+        key: &str,
+    ) -> Result<&FamilyEntry, RecipeError> {
+        let known: Vec<String> = self.families().map(|f| format!("`{}`", f.arch())).collect();
+        let next = self.family(arch).ok_or_else(|| {
+            scope.err(
+                key,
+                format!("unknown architecture `{arch}`"),
+                format!(
+                    "use one of {} (a family of your own is registered with `with_family`)",
+                    known.join(", ")
+                ),
+            )
+        })?;
+        let (read, had) = (next.data().modality(), input.data().modality());
+        if read != had {
+            return Err(scope.err(
+                key,
+                format!(
+                    "`{arch}` models read {read}, and the stage's input (`{}`) {had}: its output must read the run's data",
+                    input.arch()
+                ),
+                format!("name a family of {had} models"),
+            ));
+        }
+        Ok(next)
+    }
+
     /// The stage kind named `name`.
     pub fn kind(&self, name: &str) -> Option<&dyn StageKind> {
         self.kinds().find(|k| k.name() == name)

@@ -265,26 +265,7 @@ pub fn parse_stages(
             }
             let stage = kind.parse(e, family)?;
             if let Some((key, arch)) = stage.output_arch() {
-                let next = registry.family(arch).ok_or_else(|| {
-                    let known: Vec<String> =
-                        registry.families().map(|f| format!("`{}`", f.arch())).collect();
-                    e.scope.err(
-                        key,
-                        format!("unknown architecture `{arch}`"),
-                        format!(
-                            "use one of {} (a family of your own is registered with `with_family`)",
-                            known.join(", ")
-                        ),
-                    )
-                })?;
-                let (read, had) = (next.data().modality(), family.data().modality());
-                if read != had {
-                    return Err(e.scope.err(
-                        key,
-                        format!("`{arch}` models read {read}, and the stage's input (`{}`) {had}: its output must read the run's data", family.arch()),
-                        format!("name a family of {had} models"),
-                    ));
-                }
+                let next = registry.output_family(family, arch, &e.scope, key)?;
                 family = next;
             }
             Ok(stage)

@@ -467,32 +467,7 @@ impl DistillStage {
         }
         let scope = self.scope.nested("student");
         let arch = self.student.arch.as_deref().unwrap_or_default();
-        let Some(f) = registry.family(arch) else {
-            let known: Vec<String> = registry
-                .families()
-                .map(|f| format!("`{}`", f.arch()))
-                .collect();
-            return Err(scope
-                .err(
-                    "arch",
-                    format!("unknown architecture `{arch}`"),
-                    format!(
-                        "use one of {} (a family of your own is registered with `with_family`)",
-                        known.join(", ")
-                    ),
-                )
-                .into());
-        };
-        if f.data().modality() != teacher.data().modality() {
-            let what = format!(
-                "the student (`{arch}`) reads {}, the teacher (`{}`) {}: they must read the same examples",
-                f.data().modality(),
-                teacher.arch(),
-                teacher.data().modality()
-            );
-            let fix = "distil into a student of the teacher's data";
-            return Err(scope.err("arch", what, fix).into());
-        }
+        let f = registry.output_family(teacher, arch, &scope, "arch")?;
         if f.capability::<dyn CanDistill>().is_none() {
             return Err(scope
                 .err("arch", f.lacks("distill", NEEDS.0, NEEDS.1), FIX)

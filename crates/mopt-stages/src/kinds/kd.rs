@@ -9,6 +9,7 @@ use mopt_distill::kd::{KdSettings, KdTask, LogitCache};
 use mopt_distill::spec::{Schedule, SoftLoss};
 
 use crate::error::StageError;
+use crate::family::FamilyEntry;
 use crate::stage::StageContext;
 
 /// The KD fine-tuning keys of a compressing stage, validated: `alpha` (the hard-label weight,
@@ -98,19 +99,8 @@ where
     // The baseline teaches as a model of its own family: after a cross-family distill stage
     // the current model (an `M`) is of another family than the teacher.
     let teacher_family = cx.registry.source_family(cx.baseline).unwrap_or(cx.family);
-    let cache = if teacher_family.arch() == cx.family.arch() {
-        let (teacher, _) = M::load(cx.baseline, &cx.device.device())?;
-        let train = cx.splits::<M::Batch>()?.train;
-        teacher_logits((cx.baseline, &teacher), &train, cx, (true, top_k))
-    } else {
-        teacher_family
-            .require::<dyn CanTeach>(
-                "KD",
-                "a teacher of another family's student",
-                "lists no teach capability",
-            )?
-            .logits(cx.baseline, cx, (true, top_k))?
-    };
+    let teacher = (cx.baseline, teacher_family);
+    let cache = taught::<M>(teacher, cx.family.arch(), cx, (true, top_k))?;
     let settings = KdSettings {
         alpha: Schedule::Constant(alpha),
         temperature: Schedule::Constant(temperature),
@@ -194,6 +184,31 @@ pub trait CanTeach: Send + Sync {
         cx: &StageContext,
         cache: (bool, Option<usize>),
     ) -> Result<LogitCache, StageError>;
+}
+
+/// The logits of the teacher checkpoint at `dir` (of the family `family`) for a student of type
+/// `M` (of the family `student`): through the teacher family's [`CanTeach`], or, for a family
+/// that registers none, loaded as an `M` when it is the student's family.
+pub fn taught<M>(
+    (dir, family): (&Path, &FamilyEntry),
+    student: &str,
+    cx: &StageContext,
+    cache: (bool, Option<usize>),
+) -> Result<LogitCache, StageError>
+where
+    M: Checkpoint<Batch: mopt_core::Labeled> + 'static,
+{
+    match family.capability::<dyn CanTeach>() {
+        Some(t) => t.logits(dir, cx, cache),
+        None if family.arch() == student => {
+            Teach::<M>(std::marker::PhantomData).logits(dir, cx, cache)
+        }
+        None => Err(StageError::Unsupported(family.lacks(
+            &cx.entry.kind,
+            "a teacher of another family's student",
+            "lists no teach capability",
+        ))),
+    }
 }
 
 /// The teacher capability of the model type `M`: `M::load` and its logits over the split of

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::error::StageError;
 use crate::kinds::distill::DistillStage;
-use crate::kinds::kd::{teacher_logits, CanTeach};
+use crate::kinds::kd::taught;
 use crate::plan::train_settings;
 use crate::shape::Shape;
 use crate::stage::{PlanContext, ReferenceModel, StageContext, StageOutput, StagePlan};
@@ -96,7 +96,7 @@ fn check_label_space<C: ModelConfig>(
 
 /// Train a fresh `M` shaped `config` on the logits of the teacher at `input` (and its
 /// hard-label twin when the stage asks for it): a teacher of `M`'s family loaded as one,
-/// another family's through its [`CanTeach`].
+/// another family's through its [`CanTeach`](crate::kinds::kd::CanTeach).
 pub fn run<M>(
     stage: &DistillStage,
     input: &Path,
@@ -108,24 +108,13 @@ where
 {
     let (entry, spec) = (cx.entry, &stage.spec);
     let ad = cx.device.train_device(&entry.train);
-    let device = cx.device.device();
     let run = cx.run_context::<M::Batch, _>(config)?;
     let task = if spec.enabled {
+        // A teacher of another family teaches through its own capability, over the same
+        // training split.
+        let teacher = (input, cx.family);
         let cache_keys = (spec.teacher_cache, spec.teacher_top_k);
-        // A teacher of the student's family is loaded as one; another family's teaches
-        // through its own capability, over the same training split.
-        let cache = if cx.family.arch() == config.arch() {
-            let (teacher, _) = M::load(input, &device)?;
-            teacher_logits((input, &teacher), &run.data.train, cx, cache_keys)
-        } else {
-            cx.family
-                .require::<dyn CanTeach>(
-                    "distill",
-                    "a teacher of another family's student",
-                    "lists no teach capability",
-                )?
-                .logits(input, cx, cache_keys)?
-        };
+        let cache = taught::<M>(teacher, config.arch(), cx, cache_keys)?;
         let settings = KdSettings {
             alpha: spec.alpha,
             temperature: spec.temperature,
