@@ -20,6 +20,7 @@ fn spec(format: DataFormat, source: DataSource) -> DataSpec {
         labels: None,
         pixel_max: 255.0,
         augment: Default::default(),
+        cache_dir: None,
     }
 }
 
@@ -179,4 +180,47 @@ fn token_cache_is_reused_and_invalidated_by_data_changes() {
     let fourth = encode(&short, &splits);
     assert!(!fourth.from_cache, "a new max-len must not reuse the cache");
     assert!(fourth.train.iter().all(|e| e.ids.len() <= 16));
+}
+
+/// `[data] cache-dir` puts the token-id cache where the recipe says (a read-only or shared data
+/// folder keeps none); a file there is refused by key.
+#[test]
+fn the_data_caches_go_where_cache_dir_says() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipes = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("recipes");
+    let mut table: toml::Table = std::fs::read_to_string(recipes.join("distill_bert.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let data = table["data"].as_table_mut().unwrap();
+    data.insert(
+        "cache-dir".into(),
+        tmp.path().join("caches").display().to_string().into(),
+    );
+    data.insert("max-train".into(), 64.into());
+    data.insert("max-eval".into(), 16.into());
+    let source = toml::to_string(&table).unwrap();
+    let recipe = mopt_recipe::parse(&recipes.join("cache-dir.toml"), &source).unwrap();
+    let dir = mopt_train::setup::cache_dir(&recipe.data).unwrap();
+    assert_eq!(dir, tmp.path().join("caches"));
+    let first = mopt_train::setup::prepare_data(&recipe.tokenizer, &recipe.data, None).unwrap();
+    assert!(!first.data.from_cache);
+    let written: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert_eq!(written.len(), 1, "one token-id cache in {}", dir.display());
+    let again = mopt_train::setup::prepare_data(&recipe.tokenizer, &recipe.data, None).unwrap();
+    assert!(again.data.from_cache);
+    // A file is no folder.
+    std::fs::write(tmp.path().join("file"), "").unwrap();
+    let data = table["data"].as_table_mut().unwrap();
+    data.insert(
+        "cache-dir".into(),
+        tmp.path().join("file").display().to_string().into(),
+    );
+    let source = toml::to_string(&table).unwrap();
+    let err = mopt_recipe::parse(&recipes.join("cache-dir.toml"), &source).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("data.cache-dir") && text.contains("is a file"),
+        "{text}"
+    );
 }

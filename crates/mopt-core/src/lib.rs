@@ -22,8 +22,8 @@
 //!    shapes ([`TapLayout`]): unlocks distillation with intermediate matches (text).
 //! 8. [`FeatureMaps`]: its feature maps (a CNN's stem and stage outputs): unlocks distillation
 //!    with feature-map matches (FitNets with 1×1-convolution projections, attention transfer).
-//! 9. [`VocabPrunable`]: its token-embedding table can lose rows: unlocks `vocab` stages
-//!    (vocabulary pruning to a corpus).
+//! 9. `mopt_data::VocabPrunable` (with the text data it reads, not here): its token-embedding
+//!    table can lose rows: unlocks `vocab` stages (vocabulary pruning to a corpus).
 //!
 //! Each capability beyond these unlocks more stage kinds; a stage that needs one the model
 //! lacks says so in `--check`.
@@ -41,7 +41,6 @@ pub mod quant;
 pub mod smooth;
 mod table;
 pub mod taps;
-pub mod vocab;
 
 pub use data::{Examples, Labeled};
 pub use error::ModelFault;
@@ -53,4 +52,3 @@ pub use prune::Prunable;
 pub use quant::Quantizable;
 pub use table::{Array, ParamTable};
 pub use taps::{TapLayout, TapRequest, Tapped, Taps};
-pub use vocab::VocabPrunable;

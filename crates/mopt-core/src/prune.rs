@@ -76,6 +76,8 @@ pub struct Rule {
     pub frozen_scopes: Vec<usize>,
     /// Units never removed (in every scope).
     pub frozen_units: Vec<usize>,
+    /// The key of the [`Limit`] that set `min_keep` and `multiple`, if one did (errors name it).
+    pub limit: Option<&'static str>,
 }
 
 impl Rule {
@@ -86,6 +88,14 @@ impl Rule {
             min_keep: m,
             multiple: m,
             ..Self::default()
+        }
+    }
+
+    /// Kept counts a positive multiple of `limit`'s value under `limits`, nothing frozen.
+    pub fn multiple_of_limit(limit: &Limit, limits: &UnitLimits) -> Self {
+        Self {
+            limit: Some(limit.key),
+            ..Self::multiple_of(limits.get(limit))
         }
     }
 }
@@ -137,6 +147,12 @@ pub trait GroupKind: Sync {
     /// The config after keeping `keep[s]` units of every scope.
     fn resize(&self, config: &Self::Config, keep: &[Vec<usize>]) -> Self::Config;
 
+    /// The limits its [`GroupKind::rule`] reads (none by default): the keys a `prune` stage
+    /// targeting this kind takes.
+    fn limits(&self) -> &'static [&'static Limit] {
+        &[]
+    }
+
     /// The constraints this kind follows under a schedule's `limits`. By default at least one
     /// unit per scope, any count, and the ignored layers left whole (layer-scoped kinds).
     fn rule(&self, limits: &UnitLimits) -> Rule {
@@ -149,6 +165,7 @@ pub trait GroupKind: Sync {
                 Vec::new()
             },
             frozen_units: Vec::new(),
+            limit: None,
         }
     }
 
@@ -176,17 +193,26 @@ pub trait GroupKind: Sync {
     }
 }
 
+/// A setting a group kind's [`GroupKind::rule`] reads (a least count of heads, a multiple of
+/// widths), declared by the kind that has it: its key in a `prune` stage, its default and what
+/// it means. A stage takes exactly the limits its family's group kinds declare.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Limit {
+    /// Its key in a `prune` stage (`min-heads`).
+    pub key: &'static str,
+    /// The value when the stage does not set it.
+    pub default: usize,
+    /// What it bounds, for plans and errors (`attention heads kept per layer, at least`).
+    pub about: &'static str,
+}
+
 /// Constraints every round keeps.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct UnitLimits {
-    /// Heads kept per layer at least.
-    pub min_heads: usize,
-    /// FFN widths kept are a multiple of this (and at least this).
-    pub ffn_multiple: usize,
-    /// Hidden sizes kept are a multiple of this (and at least this).
-    pub hidden_multiple: usize,
-    /// Layers (0-based, of the stage's input) left whole: their heads and FFN are not pruned
-    /// and they are not removed. Hidden channels run through every layer and ignore this.
+    /// The [`Limit`]s a stage set, by key (the others take their defaults).
+    pub values: BTreeMap<&'static str, usize>,
+    /// Layers (0-based, of the stage's input) left whole: their layer-scoped groups are not
+    /// pruned and they are not removed. Groups running through every layer ignore this.
     pub ignore_layers: Vec<usize>,
     /// Per-scope targets: a glob over group paths (`encoder.layer.0.attention`,
     /// `encoder.layer.2.ffn`, `hidden`, `encoder.layers`; `*` matches anything) and the fraction removed there in the end.
@@ -209,6 +235,11 @@ pub fn glob(pattern: &str, text: &str) -> bool {
 }
 
 impl UnitLimits {
+    /// The value of `limit`: the stage's, or its default.
+    pub fn get(&self, limit: &Limit) -> usize {
+        self.values.get(limit.key).copied().unwrap_or(limit.default)
+    }
+
     /// The final fraction removed from the group at `path`.
     pub fn target_of(&self, path: &str, default: f64) -> f64 {
         self.scopes

@@ -15,6 +15,7 @@ mod labels;
 mod rng;
 mod text;
 mod tokenize;
+pub mod vocab;
 mod windows;
 
 pub use augment::Augmentation;
@@ -28,4 +29,5 @@ pub use labels::LabelMap;
 pub use rng::SplitMix64;
 pub use text::{load_splits, Example, Splits};
 pub use tokenize::{encode_splits, Encoded, EncodedSplits, TextTokenizer};
+pub use vocab::VocabPrunable;
 pub use windows::{TokenWindows, WindowError, WindowSplit};

@@ -2,7 +2,7 @@
 //! for every training example, computed once in eval mode and kept on disk for the next stage
 //! or run with the same teacher and examples ([`LogitCache`]), and the objective
 //! `L = α·CE(student, labels) + (1−α)·soft(student, teacher; T)` ([`KdTask`]) for mopt's
-//! trainer. Intermediate matches need the model's taps ([`crate::task`]).
+//! trainer. Intermediate matches need the model's taps ([`crate::text::task`]).
 
 use std::io::{Read, Write};
 use std::marker::PhantomData;

@@ -2,7 +2,7 @@
 //!
 //! Knowledge distillation for mopt, generic over the model contracts of `mopt-core`. For any
 //! classifier ([`kd`]): a teacher's logits cached once and the KD objective on them. For any
-//! [`mopt_core::Tapped`] model on text batches additionally ([`task`]): the KD objective (hard
+//! [`mopt_core::Tapped`] model on text batches additionally ([`text`]): the KD objective (hard
 //! CE + T²-scaled KL or MSE on logits, with α and T schedules), intermediate matches declared as
 //! data over the model's taps (hidden states, attention probabilities or scores, embeddings;
 //! explicit or uniform layer maps; learned projections where widths differ), a disk cache of
@@ -11,24 +11,19 @@
 //! Everything is usable from Rust without the CLI; the `distill` stage runs it from a recipe.
 
 #![deny(missing_docs)]
-pub mod augment;
-pub mod cache;
 mod cache_file;
 pub mod features;
 pub mod kd;
 pub mod latency;
 pub mod loss;
 pub mod matching;
-pub mod pipeline;
 pub mod spec;
 pub mod student;
-pub mod task;
+pub mod text;
 pub mod topk;
 
 pub use features::{MapKdTask, MapLoss, MapMatch, MapStudent};
 pub use kd::{KdSettings, KdTask, LogitCache};
 pub use loss::soft_loss;
-pub use pipeline::CacheSummary;
 pub use student::DistillModel;
-pub use task::{DistillTask, TeacherSource};
 pub use topk::{TeacherRows, TopKRows};

@@ -185,7 +185,7 @@ fn match_name(m: &MatchSpec) -> &'static str {
         Feature::AttentionScores => "attention_scores",
     };
     let feature = match m.tokens {
-        Tokens::Cls => "hidden_cls",
+        Tokens::First => "hidden_cls",
         Tokens::All => feature,
     };
     let loss = match m.loss {
@@ -288,9 +288,9 @@ impl WordRows {
     /// `rows` token ids drawn uniformly (with replacement) from `0..vocab` by `seed`, and the
     /// teacher's embedding rows for them. The same seed gives the same rows.
     pub fn sample(teacher_table: &Tensor<2>, rows: usize, seed: u64) -> Self {
-        let [vocab, _] = teacher_table.dims();
+        let [table_rows, _] = teacher_table.dims();
         let mut rng = mopt_data::SplitMix64::new(seed);
-        let ids: Vec<i64> = (0..rows).map(|_| rng.below(vocab) as i64).collect();
+        let ids: Vec<i64> = (0..rows).map(|_| rng.below(table_rows) as i64).collect();
         let ids =
             Tensor::<1, Int>::from_data(TensorData::new(ids, [rows]), &teacher_table.device());
         Self {
@@ -408,7 +408,7 @@ pub fn match_loss(
                 }
                 let mut t = teacher.hidden[&p.teacher].clone();
                 let mut mask = mask.clone();
-                if m.tokens == Tokens::Cls {
+                if m.tokens == Tokens::First {
                     s = s.narrow(1, 0, 1);
                     t = t.narrow(1, 0, 1);
                     mask = mask.narrow(1, 0, 1);
@@ -494,7 +494,7 @@ mod tests {
             feature: Feature::Hidden,
             loss: MatchLoss::Mse,
             weight: 2.0,
-            tokens: Tokens::Cls,
+            tokens: Tokens::First,
             until_epoch: Some(1),
             rows: 0,
             pairs: vec![Pair {

@@ -84,8 +84,8 @@ pub enum Tokens {
     /// Every real (unpadded) token.
     #[default]
     All,
-    /// Only the first token, `[CLS]`, which the pooler and classifier read (BERT-PKD).
-    Cls,
+    /// Only the first position (a BERT's `[CLS]`, which its pooler and classifier read: BERT-PKD).
+    First,
 }
 
 /// One `[[distill.match]]`.
@@ -134,9 +134,6 @@ pub struct DistillSpec {
     pub baseline: bool,
     /// Intermediate matches.
     pub matches: Vec<MatchSpec>,
-    /// TinyBERT's data augmentation: copies of the training sentences that the teacher labels
-    /// ([`crate::augment`]); the twin trains on the originals for as many steps.
-    pub augment: Option<crate::augment::TextAugment>,
 }
 
 impl MatchSpec {
@@ -217,7 +214,6 @@ impl Default for DistillSpec {
             teacher_top_k: None,
             baseline: false,
             matches: Vec::new(),
-            augment: None,
         }
     }
 }

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use burn::prelude::*;
 use mopt_core::Taps;
 use mopt_data::Encoded;
-use mopt_distill::cache::{build_file, compute_with, TeacherCache};
 use mopt_distill::matching::TeacherNeeds;
+use mopt_distill::text::cache::{build_file, compute_with, TeacherCache};
 
 struct Counting;
 

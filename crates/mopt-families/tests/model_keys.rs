@@ -202,3 +202,101 @@ fn the_tokenizer_length_limit_is_the_models() {
         e.message
     );
 }
+
+/// A `prune` stage of `family` targeting every group kind it has, with `extra` keys.
+fn parse_prune(
+    family: &str,
+    extra: &[(&str, toml::Value)],
+    targets: Option<Vec<&str>>,
+) -> Result<(), RecipeError> {
+    let registry = mopt_families::builtin();
+    let f = registry.family(family).expect("a shipped family");
+    let all = f
+        .capability::<dyn mopt_stages::kinds::prune::CanPrune>()
+        .expect("prunes")
+        .targets();
+    let mut settings = toml::Table::new();
+    let targets: Vec<&str> = targets.unwrap_or(all);
+    settings.insert("targets".into(), targets.into());
+    for (k, v) in extra {
+        settings.insert(k.to_string(), v.clone());
+    }
+    let source = "[[stage]]\nkind = \"prune\"\n";
+    let entry = mopt_recipe::StageEntry {
+        index: 1,
+        kind: "prune".into(),
+        name: "prune".into(),
+        train: Default::default(),
+        train_overridden: false,
+        gate: None,
+        settings,
+        scope: Scope::root(Path::new("recipe.toml"), source).stage(1),
+    };
+    mopt_stages::stage::parse_stages(&registry, &[entry], f).map(|_| ())
+}
+
+/// Pruning limits are the group kinds': each is taken where a targeted group kind declares it
+/// and refused by name elsewhere, with the limits the family's groups take.
+#[test]
+fn every_prune_limit_is_its_group_kinds() {
+    let declared = [
+        (
+            "bert",
+            &["min-heads", "ffn-multiple", "hidden-multiple"][..],
+        ),
+        ("llama", &["min-heads", "ffn-multiple", "hidden-multiple"]),
+        ("resnet", &["hidden-multiple"]),
+        ("cnn", &["hidden-multiple"]),
+    ];
+    let mut refused = 0;
+    for (family, takes) in declared {
+        parse_prune(family, &[], None).unwrap_or_else(|e| panic!("{family}: {e}"));
+        for key in ["min-heads", "ffn-multiple", "hidden-multiple"] {
+            let got = parse_prune(family, &[(key, 2.into())], None);
+            if takes.contains(&key) {
+                got.unwrap_or_else(|e| panic!("{family} refused its limit {key}: {e}"));
+                continue;
+            }
+            let RecipeError::Invalid(e) = got.expect_err(&format!("{family} took {key}")) else {
+                panic!("not a recipe error")
+            };
+            assert_eq!(e.key, format!("stage[1].{key}"), "{family}");
+            assert!(
+                e.message.contains(&format!("unknown field `{key}`")),
+                "{}",
+                e.message
+            );
+            for own in takes {
+                assert!(e.hint.contains(&format!("`{own}`")), "{family}: {}", e.hint);
+            }
+            refused += 1;
+        }
+        // A limit whose group the stage does not target is refused, naming the group (the
+        // CNN's one group kind reads it).
+        if family == "cnn" {
+            continue;
+        }
+        let RecipeError::Invalid(e) = parse_prune(
+            family,
+            &[("hidden-multiple", 4.into())],
+            Some(vec![if family == "resnet" {
+                "blocks"
+            } else {
+                "layers"
+            }]),
+        )
+        .expect_err("a limit of an untargeted group") else {
+            panic!("not a recipe error")
+        };
+        assert!(
+            e.message.contains("limits the `")
+                && e.message.contains("which this stage does not target"),
+            "{family}: {}",
+            e.message
+        );
+    }
+    // Zero is no limit.
+    assert!(parse_prune("bert", &[("min-heads", 0.into())], None).is_err());
+    // The two image families refuse BERT's and the Llama's two other limits.
+    assert_eq!(refused, 4);
+}

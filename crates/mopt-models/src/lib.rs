@@ -9,6 +9,7 @@ pub mod bert;
 pub mod burnpack;
 pub mod cnn;
 mod error;
+pub mod limits;
 pub mod llama;
 pub mod norm;
 pub mod resnet;

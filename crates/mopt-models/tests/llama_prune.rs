@@ -424,9 +424,7 @@ fn the_schedule_keeps_every_kv_group_equal_with_its_own_best_heads() {
     let s = mopt_prune::scores(&w, &c, &kinds, Criterion::L1, Reduce::Sum, None, 0);
     let orig = mopt_prune::units(&kinds, &c);
     let limits = UnitLimits {
-        min_heads: 1,
-        ffn_multiple: 1,
-        hidden_multiple: 1,
+        values: Default::default(),
         ignore_layers: vec![2],
         scopes: Vec::new(),
     };

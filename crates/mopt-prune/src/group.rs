@@ -165,9 +165,7 @@ mod tests {
 
     fn limits() -> mopt_core::prune::UnitLimits {
         mopt_core::prune::UnitLimits {
-            min_heads: 1,
-            ffn_multiple: 1,
-            hidden_multiple: 1,
+            values: Default::default(),
             ignore_layers: vec![0],
             scopes: Vec::new(),
         }

@@ -16,7 +16,8 @@ pub mod schedule;
 
 pub use importance::{Criterion, Reduce};
 pub use mopt_core::prune::{
-    glob, ActivationStat, GroupKind, GroupScores, Keep, Member, Prunable, Role, Rule, UnitLimits,
+    glob, ActivationStat, GroupKind, GroupScores, Keep, Limit, Member, Prunable, Role, Rule,
+    UnitLimits,
 };
 pub use mopt_core::{Array, ParamTable};
 pub use remove::{prune, scores};

@@ -358,9 +358,7 @@ mod tests {
         assert!(!glob("encoder.layer.0.*", "encoder.layer.10.attention"));
         assert!(glob("*", "anything"));
         let l = UnitLimits {
-            min_heads: 1,
-            ffn_multiple: 4,
-            hidden_multiple: 1,
+            values: Default::default(),
             ignore_layers: Vec::new(),
             scopes: vec![
                 ("encoder.layer.*.ffn".into(), 0.75),

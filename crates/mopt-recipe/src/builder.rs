@@ -253,6 +253,11 @@ impl RecipeBuilder {
         self.put(key, Some(path_value(path)))
     }
 
+    /// `[data] cache-dir`: where the data's caches go (default `.mopt-cache/` beside the data).
+    pub fn data_cache_dir(self, dir: impl AsRef<Path>) -> Self {
+        self.put_path("data.cache-dir", dir.as_ref())
+    }
+
     /// `[run] output-dir`: the run folder's parent (default `checkpoints`).
     pub fn output_dir(self, dir: impl AsRef<Path>) -> Self {
         self.put_path("run.output-dir", dir.as_ref())

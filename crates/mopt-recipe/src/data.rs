@@ -123,6 +123,10 @@ pub struct DataSpec {
     pub pixel_max: f64,
     /// Images: random crops and flips of the training batches (`[data.augment]`).
     pub augment: Augment,
+    /// The folder caches derived from the data go to (token ids, teacher outputs):
+    /// `cache-dir`, resolved against the recipe's folder; `None`: `.mopt-cache/` beside the data
+    /// (for a read-only or shared data folder, point it elsewhere).
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl TokenizerSpec {
@@ -257,7 +261,24 @@ pub fn data_spec(cx: &Scope, d: RawData) -> Result<DataSpec, RecipeError> {
         labels: d.labels,
         pixel_max,
         augment,
+        cache_dir: cache_folder(cx, d.cache_dir.as_deref())?,
     })
+}
+
+/// `cache-dir`, resolved against the recipe's folder: a folder, or nothing yet.
+fn cache_folder(cx: &Scope, dir: Option<&str>) -> Result<Option<PathBuf>, RecipeError> {
+    let Some(dir) = dir else {
+        return Ok(None);
+    };
+    let path = cx.dir().join(dir);
+    if path.exists() && !path.is_dir() {
+        return Err(cx.err(
+            "data.cache-dir",
+            format!("`{}` is a file, not a folder", path.display()),
+            "name a folder for the caches (created when first written), or remove the key",
+        ));
+    }
+    Ok(Some(path))
 }
 
 /// The data set's format, from `format = "…"`.

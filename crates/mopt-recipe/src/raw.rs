@@ -127,6 +127,7 @@ pub struct RawData {
     pub labels: Option<Vec<String>>,
     pub pixel_max: Option<f64>,
     pub augment: Option<RawAugment>,
+    pub cache_dir: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -26,7 +26,7 @@ impl PreparedData {
     }
 }
 
-/// Load, split and tokenize the recipe's data (token ids cached in `.mopt-cache/` beside it).
+/// Load, split and tokenize the recipe's data (token ids cached in [`cache_dir`]).
 /// The label map is `labels` (e.g. a teacher's), else the recipe's, else the training split's.
 pub fn prepare_data(
     tok: &TokenizerSpec,
@@ -47,7 +47,11 @@ pub fn prepare_data(
     Ok(PreparedData { tokenizer, data })
 }
 
-/// Folder for caches derived from the recipe's data (token ids, teacher outputs).
+/// Folder for caches derived from the recipe's data (token ids, teacher outputs): `[data]
+/// cache-dir`, else `.mopt-cache/` beside the data.
 pub fn cache_dir(data: &DataSpec) -> Option<PathBuf> {
-    data.anchor().parent().map(|p| p.join(".mopt-cache"))
+    match &data.cache_dir {
+        Some(dir) => Some(dir.clone()),
+        None => data.anchor().parent().map(|p| p.join(".mopt-cache")),
+    }
 }

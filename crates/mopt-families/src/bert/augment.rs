@@ -1,13 +1,13 @@
 //! TinyBERT's data augmentation on a BERT distill stage (`augment-copies`): copies of the
 //! training sentences with whole words replaced by their neighbours in the teacher's
-//! word-embedding table ([`mopt_distill::augment`]), labelled by the teacher's cached logits.
+//! word-embedding table ([`mopt_distill::text::augment`]), labelled by the teacher's cached logits.
 
 use std::time::Instant;
 
 use mopt_core::Tapped;
 use mopt_data::{Encoded, TextSplit, TextTokenizer};
-use mopt_distill::augment::{augment, neighbours, Replacements, TextAugment, WordTable};
-use mopt_distill::TeacherSource;
+use mopt_distill::text::augment::{augment, neighbours, Replacements, TextAugment, WordTable};
+use mopt_distill::text::task::TeacherSource;
 use mopt_models::bert::{BertConfig, BertForSequenceClassification as Model};
 use mopt_stages::kinds::distill::DistillStage;
 use mopt_stages::StageError;
@@ -34,7 +34,7 @@ pub fn copies(
     tokenizer: &TextTokenizer,
     seed: u64,
 ) -> Result<Option<Augmented>, StageError> {
-    let Some(spec) = stage.spec.augment else {
+    let Some(spec) = stage.augment else {
         return Ok(None);
     };
     if teacher_config.mopt_vocab_map.is_some() {

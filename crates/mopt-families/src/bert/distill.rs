@@ -10,9 +10,11 @@ use mopt_core::{ModelFault, Tapped};
 use mopt_data::{LabelMap, TextBatch, TextSplit};
 use mopt_distill::matching::resolve;
 use mopt_distill::matching::MatchPlan;
-use mopt_distill::pipeline::{teacher_source, with_word_table, TeacherOutputs};
 use mopt_distill::spec::DistillSpec;
-use mopt_distill::{DistillModel, DistillTask, TeacherSource};
+use mopt_distill::text::augment::TextAugment;
+use mopt_distill::text::pipeline::{teacher_source, with_word_table, TeacherOutputs};
+use mopt_distill::text::task::{DistillTask, TeacherSource};
+use mopt_distill::DistillModel;
 use mopt_models::bert::setup::{build_model, model_config};
 use mopt_models::bert::student::{check_layer_init, from_teacher_layers};
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification as Model, BertModel};
@@ -178,7 +180,7 @@ pub fn plan(
     let (config, plan) = student_config(stage, input, &labels, tokenizer, cx.vocab)?;
     let mut settings = plan_lines(stage, &config, &plan)?;
     settings.extend(train_settings(&entry.train, entry.train_overridden));
-    let extra = plan_memory(&stage.spec, (input, &plan), entry, cx);
+    let extra = plan_memory((&stage.spec, stage.augment), (input, &plan), entry, cx);
     Ok(StagePlan {
         memory: Some(mopt_core::ModelConfig::training_memory(
             &config,
@@ -222,7 +224,7 @@ fn plan_lines(
             s.baseline
         ),
     ];
-    if let Some(a) = s.augment {
+    if let Some(a) = stage.augment {
         settings.push(format!(
             "augment-copies = {}, augment-replace = {}, augment-neighbours = {} (TinyBERT: copies labelled by the teacher; the twin trains on the originals {}x)",
             a.copies, a.replace, a.neighbours, 1 + a.copies
@@ -246,7 +248,7 @@ fn plan_lines(
 /// Memory beside the student's training: the teacher's weights and, with the teacher cache,
 /// one batch of its build and the logits and index that grow with the data set.
 fn plan_memory(
-    s: &DistillSpec,
+    (s, augment): (&DistillSpec, Option<TextAugment>),
     (input, plan): (&BertConfig, &MatchPlan),
     entry: &StageEntry,
     cx: &PlanContext,
@@ -256,7 +258,7 @@ fn plan_memory(
         4 * input.num_params() as u64,
     )];
     if s.enabled && s.teacher_cache {
-        let n = cx.train_examples as u64 * (1 + s.augment.map_or(0, |a| a.copies as u64));
+        let n = cx.train_examples as u64 * (1 + augment.map_or(0, |a| a.copies as u64));
         let per = cache_bytes_per_example(
             plan,
             input,
@@ -420,7 +422,7 @@ fn twin(
     eprintln!("twin: the same student trained on hard labels only");
     // With augmentation the twin has no labels for the copies: it trains on the originals,
     // repeated as often, so that its schedule has the student's steps.
-    let repeated = stage.spec.augment.map(|a| TextSplit {
+    let repeated = stage.augment.map(|a| TextSplit {
         examples: (0..=a.copies)
             .flat_map(|_| originals.examples.iter().cloned())
             .collect(),

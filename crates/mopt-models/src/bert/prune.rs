@@ -16,7 +16,9 @@
 //! Removal (`mopt_prune::prune`) applies a `Keep` in that order (heads, FFN, hidden, layers:
 //! unit indices refer to the input model) and rebuilds the model from the shrunken config.
 
-use mopt_core::prune::{GroupKind, Member, Prunable, Rule, UnitLimits};
+use mopt_core::prune::{GroupKind, Limit, Member, Prunable, Rule, UnitLimits};
+
+use crate::limits::{FFN_MULTIPLE, HIDDEN_MULTIPLE, MIN_HEADS};
 use mopt_core::ParamTable;
 
 use super::{BertConfig, BertForSequenceClassification};
@@ -93,12 +95,16 @@ impl GroupKind for Heads {
             ..c.clone()
         }
     }
+    fn limits(&self) -> &'static [&'static Limit] {
+        &[&MIN_HEADS]
+    }
     fn rule(&self, l: &UnitLimits) -> Rule {
         Rule {
-            min_keep: l.min_heads.max(1),
+            min_keep: l.get(&MIN_HEADS).max(1),
             multiple: 1,
             frozen_scopes: l.ignore_layers.clone(),
             frozen_units: Vec::new(),
+            limit: Some(MIN_HEADS.key),
         }
     }
 }
@@ -131,10 +137,13 @@ impl GroupKind for Ffn {
             ..c.clone()
         }
     }
+    fn limits(&self) -> &'static [&'static Limit] {
+        &[&FFN_MULTIPLE]
+    }
     fn rule(&self, l: &UnitLimits) -> Rule {
         Rule {
             frozen_scopes: l.ignore_layers.clone(),
-            ..Rule::multiple_of(l.ffn_multiple)
+            ..Rule::multiple_of_limit(&FFN_MULTIPLE, l)
         }
     }
 }
@@ -209,8 +218,11 @@ impl GroupKind for Hidden {
             ..c.clone()
         }
     }
+    fn limits(&self) -> &'static [&'static Limit] {
+        &[&HIDDEN_MULTIPLE]
+    }
     fn rule(&self, l: &UnitLimits) -> Rule {
-        Rule::multiple_of(l.hidden_multiple)
+        Rule::multiple_of_limit(&HIDDEN_MULTIPLE, l)
     }
 }
 
@@ -296,6 +308,7 @@ impl GroupKind for Layers {
             multiple: 1,
             frozen_scopes: Vec::new(),
             frozen_units: l.ignore_layers.clone(),
+            limit: None,
         }
     }
 }

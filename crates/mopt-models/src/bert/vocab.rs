@@ -4,7 +4,7 @@
 
 use burn::module::Param;
 use burn::prelude::*;
-use mopt_core::VocabPrunable;
+use mopt_data::VocabPrunable;
 
 use super::{BertConfig, BertForSequenceClassification};
 
@@ -45,7 +45,7 @@ impl VocabPrunable for BertForSequenceClassification {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mopt_core::vocab::vocab_map;
+    use mopt_data::vocab::vocab_map;
 
     fn logits(m: &BertForSequenceClassification, ids: Vec<i64>, dev: &Device) -> Vec<f32> {
         let n = ids.len();

@@ -3,7 +3,9 @@
 //! input slice of what reads the block (the next convolution, or the classifier's row after the
 //! last block). Pooling has no parameters. Scope: the block (`block.N`).
 
-use mopt_core::prune::{GroupKind, Member, Prunable, Rule, UnitLimits};
+use mopt_core::prune::{GroupKind, Limit, Member, Prunable, Rule, UnitLimits};
+
+use crate::limits::HIDDEN_MULTIPLE;
 
 use super::{Cnn, CnnConfig};
 use crate::norm::conv_bn_members;
@@ -51,8 +53,11 @@ impl GroupKind for Channels {
         out
     }
     /// Widths stay multiples of `hidden-multiple`.
+    fn limits(&self) -> &'static [&'static Limit] {
+        &[&HIDDEN_MULTIPLE]
+    }
     fn rule(&self, l: &UnitLimits) -> Rule {
-        Rule::multiple_of(l.hidden_multiple)
+        Rule::multiple_of_limit(&HIDDEN_MULTIPLE, l)
     }
 }
 

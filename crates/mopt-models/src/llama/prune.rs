@@ -29,12 +29,13 @@
 //! them with the shrunken group size.
 
 use mopt_core::prune::{
-    ActivationStat, GroupKind, GroupScores, Member, Prunable, Rule, UnitLimits,
+    ActivationStat, GroupKind, GroupScores, Limit, Member, Prunable, Rule, UnitLimits,
 };
 use mopt_core::ParamTable;
 use mopt_data::TokenWindows;
 
 use super::{LlamaConfig, LlamaForCausalLM};
+use crate::limits::{FFN_MULTIPLE, HIDDEN_MULTIPLE, MIN_HEADS};
 
 fn layer(l: usize) -> String {
     format!("model.layers.{l}")
@@ -111,6 +112,7 @@ fn in_layers(min_keep: usize, limits: &UnitLimits) -> Rule {
         multiple: 1,
         frozen_scopes: limits.ignore_layers.clone(),
         frozen_units: Vec::new(),
+        limit: None,
     }
 }
 
@@ -158,8 +160,14 @@ impl GroupKind for Heads {
             ..explicit(c)
         }
     }
+    fn limits(&self) -> &'static [&'static Limit] {
+        &[&MIN_HEADS]
+    }
     fn rule(&self, l: &UnitLimits) -> Rule {
-        in_layers(l.min_heads.max(1), l)
+        Rule {
+            limit: Some(MIN_HEADS.key),
+            ..in_layers(l.get(&MIN_HEADS).max(1), l)
+        }
     }
 }
 
@@ -231,10 +239,13 @@ impl GroupKind for Ffn {
             ..explicit(c)
         }
     }
+    fn limits(&self) -> &'static [&'static Limit] {
+        &[&FFN_MULTIPLE]
+    }
     fn rule(&self, l: &UnitLimits) -> Rule {
         Rule {
             frozen_scopes: l.ignore_layers.clone(),
-            ..Rule::multiple_of(l.ffn_multiple)
+            ..Rule::multiple_of_limit(&FFN_MULTIPLE, l)
         }
     }
 }
@@ -291,8 +302,11 @@ impl GroupKind for Hidden {
             ..explicit(c)
         }
     }
+    fn limits(&self) -> &'static [&'static Limit] {
+        &[&HIDDEN_MULTIPLE]
+    }
     fn rule(&self, l: &UnitLimits) -> Rule {
-        Rule::multiple_of(l.hidden_multiple)
+        Rule::multiple_of_limit(&HIDDEN_MULTIPLE, l)
     }
 }
 
@@ -375,6 +389,7 @@ impl GroupKind for Layers {
             multiple: 1,
             frozen_scopes: Vec::new(),
             frozen_units: l.ignore_layers.clone(),
+            limit: None,
         }
     }
 }

@@ -22,7 +22,9 @@
 //! removed residual channel no longer reaches any reader, so the pruned network equals the
 //! network with those reading weights zeroed (eval mode).
 
-use mopt_core::prune::{GroupKind, Member, Prunable, Rule, UnitLimits};
+use mopt_core::prune::{GroupKind, Limit, Member, Prunable, Rule, UnitLimits};
+
+use crate::limits::HIDDEN_MULTIPLE;
 use mopt_core::ParamTable;
 
 use crate::norm::conv_bn_members;
@@ -96,8 +98,11 @@ impl GroupKind for Channels {
         }
         out
     }
+    fn limits(&self) -> &'static [&'static Limit] {
+        &[&HIDDEN_MULTIPLE]
+    }
     fn rule(&self, l: &UnitLimits) -> Rule {
-        Rule::multiple_of(l.hidden_multiple)
+        Rule::multiple_of_limit(&HIDDEN_MULTIPLE, l)
     }
 }
 
@@ -157,8 +162,11 @@ impl GroupKind for Residual {
         }
         out
     }
+    fn limits(&self) -> &'static [&'static Limit] {
+        &[&HIDDEN_MULTIPLE]
+    }
     fn rule(&self, l: &UnitLimits) -> Rule {
-        Rule::multiple_of(l.hidden_multiple)
+        Rule::multiple_of_limit(&HIDDEN_MULTIPLE, l)
     }
 }
 

@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
-use mopt_distill::augment::TextAugment;
 use mopt_distill::spec::*;
+use mopt_distill::text::augment::TextAugment;
 use mopt_recipe::RawModel;
 use mopt_recipe::{model_spec, ModelSpec, RecipeError, Scope, StageEntry, TrainSpec};
 use serde::Deserialize;
@@ -198,7 +198,7 @@ fn match_spec(
     };
     let tokens = match m.tokens.as_deref().unwrap_or("all") {
         "all" => Tokens::All,
-        "cls" => Tokens::Cls,
+        "cls" => Tokens::First,
         other => {
             return Err(cx.err(
                 &key("tokens"),
@@ -207,7 +207,7 @@ fn match_spec(
             ))
         }
     };
-    if tokens == Tokens::Cls && feature != Feature::Hidden {
+    if tokens == Tokens::First && feature != Feature::Hidden {
         return Err(cx.err(
             &key("tokens"),
             format!("match {index}: `tokens = \"cls\"` applies to hidden-state matches only"),
@@ -264,7 +264,7 @@ fn distill_spec(
     cx: &Scope,
     d: RawDistillStage,
     train: &TrainSpec,
-) -> Result<(ModelSpec, DistillSpec), RecipeError> {
+) -> Result<(ModelSpec, DistillSpec, Option<TextAugment>), RecipeError> {
     let Some(raw_student) = d.student else {
         return Err(cx.err(
             "student",
@@ -338,8 +338,8 @@ fn distill_spec(
             teacher_top_k: d.teacher_top_k,
             baseline: d.baseline.unwrap_or(false),
             matches,
-            augment,
         },
+        augment,
     ))
 }
 
@@ -406,7 +406,7 @@ fn augment_spec(
     Ok(Some(spec))
 }
 
-pub use mopt_distill::task::ExtraTerm;
+pub use mopt_distill::text::task::ExtraTerm;
 
 /// A distill stage, validated.
 #[derive(Clone)]
@@ -415,6 +415,10 @@ pub struct DistillStage {
     pub student: ModelSpec,
     /// The objective's settings.
     pub spec: DistillSpec,
+    /// TinyBERT's data augmentation (`augment-copies`): copies of the training sentences that
+    /// the teacher labels ([`mopt_distill::text::augment`]); the twin trains on the originals
+    /// for as many steps. Text families only.
+    pub augment: Option<TextAugment>,
     /// An extra loss term (Rust API only).
     pub extra: Option<ExtraTerm>,
     /// The scope of the stage's block, for shape errors found against the teacher.
@@ -427,6 +431,7 @@ impl DistillStage {
         Self {
             student,
             spec,
+            augment: None,
             extra: None,
             scope,
         }
@@ -435,8 +440,11 @@ impl DistillStage {
     /// Validate a `[[stage]]` block of kind `distill`.
     pub fn from_entry(entry: &StageEntry) -> Result<Self, RecipeError> {
         let raw: RawDistillStage = entry.scope.deserialize(entry.settings.clone())?;
-        let (student, spec) = distill_spec(&entry.scope, raw, &entry.train)?;
-        Ok(DistillStage::new(student, spec, entry.scope.clone()))
+        let (student, spec, augment) = distill_spec(&entry.scope, raw, &entry.train)?;
+        Ok(DistillStage {
+            augment,
+            ..DistillStage::new(student, spec, entry.scope.clone())
+        })
     }
 
     /// Add `term` to the objective.
@@ -490,7 +498,7 @@ impl DistillStage {
 
     /// Refuse `augment-copies` for a stage whose family cannot augment its inputs (`why`).
     pub fn refuse_augment(&self, why: &str) -> Result<(), StageError> {
-        match self.spec.augment {
+        match self.augment {
             Some(_) => Err(self
                 .scope
                 .err(
@@ -606,7 +614,7 @@ pub fn match_line(m: &MatchSpec) -> String {
     if m.heads == HeadPolicy::Mean {
         s += ", heads = \"mean\"";
     }
-    if m.tokens == Tokens::Cls {
+    if m.tokens == Tokens::First {
         s += ", tokens = \"cls\"";
     }
     if let Some(u) = m.until_epoch {

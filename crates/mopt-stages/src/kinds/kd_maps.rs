@@ -80,7 +80,7 @@ pub fn resolve<M: FeatureMaps>(
 /// The comparison a match asks for, where it applies to feature maps.
 fn map_loss(cx: &Scope, m: &MatchSpec) -> Result<MapLoss, StageError> {
     match (m.feature, m.loss, m.tokens) {
-        (_, _, Tokens::Cls) => Err(bad(cx, m, "tokens", "feature maps have no tokens".into(), "remove `tokens`")),
+        (_, _, Tokens::First) => Err(bad(cx, m, "tokens", "feature maps have no tokens".into(), "remove `tokens`")),
         (Feature::Hidden, MatchLoss::Mse, _) => Ok(MapLoss::Mse),
         (Feature::AttentionProbs, MatchLoss::Mse, _) => Ok(MapLoss::Attention),
         (Feature::AttentionProbs, _, _) => Err(bad(cx, m, "loss", "attention on feature maps is attention transfer".into(), "use loss = \"mse\"")),

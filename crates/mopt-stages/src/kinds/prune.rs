@@ -16,8 +16,8 @@ use mopt_core::{Labeled, ModelConfig};
 use mopt_data::epoch_order;
 use mopt_distill::kd::KdTask;
 use mopt_prune::{
-    glob, origin_after, prune, select, units, Criterion, GroupKind, GroupScores, Keep, ParamTable,
-    Progress, Prunable, Ranking, Reduce, UnitLimits, Units,
+    glob, origin_after, prune, select, units, Criterion, GroupKind, GroupScores, Keep, Limit,
+    ParamTable, Progress, Prunable, Ranking, Reduce, UnitLimits, Units,
 };
 use mopt_recipe::{OnFail, RecipeError, StageEntry};
 use mopt_train::trainer::{evaluate, fit, save_checkpoint_dir, Task};
@@ -43,6 +43,8 @@ pub trait CanPrune: Send + Sync {
     /// The group kinds a stage can target, in the order pruning applies them (the first two
     /// are the default targets).
     fn targets(&self) -> Vec<&'static str>;
+    /// The limits each group kind declares: its name and theirs ([`GroupKind::limits`]).
+    fn limits(&self) -> Vec<(&'static str, &'static Limit)>;
     /// Plan a `prune` stage ([`PruneStage::plan`]).
     fn plan(
         &self,
@@ -70,6 +72,14 @@ struct Generic<M>(std::marker::PhantomData<fn() -> M>);
 impl<M: Prunable<Batch: Labeled> + 'static> CanPrune for Generic<M> {
     fn targets(&self) -> Vec<&'static str> {
         M::group_kinds().iter().map(|k| k.name()).collect()
+    }
+
+    fn limits(&self) -> Vec<(&'static str, &'static Limit)> {
+        let kinds = M::group_kinds();
+        kinds
+            .iter()
+            .flat_map(|k| k.limits().iter().map(|l| (k.name(), *l)))
+            .collect()
     }
 
     fn plan(
@@ -102,9 +112,6 @@ struct RawPrune {
     target: Option<f64>,
     step: Option<f64>,
     taylor_batches: Option<usize>,
-    ffn_multiple: Option<usize>,
-    hidden_multiple: Option<usize>,
-    min_heads: Option<usize>,
     ignore_layers: Option<Vec<usize>>,
     distill: Option<bool>,
     alpha: Option<f64>,
@@ -304,6 +311,79 @@ fn parse_targets(
     Ok(targets)
 }
 
+/// The limits the family's group kinds declare, taken out of `settings`: each set one's group
+/// kind, key and value (a positive integer).
+fn take_limits(
+    cx: &mopt_recipe::Scope,
+    settings: &mut toml::Table,
+    declared: &[(&'static str, &'static Limit)],
+) -> Result<Vec<(&'static str, &'static str, usize)>, RecipeError> {
+    let mut set = Vec::new();
+    for (group, limit) in declared {
+        let Some(v) = settings.get(limit.key) else {
+            continue;
+        };
+        let n = v.as_integer().and_then(|n| usize::try_from(n).ok());
+        let Some(n) = n.filter(|n| *n > 0) else {
+            return Err(cx.err(
+                limit.key,
+                format!("`{v}` is not a positive integer"),
+                format!("{} (default {})", limit.about, limit.default),
+            ));
+        };
+        set.push((*group, limit.key, n));
+    }
+    for (_, key, _) in &set {
+        settings.remove(*key);
+    }
+    Ok(set)
+}
+
+/// A limit set in the stage must bound a group it targets: the values by key.
+fn check_limit_targets(
+    cx: &mopt_recipe::Scope,
+    set: Vec<(&'static str, &'static str, usize)>,
+    targets: &[&'static str],
+) -> Result<std::collections::BTreeMap<&'static str, usize>, RecipeError> {
+    let mut values = std::collections::BTreeMap::new();
+    for (group, key, v) in &set {
+        if targets.contains(group) {
+            values.insert(*key, *v);
+        }
+    }
+    if let Some((group, key, _)) = set.iter().find(|(_, k, _)| !values.contains_key(k)) {
+        return Err(cx.err(
+            key,
+            format!("`{key}` limits the `{group}` groups, which this stage does not target"),
+            format!("add \"{group}\" to targets, or remove the key"),
+        ));
+    }
+    Ok(values)
+}
+
+/// An unknown key's hint also names the limits the family's group kinds take.
+fn limits_hint(e: RecipeError, declared: &[(&'static str, &'static Limit)]) -> RecipeError {
+    match e {
+        RecipeError::Invalid(mut i) if i.message.starts_with("unknown field") => {
+            let mut keys: Vec<String> = declared
+                .iter()
+                .map(|(g, l)| format!("`{}` ({g})", l.key))
+                .collect();
+            keys.dedup();
+            i.hint = match keys.is_empty() {
+                true => format!("{}; this family's groups declare no limits", i.hint),
+                false => format!(
+                    "{}; this family's groups take the limits {}",
+                    i.hint,
+                    keys.join(", ")
+                ),
+            };
+            RecipeError::Invalid(i)
+        }
+        other => other,
+    }
+}
+
 /// `[stage.ratios]`: each pattern's final fraction, in [0, 1).
 fn parse_ratios(
     cx: &mopt_recipe::Scope,
@@ -343,8 +423,17 @@ impl StageKind for Prune {
         family: &FamilyEntry,
     ) -> Result<Box<dyn Stage>, RecipeError> {
         let cx = &entry.scope;
-        let r: RawPrune = cx.deserialize(entry.settings.clone())?;
+        let mut settings = entry.settings.clone();
+        let declared = family
+            .capability::<dyn CanPrune>()
+            .map(|c| c.limits())
+            .unwrap_or_default();
+        let set = take_limits(cx, &mut settings, &declared)?;
+        let r: RawPrune = cx
+            .deserialize(settings)
+            .map_err(|e| limits_hint(e, &declared))?;
         let targets = parse_targets(cx, r.targets.clone(), family)?;
+        let values = check_limit_targets(cx, set, &targets)?;
         let criteria = [
             ("l1", Criterion::L1),
             ("l2", Criterion::L2),
@@ -391,7 +480,7 @@ impl StageKind for Prune {
             return Err(cx.err(
                 "target",
                 format!("{target} is outside (0, 1)"),
-                "the fraction of heads/FFN neurons removed in the end, e.g. 0.5",
+                "the fraction of the targeted units removed in the end, e.g. 0.5",
             ));
         }
         let step = r.step.unwrap_or(0.1);
@@ -419,9 +508,7 @@ impl StageKind for Prune {
             step,
             taylor_batches: cx.positive("taylor-batches", r.taylor_batches, 32)?,
             limits: UnitLimits {
-                min_heads: cx.positive("min-heads", r.min_heads, 1)?,
-                ffn_multiple: cx.positive("ffn-multiple", r.ffn_multiple, 8)?,
-                hidden_multiple: cx.positive("hidden-multiple", r.hidden_multiple, 8)?,
+                values,
                 ignore_layers: r.ignore_layers.unwrap_or_default(),
                 scopes,
             },
@@ -855,7 +942,7 @@ impl PruneStage {
         }
         let orig = self.units::<M>(input);
         let mut settings = vec![format!(
-            "targets = [{}], criterion = \"{}\", reduce = \"{}\", ranking = \"{}\", target = {}, step = {}, taylor-batches = {}, ffn-multiple = {}, hidden-multiple = {}, min-heads = {}, ignore-layers = {:?}, distill = {} (alpha = {}, temperature = {}{}), compare = {:?}, ratios = {:?}",
+            "targets = [{}], criterion = \"{}\", reduce = \"{}\", ranking = \"{}\", target = {}, step = {}, taylor-batches = {}, {}ignore-layers = {:?}, distill = {} (alpha = {}, temperature = {}{}), compare = {:?}, ratios = {:?}",
             self.target_names(),
             self.criterion.name(),
             self.reduce.name(),
@@ -863,9 +950,7 @@ impl PruneStage {
             self.target,
             self.step,
             self.taylor_batches,
-            self.limits.ffn_multiple,
-            self.limits.hidden_multiple,
-            self.limits.min_heads,
+            self.limit_settings::<M>(),
             self.limits.ignore_layers,
             self.distill,
             self.alpha,
@@ -1119,7 +1204,7 @@ impl PruneStage {
                         format!(
                             "`ablation` removes one unit at a time, and `{}` units go {}",
                             kind.name(),
-                            if runs { "in equal runs (a query head per KV group)" } else { "in multiples (ffn-multiple / hidden-multiple)" }
+                            if runs { "in equal runs (a query head per KV group)".to_string() } else { format!("in multiples ({})", kind.rule(&self.limits).limit.unwrap_or("its rule")) }
                         ),
                         "use it on layers or KV groups (or set the multiple to 1); `activation-l2` or `taylor` for the others",
                     )
@@ -1140,6 +1225,23 @@ impl PruneStage {
         Ok(())
     }
 
+    /// The limits the targeted group kinds read, with their values (`min-heads = 1, `), in
+    /// the family's order: a plan lists only the settings that apply.
+    fn limit_settings<M: Prunable>(&self) -> String {
+        let mut seen = Vec::new();
+        for kind in self.groups::<M>() {
+            for l in kind.limits() {
+                if !seen
+                    .iter()
+                    .any(|s: &String| s.starts_with(&format!("{} ", l.key)))
+                {
+                    seen.push(format!("{} = {}, ", l.key, self.limits.get(l)));
+                }
+            }
+        }
+        seen.concat()
+    }
+
     /// What every round must keep of a targeted group (`min-heads`, a width's multiple) must
     /// not exceed what the input has: the stage would otherwise run and prune nothing there.
     fn check_limits<M: Prunable>(
@@ -1158,15 +1260,7 @@ impl PruneStage {
                 if units == 0 || rule.min_keep <= units {
                     continue;
                 }
-                let key = if rule.min_keep == l.min_heads {
-                    "min-heads"
-                } else if rule.min_keep == l.ffn_multiple {
-                    "ffn-multiple"
-                } else if rule.min_keep == l.hidden_multiple {
-                    "hidden-multiple"
-                } else {
-                    "targets"
-                };
+                let key = rule.limit.unwrap_or("targets");
                 return Err(entry
                     .scope
                     .err(

@@ -8,8 +8,8 @@
 
 use std::path::Path;
 
-use mopt_core::vocab::{kept_ids, vocab_map};
-use mopt_core::VocabPrunable;
+use mopt_data::vocab::{kept_ids, vocab_map};
+use mopt_data::VocabPrunable;
 use mopt_recipe::{RecipeError, StageEntry};
 use mopt_train::trainer::save_checkpoint_dir;
 use serde::Deserialize;
@@ -88,7 +88,7 @@ impl StageKind for Vocab {
         family.check::<dyn CanPruneVocab>(
             entry,
             NEEDS,
-            "implement `mopt_prune::VocabPrunable` for the model and register a `CanPruneVocab` (its corpus of token ids) in the family's `capabilities`",
+            "implement `mopt_data::VocabPrunable` for the model and register a `CanPruneVocab` (its corpus of token ids) in the family's `capabilities`",
         )?;
         let cx = &entry.scope;
         let r: RawVocab = cx.deserialize(entry.settings.clone())?;

@@ -3,7 +3,7 @@
 //! unchanged: the model maps every id it reads to its row in the smaller table, and an id whose
 //! row was dropped to `[UNK]`'s row, so any text still tokenizes and classifies.
 
-use crate::model::Checkpoint;
+use mopt_core::Checkpoint;
 
 /// A model whose token-embedding table can lose rows.
 pub trait VocabPrunable: Checkpoint {

@@ -12,10 +12,10 @@ use mopt_train::setup::cache_dir;
 use mopt_train::TrainError;
 use serde::Serialize;
 
-use crate::cache::{cache_key, compute, compute_to_file, TeacherCache};
 use crate::matching::MatchPlan;
 use crate::spec::{DistillSpec, Feature};
-use crate::task::{DistillTask, TeacherSource};
+use crate::text::cache::{cache_key, compute, compute_to_file, TeacherCache};
+use crate::text::task::{DistillTask, TeacherSource};
 
 /// Teacher-cache facts of a run.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, Default)]

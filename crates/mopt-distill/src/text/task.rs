@@ -11,10 +11,10 @@ use mopt_core::{TapRequest, Tapped, Taps};
 use mopt_data::{Batcher, Encoded, TextBatch};
 use mopt_train::trainer::{Parts, Replica, Task};
 
-use crate::cache::{live_batch, TeacherCache};
 use crate::kd::kd_loss;
 use crate::matching::{match_loss, MatchPlan, TeacherBatch, TeacherNeeds, WordRows};
 use crate::student::DistillModel;
+use crate::text::cache::{live_batch, TeacherCache};
 
 /// Where the outputs of a teacher `M` come from.
 pub enum TeacherSource<M> {
