@@ -203,11 +203,12 @@ fn the_data_caches_go_where_cache_dir_says() {
     let recipe = mopt_recipe::parse(&recipes.join("cache-dir.toml"), &source).unwrap();
     let dir = mopt_train::setup::cache_dir(&recipe.data).unwrap();
     assert_eq!(dir, tmp.path().join("caches"));
-    let first = mopt_train::setup::prepare_data(&recipe.tokenizer, &recipe.data, None).unwrap();
+    let tok = recipe.tokenizer.as_ref().unwrap();
+    let first = mopt_train::setup::prepare_data(tok, &recipe.data, None).unwrap();
     assert!(!first.data.from_cache);
     let written: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
     assert_eq!(written.len(), 1, "one token-id cache in {}", dir.display());
-    let again = mopt_train::setup::prepare_data(&recipe.tokenizer, &recipe.data, None).unwrap();
+    let again = mopt_train::setup::prepare_data(tok, &recipe.data, None).unwrap();
     assert!(again.data.from_cache);
     // A file is no folder.
     std::fs::write(tmp.path().join("file"), "").unwrap();

@@ -599,6 +599,8 @@ mod tests {
     struct Repo(PathBuf);
 
     const TOKENIZER: &str = "datasets/data/models/all-MiniLM-L6-v2/tokenizer.json";
+    /// A WordPiece vocabulary: the tokenizer `lowercase` applies to.
+    const VOCAB: &str = "datasets/data/models/all-MiniLM-L6-v2/vocab.txt";
     const CONFIG: &str = "datasets/data/models/all-MiniLM-L6-v2/config.json";
     const WEIGHTS: &str = "datasets/data/models/all-MiniLM-L6-v2/model.safetensors";
     const CORPUS: &str = "datasets/data/rotten_tomatoes/rotten_tomatoes_corpus_full.csv.bz2";
@@ -610,6 +612,7 @@ mod tests {
             let _ = std::fs::remove_dir_all(&dir);
             for f in [
                 TOKENIZER,
+                VOCAB,
                 CONFIG,
                 WEIGHTS,
                 CORPUS,
@@ -738,7 +741,7 @@ checkpoint = "checkpoints/t/best"
 recipe = "recipes/finetune_teacher.toml"
 
 [tokenizer]
-path = "{TOKENIZER}"
+path = "{VOCAB}"
 max-len = 48
 lowercase = false
 
@@ -799,7 +802,7 @@ analysis = false
             .devices(&[DeviceRef::Local(0), DeviceRef::Local(1)])
             .teacher("checkpoints/t/best")
             .teacher_recipe("recipes/finetune_teacher.toml")
-            .tokenizer(TOKENIZER)
+            .tokenizer(VOCAB)
             .max_len(48)
             .lowercase(false)
             .data(DataFormat::RottenTomatoes, CORPUS)

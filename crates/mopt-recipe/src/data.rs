@@ -221,6 +221,13 @@ impl Augment {
 /// Validate `[tokenizer]` (`cx` is the root scope).
 pub fn tokenizer_spec(cx: &Scope, raw: RawTokenizer) -> Result<TokenizerSpec, RecipeError> {
     let tok_path = cx.input_file("tokenizer.path", &raw.path)?;
+    if raw.lowercase.is_some() && tok_path.extension().is_none_or(|e| e != "txt") {
+        return Err(cx.err(
+            "tokenizer.lowercase",
+            "a `tokenizer.json` carries its own normalizer, which decides the case",
+            "remove `lowercase` (it applies to a WordPiece `vocab.txt` only)",
+        ));
+    }
     let max_len = raw.max_len.unwrap_or(128);
     // The upper limit is the model's (its position table, its context): its family checks it.
     if max_len < 3 {
@@ -387,13 +394,40 @@ fn check_image_layout(cx: &Scope, format: &DataFormat, d: &RawData) -> Result<()
             "remove it",
         )?;
         refuse("data.labels", d.labels.is_some(), unlabelled, "remove it")?;
+        refuse(
+            "data.split-seed",
+            d.split_seed.is_some(),
+            "works are split by the files `train`, `valid` and `test` name, with no shuffle",
+            "remove it",
+        )?;
     }
-    if format.is_image() && (d.text_column.is_some() || d.label_column.is_some()) {
-        return Err(cx.err(
-            "data.text-column",
-            "images have no columns to name",
-            "remove `text-column` / `label-column` (the label is the last value of a row, or the IDX labels file)",
-        ));
+    if *format == DataFormat::RottenTomatoes {
+        for (key, set) in [
+            ("data.text-column", d.text_column.is_some()),
+            ("data.label-column", d.label_column.is_some()),
+        ] {
+            if set {
+                return Err(cx.err(
+                    key,
+                    "Rotten Tomatoes' columns are fixed (the quote and fresh/rotten)",
+                    "remove it, or use `format = \"csv\"` to name the columns of another file",
+                ));
+            }
+        }
+    }
+    if format.is_image() {
+        for (key, set) in [
+            ("data.text-column", d.text_column.is_some()),
+            ("data.label-column", d.label_column.is_some()),
+        ] {
+            if set {
+                return Err(cx.err(
+                    key,
+                    "images have no columns to name",
+                    "remove it (the label is the last value of a row, or the IDX labels file)",
+                ));
+            }
+        }
     }
     Ok(())
 }

@@ -632,7 +632,7 @@ impl PruneStage {
     }
 
     /// First-order Taylor gradients of every parameter, summed over `taylor_batches` training
-    /// batches.
+    /// batches ([`mopt_prune::measure::summed_gradients`] under the stage's objective).
     fn taylor_gradients<M: Prunable<Batch: Labeled>>(
         &self,
         dir: &Path,
@@ -642,26 +642,25 @@ impl PruneStage {
     ) -> Result<ParamTable, StageError> {
         let (model, _) = M::load(dir, ad)?;
         let train = cx.splits::<M::Batch>()?.train;
-        let mut acc = ParamTable::default();
         // Dropout seeds from the stage's seeds alone, not from whatever ran before in this
         // process: a resumed stage scores its rounds as the uninterrupted one did.
         let stream = (self.seed ^ cx.seed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        for (i, chunk) in self.calibration_chunks(train.len(), cx).iter().enumerate() {
+        let chunks = self.calibration_chunks(train.len(), cx);
+        let losses = chunks.iter().enumerate().map(|(i, chunk)| {
             let b = train.batch(chunk, ad);
             let (loss, _) = mopt_kernels::with_seed_stream(stream.wrapping_add(i as u64), || {
                 task.loss(&model, &b, chunk, 0.0)
             });
-            let grads = loss.backward();
-            acc.add(&ParamTable::gradients(&model, &grads));
-        }
-        Ok(acc)
+            loss
+        });
+        Ok(mopt_prune::measure::summed_gradients(&model, losses))
     }
 }
 
 impl PruneStage {
-    /// Activation-based scores of the targeted groups ([`Prunable::activation_scores`]),
-    /// averaged over the sequences of `taylor_batches` training batches (the order Taylor
-    /// scoring reads), measured on the inference device without gradients.
+    /// Activation-based scores of the targeted groups ([`mopt_prune::measure::activation_scores`])
+    /// over the sequences of `taylor_batches` training batches (the order Taylor scoring reads),
+    /// measured on the inference device without gradients.
     fn activation_scores<M: Prunable<Batch: Labeled>>(
         &self,
         model: &M,
@@ -671,38 +670,21 @@ impl PruneStage {
     ) -> Result<GroupScores, StageError> {
         let device = cx.device.device();
         let train = cx.splits::<M::Batch>()?.train;
-        let mut acc = GroupScores::new();
-        let mut sequences = 0usize;
-        for chunk in self.calibration_chunks(train.len(), cx) {
-            let b = train.batch(&chunk, &device);
-            let Some(s) = model.activation_scores(config, &b, stat) else {
-                return Err(StageError::Unsupported(format!(
+        let chunks = self.calibration_chunks(train.len(), cx);
+        let batches = chunks.iter().map(|c| (train.batch(c, &device), c.len()));
+        mopt_prune::measure::activation_scores(model, config, batches, stat, &self.targets)
+            .ok_or_else(|| {
+                StageError::Unsupported(format!(
                     "stage `{}`: criterion `{}` needs activation statistics, and this family measures none; use `taylor` or `l1`",
                     cx.entry.name,
                     criterion.name()
-                )));
-            };
-            for (kind, scopes) in s {
-                let a = acc
-                    .entry(kind)
-                    .or_insert_with(|| scopes.iter().map(|u| vec![0.0; u.len()]).collect());
-                for (x, y) in a.iter_mut().flatten().zip(scopes.iter().flatten()) {
-                    *x += y;
-                }
-            }
-            sequences += chunk.len();
-        }
-        let n = sequences.max(1) as f64;
-        acc.retain(|kind, _| self.targets.contains(&kind.as_str()));
-        acc.values_mut()
-            .flat_map(|s| s.iter_mut().flatten())
-            .for_each(|x| *x /= n);
-        Ok(acc)
+                ))
+            })
     }
 
-    /// Ablation scores of the targeted groups: every unit alone removed from `model`, the rise
-    /// of the mean next-label cross-entropy over `taylor_batches` training batches (the order
-    /// Taylor scoring reads). One evaluation a unit; `check_ablation` bounds their number.
+    /// Ablation scores of the targeted groups ([`mopt_prune::measure::ablation_scores`]): the
+    /// rise of the mean next-label cross-entropy over `taylor_batches` training batches (the
+    /// order Taylor scoring reads) when a unit alone goes; `check_ablation` bounds their number.
     fn ablation_scores<M: Prunable<Batch: Labeled>>(
         &self,
         model: &M,
@@ -724,37 +706,17 @@ impl PruneStage {
                 .sum();
             total / batches.len().max(1) as f64
         };
-        let model = model.valid();
-        let base = loss(&model);
-        let mut out = GroupScores::new();
-        for kind in self.groups::<M>() {
-            let counts: Vec<usize> = (0..kind.scopes(config))
-                .map(|s| kind.units(config, s))
-                .collect();
-            let total: usize = counts.iter().sum();
-            let mut scores = Vec::with_capacity(counts.len());
-            for (s, &n) in counts.iter().enumerate() {
-                let mut row = Vec::with_capacity(n);
-                for u in 0..n {
-                    eprintln!(
-                        "  ablation: {} {}/{total}",
-                        kind.name(),
-                        scores.iter().map(Vec::len).sum::<usize>() + u + 1
-                    );
-                    let keep: Vec<Vec<usize>> = counts
-                        .iter()
-                        .enumerate()
-                        .map(|(t, &m)| (0..m).filter(|&v| t != s || v != u).collect())
-                        .collect();
-                    let one = Keep::from([(kind.name().to_string(), keep)]);
-                    let (pruned, _) = prune(&model, config, &one, &device);
-                    row.push(loss(&pruned) - base);
-                }
-                scores.push(row);
-            }
-            out.insert(kind.name().to_string(), scores);
-        }
-        Ok(out)
+        let progress =
+            |kind: &str, done: usize, total: usize| eprintln!("  ablation: {kind} {done}/{total}");
+        let kinds = self.groups::<M>();
+        Ok(mopt_prune::measure::ablation_scores(
+            &model.valid(),
+            config,
+            &kinds,
+            &device,
+            loss,
+            progress,
+        ))
     }
 
     /// One schedule of up to `rounds` rounds with `criterion`, its rounds in `dir/round-N`. With

@@ -584,6 +584,32 @@ impl QuantStage {
     }
 }
 
+/// The first path segment most layers share (a BERT's `bert`, a Llama's `model`): the chart
+/// leaves it out of their labels.
+fn shared_root<'a>(layers: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let mut counts = std::collections::BTreeMap::new();
+    let mut total = 0;
+    for l in layers {
+        total += 1;
+        if let Some((root, _)) = l.split_once('.') {
+            *counts.entry(root).or_insert(0usize) += 1;
+        }
+    }
+    let (root, n) = counts.into_iter().max_by_key(|(_, n)| *n)?;
+    (2 * n > total).then_some(root)
+}
+
+/// `layer`'s chart label: without the `shared` root segment.
+fn label<'a>(layer: &'a str, shared: Option<&str>) -> &'a str {
+    match shared {
+        Some(r) => layer
+            .strip_prefix(r)
+            .and_then(|l| l.strip_prefix('.'))
+            .unwrap_or(layer),
+        None => layer,
+    }
+}
+
 /// A horizontal bar chart of the ranking (validation drop per layer), as SVG.
 fn sensitivity_svg(rows: &[Sensitivity], fallback: &[String]) -> String {
     let (w, bar, left) = (760.0, 18.0, 330.0);
@@ -595,6 +621,7 @@ fn sensitivity_svg(rows: &[Sensitivity], fallback: &[String]) -> String {
     let x0 = left + 20.0;
     let scale = (w - x0 - 80.0) / (2.0 * max);
     let mid = x0 + max * scale;
+    let shared = shared_root(rows.iter().map(|r| r.layer.as_str()));
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n<text x=\"10\" y=\"16\" font-size=\"13\">Validation accuracy drop (points) with one layer quantized; red: fell back to float</text>\n<line x1=\"{mid}\" y1=\"24\" x2=\"{mid}\" y2=\"{h}\" stroke=\"#888\"/>\n"
     );
@@ -614,7 +641,7 @@ fn sensitivity_svg(rows: &[Sensitivity], fallback: &[String]) -> String {
         s += &format!(
             "<text x=\"10\" y=\"{}\">{}</text>\n<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{}\" fill=\"{color}\"/>\n<text x=\"{:.1}\" y=\"{}\">{:+.2}</text>\n",
             y + 12.0,
-            r.layer.trim_start_matches("bert."),
+            label(&r.layer, shared),
             width.max(0.5),
             bar - 4.0,
             mid + max * scale + 6.0,
@@ -983,5 +1010,27 @@ impl Stage for QuantStage {
 
     fn reuse_key(&self) -> Option<String> {
         Some(format!("{self:?}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{label, shared_root};
+
+    #[test]
+    fn chart_labels_leave_out_the_root_most_layers_share() {
+        let bert = [
+            "classifier",
+            "bert.encoder.layer.0.output.dense",
+            "bert.pooler.dense",
+        ];
+        let root = shared_root(bert.into_iter());
+        assert_eq!(root, Some("bert"));
+        assert_eq!(label(bert[1], root), "encoder.layer.0.output.dense");
+        assert_eq!(label(bert[0], root), "classifier");
+        // No root shared by most: every name whole.
+        let cnn = ["stem.conv", "stages.0.conv", "fc"];
+        assert_eq!(shared_root(cnn.into_iter()), None);
+        assert_eq!(label(cnn[0], None), "stem.conv");
     }
 }
