@@ -401,31 +401,24 @@ fn check_image_layout(cx: &Scope, format: &DataFormat, d: &RawData) -> Result<()
             "remove it",
         )?;
     }
-    if *format == DataFormat::RottenTomatoes {
+    let fixed = match format {
+        DataFormat::RottenTomatoes => Some((
+            "Rotten Tomatoes' columns are fixed (the quote and fresh/rotten)",
+            "remove it, or use `format = \"csv\"` to name the columns of another file",
+        )),
+        _ if format.is_image() => Some((
+            "images have no columns to name",
+            "remove it (the label is the last value of a row, or the IDX labels file)",
+        )),
+        _ => None,
+    };
+    if let Some((why, fix)) = fixed {
         for (key, set) in [
             ("data.text-column", d.text_column.is_some()),
             ("data.label-column", d.label_column.is_some()),
         ] {
             if set {
-                return Err(cx.err(
-                    key,
-                    "Rotten Tomatoes' columns are fixed (the quote and fresh/rotten)",
-                    "remove it, or use `format = \"csv\"` to name the columns of another file",
-                ));
-            }
-        }
-    }
-    if format.is_image() {
-        for (key, set) in [
-            ("data.text-column", d.text_column.is_some()),
-            ("data.label-column", d.label_column.is_some()),
-        ] {
-            if set {
-                return Err(cx.err(
-                    key,
-                    "images have no columns to name",
-                    "remove it (the label is the last value of a row, or the IDX labels file)",
-                ));
+                return Err(cx.err(key, why, fix));
             }
         }
     }

@@ -52,10 +52,10 @@ impl GroupKind for Channels {
         }
         out
     }
-    /// Widths stay multiples of `hidden-multiple`.
     fn limits(&self) -> &'static [&'static Limit] {
         &[&HIDDEN_MULTIPLE]
     }
+    /// Widths stay multiples of `hidden-multiple`.
     fn rule(&self, l: &UnitLimits) -> Rule {
         Rule::multiple_of_limit(&HIDDEN_MULTIPLE, l)
     }

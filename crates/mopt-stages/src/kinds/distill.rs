@@ -660,6 +660,10 @@ impl Stage for DistillStage {
         }
         let mut spec = self.spec.clone();
         spec.baseline = false;
-        Some(format!("student {}\n{spec:?}", self.student.identity()))
+        Some(format!(
+            "student {}\n{spec:?}\naugment {:?}",
+            self.student.identity(),
+            self.augment
+        ))
     }
 }

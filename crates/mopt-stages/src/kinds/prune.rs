@@ -339,11 +339,13 @@ fn take_limits(
     Ok(set)
 }
 
-/// A limit set in the stage must bound a group it targets: the values by key.
+/// A limit set in the stage must bound a group it targets. The values by key of every limit
+/// the targeted kinds read, defaults included (so that a limit written out at its default
+/// keys a reused stage as leaving it out does).
 fn check_limit_targets(
     cx: &mopt_recipe::Scope,
     set: Vec<(&'static str, &'static str, usize)>,
-    targets: &[&'static str],
+    (declared, targets): (&[(&'static str, &'static Limit)], &[&'static str]),
 ) -> Result<std::collections::BTreeMap<&'static str, usize>, RecipeError> {
     let mut values = std::collections::BTreeMap::new();
     for (group, key, v) in &set {
@@ -358,6 +360,11 @@ fn check_limit_targets(
             format!("add \"{group}\" to targets, or remove the key"),
         ));
     }
+    for (group, limit) in declared {
+        if targets.contains(group) {
+            values.entry(limit.key).or_insert(limit.default);
+        }
+    }
     Ok(values)
 }
 
@@ -365,11 +372,13 @@ fn check_limit_targets(
 fn limits_hint(e: RecipeError, declared: &[(&'static str, &'static Limit)]) -> RecipeError {
     match e {
         RecipeError::Invalid(mut i) if i.message.starts_with("unknown field") => {
-            let mut keys: Vec<String> = declared
-                .iter()
-                .map(|(g, l)| format!("`{}` ({g})", l.key))
-                .collect();
-            keys.dedup();
+            let mut keys: Vec<String> = Vec::new();
+            for (_, l) in declared {
+                let key = format!("`{}`", l.key);
+                if !keys.contains(&key) {
+                    keys.push(key);
+                }
+            }
             i.hint = match keys.is_empty() {
                 true => format!("{}; this family's groups declare no limits", i.hint),
                 false => format!(
@@ -433,7 +442,7 @@ impl StageKind for Prune {
             .deserialize(settings)
             .map_err(|e| limits_hint(e, &declared))?;
         let targets = parse_targets(cx, r.targets.clone(), family)?;
-        let values = check_limit_targets(cx, set, &targets)?;
+        let values = check_limit_targets(cx, set, (&declared, &targets))?;
         let criteria = [
             ("l1", Criterion::L1),
             ("l2", Criterion::L2),
