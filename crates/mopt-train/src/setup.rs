@@ -50,8 +50,7 @@ pub fn prepare_data(
 /// Folder for caches derived from the recipe's data (token ids, teacher outputs): `[data]
 /// cache-dir`, else `.mopt-cache/` beside the data.
 pub fn cache_dir(data: &DataSpec) -> Option<PathBuf> {
-    match &data.cache_dir {
-        Some(dir) => Some(dir.clone()),
-        None => data.anchor().parent().map(|p| p.join(".mopt-cache")),
-    }
+    data.cache_dir
+        .clone()
+        .or_else(|| data.anchor().parent().map(|p| p.join(".mopt-cache")))
 }

@@ -333,6 +333,8 @@ fn take_limits(
         };
         set.push((*group, limit.key, n));
     }
+    // Removed after the loop: several kinds may read one limit (a ResNet's `channels` and
+    // `residual` both read `hidden-multiple`), each with its entry.
     for (_, key, _) in &set {
         settings.remove(*key);
     }
@@ -1199,18 +1201,15 @@ impl PruneStage {
     /// The limits the targeted group kinds read, with their values (`min-heads = 1, `), in
     /// the family's order: a plan lists only the settings that apply.
     fn limit_settings<M: Prunable>(&self) -> String {
-        let mut seen = Vec::new();
-        for kind in self.groups::<M>() {
-            for l in kind.limits() {
-                if !seen
-                    .iter()
-                    .any(|s: &String| s.starts_with(&format!("{} ", l.key)))
-                {
-                    seen.push(format!("{} = {}, ", l.key, self.limits.get(l)));
-                }
+        let mut read: Vec<&Limit> = Vec::new();
+        for l in self.groups::<M>().iter().flat_map(|k| k.limits()) {
+            if !read.iter().any(|r| r.key == l.key) {
+                read.push(l);
             }
         }
-        seen.concat()
+        read.iter()
+            .map(|l| format!("{} = {}, ", l.key, self.limits.get(l)))
+            .collect()
     }
 
     /// What every round must keep of a targeted group (`min-heads`, a width's multiple) must
