@@ -6,12 +6,24 @@ use mopt_core::{Classifier, Examples, Labeled};
 
 use crate::metrics::{accuracy, macro_f1, EvalMetrics};
 
+/// At most this many logit values of an example are kept (8 MiB): all of a classifier's row; of
+/// a language model's positions, rows evenly spaced from the first (a 2,048-token window's rows
+/// over a 49,152-token vocabulary would be 100M values, 42 of its rows are kept).
+pub const KEPT_VALUES: usize = 1 << 21;
+
+/// The rows kept of an example of `rows` logit rows of `width` values: every row while they fit
+/// in [`KEPT_VALUES`], else every `s`-th from the first, `s` the least stride that fits.
+pub fn kept_rows(rows: usize, width: usize) -> impl Iterator<Item = usize> {
+    let fit = (KEPT_VALUES / width.max(1)).max(1);
+    (0..rows).step_by(rows.div_ceil(fit).max(1))
+}
+
 /// Per-example logits and predictions of an evaluation.
 pub struct EvalOutput {
     /// Loss, accuracy and macro-F1.
     pub metrics: EvalMetrics,
     /// The kept examples' logits, in split order: each example's rows (one for a classifier,
-    /// one a position for a model of per-token outputs), flattened.
+    /// one a position for a model of per-token outputs: those [`kept_rows`] picks), flattened.
     pub logits: Vec<Vec<f32>>,
 }
 
@@ -42,7 +54,8 @@ where
 }
 
 /// [`evaluate`], keeping the logits of the first `keep` examples only (the rest are scored and
-/// dropped: a language model's rows over a whole split would not fit).
+/// dropped: a language model's rows over a whole split would not fit); `keep = 0` for the
+/// metrics alone.
 pub fn evaluate_keeping<C, E>(
     model: &C,
     examples: &E,
@@ -92,7 +105,10 @@ where
                 .map(|&l| l as usize)
                 .collect();
             if i < logits.len() {
-                logits[i] = mine.to_vec();
+                logits[i] = kept_rows(per, num_labels)
+                    .flat_map(|r| &mine[r * num_labels..(r + 1) * num_labels])
+                    .copied()
+                    .collect();
             }
         }
     }
@@ -237,5 +253,18 @@ mod tests {
         // One example's logits kept: its 4 rows of 4, the table's rows of tokens 0, 1, 2, 3.
         assert_eq!(out.logits.len(), 1);
         assert_eq!(out.logits[0], table);
+    }
+
+    /// A classifier keeps its row, a 128-token window over 49,152 logits every 4th row, a
+    /// 2,048-token one every 49th: at most 2^21 values an example.
+    #[test]
+    fn kept_rows_fit_the_budget_evenly_from_the_first() {
+        assert_eq!(kept_rows(1, 2).collect::<Vec<_>>(), [0]);
+        assert_eq!(kept_rows(16, 49152).count(), 16);
+        let short: Vec<usize> = kept_rows(128, 49152).collect();
+        assert_eq!((short.len(), short[1], short[31]), (32, 4, 124));
+        let long: Vec<usize> = kept_rows(2048, 49152).collect();
+        assert_eq!((long.len(), long[1], long[41]), (42, 49, 2009));
+        assert!(long.len() * 49152 <= KEPT_VALUES && (long.len() + 1) * 49152 > KEPT_VALUES);
     }
 }

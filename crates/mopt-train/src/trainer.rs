@@ -752,11 +752,11 @@ where
         let (ctx, t) = (self.ctx, self.ctx.train);
         let classifier = self.task.classifier(model).valid();
         let num_labels = ctx.config.num_labels();
-        let valid = evaluate(
+        let valid = evaluate_keeping(
             &classifier,
             &ctx.data.valid,
-            t.eval_batch_size,
-            num_labels,
+            (t.eval_batch_size, num_labels),
+            0,
             &self.device,
         )
         .metrics;
@@ -840,11 +840,12 @@ where
         let (best_model, _) = T::Classifier::load(&best_dir, &self.device)?;
         let num_labels = ctx.config.num_labels();
         let test_split = &ctx.data.test;
-        let test = evaluate(
+        let golden_n = test_split.len().min(16);
+        let test = evaluate_keeping(
             &best_model,
             test_split,
-            t.eval_batch_size,
-            num_labels,
+            (t.eval_batch_size, num_labels),
+            golden_n,
             &self.device,
         );
         let test_scalars = [
@@ -854,10 +855,9 @@ where
         ];
         let extra = json!({ "best_epoch": best_epoch });
         self.logger.log("test", self.step, &test_scalars, extra);
-        let golden_n = test_split.len().min(16);
         let golden = Golden {
             input_ids: (0..golden_n).map(|i| test_split.record(i)).collect(),
-            logits: test.logits[..golden_n].to_vec(),
+            logits: test.logits,
         };
         let golden_path = best_dir.join("golden.json");
         std::fs::write(&golden_path, serde_json::to_string(&golden).expect("json"))

@@ -9,7 +9,7 @@ use mopt_core::{Examples, Labeled, ModelConfig};
 use mopt_export::export::{ExportOptions, ModelCard, FLOAT_TOLERANCE};
 use mopt_export::Exportable;
 use mopt_recipe::{RecipeError, StageEntry};
-use mopt_train::trainer::evaluate;
+use mopt_train::trainer::evaluate_keeping;
 
 use serde::Deserialize;
 use serde_json::json;
@@ -108,7 +108,13 @@ impl<M: Exportable<Batch: Labeled> + 'static> CanExport for Generic<M> {
         let examples = data.split::<M::Batch>(which)?;
         let device = Device::flex();
         let (model, config) = M::load(ckpt, &device)?;
-        let eval = evaluate(&model.valid(), &examples, 64, config.num_labels(), &device);
+        let eval = evaluate_keeping(
+            &model.valid(),
+            &examples,
+            (64, config.num_labels()),
+            0,
+            &device,
+        );
         Ok(eval.metrics.accuracy)
     }
 }

@@ -20,7 +20,7 @@ use mopt_quant::node::{Phase, QuantConfig};
 use mopt_quant::{Granularity, IntFormat, ObserverKind, QuantScheme};
 use mopt_recipe::{RecipeError, Scope, StageEntry};
 use mopt_train::metrics::EvalMetrics;
-use mopt_train::trainer::{evaluate, fit, save_checkpoint_dir, TrainReport};
+use mopt_train::trainer::{evaluate_keeping, fit, save_checkpoint_dir, TrainReport};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -529,15 +529,14 @@ impl QuantStage {
     ) -> Result<(EvalMetrics, Vec<Vec<f32>>), StageError> {
         let device = cx.device.device();
         let bs = cx.entry.train.eval_batch_size;
-        let out = evaluate(
+        let out = evaluate_keeping(
             m,
             &cx.splits::<M::Batch>()?.valid,
-            bs,
-            c.num_labels(),
+            (bs, c.num_labels()),
+            cx.golden_len(),
             &device,
         );
-        let golden = out.logits[..cx.golden_len().min(out.logits.len())].to_vec();
-        Ok((out.metrics, golden))
+        Ok((out.metrics, out.logits))
     }
 
     /// Each quantized layer alone (the others float), ranked worst first.
