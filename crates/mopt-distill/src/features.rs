@@ -38,7 +38,14 @@ pub struct MapMatch {
     pub until_epoch: Option<usize>,
     /// The name its term is logged under (`hidden_mse_1`).
     pub name: &'static str,
+    /// The recipe asks for a learned projection (`projection = true`; one is made anyway where
+    /// an MSE match's widths differ).
+    pub projection: bool,
 }
+
+/// One match's widths for [`MapStudent::new`]: the student's channels, the teacher's, the
+/// comparison and whether the recipe asks for a projection.
+pub type MapWidths = (usize, usize, MapLoss, bool);
 
 /// The student and the 1×1-convolution projections its matches train (one slot a match; `None`
 /// where none is needed). Only the student is checkpointed.
@@ -51,13 +58,13 @@ pub struct MapStudent<M> {
 }
 
 impl<M> MapStudent<M> {
-    /// `student` with a projection for every MSE match whose widths (`[student, teacher]`
-    /// channels, one pair a match) differ, on `device`.
-    pub fn new(student: M, widths: &[(usize, usize, MapLoss)], device: &Device) -> Self {
+    /// `student` with a projection for every MSE match whose widths (one [`MapWidths`] a match)
+    /// differ or that asks for one, on `device`.
+    pub fn new(student: M, widths: &[MapWidths], device: &Device) -> Self {
         let projections = widths
             .iter()
-            .map(|&(s, t, loss)| {
-                (loss == MapLoss::Mse && s != t).then(|| {
+            .map(|&(s, t, loss, asked)| {
+                (loss == MapLoss::Mse && (s != t || asked)).then(|| {
                     Conv2dConfig::new([s, t], [1, 1])
                         .with_bias(false)
                         .init(device)
@@ -234,15 +241,16 @@ mod tests {
         assert!((mse - (4.0 + 4.0 + 4.0 + 4.0) / 4.0).abs() < 1e-6, "{mse}");
     }
 
-    /// A projection is created exactly where an MSE match's widths differ.
+    /// A projection is created exactly where an MSE match's widths differ or it asks for one.
     #[test]
-    fn projections_only_where_widths_differ() {
+    fn projections_only_where_widths_differ_or_asked() {
         let m = MapStudent::new(
             (),
             &[
-                (8, 16, MapLoss::Mse),
-                (16, 16, MapLoss::Mse),
-                (8, 32, MapLoss::Attention),
+                (8, 16, MapLoss::Mse, false),
+                (16, 16, MapLoss::Mse, false),
+                (8, 32, MapLoss::Attention, false),
+                (16, 16, MapLoss::Mse, true),
             ],
             &Device::flex(),
         );
@@ -251,6 +259,9 @@ mod tests {
             .iter()
             .map(|p| p.as_ref().map(|c| c.weight.val().dims()))
             .collect();
-        assert_eq!(shapes, vec![Some([16, 8, 1, 1]), None, None]);
+        assert_eq!(
+            shapes,
+            vec![Some([16, 8, 1, 1]), None, None, Some([16, 16, 1, 1])]
+        );
     }
 }

@@ -198,10 +198,10 @@ impl<M: ImageModel + 'static> CanDistill for ImageDistill<M> {
         let matches = kd_maps::resolve::<M>(stage, teacher, &student)?;
         let mut plan = kd_student::plan(stage, entry, (input, student), cx)?;
         if !matches.is_empty() {
-            stage.refuse_top_k("feature-map matches run the teacher live")?;
+            stage.refuse_cache_keys("feature-map matches run the teacher live")?;
             plan.settings.push(kd_maps::describe(&matches));
-        } else if cx.data.augment.is_on() {
-            stage.refuse_top_k("on augmented batches the teacher runs live")?;
+        } else if stage.spec.enabled && cx.data.augment.is_on() {
+            stage.refuse_cache_keys("on augmented batches the teacher runs live")?;
             plan.settings
                 .push("the teacher runs live on the augmented batches (no logit cache)".into());
         }
@@ -217,8 +217,10 @@ impl<M: ImageModel + 'static> CanDistill for ImageDistill<M> {
         let student = student_config::<M>(stage, &cx.data.labels().labels)?;
         let teacher = M::Shape::from_file(&input.join("config.json")).map_err(fault)?;
         let matches = kd_maps::resolve::<M>(stage, &teacher, &student)?;
-        // Cached logits are of the unaugmented images: augmented batches need the teacher live.
-        if matches.is_empty() && !cx.data_spec.augment.is_on() {
+        // Cached logits are of the unaugmented images: augmented batches need the teacher live
+        // (the hard-label twin, `enabled = false`, needs no teacher).
+        let live = stage.spec.enabled && cx.data_spec.augment.is_on();
+        if matches.is_empty() && !live {
             kd_student::run::<M>(stage, input, cx, &student)
         } else {
             kd_student::run_maps::<M>(stage, input, cx, &student, matches)

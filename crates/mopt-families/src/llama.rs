@@ -276,15 +276,19 @@ struct LlamaDistill;
 
 impl LlamaDistill {
     fn student(stage: &DistillStage, teacher: &LlamaConfig) -> Result<LlamaConfig, StageError> {
+        if !stage.spec.matches.is_empty() {
+            let fix = "remove the [[stage.match]] tables (a Llama distils on logits only); to start from the teacher's weights, prune it (kind = \"prune\", distill = true)";
+            let what = "a Llama exposes no taps to match";
+            return Err(stage.scope.err("match", what, fix).into());
+        }
         let scope = stage.scope.nested("student");
         let why = match &stage.student.arch {
             Some(a) if a != "llama" => Some(("arch", format!("the student is a `{a}`, the teacher a Llama"))),
-            _ if !stage.spec.matches.is_empty() => Some(("match", "a Llama distils on logits only".into())),
             _ if is_gguf(&stage.student.config) => Some(("config", "a student starts from random init: its config is a JSON Llama config, not a GGUF file".into())),
             _ => None,
         };
         if let Some((key, what)) = why {
-            let fix = "a JSON Llama config of the student's shape as `config`, no [[stage.match]]; to start from the teacher's weights, prune it (kind = \"prune\", distill = true)";
+            let fix = "a JSON Llama config of the student's shape as `config`; to start from the teacher's weights, prune it (kind = \"prune\", distill = true)";
             return Err(scope.err(key, what, fix).into());
         }
         let student = config(&stage.student)?;

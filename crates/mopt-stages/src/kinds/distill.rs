@@ -185,6 +185,23 @@ fn match_spec(
             "use e.g. 1.0",
         ));
     }
+    let attention = matches!(feature, Feature::AttentionProbs | Feature::AttentionScores);
+    if m.heads.is_some() && !attention {
+        return Err(cx.err(
+            &key("heads"),
+            format!("match {index}: `heads` applies to attention matches, and this one compares {feature:?}"),
+            "remove `heads`",
+        ));
+    }
+    if m.projection.is_some() && attention {
+        return Err(cx.err(
+            &key("projection"),
+            format!(
+                "match {index}: attention maps are compared head to head, with no width to project"
+            ),
+            "remove `projection`",
+        ));
+    }
     let heads = match m.heads.as_deref().unwrap_or("error") {
         "error" => HeadPolicy::Error,
         "mean" => HeadPolicy::Mean,
@@ -275,6 +292,21 @@ fn distill_spec(
     let scx = cx.nested("student");
     // The student's family validates its own keys when it plans the stage.
     let student = model_spec(&scx, raw_student)?;
+    if d.enabled == Some(false) {
+        crate::kinds::kd::refuse_without_kd(
+            cx,
+            [
+                ("alpha", d.alpha.is_some()),
+                ("temperature", d.temperature.is_some()),
+                ("soft-loss", d.soft_loss.is_some()),
+                ("teacher-cache", d.teacher_cache.is_some()),
+                ("teacher-top-k", d.teacher_top_k.is_some()),
+                ("baseline", d.baseline.is_some()),
+                ("match", !d.matches.is_empty()),
+            ],
+            "enabled = false",
+        )?;
+    }
     let sched = |raw: Option<RawSchedule>, default: f64| match raw {
         None => Schedule::Constant(default),
         Some(RawSchedule::Constant(v)) => Schedule::Constant(v),
@@ -423,6 +455,9 @@ pub struct DistillStage {
     pub extra: Option<ExtraTerm>,
     /// The scope of the stage's block, for shape errors found against the teacher.
     pub scope: Scope,
+    /// The keys its recipe block writes (none for a stage declared in Rust): a family refuses
+    /// one it would not read, rather than ignore it.
+    pub written: Vec<String>,
 }
 
 impl DistillStage {
@@ -434,6 +469,7 @@ impl DistillStage {
             augment: None,
             extra: None,
             scope,
+            written: Vec::new(),
         }
     }
 
@@ -443,6 +479,7 @@ impl DistillStage {
         let (student, spec, augment) = distill_spec(&entry.scope, raw, &entry.train)?;
         Ok(DistillStage {
             augment,
+            written: entry.settings.keys().cloned().collect(),
             ..DistillStage::new(student, spec, entry.scope.clone())
         })
     }
@@ -509,6 +546,22 @@ impl DistillStage {
                 .into()),
             None => Ok(()),
         }
+    }
+
+    /// Refuse a written `teacher-cache` and `teacher-top-k` for a stage whose teacher runs
+    /// live (`why`: how), rather than ignore them.
+    pub fn refuse_cache_keys(&self, why: &str) -> Result<(), StageError> {
+        if self.written.iter().any(|k| k == "teacher-cache") {
+            return Err(self
+                .scope
+                .err(
+                    "teacher-cache",
+                    format!("{why}: there is no teacher cache to keep or leave out"),
+                    "remove the key",
+                )
+                .into());
+        }
+        self.refuse_top_k(why)
     }
 
     /// Refuse `teacher-top-k` for a stage whose teacher is not read from a logit cache

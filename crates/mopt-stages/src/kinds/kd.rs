@@ -38,6 +38,23 @@ pub fn kd_settings(
     Ok((alpha, temperature))
 }
 
+/// Refuse the first of `keys` (`(key, written)`) that a stage writes although it trains without
+/// its teacher (`off`: what turns the teacher off, `distill = false`): nothing would read it.
+pub fn refuse_without_kd<const N: usize>(
+    cx: &mopt_recipe::Scope,
+    keys: [(&str, bool); N],
+    off: &str,
+) -> Result<(), mopt_recipe::RecipeError> {
+    match keys.iter().find(|(_, written)| *written) {
+        Some((key, _)) => Err(cx.err(
+            key,
+            format!("`{key}` shapes the teacher's term, which `{off}` leaves out"),
+            format!("remove `{key}`, or `{off}`"),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// A compressing stage's `teacher-top-k`, validated: `None` keeps every teacher logit, `Some(k)`
 /// the `k` largest of each row and the remaining mass (`mopt_distill::topk`).
 pub fn teacher_top_k(

@@ -8,7 +8,7 @@
 use mopt_core::FeatureMaps;
 use mopt_distill::features::{MapLoss, MapMatch};
 use mopt_distill::matching::layer_pairs;
-use mopt_distill::spec::{Feature, MatchLoss, MatchSpec, Tokens};
+use mopt_distill::spec::{Feature, HeadPolicy, MatchLoss, MatchSpec, Tokens};
 use mopt_recipe::{RecipeError, Scope};
 
 use crate::error::StageError;
@@ -71,6 +71,7 @@ pub fn resolve<M: FeatureMaps>(
                 weight: m.weight,
                 until_epoch: m.until_epoch,
                 name,
+                projection: m.projection,
             });
         }
     }
@@ -81,6 +82,7 @@ pub fn resolve<M: FeatureMaps>(
 fn map_loss(cx: &Scope, m: &MatchSpec) -> Result<MapLoss, StageError> {
     match (m.feature, m.loss, m.tokens) {
         (_, _, Tokens::First) => Err(bad(cx, m, "tokens", "feature maps have no tokens".into(), "remove `tokens`")),
+        _ if m.heads == HeadPolicy::Mean => Err(bad(cx, m, "heads", "feature maps have no attention heads (attention transfer pools channels)".into(), "remove `heads`")),
         (Feature::Hidden, MatchLoss::Mse, _) => Ok(MapLoss::Mse),
         (Feature::AttentionProbs, MatchLoss::Mse, _) => Ok(MapLoss::Attention),
         (Feature::AttentionProbs, _, _) => Err(bad(cx, m, "loss", "attention on feature maps is attention transfer".into(), "use loss = \"mse\"")),

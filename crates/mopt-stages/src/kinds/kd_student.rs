@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use mopt_core::{Checkpoint, FeatureMaps, Labeled, ModelConfig};
-use mopt_distill::features::{MapKdTask, MapLoss, MapMatch, MapStudent};
+use mopt_distill::features::{MapKdTask, MapMatch, MapStudent, MapWidths};
 use mopt_distill::kd::{KdSettings, KdTask};
 use mopt_recipe::Metric;
 use mopt_train::trainer::{fit, RunContext, TrainReport};
@@ -151,14 +151,14 @@ where
     let device = cx.device.device();
     let run = cx.run_context::<M::Batch, _>(config)?;
     let (teacher, teacher_config) = M::load(input, &device)?;
-    let widths: Vec<(usize, usize, MapLoss)> = {
+    let widths: Vec<MapWidths> = {
         let (s, t) = (
             M::feature_shapes(config),
             M::feature_shapes(&teacher_config),
         );
         matches
             .iter()
-            .map(|m| (s[m.student][0], t[m.teacher][0], m.loss))
+            .map(|m| (s[m.student][0], t[m.teacher][0], m.loss, m.projection))
             .collect()
     };
     let settings = KdSettings {

@@ -503,6 +503,17 @@ impl StageKind for Prune {
             ));
         }
         let (alpha, temperature) = crate::kinds::kd::kd_settings(cx, r.alpha, r.temperature)?;
+        if r.distill == Some(false) {
+            crate::kinds::kd::refuse_without_kd(
+                cx,
+                [
+                    ("alpha", r.alpha.is_some()),
+                    ("temperature", r.temperature.is_some()),
+                    ("teacher-top-k", r.teacher_top_k.is_some()),
+                ],
+                "distill = false",
+            )?;
+        }
         if r.baseline == Some(true) && r.distill == Some(false) {
             return Err(cx.err(
                 "baseline",
@@ -902,6 +913,7 @@ impl PruneStage {
         self.check_ratios::<M>(entry, input)?;
         self.check_criteria::<M>(entry, input)?;
         self.check_limits::<M>(entry, input)?;
+        self.check_ignored_layers::<M>(entry, input)?;
         crate::kinds::kd::check_kd_augment(entry, self.distill, cx.data)?;
         if input.is_quantized() {
             return Err(entry
@@ -1214,6 +1226,50 @@ impl PruneStage {
 
     /// What every round must keep of a targeted group (`min-heads`, a width's multiple) must
     /// not exceed what the input has: the stage would otherwise run and prune nothing there.
+    /// `ignore-layers` must be read by a targeted kind's rule (its frozen scopes or units) and
+    /// name layers the model has: nothing ignores it in silence.
+    fn check_ignored_layers<M: Prunable>(
+        &self,
+        entry: &StageEntry,
+        c: &M::Config,
+    ) -> Result<(), StageError> {
+        let ignored = &self.limits.ignore_layers;
+        if ignored.is_empty() {
+            return Ok(());
+        }
+        let readers: Vec<&str> = M::group_kinds()
+            .into_iter()
+            .filter(|k| {
+                let r = k.rule(&self.limits);
+                !(r.frozen_scopes.is_empty() && r.frozen_units.is_empty())
+            })
+            .map(|k| k.name())
+            .collect();
+        if !self.targets.iter().any(|t| readers.contains(t)) {
+            let fix = match readers.is_empty() {
+                true => "remove the key: this family prunes nothing layer by layer".to_string(),
+                false => format!("target {}, or remove the key", readers.join(" or ")),
+            };
+            let what = format!(
+                "no targeted group kind ({}) is pruned layer by layer: nothing would read it",
+                self.targets.join(", ")
+            );
+            return Err(entry.scope.err("ignore-layers", what, fix).into());
+        }
+        let n = M::layers(c);
+        match ignored.iter().find(|&&l| l >= n) {
+            Some(l) => Err(entry
+                .scope
+                .err(
+                    "ignore-layers",
+                    format!("layer {l} is past the model's {n} layers"),
+                    format!("name layers 0 to {}", n.saturating_sub(1)),
+                )
+                .into()),
+            None => Ok(()),
+        }
+    }
+
     fn check_limits<M: Prunable>(
         &self,
         entry: &StageEntry,
