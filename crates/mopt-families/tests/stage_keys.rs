@@ -174,6 +174,13 @@ fn cases() -> Vec<Case> {
         ),
         case("prune", "alpha", "distill = false\nalpha = 0.5", Only(&[])),
         case("prune", "ignore-layers", "ignore-layers = [5]", Only(&[])),
+        case(
+            "prune",
+            "taylor-batches",
+            "criterion = \"l1\"\ntaylor-batches = 2",
+            Only(&[]),
+        ),
+        case("ptq", "momentum", "observer = \"min-max\"\nmomentum = 0.1", Only(&[])),
         // prune (targets: every group kind of the family).
         case("prune", "criterion", "criterion = \"l1\"", All),
         case("prune", "criterion", "criterion = \"bn-scale\"", IMAGES),

@@ -52,6 +52,13 @@ impl StageKind for CheckpointKind {
     ) -> Result<Box<dyn Stage>, RecipeError> {
         let cx = &entry.scope;
         let r: RawCheckpoint = cx.deserialize(entry.settings.clone())?;
+        if entry.train_overridden {
+            return Err(cx.err(
+                "train",
+                "a checkpoint stage does not train",
+                "remove [stage.train]; its `recipe` trains with its own [train]",
+            ));
+        }
         let path = cx.resolve(&r.path);
         let recipe = match &r.recipe {
             Some(p) => Some(cx.input_file("recipe", p)?),

@@ -189,7 +189,10 @@ fn match_spec(
     if m.heads.is_some() && !attention {
         return Err(cx.err(
             &key("heads"),
-            format!("match {index}: `heads` applies to attention matches, and this one compares {feature:?}"),
+            format!(
+                "match {index}: `heads` applies to attention matches, and this one compares `{}`",
+                m.feature
+            ),
             "remove `heads`",
         ));
     }

@@ -461,6 +461,18 @@ impl StageKind for Prune {
             compare.push(one_of(cx, "compare", Some(&c), "", &criteria)?);
         }
         let criterion = one_of(cx, "criterion", r.criterion.as_deref(), "taylor", &criteria)?;
+        use Criterion::{BnScale, Random, L1, L2};
+        let reads_batches = |c: &Criterion| !matches!(c, L1 | L2 | Random | BnScale);
+        if r.taylor_batches.is_some()
+            && !reads_batches(&criterion)
+            && !compare.iter().any(reads_batches)
+        {
+            return Err(cx.err(
+                "taylor-batches",
+                format!("criterion `{}` reads no batches", r.criterion.as_deref().unwrap_or("")),
+                "remove it, or use a criterion measured on data (taylor, activation-mean, activation-l2, ablation)",
+            ));
+        }
         let reduce = one_of(
             cx,
             "reduce",
@@ -503,6 +515,13 @@ impl StageKind for Prune {
             ));
         }
         let (alpha, temperature) = crate::kinds::kd::kd_settings(cx, r.alpha, r.temperature)?;
+        if r.baseline == Some(true) && r.distill == Some(false) {
+            return Err(cx.err(
+                "baseline",
+                "a hard-label twin beside a schedule that is itself recovered on hard labels",
+                "set distill = true (the twin is the same schedule without the teacher), or drop baseline",
+            ));
+        }
         if r.distill == Some(false) {
             crate::kinds::kd::refuse_without_kd(
                 cx,
@@ -513,13 +532,6 @@ impl StageKind for Prune {
                 ],
                 "distill = false",
             )?;
-        }
-        if r.baseline == Some(true) && r.distill == Some(false) {
-            return Err(cx.err(
-                "baseline",
-                "a hard-label twin beside a schedule that is itself recovered on hard labels",
-                "set distill = true (the twin is the same schedule without the teacher), or drop baseline",
-            ));
         }
         Ok(Box::new(PruneStage {
             targets,

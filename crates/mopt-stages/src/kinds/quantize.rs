@@ -209,6 +209,13 @@ fn parse_observer(cx: &Scope, r: &RawQuant) -> Result<ObserverKind, RecipeError>
             ))
         }
     };
+    if r.momentum.is_some() && !matches!(observer, ObserverKind::MovingAverage { .. }) {
+        return Err(cx.err(
+            "momentum",
+            "set, but the observer is not `moving-average`",
+            "remove it or set observer = \"moving-average\"",
+        ));
+    }
     if r.percentile.is_some() && !matches!(observer, ObserverKind::Percentile { .. }) {
         return Err(cx.err(
             "percentile",
