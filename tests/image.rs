@@ -811,3 +811,70 @@ fn a_corrupt_checkpoint_is_named_when_it_is_read() {
         stderr(&out)
     );
 }
+
+/// A stage never hands on a model worse than its hard-label twin on validation: distilling an
+/// untrained ResNet (its random logits, `alpha = 0`) into the student loses to the twin trained
+/// on the labels, so the twin is handed on, the distilled model is reported beside it, the
+/// report says which and why, and the next stage starts from the twin.
+#[test]
+fn a_twin_better_on_validation_is_handed_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let student = write_student(dir.path());
+    let stages = format!(
+        r#"
+[[stage]]
+kind = "distill"
+alpha = 0.0
+baseline = true
+[stage.student]
+arch = "resnet"
+config = "{}"
+
+[[stage]]
+kind = "finetune"
+[stage.train]
+epochs = 1
+"#,
+        student.display()
+    );
+    let recipe = write_recipe(dir.path(), "").with_extension("toml");
+    let text = std::fs::read_to_string(&recipe).unwrap() + &stages;
+    std::fs::write(
+        &recipe,
+        text.replace("latency-runs = 3", "latency-runs = 0"),
+    )
+    .unwrap();
+    let check = mopt(&[recipe.to_str().unwrap(), "--check"]);
+    assert!(check.status.success(), "{}", stderr(&check));
+    let plan = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        plan.contains("the better of the two on validation is handed on"),
+        "{plan}"
+    );
+    let out = mopt(&[recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = read_json(&dir.path().join("runs/digits/report.json"));
+    let stage = &report["stages"][1];
+    let valid = |m: &serde_json::Value| m["valid"]["accuracy"].as_f64().unwrap();
+    let refs = stage["references"].as_array().unwrap();
+    let (twin, distilled) = (&refs[0], &refs[1]);
+    assert_eq!(twin["name"], "distill (hard-label twin)", "{stage}");
+    assert_eq!(distilled["name"], "distill (distilled)", "{stage}");
+    eprintln!(
+        "valid accuracy: twin {:.4}, distilled from a random teacher {:.4}",
+        valid(&twin["model"]),
+        valid(&distilled["model"])
+    );
+    assert!(
+        valid(&twin["model"]) > valid(&distilled["model"]) + 0.2,
+        "{stage}"
+    );
+    assert_eq!(stage["facts"]["kept"], "hard-label twin", "{stage}");
+    assert_eq!(stage["model"]["sha256"], twin["model"]["sha256"], "{stage}");
+    assert!(stage["notes"]
+        .to_string()
+        .contains("Kept the hard-label twin"));
+    // The next stage fine-tunes the twin.
+    let next = &report["stages"][2];
+    assert_eq!(next["input"]["sha256"], twin["model"]["sha256"], "{next}");
+}

@@ -88,6 +88,7 @@ impl Donor {
                     name: x.name.clone(),
                     about: x.about.clone(),
                     checkpoint: PathBuf::from(&x.model.checkpoint),
+                    twin: x.twin,
                 })
                 .collect(),
             logit_error_vs_input: None,

@@ -184,6 +184,9 @@ pub struct ReferenceRecord {
     pub about: String,
     /// Its measurements.
     pub model: ModelFacts,
+    /// The stage's hard-label twin ([`crate::stage::ReferenceModel::twin`]).
+    #[serde(default)]
+    pub twin: bool,
 }
 
 /// `stage.json`: everything the report says about one stage; written last, atomically, so a

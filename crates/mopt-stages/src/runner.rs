@@ -859,6 +859,47 @@ struct Provenance<'a> {
     reuse_key: Option<String>,
 }
 
+/// Hand on the stage's hard-label twin (`references[i]`), better on validation than the
+/// stage's own model (`facts`): the stage is never worse than its twin there by construction.
+/// The distilled model becomes a reference beside it, the report says which was kept and why,
+/// and `facts.kept` records it (test is reported, never used to decide).
+fn keep_twin(
+    entry: &mopt_recipe::StageEntry,
+    mut out: StageOutput,
+    references: &mut Vec<ReferenceRecord>,
+    i: usize,
+    facts: ModelFacts,
+    metric: mopt_recipe::Metric,
+) -> (StageOutput, ModelFacts) {
+    let twin = references[i].model.clone();
+    let (t, s) = (twin.valid.value(metric), facts.valid.value(metric));
+    let line = format!(
+        "Kept the hard-label twin: validation {} {t:.4} against the distilled model's {s:.4}; the better of the two on validation is handed on (test is reported, never used to decide).",
+        metric.name()
+    );
+    eprintln!("stage {}: {line}", entry.index);
+    out.notes.push(line);
+    set_kept(&mut out.facts, "hard-label twin");
+    references.push(ReferenceRecord {
+        name: format!("{} (distilled)", entry.name),
+        about: "the stage's distilled model, handed over for its hard-label twin (better on validation)".into(),
+        model: facts,
+        twin: false,
+    });
+    out.checkpoint = out.references[i].checkpoint.clone();
+    (out, twin)
+}
+
+/// `facts.kept`: which of the stage's model and its twin was handed on.
+fn set_kept(facts: &mut serde_json::Value, kept: &str) {
+    if facts.is_null() {
+        *facts = serde_json::json!({});
+    }
+    if let serde_json::Value::Object(m) = facts {
+        m.insert("kept".into(), kept.into());
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn finish_stage(
     entry: &mopt_recipe::StageEntry,
@@ -877,6 +918,41 @@ fn finish_stage(
         eprintln!("stage {}: measuring its output", entry.index);
         ev.measure(&out.checkpoint)?
     };
+    let mut references = Vec::new();
+    let mut twin = None;
+    for r in &out.references {
+        eprintln!("stage {}: measuring {}", entry.index, r.name);
+        let (model, logits) = ev.measure(&r.checkpoint)?;
+        if r.twin {
+            twin = Some((references.len(), logits));
+        }
+        references.push(ReferenceRecord {
+            name: r.name.clone(),
+            about: r.about.clone(),
+            model,
+            twin: r.twin,
+        });
+    }
+    let metric = ev.family.metric();
+    let kept = twin.map(|(i, twin_logits)| {
+        let better = |a: &ModelFacts, b: &ModelFacts| match metric.higher_is_better() {
+            true => a.valid.value(metric) > b.valid.value(metric),
+            false => a.valid.value(metric) < b.valid.value(metric),
+        };
+        (better(&references[i].model, &facts), i, twin_logits)
+    });
+    let (out, facts, logits) = match kept {
+        Some((true, i, twin_logits)) => {
+            let (out, facts) = keep_twin(entry, out, &mut references, i, facts, metric);
+            (out, facts, twin_logits)
+        }
+        Some((false, ..)) => {
+            let mut out = out;
+            set_kept(&mut out.facts, "distilled");
+            (out, facts, logits)
+        }
+        None => (out, facts, logits),
+    };
     let err_input = out
         .logit_error_vs_input
         .unwrap_or_else(|| max_abs_diff(&logits, &current.logits));
@@ -894,15 +970,6 @@ fn finish_stage(
         &current.facts.valid,
         err_input,
     );
-    let mut references = Vec::new();
-    for r in &out.references {
-        eprintln!("stage {}: measuring {}", entry.index, r.name);
-        references.push(ReferenceRecord {
-            name: r.name.clone(),
-            about: r.about.clone(),
-            model: ev.measure(&r.checkpoint)?.0,
-        });
-    }
     let artifacts = out
         .artifacts
         .iter()

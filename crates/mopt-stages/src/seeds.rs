@@ -68,8 +68,12 @@ pub struct StageSpread {
     pub valid: Spread,
     /// The same on test.
     pub test: Spread,
-    /// The models reported beside it, paired with it seed by seed.
+    /// The models reported beside it, paired with it seed by seed (a hard-label twin with the
+    /// distilled model, whichever of the two was handed on).
     pub references: Vec<PairedReference>,
+    /// Seed by seed, which of the stage's model and its twin was handed on (`facts.kept`:
+    /// `distilled` or `hard-label twin`); empty for a stage without a twin.
+    pub kept: Vec<String>,
 }
 
 /// A reference model over the seeds, and the stage's paired difference against it.
@@ -133,9 +137,20 @@ fn stage_spread(h: Headline, st: &StageRecord, same: &[&StageRecord]) -> StageSp
     let spread = |f: &dyn Fn(&ModelFacts) -> f64| {
         Spread::of(&same.iter().map(|s| f(&s.model)).collect::<Vec<_>>())
     };
+    // The distilled model of a seed's stage: its output, or the reference it was handed over
+    // for when its twin was better on validation.
+    let distilled = |s: &&StageRecord| -> ModelFacts {
+        let handed = format!("{} (distilled)", s.name);
+        s.references
+            .iter()
+            .find(|x| x.name == handed)
+            .map_or(&s.model, |x| &x.model)
+            .clone()
+    };
     let references = st
         .references
         .iter()
+        .filter(|r| !r.name.ends_with(" (distilled)"))
         .filter_map(|reference| {
             let refs = in_every(same.iter().map(|s| &s.references), |x: &ReferenceRecord| {
                 x.name == reference.name
@@ -144,7 +159,10 @@ fn stage_spread(h: Headline, st: &StageRecord, same: &[&StageRecord]) -> StageSp
                 let v: Vec<f64> = same
                     .iter()
                     .zip(&refs)
-                    .map(|(s, r)| f(&s.model, &r.model))
+                    .map(|(s, r)| match reference.twin {
+                        true => f(&distilled(s), &r.model),
+                        false => f(&s.model, &r.model),
+                    })
                     .collect();
                 Spread::of(&v)
             };
@@ -162,6 +180,11 @@ fn stage_spread(h: Headline, st: &StageRecord, same: &[&StageRecord]) -> StageSp
         valid: spread(&|m| h.of(&m.valid)),
         test: spread(&|m| h.of(&m.test)),
         references,
+        kept: same
+            .iter()
+            .filter_map(|s| s.facts.get("kept").and_then(|k| k.as_str()))
+            .map(str::to_string)
+            .collect(),
     }
 }
 
@@ -190,6 +213,16 @@ pub fn markdown(s: &SeedSummary) -> String {
             pct(&st.test)
         );
     }
+    for st in s.stages.iter().filter(|st| !st.kept.is_empty()) {
+        let twin = st.kept.iter().filter(|k| *k == "hard-label twin").count();
+        let _ = writeln!(
+            out,
+            "\n`{}` hands on the better of its distilled model and its hard-label twin on validation: the distilled model in {} of {} seeds, the twin in {twin}.",
+            st.name,
+            st.kept.len() - twin,
+            st.kept.len()
+        );
+    }
     let paired: Vec<_> = s
         .stages
         .iter()
@@ -197,7 +230,7 @@ pub fn markdown(s: &SeedSummary) -> String {
         .collect();
     if !paired.is_empty() {
         out.push_str(
-            "\nPaired differences, stage − reference, seed by seed (95% interval: Student's t):\n\n\
+            "\nPaired differences, stage − reference, seed by seed (a hard-label twin: the distilled model − the twin, whichever was handed on; 95% interval: Student's t):\n\n\
              | stage | reference | reference test | test difference | 95% interval | valid difference |\n|---|---|---|---|---|---|\n",
         );
         for (st, r) in paired {
@@ -261,9 +294,14 @@ mod tests {
                     test_difference: spread(&[0.01, 0.01]),
                     valid_difference: spread(&[0.02, 0.0]),
                 }],
+                kept: vec!["distilled".into(), "hard-label twin".into()],
             }],
         };
         let acc = markdown(&summary("accuracy"));
+        assert!(
+            acc.contains("`distill` hands on the better of its distilled model and its hard-label twin on validation: the distilled model in 1 of 2 seeds, the twin in 1."),
+            "{acc}"
+        );
         assert!(
             acc.contains("| stage | validation accuracy | test accuracy |"),
             "{acc}"

@@ -176,6 +176,10 @@ pub struct ReferenceModel {
     pub about: String,
     /// Its checkpoint.
     pub checkpoint: PathBuf,
+    /// The stage's hard-label twin (the same model, init and budget without the teacher): the
+    /// runner hands it on instead of the stage's model when it is better on validation.
+    #[serde(default)]
+    pub twin: bool,
 }
 
 /// What a stage produced.

@@ -218,10 +218,10 @@ fn plan_lines(
             config.hidden_act
         ),
         format!(
-            "{}, teacher-cache = {}, baseline = {}",
+            "{}, teacher-cache = {}, {}",
             s.objective_line(),
             s.teacher_cache,
-            s.baseline
+            mopt_stages::kinds::kd_student::baseline_setting(s.baseline)
         ),
     ];
     if let Some(a) = stage.augment {

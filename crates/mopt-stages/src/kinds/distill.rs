@@ -710,12 +710,11 @@ impl Stage for DistillStage {
 
     fn reuse_key(&self) -> Option<String> {
         // A loss term written in Rust cannot be compared: such a stage always runs. The
-        // hard-label twin is a reference beside the chain, not the output.
+        // hard-label twin is part of the key: the better on validation is the output.
         if self.extra.is_some() {
             return None;
         }
-        let mut spec = self.spec.clone();
-        spec.baseline = false;
+        let spec = &self.spec;
         Some(format!(
             "student {}\n{spec:?}\naugment {:?}",
             self.student.identity(),

@@ -37,9 +37,9 @@ pub fn plan<C: ModelConfig>(
             student.num_params() as f64 / 1e6
         ),
         format!(
-            "{}, baseline = {} (KD on logits{})",
+            "{}, {} (KD on logits{})",
             s.objective_line(),
-            s.baseline,
+            baseline_setting(s.baseline),
             match s.teacher_top_k {
                 Some(k) => format!(", the teacher's top {k} logits a row and the rest's mass"),
                 None => String::new(),
@@ -231,6 +231,18 @@ where
     })
 }
 
+/// `baseline = …` as `--check` says it: with a twin, the better of the two on validation is
+/// what the stage hands on (the runner decides, [`crate::stage::ReferenceModel::twin`]).
+pub fn baseline_setting(baseline: bool) -> String {
+    match baseline {
+        true => {
+            "baseline = true (a hard-label twin; the better of the two on validation is handed on)"
+                .into()
+        }
+        false => "baseline = false".into(),
+    }
+}
+
 /// The twin as a reference model of the stage `stage`, and the report's line comparing it with
 /// the distilled student on the family's `metric` (BERT's distill stage reports its twin the
 /// same way).
@@ -259,6 +271,7 @@ pub fn twin_report(
             name: format!("{stage} (hard-label twin)"),
             about: "the same student, init and budget, trained on hard labels only".into(),
             checkpoint: twin.checkpoint.clone(),
+            twin: true,
         },
         format!("Hard-label twin (same init and budget, no teacher): {line}."),
     )

@@ -979,7 +979,7 @@ impl PruneStage {
         }
         if self.twin {
             settings.push(format!(
-                "baseline = true: the same rounds recovered on hard labels alone (the hard-label twin), reported beside the chain{}",
+                "baseline = true: the same rounds recovered on hard labels alone (the hard-label twin), reported beside the chain; the better of the two on validation is handed on{}",
                 if self.retry { "; as many rounds as the chain keeps" } else { "" }
             ));
         }
@@ -1050,6 +1050,7 @@ impl PruneStage {
                 name: format!("{} ({} importance)", cx.entry.name, c.name()),
                 about: format!("the same pruning schedule scored by {}", c.name()),
                 checkpoint: other.checkpoint,
+                twin: false,
             });
             compared.push(json!({ "criterion": c.name(), "rounds": other.rounds }));
         }
@@ -1110,6 +1111,7 @@ impl PruneStage {
                 name: format!("{} (hard-label twin)", cx.entry.name),
                 about: "the same pruning schedule, criterion and budget, recovered on hard labels only".into(),
                 checkpoint: twin.checkpoint,
+                twin: true,
             }),
             format!("Hard-label twin (the same {kept} round(s), criterion and budget, no teacher): {line}."),
         ))
@@ -1396,6 +1398,8 @@ impl Stage for PruneStage {
             self.temperature,
             self.seed,
             self.retry
-        ) + &self.teacher_top_k.map_or(String::new(), |k| format!(" top-k {k}")))
+        ) + &self.teacher_top_k.map_or(String::new(), |k| format!(" top-k {k}"))
+            // The twin can be the output (the better on validation is handed on).
+            + if self.twin { " twin" } else { "" })
     }
 }
