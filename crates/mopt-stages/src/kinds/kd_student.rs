@@ -37,7 +37,7 @@ pub fn plan<C: ModelConfig>(
             student.num_params() as f64 / 1e6
         ),
         format!(
-            "{}, {} (KD on logits{})",
+            "{}, {}; KD on logits{}",
             s.objective_line(),
             baseline_setting(s.baseline),
             match s.teacher_top_k {
