@@ -935,11 +935,11 @@ fn finish_stage(
     }
     let metric = ev.family.metric();
     let kept = twin.map(|(i, twin_logits)| {
-        let better = |a: &ModelFacts, b: &ModelFacts| match metric.higher_is_better() {
-            true => a.valid.value(metric) > b.valid.value(metric),
-            false => a.valid.value(metric) < b.valid.value(metric),
-        };
-        (better(&references[i].model, &facts), i, twin_logits)
+        let (t, s) = (
+            references[i].model.valid.value(metric),
+            facts.valid.value(metric),
+        );
+        (metric.better(t, s), i, twin_logits)
     });
     let (out, facts, logits) = match kept {
         Some((true, i, twin_logits)) => {

@@ -139,14 +139,13 @@ fn stage_spread(h: Headline, st: &StageRecord, same: &[&StageRecord]) -> StageSp
     };
     // The distilled model of a seed's stage: its output, or the reference it was handed over
     // for when its twin was better on validation.
-    let distilled = |s: &&StageRecord| -> ModelFacts {
+    fn distilled(s: &StageRecord) -> &ModelFacts {
         let handed = format!("{} (distilled)", s.name);
         s.references
             .iter()
             .find(|x| x.name == handed)
             .map_or(&s.model, |x| &x.model)
-            .clone()
-    };
+    }
     let references = st
         .references
         .iter()
@@ -160,7 +159,7 @@ fn stage_spread(h: Headline, st: &StageRecord, same: &[&StageRecord]) -> StageSp
                     .iter()
                     .zip(&refs)
                     .map(|(s, r)| match reference.twin {
-                        true => f(&distilled(s), &r.model),
+                        true => f(distilled(s), &r.model),
                         false => f(&s.model, &r.model),
                     })
                     .collect();
