@@ -42,7 +42,6 @@ use mopt_recipe::Precision;
 use mopt_recipe::Recipe;
 use mopt_stages::kinds::distill::DistillStage;
 use mopt_train::clip::unscale_and_clip;
-use mopt_train::setup::prepare_data;
 use mopt_train::trainer::{save_checkpoint_dir, BatchOf, FinetuneTask, Task};
 use mopt_train::DeviceSpec;
 use serde_json::{json, Value};
@@ -400,17 +399,15 @@ struct Prepared {
 
 fn prepare(bench: &Bench, work: &Path) -> Prepared {
     let teacher_recipe = recipe(&bench.root, "finetune_teacher.toml");
-    let prepared = prepare_data(
-        teacher_recipe.tokenizer.as_ref().expect("a text recipe"),
-        &teacher_recipe.data,
-        None,
-    )
-    .expect("data (run datasets/fetch.sh --text)");
+    let registry = mopt_families::builtin();
+    let prepared = mopt_stages::data::text::prepare(&registry, &teacher_recipe, None)
+        .expect("data (run datasets/fetch.sh --text)");
+    let tokenizer = mopt_stages::data::text::tokenizer(&teacher_recipe).expect("a text recipe");
     let data = &prepared.data;
     let model_spec = teacher_recipe.model.as_ref().expect("[model]");
     let config = model_config(
         model_spec,
-        teacher_recipe.tokenizer.as_ref().expect("a text recipe"),
+        &tokenizer,
         &teacher_recipe.scope.nested("model"),
         &data.labels.labels,
         prepared.tokenizer.vocab_size(),
@@ -438,7 +435,7 @@ fn prepare(bench: &Bench, work: &Path) -> Prepared {
         &stage,
         &config,
         &data.labels,
-        distill_recipe.tokenizer.as_ref().expect("a text recipe"),
+        &mopt_stages::data::text::tokenizer(&distill_recipe).expect("a text recipe"),
         prepared.tokenizer.vocab_size(),
     )
     .expect("distill_bert.toml's student fits the teacher");

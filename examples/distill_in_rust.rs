@@ -9,9 +9,10 @@
 //! ```
 
 use burn::tensor::activation::log_softmax;
+use mopt_data::TextRecipe;
 use mopt_distill::spec::*;
 use mopt_models::bert::BertModelKeys;
-use mopt_recipe::{DataFormat, GateReference, GateSpec, ModelSpec, Recipe};
+use mopt_recipe::{GateReference, GateSpec, ModelSpec, Recipe};
 use mopt_stages::kinds::{distill::DistillStage, distill::ExtraTerm, export::ExportStage};
 use mopt_stages::Pipeline;
 
@@ -36,7 +37,7 @@ fn main() -> anyhow::Result<()> {
         .teacher_recipe("recipes/finetune_teacher.toml")
         .tokenizer(format!("{MINILM}/tokenizer.json"))
         .max_len(64)
-        .data(DataFormat::RottenTomatoes, CORPUS)
+        .data("rotten-tomatoes", CORPUS)
         .max_train(keep)
         .epochs(2)
         .lr(8e-5)

@@ -5,28 +5,42 @@ mod common;
 use std::collections::HashSet;
 use std::path::PathBuf;
 
-use mopt_data::{encode_splits, load_splits, TextTokenizer};
-use mopt_recipe::{DataFormat, DataSource, DataSpec};
+use mopt_data::{encode_splits, Splits, TextTokenizer};
+use mopt_recipe::{DataSource, DataSpec, Scope};
 
-fn spec(format: DataFormat, source: DataSource) -> DataSpec {
+fn spec(format: &str, source: DataSource) -> DataSpec {
     DataSpec {
-        format,
+        format: format.into(),
         source,
-        text_column: "text".into(),
-        label_column: "label".into(),
-        split_seed: 42,
+        split_seed_written: None,
         max_train: None,
         max_eval: None,
-        labels: None,
-        pixel_max: 255.0,
-        augment: Default::default(),
         cache_dir: None,
+        keys: toml::Table::new(),
+        written: Default::default(),
+        scope: Scope::root(std::path::Path::new("data.toml"), "[data]\n").nested("data"),
     }
+}
+
+/// The splits of `sp`, each file read by its registered format.
+fn load_splits(sp: &DataSpec) -> Result<Splits, mopt_data::DataError> {
+    let registry = mopt_families::builtin();
+    let format = registry
+        .data_format_named(&sp.format)
+        .expect("a shipped format");
+    mopt_data::load_splits(sp, &|p: &std::path::Path| format.read_text(sp, p))
+}
+
+/// `sp` with its columns named.
+fn columns(mut sp: DataSpec, text: &str, label: &str) -> DataSpec {
+    sp.keys.insert("text-column".into(), text.into());
+    sp.keys.insert("label-column".into(), label.into());
+    sp
 }
 
 fn rt_spec() -> DataSpec {
     spec(
-        DataFormat::RottenTomatoes,
+        "rotten-tomatoes",
         DataSource::Single {
             path: common::rotten_tomatoes(),
             valid_fraction: 0.1,
@@ -65,15 +79,15 @@ fn rotten_tomatoes_split_is_fixed_disjoint_and_documented() {
     let again = load_splits(&rt_spec()).unwrap();
     assert_eq!(again.test[0], s.test[0]);
     let mut other = rt_spec();
-    other.split_seed = 1;
+    other.split_seed_written = Some(1);
     assert_ne!(load_splits(&other).unwrap().test[..5], s.test[..5]);
 }
 
 #[test]
 fn orange_tab_reads_reuters_r8() {
     let d = common::data_dir().join("reuters-r8");
-    let mut sp = spec(
-        DataFormat::OrangeTab,
+    let sp = spec(
+        "orange-tab",
         DataSource::Files {
             train: d.join("reuters-r8-train.tab"),
             valid: None,
@@ -81,8 +95,7 @@ fn orange_tab_reads_reuters_r8() {
             valid_fraction: 0.1,
         },
     );
-    sp.text_column = "Text".into();
-    sp.label_column = "Category".into();
+    let sp = columns(sp, "Text", "Category");
     let s = load_splits(&sp).unwrap();
     let labels: HashSet<&str> = s
         .train
@@ -121,20 +134,18 @@ fn csv_tsv_and_jsonl_use_named_columns() {
         test: p.clone(),
         valid_fraction: 0.1,
     };
-    let mut c = spec(DataFormat::Delimited { delimiter: b',' }, files(&csv));
-    c.text_column = "sentence".into();
-    c.label_column = "y".into();
+    let c = columns(spec("csv", files(&csv)), "sentence", "y");
     let s = load_splits(&c).unwrap();
     assert_eq!(s.train.len(), 3);
     assert_eq!(s.train[0].text, "good, really\ngood");
     assert_eq!(s.train[1].label, "neg");
     let mut j = c.clone();
-    j.format = DataFormat::Jsonl;
+    j.format = "jsonl".into();
     j.source = files(&jsonl);
     let s = load_splits(&j).unwrap();
     assert_eq!(s.train.len(), 2);
     assert_eq!(s.train[1].label, "0");
-    c.label_column = "label".into();
+    let c = columns(c, "sentence", "label");
     let err = load_splits(&c).unwrap_err().to_string();
     assert!(
         err.contains("no column `label`") && err.contains("label-column") && err.contains("d.csv"),
@@ -203,12 +214,15 @@ fn the_data_caches_go_where_cache_dir_says() {
     let recipe = mopt_recipe::parse(&recipes.join("cache-dir.toml"), &source).unwrap();
     let dir = mopt_train::setup::cache_dir(&recipe.data).unwrap();
     assert_eq!(dir, tmp.path().join("caches"));
-    let tok = recipe.tokenizer.as_ref().unwrap();
-    let first = mopt_train::setup::prepare_data(tok, &recipe.data, None).unwrap();
+    let tok = &mopt_stages::data::text::tokenizer(&recipe).unwrap();
+    let registry = mopt_families::builtin();
+    let format = registry.data_format(&recipe).unwrap();
+    let read = |p: &std::path::Path| format.read_text(&recipe.data, p);
+    let first = mopt_train::setup::prepare_data(tok, (&recipe.data, &read), None).unwrap();
     assert!(!first.data.from_cache);
     let written: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
     assert_eq!(written.len(), 1, "one token-id cache in {}", dir.display());
-    let again = mopt_train::setup::prepare_data(tok, &recipe.data, None).unwrap();
+    let again = mopt_train::setup::prepare_data(tok, (&recipe.data, &read), None).unwrap();
     assert!(again.data.from_cache);
     // A file is no folder.
     std::fs::write(tmp.path().join("file"), "").unwrap();

@@ -17,7 +17,6 @@ use mopt_distill::DistillModel;
 use mopt_families::bert::distill::init_student;
 use mopt_models::bert::{weights, BertConfig, BertForSequenceClassification};
 use mopt_stages::kinds::distill::DistillStage;
-use mopt_train::setup::prepare_data;
 use mopt_train::trainer::Task;
 use std::sync::Arc;
 
@@ -178,17 +177,13 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
     let t = recipe.teacher.as_ref().unwrap();
     let (teacher, teacher_config) = weights::load_checkpoint(&t.checkpoint, &device).unwrap();
     let labels = LabelMap::load(&t.checkpoint.join("labels.json")).unwrap();
-    let prepared = prepare_data(
-        recipe.tokenizer.as_ref().unwrap(),
-        &recipe.data,
-        Some(labels),
-    )
-    .unwrap();
+    let registry = mopt_families::builtin();
+    let prepared = mopt_stages::data::text::prepare(&registry, &recipe, Some(labels)).unwrap();
     let (config, plan) = mopt_families::bert::distill::student_config(
         &stage,
         &teacher_config,
         &prepared.data.labels,
-        recipe.tokenizer.as_ref().unwrap(),
+        &mopt_stages::data::text::tokenizer(&recipe).unwrap(),
         prepared.tokenizer.vocab_size(),
     )
     .unwrap();

@@ -194,7 +194,7 @@ fn image_recipes_that_cannot_work_fail_before_a_run_folder_exists() {
     let cases = [
         (
             format!("[tokenizer]\npath = \"{}\"\n", vocab.display()),
-            "image data (`format = \"pixels-csv\"`) has no tokenizer",
+            "`pixels-csv` data (images) reads no section besides [data]",
         ),
         (
             "text-column = \"pixels\"\n".to_string(),

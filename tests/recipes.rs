@@ -2,7 +2,7 @@
 
 mod common;
 
-use mopt_recipe::{parse, BestMetric, DataFormat, DataSource, RecipeError};
+use mopt_recipe::{parse, BestMetric, DataSource};
 
 fn good(dir: &std::path::Path) -> (std::path::PathBuf, String) {
     let p = common::write_tiny_recipe(dir, "r", "");
@@ -21,14 +21,14 @@ fn good_recipe_validates_into_typed_values() {
     let r = parse(&p, &s).unwrap();
     assert_eq!(r.run.name, "r");
     assert_eq!(r.run.run_dir(), tmp.path().join("runs/r"));
-    assert_eq!(r.data.format, DataFormat::RottenTomatoes);
+    assert_eq!(r.data.format, "rotten-tomatoes");
     assert!(
         matches!(r.data.source, DataSource::Single { valid_fraction, test_fraction, .. } if valid_fraction == 0.1 && test_fraction == 0.1)
     );
     assert_eq!(r.train.best_metric, BestMetric::Accuracy);
     assert_eq!(r.train.grad_clip_norm, Some(1.0));
     assert_eq!(r.train.eval_batch_size, 32);
-    assert_eq!(r.tokenizer.as_ref().unwrap().max_len, 32);
+    assert_eq!(mopt_stages::data::text::tokenizer(&r).unwrap().max_len, 32);
 }
 
 #[test]
@@ -50,9 +50,9 @@ fn relative_paths_resolve_against_the_recipe_folder() {
 fn errors_name_file_line_key_and_fix() {
     let tmp = tempfile::tempdir().unwrap();
     let (p, s) = good(tmp.path());
+    // Through the registry, as a run checks a recipe: the data format's keys are its own.
     let check = |src: String, key: &str, line: usize, what: &str| {
-        let e = parse(&p, &src).unwrap_err();
-        let msg = e.to_string();
+        let msg = pipeline_err(&p, &src);
         assert!(
             msg.contains(&format!("tiny.toml:{line}:")),
             "line {line} in: {msg}"
@@ -110,10 +110,14 @@ fn errors_name_file_line_key_and_fix() {
         line_of(&bad, "name ="),
         "not a usable run-folder name",
     );
-    // Missing section: serde names it.
+    // A section no one reads: named, with the sections the data format reads.
     let bad = s.replace("[train]", "[training]");
-    let e = parse(&p, &bad).unwrap_err();
-    assert!(matches!(e, RecipeError::Parse { .. }), "{e}");
+    check(
+        bad.clone(),
+        "training",
+        line_of(&bad, "[training]"),
+        "not a section of this recipe",
+    );
     // csv data needs its columns.
     let bad = s.replace("format = \"rotten-tomatoes\"", "format = \"csv\"");
     check(

@@ -834,7 +834,9 @@ fn a_trained_checkpoint_classifies_new_text_through_the_predict_api() {
     assert_eq!(model.labels(), ["fresh", "rotten"]);
     // The run's own validation texts, classified from their raw text: the accuracy is the one
     // the run recorded for its final model (same tokenizer settings, same label order).
-    let valid = mopt_data::load_splits(&recipe.data).unwrap().valid;
+    let valid = mopt_stages::data::text::read_splits(&mopt_families::builtin(), &recipe)
+        .unwrap()
+        .valid;
     let texts: Vec<&str> = valid.iter().map(|e| e.text.as_str()).collect();
     let preds = model.predict(&texts).unwrap();
     assert_eq!(preds.len(), 40);
@@ -914,7 +916,9 @@ fn vocab_stage_keeps_the_training_tokens_and_any_text_still_classifies() {
         &run.join("01-finetune/best"),
     )
     .unwrap();
-    let seen = mopt_data::load_splits(&recipe.data).unwrap().train[0]
+    let seen = mopt_stages::data::text::read_splits(&mopt_families::builtin(), &recipe)
+        .unwrap()
+        .train[0]
         .text
         .clone();
     let p = |m: &mopt_stages::Predictor, t: &str| m.predict(&[t]).unwrap()[0].probabilities.clone();

@@ -3,10 +3,29 @@
 //! teacher that batches the same indices again sees the same images as the student, and a rerun
 //! with the same seed trains on the same ones.
 
-use mopt_recipe::Augment;
-
 use crate::image::ImageShape;
 use crate::rng::SplitMix64;
+
+/// Augmentation of the training images (`[data.augment]`), drawn afresh for every batch:
+/// nothing by default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Augment {
+    /// Zero-pad each side by this many pixels and crop back to the image's size at a random
+    /// offset (the CIFAR recipe's "pad 4, crop 32"); 0: no cropping.
+    #[serde(default)]
+    pub crop: usize,
+    /// Mirror left-right with probability ½.
+    #[serde(default)]
+    pub flip: bool,
+}
+
+impl Augment {
+    /// Whether any augmentation is on.
+    pub fn is_on(&self) -> bool {
+        self.crop > 0 || self.flip
+    }
+}
 
 /// An [`Augment`] with its seed and the value a zero grey pixel normalises to.
 #[derive(Debug, Clone, Copy, PartialEq)]

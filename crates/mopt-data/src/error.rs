@@ -35,7 +35,8 @@ pub enum DataError {
 }
 
 impl DataError {
-    pub(crate) fn format(
+    /// A malformed file: what is wrong and the fix.
+    pub fn format(
         path: &std::path::Path,
         message: impl Into<String>,
         hint: impl Into<String>,

@@ -157,12 +157,20 @@ pub struct ImageSplits {
     pub normalize: Normalize,
 }
 
-/// Raw images as read: grey values and label names.
-struct Raw {
-    shape: ImageShape,
-    pixels: Vec<u8>,
-    labels: Vec<String>,
+/// Raw images as a data format reads them: grey values (0..=255) and label names.
+pub struct RawImages {
+    /// Every image's geometry.
+    pub shape: ImageShape,
+    /// The grey values, image after image.
+    pub pixels: Vec<u8>,
+    /// Each image's label.
+    pub labels: Vec<String>,
 }
+
+/// How a data format reads one file into images.
+pub type ReadImages<'a> = &'a dyn Fn(&Path) -> Result<RawImages, DataError>;
+
+type Raw = RawImages;
 
 impl Raw {
     fn len(&self) -> usize {
@@ -244,7 +252,7 @@ fn idx_dims(bytes: &[u8], path: &Path, rank: usize) -> Result<Vec<usize>, DataEr
 }
 
 /// Read an IDX images file and the labels file beside it.
-fn read_idx(images: &Path) -> Result<Raw, DataError> {
+pub fn read_idx(images: &Path) -> Result<RawImages, DataError> {
     let labels_path = idx_labels_path(images).ok_or_else(|| {
         DataError::format(
             images,
@@ -281,7 +289,7 @@ fn read_idx(images: &Path) -> Result<Raw, DataError> {
 }
 
 /// Read a CSV of pixel rows (`side²` values, then the label; no header).
-fn read_pixels_csv(path: &Path, pixel_max: f64) -> Result<Raw, DataError> {
+pub fn read_pixels_csv(path: &Path, pixel_max: f64) -> Result<RawImages, DataError> {
     let bytes = read_bytes(path)?;
     let text = String::from_utf8(bytes)
         .map_err(|_| DataError::format(path, "not UTF-8 text", "a CSV of numbers"))?;
@@ -343,13 +351,6 @@ fn read_pixels_csv(path: &Path, pixel_max: f64) -> Result<Raw, DataError> {
     })
 }
 
-fn read_raw(spec: &DataSpec, path: &Path) -> Result<Raw, DataError> {
-    match spec.format {
-        mopt_recipe::DataFormat::Idx => read_idx(path),
-        _ => read_pixels_csv(path, spec.pixel_max),
-    }
-}
-
 /// Split off the first `round(n × fraction)` images of a shuffled set.
 fn carve(all: Raw, fraction: f64, rng: &mut SplitMix64) -> (Raw, Raw) {
     let mut order: Vec<usize> = (0..all.len()).collect();
@@ -359,15 +360,15 @@ fn carve(all: Raw, fraction: f64, rng: &mut SplitMix64) -> (Raw, Raw) {
 }
 
 /// The three raw splits the recipe's `[data]` describes (before `max-train` / `max-eval`).
-fn raw_splits(spec: &DataSpec) -> Result<(Raw, Raw, Raw), DataError> {
-    let mut rng = SplitMix64::new(spec.split_seed);
+fn raw_splits(spec: &DataSpec, read_raw: ReadImages) -> Result<(Raw, Raw, Raw), DataError> {
+    let mut rng = SplitMix64::new(spec.split_seed());
     Ok(match &spec.source {
         DataSource::Single {
             path,
             valid_fraction,
             test_fraction,
         } => {
-            let all = read_raw(spec, path)?;
+            let all = read_raw(path)?;
             let n = all.len() as f64;
             let (test, rest) = carve(all, *test_fraction, &mut rng);
             let (valid, train) = carve(
@@ -383,10 +384,10 @@ fn raw_splits(spec: &DataSpec) -> Result<(Raw, Raw, Raw), DataError> {
             test,
             valid_fraction,
         } => {
-            let tr = read_raw(spec, train)?;
-            let test = read_raw(spec, test)?;
+            let tr = read_raw(train)?;
+            let test = read_raw(test)?;
             let (valid, train) = match valid {
-                Some(v) => (read_raw(spec, v)?, tr),
+                Some(v) => (read_raw(v)?, tr),
                 None => carve(tr, *valid_fraction, &mut rng),
             };
             (train, valid, test)
@@ -394,13 +395,15 @@ fn raw_splits(spec: &DataSpec) -> Result<(Raw, Raw, Raw), DataError> {
     })
 }
 
-/// Load, split and normalise the images the recipe's `[data]` describes. The label map is
-/// `labels` (e.g. a teacher's), else the recipe's, else the training split's sorted labels.
+/// Load, split and normalise the images the recipe's `[data]` describes, each file read by
+/// `read` (the data format's; grey values scaled by `pixel_max`). The label map is `labels`
+/// (a teacher's, the recipe's), else the training split's sorted labels.
 pub fn load_image_splits(
     spec: &DataSpec,
+    (read, pixel_max): (ReadImages, f64),
     labels: Option<LabelMap>,
 ) -> Result<ImageSplits, DataError> {
-    let (mut train, mut valid, mut test) = raw_splits(spec)?;
+    let (mut train, mut valid, mut test) = raw_splits(spec, read)?;
     let anchor = spec.anchor();
     for (name, s) in [("validation", &valid), ("test", &test)] {
         if s.shape != train.shape {
@@ -421,9 +424,8 @@ pub fn load_image_splits(
         valid = valid.pick(&(0..n.min(valid.len())).collect::<Vec<_>>());
         test = test.pick(&(0..n.min(test.len())).collect::<Vec<_>>());
     }
-    let labels = labels
-        .or_else(|| spec.labels.clone().map(LabelMap::new))
-        .unwrap_or_else(|| LabelMap::from_examples(train.labels.iter().map(String::as_str)));
+    let labels =
+        labels.unwrap_or_else(|| LabelMap::from_examples(train.labels.iter().map(String::as_str)));
     if labels.len() < 2 {
         return Err(DataError::format(
             anchor,
@@ -431,7 +433,7 @@ pub fn load_image_splits(
             "a classifier needs at least two classes",
         ));
     }
-    let normalize = statistics(&train, spec.pixel_max);
+    let normalize = statistics(&train, pixel_max);
     let split = |r: &Raw, name: &str| normalized(r, &labels, normalize, anchor, name);
     Ok(ImageSplits {
         train: split(&train, "training")?,

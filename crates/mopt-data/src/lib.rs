@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 mod augment;
 mod batch;
+mod builder;
 mod error;
 mod examples;
 mod image;
@@ -15,19 +16,26 @@ mod labels;
 mod rng;
 mod text;
 mod tokenize;
+mod tokenizer_spec;
 pub mod vocab;
 mod windows;
 
-pub use augment::Augmentation;
+pub use augment::{Augment, Augmentation};
 pub use batch::{epoch_order, Batcher, TextBatch};
+pub use builder::{ImageRecipe, TextRecipe};
 pub use error::DataError;
 pub use examples::{TextExamples, TextSplit};
 pub use image::{
-    idx_labels_path, load_image_splits, ImageBatch, ImageShape, ImageSplit, ImageSplits, Normalize,
+    idx_labels_path, load_image_splits, read_idx, read_pixels_csv, ImageBatch, ImageShape,
+    ImageSplit, ImageSplits, Normalize, RawImages, ReadImages,
 };
 pub use labels::LabelMap;
 pub use rng::SplitMix64;
-pub use text::{load_splits, Example, Splits};
+pub use text::{
+    load_splits, read_delimited, read_jsonl, read_orange_tab, read_rotten_tomatoes, Example,
+    ReadText, Splits,
+};
 pub use tokenize::{encode_splits, Encoded, EncodedSplits, TextTokenizer};
+pub use tokenizer_spec::TokenizerSpec;
 pub use vocab::VocabPrunable;
 pub use windows::{TokenWindows, WindowError, WindowSplit};

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
-use mopt_recipe::{DataFormat, DataSource, DataSpec};
+use mopt_recipe::{DataSource, DataSpec};
 
 use crate::error::DataError;
 use crate::rng::SplitMix64;
@@ -46,7 +46,7 @@ fn open(path: &Path) -> Result<Box<dyn Read>, DataError> {
 }
 
 /// Rotten Tomatoes: `category,text,movie_name,has_plot_and_reviews`; keeps `fresh`/`rotten`.
-fn read_rotten_tomatoes(path: &Path) -> Result<Vec<Example>, DataError> {
+pub fn read_rotten_tomatoes(path: &Path) -> Result<Vec<Example>, DataError> {
     let mut rdr = csv::ReaderBuilder::new().from_reader(open(path)?);
     let headers = rdr
         .headers()
@@ -87,7 +87,7 @@ fn read_rotten_tomatoes(path: &Path) -> Result<Vec<Example>, DataError> {
 }
 
 /// Orange `.tab`: header names, types, flags (the `class` flag marks the label column).
-fn read_orange_tab(
+pub fn read_orange_tab(
     path: &Path,
     text_col: &str,
     label_col: &str,
@@ -141,7 +141,9 @@ fn read_orange_tab(
     Ok(out)
 }
 
-fn read_delimited(
+/// Delimited text with a header row (`delimiter`: `,` or tab); the columns named `text_col`
+/// and `label_col`.
+pub fn read_delimited(
     path: &Path,
     delimiter: u8,
     text_col: &str,
@@ -187,7 +189,8 @@ fn read_delimited(
     Ok(out)
 }
 
-fn read_jsonl(path: &Path, text_col: &str, label_col: &str) -> Result<Vec<Example>, DataError> {
+/// One JSON object a line, with the fields `text_col` and `label_col`.
+pub fn read_jsonl(path: &Path, text_col: &str, label_col: &str) -> Result<Vec<Example>, DataError> {
     let mut out = Vec::new();
     for (n, line) in BufReader::new(open(path)?).lines().enumerate() {
         let line = line.map_err(|e| DataError::io(path, e))?;
@@ -220,31 +223,12 @@ fn read_jsonl(path: &Path, text_col: &str, label_col: &str) -> Result<Vec<Exampl
     Ok(out)
 }
 
-fn read(spec: &DataSpec, path: &Path) -> Result<Vec<Example>, DataError> {
-    let examples =
-        match &spec.format {
-            DataFormat::RottenTomatoes => read_rotten_tomatoes(path)?,
-            DataFormat::OrangeTab => read_orange_tab(path, &spec.text_column, &spec.label_column)?,
-            DataFormat::Delimited { delimiter } => {
-                read_delimited(path, *delimiter, &spec.text_column, &spec.label_column)?
-            }
-            DataFormat::Jsonl => read_jsonl(path, &spec.text_column, &spec.label_column)?,
-            DataFormat::Idx | DataFormat::PixelsCsv => {
-                return Err(DataError::format(
-                    path,
-                    format!(
-                        "`format = \"{}\"` holds images, not text",
-                        spec.format.name()
-                    ),
-                    "read it with mopt_data::load_image_splits (a model family of images)",
-                ))
-            }
-            DataFormat::TextFiles => return Err(DataError::format(
-                path,
-                "`format = \"text-files\"` holds a language model's text, not labelled examples",
-                "pair it with a language-model family (`[model] arch = \"llama\"`)",
-            )),
-        };
+/// How a data format reads one file into labelled texts.
+pub type ReadText<'a> = &'a dyn Fn(&Path) -> Result<Vec<Example>, DataError>;
+
+/// The examples `read` finds in `path`; none is an error naming the file.
+fn read(read: ReadText, path: &Path) -> Result<Vec<Example>, DataError> {
+    let examples = read(path)?;
     if examples.is_empty() {
         return Err(DataError::format(
             path,
@@ -275,16 +259,17 @@ fn take_first(examples: &mut Vec<Example>, k: usize) -> Vec<Example> {
     std::mem::replace(examples, rest)
 }
 
-/// Load the three splits the recipe's `[data]` describes.
-pub fn load_splits(spec: &DataSpec) -> Result<Splits, DataError> {
-    let mut rng = SplitMix64::new(spec.split_seed);
+/// Load the three splits the recipe's `[data]` describes, each file read by `reader` (the data
+/// format's).
+pub fn load_splits(spec: &DataSpec, reader: ReadText) -> Result<Splits, DataError> {
+    let mut rng = SplitMix64::new(spec.split_seed());
     let mut splits = match &spec.source {
         DataSource::Single {
             path,
             valid_fraction,
             test_fraction,
         } => {
-            let mut all = dedupe(read(spec, path)?);
+            let mut all = dedupe(read(reader, path)?);
             rng.shuffle(&mut all);
             let n = all.len();
             let test = take_first(&mut all, count(n, *test_fraction));
@@ -301,10 +286,10 @@ pub fn load_splits(spec: &DataSpec) -> Result<Splits, DataError> {
             test,
             valid_fraction,
         } => {
-            let mut tr = read(spec, train)?;
-            let test = read(spec, test)?;
+            let mut tr = read(reader, train)?;
+            let test = read(reader, test)?;
             let valid = match valid {
-                Some(v) => read(spec, v)?,
+                Some(v) => read(reader, v)?,
                 None => {
                     rng.shuffle(&mut tr);
                     let k = count(tr.len(), *valid_fraction);

@@ -11,10 +11,11 @@ use burn::prelude::*;
 use mopt_core::prune::Prunable;
 use mopt_core::FeatureMaps;
 use mopt_data::ImageBatch;
+use mopt_data::TokenizerSpec;
 use mopt_export::Exportable;
 use mopt_models::shape_file::ShapeFile;
 use mopt_models::ModelError;
-use mopt_recipe::{ModelSpec, Recipe, Scope, StageEntry, TokenizerSpec};
+use mopt_recipe::{ModelSpec, Recipe, Scope, StageEntry};
 use mopt_train::trainer::save_checkpoint_dir;
 use mopt_train::TrainError;
 
@@ -200,7 +201,7 @@ impl<M: ImageModel + 'static> CanDistill for ImageDistill<M> {
         if !matches.is_empty() {
             stage.refuse_cache_keys("feature-map matches run the teacher live")?;
             plan.settings.push(kd_maps::describe(&matches));
-        } else if stage.spec.enabled && cx.data.augment.is_on() {
+        } else if stage.spec.enabled && mopt_stages::data::image::augment(cx.data)?.is_on() {
             stage.refuse_cache_keys("on augmented batches the teacher runs live")?;
             plan.settings
                 .push("the teacher runs live on the augmented batches (no logit cache)".into());
@@ -219,7 +220,7 @@ impl<M: ImageModel + 'static> CanDistill for ImageDistill<M> {
         let matches = kd_maps::resolve::<M>(stage, &teacher, &student)?;
         // Cached logits are of the unaugmented images: augmented batches need the teacher live
         // (the hard-label twin, `enabled = false`, needs no teacher).
-        let live = stage.spec.enabled && cx.data_spec.augment.is_on();
+        let live = stage.spec.enabled && mopt_stages::data::image::augment(cx.data_spec)?.is_on();
         if matches.is_empty() && !live {
             kd_student::run::<M>(stage, input, cx, &student)
         } else {

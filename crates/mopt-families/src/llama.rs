@@ -14,8 +14,9 @@ use std::path::Path;
 
 use burn::prelude::*;
 use mopt_core::{Checkpoint, Quantizable};
+use mopt_data::TokenizerSpec;
 use mopt_models::llama::{load_gguf, LlamaConfig, LlamaForCausalLM as Model};
-use mopt_recipe::{Metric, ModelSpec, Recipe, Scope, TokenizerSpec};
+use mopt_recipe::{Metric, ModelSpec, Recipe, Scope};
 use mopt_train::trainer::save_checkpoint_dir;
 
 use mopt_gguf::{Gguf, GgufTokenizer};

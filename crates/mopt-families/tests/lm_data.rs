@@ -57,8 +57,8 @@ fn works_are_split_whole_tokenised_and_packed_into_windows() {
     // Training: Hamlet then Macbeth (name order), the held-out Tempest and the .md left out.
     let names: Vec<_> = d.works[0].iter().map(|p| p.file_name().unwrap()).collect();
     assert_eq!(names, ["hamlet_gut.txt", "macbeth_gut.txt"]);
-    let tok = GgufTokenizer::from_gguf(&Gguf::open(&r.tokenizer.as_ref().unwrap().path).unwrap())
-        .unwrap();
+    let tok_path = mopt_stages::data::text::tokenizer(&r).unwrap().path;
+    let tok = GgufTokenizer::from_gguf(&Gguf::open(&tok_path).unwrap()).unwrap();
     let (h, m) = (
         tok.encode(&texts[0]).unwrap(),
         tok.encode(&texts[1]).unwrap(),
@@ -157,7 +157,13 @@ fn text_files_refuse_what_a_language_model_has_no_use_for() {
         ),
     ] {
         let text = format!("{base}{keys}");
-        let err = mopt_recipe::parse(&path, &text).unwrap_err().to_string();
+        // The format's keys are the format's: refused where the registry checks the recipe.
+        let err = mopt_recipe::parse(&path, &text)
+            .map_err(mopt_stages::StageError::from)
+            .and_then(|r| mopt_stages::Pipeline::from_recipe(r, &mopt_families::builtin()))
+            .err()
+            .expect("refused")
+            .to_string();
         assert!(err.contains(key) && err.contains(why), "{err}");
     }
     // A classifier family cannot read running text: refused before anything runs.

@@ -4,7 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use mopt_recipe::{ModelSpec, RecipeError, Scope, TokenizerSpec};
+use mopt_data::TokenizerSpec;
+use mopt_recipe::{ModelSpec, RecipeError, Scope};
 use mopt_stages::StageError;
 
 const BERT_CONFIG: &str = r#"{"vocab_size": 50, "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,

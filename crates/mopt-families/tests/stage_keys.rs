@@ -6,10 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use mopt_recipe::{
-    Augment, DataFormat, DataSource, DataSpec, ModelSpec, RecipeError, Scope, StageEntry,
-    TokenizerSpec,
-};
+use mopt_data::TokenizerSpec;
+use mopt_recipe::{DataSource, DataSpec, ModelSpec, RecipeError, Scope, StageEntry};
 use mopt_stages::stage::{parse_stages, PlanContext};
 use mopt_stages::StageError;
 
@@ -269,10 +267,10 @@ struct Fixture {
 
 fn fixture(dir: &Path, arch: &'static str) -> Fixture {
     let (text, format, classes) = match arch {
-        "bert" => (BERT, DataFormat::Delimited { delimiter: b',' }, 2),
-        "llama" => (LLAMA, DataFormat::TextFiles, 50),
-        "cnn" => (CNN, DataFormat::PixelsCsv, 10),
-        _ => (RESNET, DataFormat::PixelsCsv, 10),
+        "bert" => (BERT, "csv", 2),
+        "llama" => (LLAMA, "text-files", 50),
+        "cnn" => (CNN, "pixels-csv", 10),
+        _ => (RESNET, "pixels-csv", 10),
     };
     let config = dir.join(format!("{arch}.json"));
     std::fs::write(&config, text).unwrap();
@@ -281,22 +279,25 @@ fn fixture(dir: &Path, arch: &'static str) -> Fixture {
         max_len: 16,
         lowercase: false,
     });
+    let mut keys = toml::Table::new();
+    if format == "csv" {
+        keys.insert("text-column".into(), "text".into());
+        keys.insert("label-column".into(), "label".into());
+    }
     let data = DataSpec {
-        format,
+        format: format.into(),
         source: DataSource::Single {
             path: dir.join("data"),
             valid_fraction: 0.1,
             test_fraction: 0.1,
         },
-        text_column: "text".into(),
-        label_column: "label".into(),
-        split_seed: 0,
+        split_seed_written: Some(0),
         max_train: None,
         max_eval: None,
-        labels: None,
-        pixel_max: 16.0,
-        augment: Augment::default(),
         cache_dir: None,
+        keys,
+        written: Default::default(),
+        scope: Scope::root(Path::new("recipe.toml"), "[data]\n").nested("data"),
     };
     Fixture {
         arch,
@@ -368,7 +369,7 @@ fn plan(f: &Fixture, kind: &str, toml: &str) -> Result<(), StageError> {
     let cx = PlanContext {
         family,
         registry: &registry,
-        tokenizer: f.tokenizer.as_ref(),
+        tokenizer: f.tokenizer.clone(),
         data: &f.data,
         vocab: if f.tokenizer.is_some() { 50 } else { 0 },
         train_examples: 64,

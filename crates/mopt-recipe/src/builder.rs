@@ -16,7 +16,6 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::data::DataFormat;
 use crate::device::DeviceRef;
 use crate::error::{Invalid, RecipeError};
 use crate::model::{model_spec, ModelSpec};
@@ -29,11 +28,10 @@ use crate::train::{BestMetric, Precision};
 pub const BUILDER_FILE: &str = "<rust builder>";
 
 /// The order of the shared sections in the rendered TOML.
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 7] = [
     "run",
     "teacher",
     "model",
-    "tokenizer",
     "data",
     "train",
     "lr-find",
@@ -116,19 +114,6 @@ impl Setting for Precision {
     }
 }
 
-impl Setting for &DataFormat {
-    /// The `format` value; a delimiter other than `,` and tab has none, and is refused by
-    /// validation at `data.format`.
-    fn value(self) -> Result<toml::Value, String> {
-        Ok(toml::Value::String(match self {
-            DataFormat::Delimited { delimiter } if !matches!(delimiter, b',' | b'\t') => {
-                format!("csv with delimiter {:?}", char::from(*delimiter))
-            }
-            f => f.name().to_string(),
-        }))
-    }
-}
-
 impl<T: Setting + Copy> Setting for &[T] {
     fn value(self) -> Result<toml::Value, String> {
         self.iter()
@@ -180,13 +165,13 @@ macro_rules! setters {
 ///
 /// ```no_run
 /// # fn main() -> Result<(), mopt_recipe::RecipeError> {
-/// use mopt_recipe::{DataFormat, Recipe};
+/// use mopt_recipe::Recipe;
 /// let recipe = Recipe::builder("distill-in-rust")
 ///     .teacher("checkpoints/finetune-teacher/best")
 ///     .teacher_recipe("recipes/finetune_teacher.toml")
-///     .tokenizer("datasets/data/models/all-MiniLM-L6-v2/tokenizer.json")
-///     .max_len(64)
-///     .data(DataFormat::RottenTomatoes, "datasets/data/rotten_tomatoes/rotten_tomatoes_corpus_full.csv.bz2")
+///     .set_path("tokenizer.path", "datasets/data/models/all-MiniLM-L6-v2/tokenizer.json")
+///     .set("tokenizer.max-len", 64)
+///     .data("rotten-tomatoes", "datasets/data/rotten_tomatoes/rotten_tomatoes_corpus_full.csv.bz2")
 ///     .epochs(2)
 ///     .lr(8e-5)
 ///     .build()?;
@@ -247,6 +232,13 @@ impl RecipeBuilder {
             }
         }
         self
+    }
+
+    /// Set a key that names a file or folder (relative paths resolve against
+    /// [`base_dir`](Self::base_dir)), as [`set`](Self::set) sets any key: the keys of a data
+    /// format's own sections (`tokenizer.path`), say.
+    pub fn set_path(self, key: &str, path: impl AsRef<Path>) -> Self {
+        self.put_path(key, path.as_ref())
     }
 
     fn put_path(self, key: &str, path: &Path) -> Self {
@@ -312,24 +304,17 @@ impl RecipeBuilder {
         self.put_path("model.weights", weights.as_ref())
     }
 
-    /// `[tokenizer] path`: `tokenizer.json` or a WordPiece `vocab.txt` (text data).
-    pub fn tokenizer(self, path: impl AsRef<Path>) -> Self {
-        self.put_path("tokenizer.path", path.as_ref())
-    }
-
     /// `[data] format` and `path`: one file, split by `valid-fraction` and `test-fraction`.
-    pub fn data(self, format: DataFormat, path: impl AsRef<Path>) -> Self {
+    /// The format's own keys (a text format's columns, an image format's `pixel-max`) and its
+    /// sections (`[tokenizer]`) are set with [`set`](Self::set) and [`set_path`](Self::set_path),
+    /// or the setters of the data crate's `TextRecipe` / `ImageRecipe` traits.
+    pub fn data(self, format: &str, path: impl AsRef<Path>) -> Self {
         self.put("data.format", Some(format.value()))
             .put_path("data.path", path.as_ref())
     }
 
     /// `[data] format`, `train` and `test`: split files (see [`data_valid`](Self::data_valid)).
-    pub fn data_files(
-        self,
-        format: DataFormat,
-        train: impl AsRef<Path>,
-        test: impl AsRef<Path>,
-    ) -> Self {
+    pub fn data_files(self, format: &str, train: impl AsRef<Path>, test: impl AsRef<Path>) -> Self {
         self.put("data.format", Some(format.value()))
             .put_path("data.train", train.as_ref())
             .put_path("data.test", test.as_ref())
@@ -340,28 +325,9 @@ impl RecipeBuilder {
         self.put_path("data.valid", valid.as_ref())
     }
 
-    /// `[data] text-column` (csv, tsv, jsonl).
-    pub fn text_column(self, column: &str) -> Self {
-        self.put("data.text-column", Some(column.value()))
-    }
-
-    /// `[data] label-column` (csv, tsv, jsonl).
-    pub fn label_column(self, column: &str) -> Self {
-        self.put("data.label-column", Some(column.value()))
-    }
-
-    /// `[data] labels`: a fixed label order.
-    pub fn labels(self, labels: &[&str]) -> Self {
-        self.put("data.labels", Some(labels.value()))
-    }
-
     setters! {
         /// `[run] seed` (default 42).
         seed: u64 => "run.seed";
-        /// `[tokenizer] max-len`, in tokens (default 128).
-        max_len: usize => "tokenizer.max-len";
-        /// `[tokenizer] lowercase` (default true; `vocab.txt` only).
-        lowercase: bool => "tokenizer.lowercase";
         /// `[data] valid-fraction` (default 0.1).
         valid_fraction: f64 => "data.valid-fraction";
         /// `[data] test-fraction` (default 0.1; one `path` only).
@@ -372,12 +338,6 @@ impl RecipeBuilder {
         max_train: usize => "data.max-train";
         /// `[data] max-eval`: keep at most this many validation and test examples each.
         max_eval: usize => "data.max-eval";
-        /// `[data] pixel-max` (images; default 255).
-        pixel_max: f64 => "data.pixel-max";
-        /// `[data.augment] crop` (images; default 0).
-        augment_crop: usize => "data.augment.crop";
-        /// `[data.augment] flip` (images; default false).
-        augment_flip: bool => "data.augment.flip";
         /// `[train] epochs` (default 3).
         epochs: usize => "train.epochs";
         /// `[train] batch-size`, per device (default 32).
@@ -434,7 +394,7 @@ impl RecipeBuilder {
         latency_warmup: usize => "evaluation.latency-warmup";
         /// `[evaluation] latency-runs` (default 30; 0 skips the benchmark).
         latency_runs: usize => "evaluation.latency-runs";
-        /// `[evaluation] latency-seq-len` (default `max-len`).
+        /// `[evaluation] latency-seq-len` (default: the data's example size, `max-len` for text).
         latency_seq_len: usize => "evaluation.latency-seq-len";
         /// `[evaluation] analysis` (default true).
         analysis: bool => "evaluation.analysis";
@@ -639,9 +599,9 @@ mod tests {
             .base_dir(base)
             .teacher("checkpoints/finetune-teacher/best")
             .teacher_recipe("recipes/finetune_teacher.toml")
-            .tokenizer(TOKENIZER)
-            .max_len(64)
-            .data(DataFormat::RottenTomatoes, CORPUS)
+            .set_path("tokenizer.path", TOKENIZER)
+            .set("tokenizer.max-len", 64)
+            .data("rotten-tomatoes", CORPUS)
             .epochs(2)
             .lr(8e-5)
     }
@@ -654,12 +614,41 @@ mod tests {
             // Where the table was written (a file or the builder) aside.
             format!("{:?}", r.model.as_ref().map(ModelSpec::identity)),
             format!("{:?}", r.teacher),
-            format!("{:?}", r.tokenizer),
-            format!("{:?}", r.data),
+            // Where the table was written aside; a section's `path` resolved as its owner does.
+            r.data.identity(),
+            format!(
+                "{:?}",
+                r.sections.values().map(resolved).collect::<Vec<_>>()
+            ),
             format!("{:?}", r.train),
             format!("{:?}", r.lr_find),
-            format!("{:?}", r.evaluation),
+            // The latency benchmark's size, with the tokenizer's `max-len` as the data's size.
+            format!(
+                "{:?}",
+                crate::EvaluationSpec {
+                    latency_seq_len: Some(r.evaluation.seq_len(max_len(r))),
+                    ..r.evaluation.clone()
+                }
+            ),
         ]
+    }
+
+    /// A section's keys with its `path` resolved against the recipe's folder.
+    fn resolved(s: &crate::Section) -> toml::Table {
+        let mut keys = s.keys.clone();
+        if let Some(p) = keys.get("path").and_then(|p| p.as_str()) {
+            let full = s.scope.resolve(p).display().to_string();
+            keys.insert("path".into(), full.into());
+        }
+        keys
+    }
+
+    /// `[tokenizer] max-len` (128 when not written).
+    fn max_len(r: &Recipe) -> usize {
+        r.section("tokenizer")
+            .and_then(|t| t.keys.get("max-len"))
+            .and_then(|v| v.as_integer())
+            .map_or(128, |n| n as usize)
     }
 
     fn invalid(e: RecipeError) -> Invalid {
@@ -689,9 +678,9 @@ mod tests {
             teacher.recipe.as_deref(),
             Some(dir.join("recipes/finetune_teacher.toml").as_path())
         );
-        let tok = built.tokenizer.as_ref().unwrap();
-        assert_eq!((tok.path.clone(), tok.max_len), (dir.join(TOKENIZER), 64));
-        assert_eq!(built.data.format, DataFormat::RottenTomatoes);
+        let tok = &built.section("tokenizer").unwrap().keys;
+        assert_eq!(tok["max-len"].as_integer(), Some(64));
+        assert_eq!(built.data.format, "rotten-tomatoes");
         match &built.data.source {
             crate::DataSource::Single {
                 path,
@@ -703,7 +692,7 @@ mod tests {
             ),
             other => panic!("{other:?}"),
         }
-        assert_eq!(built.data.split_seed, 42);
+        assert_eq!(built.data.split_seed(), 42);
         let t = &built.train;
         assert_eq!((t.epochs, t.batch_size, t.eval_batch_size), (2, 32, 64));
         assert_eq!((t.lr, t.weight_decay, t.warmup_fraction), (8e-5, 0.01, 0.1));
@@ -711,7 +700,7 @@ mod tests {
         assert_eq!((t.best_metric, t.log_every), (BestMetric::Accuracy, 20));
         let e = &built.evaluation;
         assert_eq!(
-            (e.latency_warmup, e.latency_runs, e.latency_seq_len),
+            (e.latency_warmup, e.latency_runs, e.seq_len(64)),
             (10, 30, 64)
         );
         assert!(e.analysis && e.golden_samples.is_none());
@@ -802,16 +791,16 @@ analysis = false
             .devices(&[DeviceRef::Local(0), DeviceRef::Local(1)])
             .teacher("checkpoints/t/best")
             .teacher_recipe("recipes/finetune_teacher.toml")
-            .tokenizer(VOCAB)
-            .max_len(48)
-            .lowercase(false)
-            .data(DataFormat::RottenTomatoes, CORPUS)
+            .set_path("tokenizer.path", VOCAB)
+            .set("tokenizer.max-len", 48)
+            .set("tokenizer.lowercase", false)
+            .data("rotten-tomatoes", CORPUS)
             .valid_fraction(0.15)
             .test_fraction(0.2)
             .split_seed(3)
             .max_train(Some(500))
             .max_eval(100)
-            .labels(&["fresh", "rotten"])
+            .set("data.labels", vec!["fresh", "rotten"])
             .epochs(4)
             .batch_size(16)
             .eval_batch_size(8)
@@ -852,8 +841,8 @@ analysis = false
         );
         assert_eq!(built.data.max_train, Some(500));
         assert_eq!(
-            built.data.labels,
-            Some(vec!["fresh".into(), "rotten".into()])
+            built.data.keys["labels"],
+            toml::Value::from(vec!["fresh", "rotten"])
         );
         let t = &built.train;
         assert_eq!(
@@ -863,7 +852,7 @@ analysis = false
         assert_eq!((t.grad_clip_norm, t.precision), (None, Precision::Fp16));
         assert_eq!(t.loss_scale.unwrap().backoff, 0.25);
         assert_eq!(built.lr_find.steps, 50);
-        assert_eq!(built.evaluation.latency_seq_len, 32);
+        assert_eq!(built.evaluation.latency_seq_len, Some(32));
         // The copy the run folder keeps is a recipe file of the same settings, sections in order.
         let at = |h: &str| built.source.find(h).unwrap();
         assert!(at("[run]") < at("[teacher]") && at("[teacher]") < at("[tokenizer]"));
@@ -894,11 +883,11 @@ analysis = false
             .set("model.allow-fresh-head", true)
             .set("model.dropout", 0.2)
             .set("model.overrides.num-hidden-layers", 2)
-            .tokenizer(TOKENIZER)
-            .data_files(DataFormat::Delimited { delimiter: b'\t' }, CORPUS, CORPUS)
+            .set_path("tokenizer.path", TOKENIZER)
+            .data_files("tsv", CORPUS, CORPUS)
             .data_valid(CORPUS)
-            .text_column("s")
-            .label_column("l")
+            .set("data.text-column", "s")
+            .set("data.label-column", "l")
             .build()
             .unwrap();
         assert_eq!(shared(&built), shared(&file));
@@ -909,23 +898,20 @@ analysis = false
             Some(2)
         );
         assert_eq!(m.keys["allow-fresh-head"].as_bool(), Some(true));
-        assert_eq!(built.tokenizer.as_ref().unwrap().max_len, 128);
-        assert_eq!(built.data.format.name(), "tsv");
+        assert_eq!(built.data.format, "tsv");
+        assert_eq!(built.data.keys["text-column"].as_str(), Some("s"));
     }
 
     #[test]
     fn bad_values_are_the_recipe_errors_naming_the_key() {
         let repo = Repo::new("bad");
-        let cases: [(RecipeBuilder, &str, &str); 6] = [
+        // The data format's keys and sections (`[tokenizer]`) are its own: the stage runner
+        // validates them against the registered formats (mopt-families' `data_keys` test).
+        let cases: [(RecipeBuilder, &str, &str); 4] = [
             (
                 distill_bert(&repo.0).valid_fraction(1.5),
                 "data.valid-fraction",
                 "1.5 is outside [0, 1)",
-            ),
-            (
-                distill_bert(&repo.0).max_len(0),
-                "tokenizer.max-len",
-                "0 is below 3 tokens",
             ),
             (
                 distill_bert(&repo.0).epochs(0),
@@ -933,14 +919,9 @@ analysis = false
                 "must be at least 1",
             ),
             (
-                distill_bert(&repo.0).tokenizer("nowhere/tokenizer.json"),
-                "tokenizer.path",
+                distill_bert(&repo.0).data("rotten-tomatoes", "nowhere/corpus.csv"),
+                "data.path",
                 "does not exist",
-            ),
-            (
-                distill_bert(&repo.0).data(DataFormat::Delimited { delimiter: b';' }, CORPUS),
-                "data.format",
-                "unknown data format",
             ),
             (
                 distill_bert(&repo.0).seed(u64::MAX),
@@ -974,8 +955,8 @@ analysis = false
         let r = Recipe::builder("here")
             .teacher(abs("checkpoints/t"))
             .teacher_recipe(abs("recipes/finetune_teacher.toml"))
-            .tokenizer(abs(TOKENIZER))
-            .data(DataFormat::RottenTomatoes, abs(CORPUS))
+            .set_path("tokenizer.path", abs(TOKENIZER))
+            .data("rotten-tomatoes", abs(CORPUS))
             .build()
             .unwrap();
         assert_eq!(r.run.output_dir, PathBuf::from("checkpoints"));

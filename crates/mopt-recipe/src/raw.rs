@@ -4,11 +4,10 @@
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+#[serde(rename_all = "kebab-case")]
 pub struct RawRecipe {
     pub run: RawRun,
     pub model: Option<RawModel>,
-    pub tokenizer: Option<RawTokenizer>,
     pub data: RawData,
     /// Kept as a table: each stage's `[stage.train]` overrides are merged over it.
     #[serde(default)]
@@ -24,6 +23,9 @@ pub struct RawRecipe {
     /// The pre-stages form (`[distill]`, `[report]`): refused with a migration hint.
     pub distill: Option<toml::Value>,
     pub report: Option<toml::Value>,
+    /// Every other section: the data format's (a tokenizer's), validated by its owner.
+    #[serde(flatten)]
+    pub sections: toml::Table,
 }
 
 #[derive(Debug, Deserialize)]
@@ -102,39 +104,22 @@ pub struct RawModel {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct RawTokenizer {
-    pub path: String,
-    pub max_len: Option<usize>,
-    pub lowercase: Option<bool>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+#[serde(rename_all = "kebab-case")]
 pub struct RawData {
     pub format: String,
     pub path: Option<String>,
     pub train: Option<String>,
     pub valid: Option<String>,
     pub test: Option<String>,
-    pub text_column: Option<String>,
-    pub label_column: Option<String>,
     pub valid_fraction: Option<f64>,
     pub test_fraction: Option<f64>,
     pub split_seed: Option<u64>,
     pub max_train: Option<usize>,
     pub max_eval: Option<usize>,
-    pub labels: Option<Vec<String>>,
-    pub pixel_max: Option<f64>,
-    pub augment: Option<RawAugment>,
     pub cache_dir: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct RawAugment {
-    pub crop: Option<usize>,
-    pub flip: Option<bool>,
+    /// Every other key: the data format's.
+    #[serde(flatten)]
+    pub keys: toml::Table,
 }
 
 #[derive(Debug, Deserialize)]

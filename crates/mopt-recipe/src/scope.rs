@@ -224,15 +224,26 @@ impl Scope {
         what: &str,
         shared: &[&str],
     ) -> Result<T, RecipeError> {
+        self.deserialize_owned(
+            table,
+            (what, shared),
+            "remove the key (each family's keys: docs/src/recipe-reference.md, \"[model]\")",
+        )
+    }
+
+    /// [`Scope::deserialize_keys`] with `hint` as the fix of an unknown key (`owner`: what the
+    /// section is, and the keys it takes besides `T`'s).
+    pub fn deserialize_owned<T: DeserializeOwned>(
+        &self,
+        table: toml::Table,
+        (what, shared): (&str, &[&str]),
+        hint: &str,
+    ) -> Result<T, RecipeError> {
         self.deserialize(table).map_err(|e| match e {
             RecipeError::Invalid(mut i) if i.message.starts_with("unknown field") => {
                 let key = i.message.split('`').nth(1).unwrap_or_default().to_string();
                 let declared: Vec<&str> = match i.message.split_once(", expected ") {
-                    Some((_, list)) => list
-                        .split('`')
-                        .skip(1)
-                        .step_by(2)
-                        .collect(),
+                    Some((_, list)) => list.split('`').skip(1).step_by(2).collect(),
                     None => Vec::new(),
                 };
                 let takes: Vec<String> = shared
@@ -244,7 +255,7 @@ impl Scope {
                     true => format!("{what} has no key `{key}`; it takes none"),
                     false => format!("{what} has no key `{key}`; it takes {}", takes.join(", ")),
                 };
-                i.hint = "remove the key (each family's keys: docs/src/recipe-reference.md, \"[model]\")".into();
+                i.hint = hint.into();
                 RecipeError::Invalid(i)
             }
             other => other,

@@ -2,12 +2,13 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::data::{data_spec, tokenizer_spec, DataFormat, DataSpec, TokenizerSpec};
+use crate::data::{data_spec, DataSpec};
 use crate::device::DeviceRef;
 use crate::error::RecipeError;
 use crate::model::{model_spec, ModelSpec};
 use crate::raw::*;
 use crate::scope::Scope;
+use crate::section::{sections, Section};
 use crate::stage::{stage_entries, StageEntry};
 use crate::train::{train_spec, LrFindSpec, TrainSpec};
 
@@ -23,8 +24,6 @@ pub struct Recipe {
     pub run: RunSpec,
     /// `[model]`: the baseline when there is no `[teacher]`.
     pub model: Option<ModelSpec>,
-    /// `[tokenizer]`: text data only (image data has none).
-    pub tokenizer: Option<TokenizerSpec>,
     /// `[data]`.
     pub data: DataSpec,
     /// `[train]`: the defaults every stage starts from.
@@ -37,6 +36,9 @@ pub struct Recipe {
     pub evaluation: EvaluationSpec,
     /// The ordered stages; a recipe without `[[stage]]` has one `finetune` stage.
     pub stages: Vec<StageEntry>,
+    /// The sections outside the recipe's grammar, by name: its data format's (`[tokenizer]`
+    /// for text), which the format validates; the stage runner refuses one no owner reads.
+    pub sections: std::collections::BTreeMap<String, Section>,
     /// The whole file, for errors found after validation.
     pub scope: Scope,
 }
@@ -59,8 +61,9 @@ pub struct EvaluationSpec {
     pub latency_warmup: usize,
     /// Timed runs at batch 32 (4x at batch 1); 0 skips the latency benchmark.
     pub latency_runs: usize,
-    /// Tokens an example in the latency benchmark.
-    pub latency_seq_len: usize,
+    /// The size of an example in the latency benchmark as written (`latency-seq-len`, tokens
+    /// for text); `None`: the data's example size (a tokenizer's `max-len`).
+    pub latency_seq_len: Option<usize>,
     /// Per-module parameters, FLOPs and forward-time shares of the baseline.
     pub analysis: bool,
 }
@@ -167,11 +170,7 @@ fn teacher_spec(cx: &Scope, t: RawTeacher) -> Result<TeacherSpec, RecipeError> {
     Ok(TeacherSpec { checkpoint, recipe })
 }
 
-fn evaluation_spec(
-    cx: &Scope,
-    e: RawEvaluation,
-    max_len: usize,
-) -> Result<EvaluationSpec, RecipeError> {
+fn evaluation_spec(cx: &Scope, e: RawEvaluation) -> Result<EvaluationSpec, RecipeError> {
     Ok(EvaluationSpec {
         golden_samples: match e.golden_samples {
             Some(n) => Some(cx.positive("evaluation.golden-samples", Some(n), n)?),
@@ -179,13 +178,23 @@ fn evaluation_spec(
         },
         latency_warmup: e.latency_warmup.unwrap_or(10),
         latency_runs: e.latency_runs.unwrap_or(30),
-        latency_seq_len: match max_len {
-            // Fixed-shape inputs (images): the size is ignored.
-            0 => e.latency_seq_len.unwrap_or(0),
-            _ => cx.positive("evaluation.latency-seq-len", e.latency_seq_len, max_len)?,
+        latency_seq_len: match e.latency_seq_len {
+            Some(n) => Some(cx.positive("evaluation.latency-seq-len", Some(n), n)?),
+            None => None,
         },
         analysis: e.analysis.unwrap_or(true),
     })
+}
+
+impl EvaluationSpec {
+    /// The size of an example in the latency benchmark: `latency-seq-len`, else `example_size`
+    /// (the data's: a tokenizer's `max-len`, 0 for fixed-shape inputs, whose size is ignored).
+    pub fn seq_len(&self, example_size: usize) -> usize {
+        match example_size {
+            0 => 0,
+            n => self.latency_seq_len.unwrap_or(n),
+        }
+    }
 }
 
 fn lr_find_spec(cx: &Scope, lf: RawLrFind) -> Result<LrFindSpec, RecipeError> {
@@ -213,7 +222,6 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
         None => None,
     };
     let data = data_spec(&cx, raw.data)?;
-    let tokenizer = tokenizer_for(&cx, raw.tokenizer, &data.format)?;
     let train_cx = cx.nested("train");
     let train = train_spec(&train_cx, train_cx.deserialize(raw.train.clone())?)?;
     let lr_find = lr_find_spec(&cx, raw.lr_find)?;
@@ -222,24 +230,20 @@ pub(crate) fn validate(path: &Path, source: &str, raw: RawRecipe) -> Result<Reci
         None => None,
     };
     check_baseline(&cx, model.as_ref(), teacher.as_ref())?;
-    let evaluation = evaluation_spec(
-        &cx,
-        raw.evaluation,
-        tokenizer.as_ref().map_or(0, |t| t.max_len),
-    )?;
+    let evaluation = evaluation_spec(&cx, raw.evaluation)?;
     let stages = stage_entries(&cx, stages_or_finetune(raw.stage), &raw.train)?;
     Ok(Recipe {
         path: path.to_path_buf(),
         source: source.to_string(),
         run,
         model,
-        tokenizer,
         data,
         train,
         lr_find,
         teacher,
         evaluation,
         stages,
+        sections: sections(&cx, raw.sections)?,
         scope: cx,
     })
 }
@@ -254,7 +258,7 @@ fn refuse_old_sections(
         return Err(cx.err(
             "distill",
             "`[distill]` is now a stage",
-            "write `[[stage]]` with `kind = \"distill\"` and move the [distill] keys under it (`[[distill.match]]` becomes `[[stage.match]]`, the student's [model] becomes `[stage.student]`); see recipes/distill_bert.toml",
+            "write `[[stage]]` with `kind = \"distill\"` and move the [distill] keys under it (`[[distill.match]]` becomes `[[stage.match]]`, the student's [model] becomes `[stage.student]`); the shipped recipes in recipes/ show the form",
         ));
     }
     if report.is_some() {
@@ -265,34 +269,6 @@ fn refuse_old_sections(
         ));
     }
     Ok(())
-}
-
-/// Validate `[tokenizer]`, which text data needs and image data (by `format`) must not have.
-fn tokenizer_for(
-    cx: &Scope,
-    raw: Option<RawTokenizer>,
-    format: &DataFormat,
-) -> Result<Option<TokenizerSpec>, RecipeError> {
-    match (raw, format.is_image()) {
-        (Some(t), false) => Ok(Some(tokenizer_spec(cx, t)?)),
-        (None, true) => Ok(None),
-        (None, false) => Err(cx.err(
-            "tokenizer",
-            format!(
-                "text data (`format = \"{}\"`) needs a [tokenizer]",
-                format.name()
-            ),
-            "add [tokenizer] path = \"…/tokenizer.json\" (and max-len)",
-        )),
-        (Some(_), true) => Err(cx.err(
-            "tokenizer",
-            format!(
-                "image data (`format = \"{}\"`) has no tokenizer",
-                format.name()
-            ),
-            "remove the [tokenizer] section",
-        )),
-    }
 }
 
 /// Refuse a recipe whose baseline is neither or both of `[model]` and `[teacher]`.
@@ -370,21 +346,9 @@ impl Recipe {
         Ok(self)
     }
 
-    /// `[tokenizer]`, which every recipe of text data has (validated).
-    pub fn text_tokenizer(&self) -> Result<&TokenizerSpec, RecipeError> {
-        self.tokenizer.as_ref().ok_or_else(|| {
-            self.invalid(
-                "tokenizer",
-                "this needs text data and a [tokenizer]",
-                "use a recipe of text data",
-            )
-        })
-    }
-
-    /// The size of one example the plan and the latency benchmark assume: the tokenizer's
-    /// `max-len` for text, 0 for fixed-shape inputs (images).
-    pub fn example_size(&self) -> usize {
-        self.tokenizer.as_ref().map_or(0, |t| t.max_len)
+    /// The section `name` outside the recipe's grammar (`tokenizer`), as written.
+    pub fn section(&self, name: &str) -> Option<&Section> {
+        self.sections.get(name)
     }
 
     /// An error about `key` of this recipe's shared sections, found after validation (e.g.

@@ -209,7 +209,7 @@ fn peak_lr(cx: &Scope, value: Option<f64>) -> Result<f64, RecipeError> {
         return Err(cx.err(
             "lr",
             format!("{lr} is not in (0, 1]"),
-            "BERT fine-tuning uses 2e-5 to 1e-4",
+            "fine-tuning a pretrained model uses 1e-5 to 1e-4; training from scratch up to 1e-2",
         ));
     }
     Ok(lr)

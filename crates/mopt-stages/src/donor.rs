@@ -12,7 +12,8 @@
 
 use std::path::{Path, PathBuf};
 
-use mopt_recipe::{DataSpec, OnFail, StageEntry, TokenizerSpec};
+use mopt_data::TokenizerSpec;
+use mopt_recipe::{DataSpec, OnFail, StageEntry};
 use sha2::{Digest, Sha256};
 
 use crate::record::{checkpoint_sha256, read_json, sha256_file, short_sha, shown, StageRecord};
@@ -21,8 +22,8 @@ use crate::record::{checkpoint_sha256, read_json, sha256_file, short_sha, shown,
 pub struct Shared<'a> {
     /// `[data]`.
     pub data: &'a DataSpec,
-    /// `[tokenizer]`, if any.
-    pub tokenizer: Option<&'a TokenizerSpec>,
+    /// `[tokenizer]`, if the data is text.
+    pub tokenizer: Option<TokenizerSpec>,
     /// The run's seed.
     pub seed: u64,
 }
@@ -41,12 +42,13 @@ pub fn reuse_key(stage_key: Option<String>, entry: &StageEntry, shared: &Shared)
         .filter(|g| g.on_fail == OnFail::Retry)
         .map_or(String::new(), |g| format!("{g:?}"));
     let text = format!(
-        "kind {}\nstage {stage_key}\ntrain {:?}\ndata {:?}\ntokenizer {}\nseed {}\ngate {gate}",
+        "kind {}\nstage {stage_key}\ntrain {:?}\ndata {}\ntokenizer {}\nseed {}\ngate {gate}",
         entry.kind,
         entry.train,
-        shared.data.absolute(),
+        shared.data.identity(),
         shared
             .tokenizer
+            .as_ref()
             .map_or("none".into(), |t| format!("{:?}", t.absolute())),
         shared.seed
     );
@@ -186,7 +188,7 @@ mod tests {
         let (r, e) = entry(dir, source);
         let shared = Shared {
             data: &r.data,
-            tokenizer: r.tokenizer.as_ref(),
+            tokenizer: crate::data::text::tokenizer(&r).ok(),
             seed: r.run.seed,
         };
         reuse_key(Some(stage_key.into()), &e, &shared)
@@ -230,7 +232,7 @@ mod tests {
         let (r, e) = entry(dir, BASE);
         let shared = Shared {
             data: &r.data,
-            tokenizer: r.tokenizer.as_ref(),
+            tokenizer: crate::data::text::tokenizer(&r).ok(),
             seed: 1,
         };
         assert!(reuse_key(None, &e, &shared).is_none());

@@ -57,7 +57,7 @@ pub struct RecipeExport {
 }
 
 fn export_one(
-    fam: &crate::family::FamilyEntry,
+    (registry, fam): (&Registry, &crate::family::FamilyEntry),
     recipe: &Recipe,
     ckpt: &Path,
     out: &Path,
@@ -71,7 +71,9 @@ fn export_one(
         .into());
     }
     let labels = LabelMap::load(&ckpt.join("labels.json")).map_err(mopt_train::TrainError::from)?;
-    let data = fam.data().load(recipe, Some(labels), 0)?;
+    let data = fam
+        .data()
+        .load(recipe, registry.data_format(recipe)?, Some(labels), 0)?;
     let can = fam.require::<dyn CanExport>("export", "an ONNX exporter", "declares none")?;
     let accuracy = can.accuracy(ckpt, &data, Split::Test)?;
     let n = opts.samples.min(data.len(Split::Test));
@@ -87,7 +89,7 @@ fn export_one(
     };
     let eo = ExportOptions {
         tolerance,
-        input_notes: can.input_notes(recipe.example_size()),
+        input_notes: can.input_notes(registry.example_size(recipe)?),
         labels: data.labels().labels.clone(),
         accuracy: Some(accuracy),
         force: opts.force,
@@ -120,7 +122,7 @@ pub fn export_recipe(
     eprintln!("exporting {} -> {}", ckpt.display(), out.display());
     // The final model's family: a cross-family distillation's student is not the recipe's.
     let student = export_one(
-        registry.source_family(&ckpt).unwrap_or(fam),
+        (registry, registry.source_family(&ckpt).unwrap_or(fam)),
         recipe,
         &ckpt,
         &out,
@@ -133,7 +135,7 @@ pub fn export_recipe(
         Some(t) => {
             eprintln!("exporting the teacher {}", t.checkpoint.display());
             Some(export_one(
-                fam,
+                (registry, fam),
                 recipe,
                 &t.checkpoint,
                 &out.join("teacher"),
@@ -157,7 +159,8 @@ pub fn export_recipe(
         }
         eprintln!("benchmarking in ONNX Runtime, interleaved");
         let e = &recipe.evaluation;
-        let settings = (e.latency_seq_len, (e.latency_warmup, opts.latency_runs));
+        let size = e.seq_len(registry.example_size(recipe)?);
+        let settings = (size, (e.latency_warmup, opts.latency_runs));
         let mut notes = Vec::new();
         for r in ort_latency(fam, &models, settings, &mut notes)? {
             latency.push(OrtLatency {

@@ -18,7 +18,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use burn::prelude::*;
-use mopt_recipe::{Metric, ModelSpec, Recipe, RecipeError, Scope, StageEntry, TokenizerSpec};
+use mopt_data::TokenizerSpec;
+use mopt_recipe::{Metric, ModelSpec, Recipe, RecipeError, Scope, StageEntry};
 
 use crate::analysis::Analysis;
 use crate::data::{DataSource, RunData};

@@ -34,7 +34,9 @@ pub fn lr_find(
         "lists no finetune capability",
     )?;
     let ad = device_spec.train_device(&recipe.train);
-    let data = family.data().load(recipe, None, 0)?;
+    let data = family
+        .data()
+        .load(recipe, registry.data_format(recipe)?, None, 0)?;
     let ckpt = run_dir.join("model");
     family.build(recipe, &data, &ad, &ckpt)?;
     let run = LrFindRun {

@@ -99,9 +99,10 @@ impl Pipeline {
         }
         let m = r.model.as_ref().expect("validated");
         let family = self.registry.recipe_family(r)?;
+        let tokenizer = crate::data::tokenizer(self.registry.data_format(r)?, r)?;
         let c = family.model_shape(
             m,
-            r.tokenizer.as_ref(),
+            tokenizer.as_ref(),
             &r.scope.nested("model"),
             &labels.labels,
             vocab,
@@ -113,7 +114,9 @@ impl Pipeline {
     /// Validate every stage against its input's shape, without running anything.
     pub fn plan_chain(&self) -> Result<ChainPlan, StageError> {
         let r = &self.recipe;
-        let d = self.registry.recipe_family(r)?.data().plan(r)?;
+        let format = self.registry.data_format(r)?;
+        let d = self.registry.recipe_family(r)?.data().plan(r, format)?;
+        let tokenizer = crate::data::tokenizer(format, r)?;
         let (train_examples, mean_tokens, mean_tokens_sq) =
             (d.train_examples, d.mean_tokens, d.mean_tokens_sq);
         let (labels, vocab) = (&d.labels, d.vocab);
@@ -127,7 +130,7 @@ impl Pipeline {
                 // The input's family: a cross-family distill stage hands on the student's.
                 family: self.registry.shape_family(&input, run_family),
                 registry: &self.registry,
-                tokenizer: r.tokenizer.as_ref(),
+                tokenizer: tokenizer.clone(),
                 data: &r.data,
                 vocab,
                 train_examples,
@@ -205,7 +208,7 @@ impl Pipeline {
         let _ = writeln!(s, "{}", chain.inputs);
         let _ = writeln!(
             s,
-            "data       {:?} from {} ({} training examples)",
+            "data       {} from {} ({} training examples)",
             r.data.format,
             shown(std::path::Path::new(&r.data.source_label())),
             chain.train_examples
@@ -272,7 +275,8 @@ impl Pipeline {
                 // measured, SmolLM2-135M at eval batch 16 x 128 tokens peaked at 6.5 GiB during
                 // validation against ~4.2 GiB while it trained.
                 let eval = entry.train.eval_batch_size;
-                let size = r.tokenizer.as_ref().map_or(0, |t| t.max_len);
+                // The data format's keys were validated when the chain was planned.
+                let size = self.registry.example_size(r).unwrap_or(0);
                 let logits = 32 * (eval * p.output.logit_values(size)) as u64 + m.weights;
                 if logits > m.activations {
                     extras.push((
@@ -292,7 +296,7 @@ impl Pipeline {
                     human_bytes(m.adam_moments),
                     human_bytes(m.activations),
                     entry.train.batch_size,
-                    r.tokenizer.as_ref().map_or(String::new(), |t| format!(" x {} tokens", t.max_len)),
+                    match size { 0 => String::new(), n => format!(" x {n} tokens") },
                     extras.iter().map(|(what, b)| format!(", {what} {}", human_bytes(*b))).collect::<String>()
                 );
                 self.write_devices(s, m);

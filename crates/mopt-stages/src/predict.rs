@@ -90,7 +90,7 @@ impl Predictor {
     ) -> Result<Self, StageError> {
         let device = Device::flex();
         let labels = LabelMap::load(&checkpoint.join("labels.json")).map_err(TrainError::from)?;
-        let t = recipe.text_tokenizer()?;
+        let t = crate::data::text::tokenizer(recipe)?;
         let tokenizer =
             TextTokenizer::from_file(&t.path, t.max_len, t.lowercase).map_err(TrainError::from)?;
         let family = match registry.source_family(checkpoint) {

@@ -92,6 +92,8 @@ pub struct EvalSettings<'a> {
     pub eval_batch_size: usize,
     /// `[evaluation]`.
     pub evaluation: &'a EvaluationSpec,
+    /// The size of one example of the data (a tokenizer's `max-len`; 0 for images).
+    pub size: usize,
     /// The inference device.
     pub device: Device,
 }
@@ -134,7 +136,7 @@ where
                 measure_latency(
                     &model,
                     &config,
-                    (b, e.latency_seq_len),
+                    (b, e.seq_len(ev.size)),
                     (e.latency_warmup, runs),
                     &ev.device,
                 )
@@ -147,7 +149,7 @@ where
         valid: valid.metrics,
         test,
         params: config.num_params(),
-        flops_per_example: config.flops(e.latency_seq_len) as u64,
+        flops_per_example: config.flops(e.seq_len(ev.size)) as u64,
         checkpoint_bytes: std::fs::metadata(dir.join("model.bpk"))
             .map(|m| m.len())
             .unwrap_or(0),

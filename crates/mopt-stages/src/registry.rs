@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use mopt_recipe::{Recipe, RecipeError};
 
+use crate::data::{formats, DataFormat};
 use crate::family::{Family, FamilyEntry};
 use crate::kinds;
 use crate::shape::Shape;
@@ -27,6 +28,7 @@ use crate::stage::StageKind;
 pub struct Registry {
     families: Vec<Arc<FamilyEntry>>,
     kinds: Vec<Arc<dyn StageKind>>,
+    formats: Vec<Arc<dyn DataFormat>>,
     default_family: Option<&'static str>,
 }
 
@@ -38,6 +40,10 @@ impl std::fmt::Debug for Registry {
                 &self.families().map(|x| x.arch()).collect::<Vec<_>>(),
             )
             .field("kinds", &self.kinds().map(|k| k.name()).collect::<Vec<_>>())
+            .field(
+                "formats",
+                &self.formats.iter().map(|f| f.name()).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -49,7 +55,8 @@ impl Registry {
     }
 
     /// Every stage kind this crate ships, in the order the book (docs/src/stages/) lists them,
-    /// and no family (`mopt_families::builtin()` adds the shipped ones).
+    /// and the data formats it ships ([`crate::data::formats`]); no family
+    /// (`mopt_families::builtin()` adds the shipped ones).
     pub fn builtin_kinds() -> Self {
         Self::empty()
             .with_kind(kinds::finetune::Finetune)
@@ -60,6 +67,63 @@ impl Registry {
             .with_kind(kinds::quantize::Ptq)
             .with_kind(kinds::quantize::Qat)
             .with_kind(kinds::export::Export)
+            .with_data_format(formats::RottenTomatoes)
+            .with_data_format(formats::OrangeTab)
+            .with_data_format(formats::Delimited::CSV)
+            .with_data_format(formats::Delimited::TSV)
+            .with_data_format(formats::Jsonl)
+            .with_data_format(formats::TextFiles)
+            .with_data_format(formats::Idx)
+            .with_data_format(formats::PixelsCsv)
+    }
+
+    /// Add a data format (`[data] format = "…"`).
+    ///
+    /// # Panics
+    /// When a format of the same name is already registered.
+    pub fn with_data_format(mut self, format: impl DataFormat + 'static) -> Self {
+        assert!(
+            self.data_format_named(format.name()).is_none(),
+            "data format `{}` is registered twice",
+            format.name()
+        );
+        self.formats.push(Arc::new(format));
+        self
+    }
+
+    /// The registered data format `name`.
+    pub fn data_format_named(&self, name: &str) -> Option<&dyn DataFormat> {
+        self.formats
+            .iter()
+            .find(|f| f.name() == name)
+            .map(|f| f.as_ref())
+    }
+
+    /// The data format of a recipe (`[data] format`): an unknown name is an error naming the
+    /// key and the registered formats.
+    pub fn data_format(&self, recipe: &Recipe) -> Result<&dyn DataFormat, RecipeError> {
+        let name = &recipe.data.format;
+        self.data_format_named(name).ok_or_else(|| {
+            let known: Vec<String> = self
+                .formats
+                .iter()
+                .map(|f| format!("`{}` ({})", f.name(), f.modality().name()))
+                .collect();
+            recipe.data.err(
+                "format",
+                format!("unknown data format `{name}`"),
+                format!(
+                    "use one of {} (a format of your own is registered with `with_data_format`)",
+                    known.join(", ")
+                ),
+            )
+        })
+    }
+
+    /// The size of one example of the recipe's data that estimates assume: a tokenizer's
+    /// `max-len` for text, 0 for fixed-shape inputs (images).
+    pub fn example_size(&self, recipe: &Recipe) -> Result<usize, RecipeError> {
+        crate::data::example_size(self.data_format(recipe)?, recipe)
     }
 
     /// Add a model family.
@@ -145,7 +209,10 @@ impl Registry {
                 ),
             )
         })?;
-        let (read, had) = (next.data().modality(), input.data().modality());
+        let (read, had) = (
+            next.data().modality().name(),
+            input.data().modality().name(),
+        );
         if read != had {
             return Err(scope.err(
                 key,
@@ -180,22 +247,27 @@ impl Registry {
     /// `[teacher]` checkpoint, the family that checkpoint's `config.json` names (`model_type`),
     /// else the registry's default family ([`Registry::with_default_family`]). An unknown name is an error naming the key and the registered
     /// families; so is data of another modality than the family reads.
+    ///
+    /// The recipe's `[data]` keys and its sections are validated here against its data format
+    /// ([`crate::data::check`]): every path to a run asks for the recipe's family first.
     pub fn recipe_family(&self, recipe: &Recipe) -> Result<&FamilyEntry, RecipeError> {
         let f = self.named_family(recipe)?;
-        let format = &recipe.data.format;
-        if f.data().modality() != format.modality() {
-            return Err(recipe.scope.nested("data").err(
+        let format = self.data_format(recipe)?;
+        let (holds, reads) = (format.modality(), f.data().modality());
+        if holds != reads {
+            return Err(recipe.data.err(
                 "format",
                 format!(
                     "`{}` holds {}, and `{}` models read {}",
                     format.name(),
-                    format.modality(),
+                    holds.name(),
                     f.arch(),
-                    f.data().modality()
+                    reads.name()
                 ),
                 "pair the model with data of its kind (a ResNet or a CNN with `idx` / `pixels-csv`, BERT with text)",
             ));
         }
+        crate::data::check(format, recipe)?;
         Ok(f)
     }
 

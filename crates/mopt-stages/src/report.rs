@@ -269,7 +269,7 @@ pub(crate) fn write_report(
         eprintln!("analysis: where the baseline's time goes");
         p.registry.recipe_family(recipe)?.analyse(
             baseline_ckpt,
-            recipe.evaluation.latency_seq_len,
+            recipe.evaluation.seq_len(p.registry.example_size(recipe)?),
             recipe.evaluation.latency_runs.max(3) / 3,
             device,
         )?

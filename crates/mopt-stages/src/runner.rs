@@ -333,6 +333,11 @@ impl Pipeline {
             settings: EvalSettings {
                 eval_batch_size: recipe.train.eval_batch_size,
                 evaluation: &recipe.evaluation,
+                size: self
+                    .registry
+                    .example_size(recipe)
+                    .map_err(StageError::from)
+                    .map_err(undo)?,
                 device: device.clone(),
             },
         };
@@ -408,7 +413,8 @@ impl Pipeline {
         };
         eprintln!("preparing data ({})", recipe.data.source_label());
         let golden = recipe.evaluation.golden_samples.unwrap_or(usize::MAX);
-        let data = family.data().load(recipe, labels, golden)?;
+        let format = self.registry.data_format(recipe)?;
+        let data = family.data().load(recipe, format, labels, golden)?;
         let sizes = [Split::Train, Split::Valid, Split::Test].map(|s| data.len(s));
         if sizes.contains(&0) {
             return Err(TrainError::Input(format!(
@@ -675,7 +681,7 @@ impl RunShared<'_> {
             device: &opts.device,
             data: self.data,
             data_spec: &recipe.data,
-            size: recipe.example_size(),
+            size: self.pipeline.registry.example_size(recipe)?,
             evaluation: &recipe.evaluation,
             seed: recipe.run.seed,
             opts: self.train_opts,
@@ -734,7 +740,13 @@ impl RunShared<'_> {
         let recipe = &self.pipeline.recipe;
         let shared = crate::donor::Shared {
             data: &recipe.data,
-            tokenizer: recipe.tokenizer.as_ref(),
+            // Validated before the run began (the registry checks the data's sections).
+            tokenizer: self
+                .pipeline
+                .registry
+                .data_format(recipe)
+                .ok()
+                .and_then(|f| crate::data::tokenizer(f, recipe).ok().flatten()),
             seed: recipe.run.seed,
         };
         let key = crate::donor::reuse_key(stage.reuse_key(), entry, &shared);

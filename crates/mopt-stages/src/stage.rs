@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use mopt_core::{Examples, MemoryEstimate};
-use mopt_recipe::{DataSpec, EvaluationSpec, RecipeError, StageEntry, TokenizerSpec};
+use mopt_data::TokenizerSpec;
+use mopt_recipe::{DataSpec, EvaluationSpec, RecipeError, StageEntry};
 use mopt_train::metrics::EvalMetrics;
 use mopt_train::trainer::{RunContext, Splits, TrainOptions};
 use mopt_train::DeviceSpec;
@@ -56,7 +57,7 @@ pub struct PlanContext<'a> {
     /// The families and kinds of the run (a stage that plans another recipe looks them up here).
     pub registry: &'a crate::Registry,
     /// `[tokenizer]` (text data only).
-    pub tokenizer: Option<&'a TokenizerSpec>,
+    pub tokenizer: Option<TokenizerSpec>,
     /// `[data]`.
     pub data: &'a DataSpec,
     /// Tokenizer vocabulary size (0 for images).
@@ -74,7 +75,7 @@ pub struct PlanContext<'a> {
 impl PlanContext<'_> {
     /// The size of one example that estimates assume: `max-len` tokens; 0 for images.
     pub fn size(&self) -> usize {
-        self.tokenizer.map_or(0, |t| t.max_len)
+        self.tokenizer.as_ref().map_or(0, |t| t.max_len)
     }
 }
 

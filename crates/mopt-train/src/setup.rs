@@ -2,8 +2,10 @@
 
 use std::path::PathBuf;
 
-use mopt_data::{encode_splits, load_splits, EncodedSplits, LabelMap, TextTokenizer};
-use mopt_recipe::{DataSpec, TokenizerSpec};
+use mopt_data::{
+    encode_splits, load_splits, EncodedSplits, LabelMap, ReadText, TextTokenizer, TokenizerSpec,
+};
+use mopt_recipe::DataSpec;
 
 use crate::error::TrainError;
 use crate::trainer::TextExtras;
@@ -26,17 +28,17 @@ impl PreparedData {
     }
 }
 
-/// Load, split and tokenize the recipe's data (token ids cached in [`cache_dir`]).
-/// The label map is `labels` (e.g. a teacher's), else the recipe's, else the training split's.
+/// Load (each file read by the data format's `read`), split and tokenize the recipe's data
+/// (token ids cached in [`cache_dir`]). The label map is `labels` (a teacher's, the recipe's),
+/// else the training split's.
 pub fn prepare_data(
     tok: &TokenizerSpec,
-    data: &DataSpec,
+    (data, read): (&DataSpec, ReadText),
     labels: Option<LabelMap>,
 ) -> Result<PreparedData, TrainError> {
     let tokenizer = TextTokenizer::from_file(&tok.path, tok.max_len, tok.lowercase)?;
-    let splits = load_splits(data)?;
+    let splits = load_splits(data, read)?;
     let cache_dir = cache_dir(data);
-    let labels = labels.or_else(|| data.labels.clone().map(LabelMap::new));
     let data = encode_splits(
         &tokenizer,
         &splits,

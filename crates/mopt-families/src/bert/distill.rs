@@ -108,7 +108,7 @@ pub fn student_config(
     stage: &DistillStage,
     teacher: &BertConfig,
     labels: &LabelMap,
-    tokenizer: &mopt_recipe::TokenizerSpec,
+    tokenizer: &mopt_data::TokenizerSpec,
     vocab: usize,
 ) -> Result<(BertConfig, MatchPlan), StageError> {
     use mopt_stages::family::Family;
@@ -176,6 +176,7 @@ pub fn plan(
     );
     let tokenizer = cx
         .tokenizer
+        .as_ref()
         .ok_or_else(|| StageError::Unsupported("a BERT student needs a [tokenizer]".into()))?;
     let (config, plan) = student_config(stage, input, &labels, tokenizer, cx.vocab)?;
     let mut settings = plan_lines(stage, &config, &plan)?;

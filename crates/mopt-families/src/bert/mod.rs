@@ -5,8 +5,9 @@ use std::path::Path;
 use mopt_models::bert::{onnx, BertConfig, BertForSequenceClassification as Model, BertModel};
 
 use mopt_core::Quantizable;
+use mopt_data::TokenizerSpec;
 use mopt_models::bert::setup::{build_model, model_config};
-use mopt_recipe::{ModelSpec, Recipe, Scope, StageEntry, TokenizerSpec};
+use mopt_recipe::{ModelSpec, Recipe, Scope, StageEntry};
 use mopt_train::trainer::save_checkpoint_dir;
 
 pub mod analysis;

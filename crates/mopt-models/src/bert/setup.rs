@@ -4,7 +4,8 @@
 use std::path::Path;
 
 use burn::prelude::*;
-use mopt_recipe::{ModelSpec, Scope, TokenizerSpec};
+use mopt_data::TokenizerSpec;
+use mopt_recipe::{ModelSpec, Scope};
 
 use super::{weights, BertConfig, BertForSequenceClassification, BertModel};
 use crate::error::ModelError;

@@ -34,12 +34,16 @@ pub fn write_tokenizer(source: &Path, out: &Path) -> Result<(), TrainError> {
 pub struct LmText;
 
 impl super::DataSource for LmText {
-    fn modality(&self) -> &'static str {
-        "running text"
+    fn modality(&self) -> super::Modality {
+        super::Modality::RunningText
     }
 
     /// The works tokenised and packed (as a run reads them), every window `max-len` tokens.
-    fn plan(&self, r: &Recipe) -> Result<super::PlanData, StageError> {
+    fn plan(
+        &self,
+        r: &Recipe,
+        _format: &dyn super::DataFormat,
+    ) -> Result<super::PlanData, StageError> {
         let d = LmData::load(r, 0)?;
         let len = d.train.window_len() as f64;
         Ok(super::PlanData {
@@ -60,6 +64,7 @@ impl super::DataSource for LmText {
     fn load(
         &self,
         recipe: &Recipe,
+        _format: &dyn super::DataFormat,
         _labels: Option<LabelMap>,
         golden: usize,
     ) -> Result<super::RunData, StageError> {
@@ -94,7 +99,7 @@ impl LmData {
     /// Read, tokenise and pack the recipe's works (`golden`: how many validation windows the
     /// golden reference keeps).
     pub fn load(recipe: &Recipe, golden: usize) -> Result<Self, StageError> {
-        let spec = recipe.text_tokenizer()?;
+        let spec = super::text::tokenizer(recipe)?;
         // A GGUF error names the file itself.
         let gguf_input =
             |e: mopt_gguf::GgufError| StageError::from(TrainError::Input(e.to_string()));

@@ -4,12 +4,17 @@
 //! a family that needs its own data type asks for it ([`RunData::get`]).
 //!
 //! One loader per kind of data, picked by the family's [`DataSource`]: [`text`] (a tokenizer and
-//! labelled text files), [`image`] (IDX and CSV-of-pixels files) and [`lm`] (a language
-//! model's text: whole works tokenised by a GGUF's tokenizer, packed into windows).
+//! labelled text files), [`image`] (grey images) and [`lm`] (a language model's text: whole
+//! works tokenised by a GGUF's tokenizer, packed into windows). Each reads the files with the
+//! recipe's registered [`DataFormat`] (the shipped ones: [`formats`]).
 
+mod format;
+pub mod formats;
 pub mod image;
 pub mod lm;
 pub mod text;
+
+pub use format::{check, example_size, tokenizer, DataFormat, Modality};
 
 use std::any::Any;
 use std::path::Path;
@@ -36,20 +41,25 @@ pub enum Split {
 }
 
 /// Where a family's data comes from: the modality a recipe's `[data] format` must be, and the
-/// loader that reads it ([`text::Text`], [`image::Images`]).
+/// loader that reads it ([`text::Text`], [`image::Images`]) with the format's reader.
 pub trait DataSource: Send + Sync {
-    /// What the data is: `"text"` (labelled), `"running text"` (a language model's) or
-    /// `"images"` (a `[data] format`'s modality).
-    fn modality(&self) -> &'static str;
+    /// What the data is (a `[data] format`'s modality).
+    fn modality(&self) -> Modality;
 
-    /// What `--check` plans with, read without loading everything ([`PlanData`]).
-    fn plan(&self, recipe: &mopt_recipe::Recipe) -> Result<PlanData, StageError>;
+    /// What `--check` plans with, read without loading everything ([`PlanData`]); `format`
+    /// reads the files.
+    fn plan(
+        &self,
+        recipe: &mopt_recipe::Recipe,
+        format: &dyn DataFormat,
+    ) -> Result<PlanData, StageError>;
 
-    /// Load the recipe's data (`labels`: a teacher's label map; the golden set is the first
-    /// `golden` validation examples).
+    /// Load the recipe's data, each file read by `format` (`labels`: a teacher's label map;
+    /// the golden set is the first `golden` validation examples).
     fn load(
         &self,
         recipe: &mopt_recipe::Recipe,
+        format: &dyn DataFormat,
         labels: Option<LabelMap>,
         golden: usize,
     ) -> Result<RunData, StageError>;

@@ -584,7 +584,7 @@ fn latency(
         .iter()
         .map(|m| (m.name.clone(), m.checkpoint.clone(), m.onnx.clone()))
         .collect();
-    let settings = (e.latency_seq_len, (e.latency_warmup, runs));
+    let settings = (e.seq_len(cx.size), (e.latency_warmup, runs));
     let rows = ort_latency(cx.family, &list, settings, notes)?;
     for r in &rows {
         let name = r["model"].as_str().unwrap_or("");

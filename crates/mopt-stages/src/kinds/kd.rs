@@ -84,7 +84,7 @@ pub fn check_kd_augment(
     distill: bool,
     data: &mopt_recipe::DataSpec,
 ) -> Result<(), StageError> {
-    if distill && data.augment.is_on() {
+    if distill && crate::data::image::augment(data)?.is_on() {
         return Err(entry
             .scope
             .err(

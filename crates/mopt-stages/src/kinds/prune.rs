@@ -874,13 +874,13 @@ impl PruneStage {
         let e = cx.evaluation;
         let latency = (e.latency_runs > 0)
             .then(|| {
-                let shape = (32, e.latency_seq_len);
+                let shape = (32, e.seq_len(cx.size));
                 let runs = (e.latency_warmup, e.latency_runs);
                 mopt_distill::latency::measure(m, c, shape, runs, &cx.device.device())
                     .map(|l| l.p50_ms)
             })
             .flatten();
-        let flops = c.flops(e.latency_seq_len) as u64;
+        let flops = c.flops(e.seq_len(cx.size)) as u64;
         let metric = cx.family.metric();
         let valid_value = report.best_valid.value(metric);
         let note = format!(

@@ -1,6 +1,7 @@
-//! Every `[data]` key over every data format, and `[tokenizer]` over text and images: each key
-//! is taken where the format reads it and refused where it does not, naming the key (`data.x`);
-//! no format ignores a key in silence.
+//! Every `[data]` key over every shipped data format, and `[tokenizer]` over text and images,
+//! checked as a run checks a recipe (parsed, then its data format's keys and sections through the
+//! registry): each key is taken where the format reads it and refused where it does not, naming
+//! the key (`data.x`); no format ignores a key in silence.
 
 use std::path::Path;
 
@@ -99,8 +100,14 @@ fn parse(
     let mut run = toml::Table::new();
     run.insert("name".into(), "sweep".into());
     recipe.insert("run".into(), run.into());
+    let format = data["format"].as_str().unwrap_or_default();
+    let arch = match format {
+        "idx" | "pixels-csv" => "resnet",
+        "text-files" => "llama",
+        _ => "bert",
+    };
     let mut model = toml::Table::new();
-    model.insert("arch".into(), "bert".into());
+    model.insert("arch".into(), arch.into());
     model.insert("config".into(), "config.json".into());
     recipe.insert("model".into(), model.into());
     if let Some(t) = tokenizer {
@@ -108,7 +115,8 @@ fn parse(
     }
     recipe.insert("data".into(), data.clone().into());
     let source = toml::to_string(&recipe).unwrap();
-    mopt_recipe::parse(&dir.join("recipe.toml"), &source).map(|_| ())
+    let recipe = mopt_recipe::parse(&dir.join("recipe.toml"), &source)?;
+    mopt_families::builtin().recipe_family(&recipe).map(|_| ())
 }
 
 fn tokenizer(file: &str) -> toml::Table {
