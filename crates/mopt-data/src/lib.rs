@@ -13,6 +13,7 @@ mod error;
 mod examples;
 mod image;
 mod labels;
+mod requests;
 mod rng;
 mod text;
 mod tokenize;
@@ -30,6 +31,7 @@ pub use image::{
     ImageSplit, ImageSplits, Normalize, RawImages, ReadImages,
 };
 pub use labels::LabelMap;
+pub use requests::{read_requests, Choice, Document, UNCONDITIONED_DOC_ID};
 pub use rng::SplitMix64;
 pub use text::{
     load_splits, read_delimited, read_jsonl, read_orange_tab, read_rotten_tomatoes, Example,

@@ -11,6 +11,7 @@ pub mod bert;
 pub mod cnn;
 pub mod image;
 pub mod llama;
+pub mod llama_score;
 pub mod resnet;
 
 use mopt_stages::Registry;

@@ -172,6 +172,7 @@ impl Family for Llama {
             }))
             .with::<dyn CanDistill>(Box::new(LlamaDistill))
             .with::<dyn CanGenerate>(Box::new(LlamaGenerate))
+            .with::<dyn mopt_stages::zero_shot::CanScore>(Box::new(crate::llama_score::LlamaScore))
             .with::<dyn CanConvert>(Box::new(LlamaGguf))
     }
 }

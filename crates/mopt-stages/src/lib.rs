@@ -50,6 +50,7 @@ mod runner;
 pub mod seeds;
 pub mod shape;
 pub mod stage;
+pub mod zero_shot;
 
 use std::path::Path;
 
