@@ -14,7 +14,7 @@ use mopt_data::{read_requests, Document};
 use crate::error::StageError;
 
 /// The tasks of the suite, each with its request file under the folder the fetch script fills
-/// (`datasets/data/lm-eval/<task>.jsonl.gz`) and the accuracy of chance (one over the choices).
+/// (`datasets/data/lm-eval/<task>.jsonl.gz`).
 pub const TASKS: &[&str] = &[
     "hellaswag",
     "arc_easy",
