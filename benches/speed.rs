@@ -400,7 +400,10 @@ struct Prepared {
 fn prepare(bench: &Bench, work: &Path) -> Prepared {
     let teacher_recipe = recipe(&bench.root, "finetune_teacher.toml");
     let registry = mopt_families::builtin();
-    let prepared = mopt_stages::data::text::prepare(&registry, &teacher_recipe, None)
+    let format = registry
+        .data_format(&teacher_recipe)
+        .expect("a shipped format");
+    let prepared = mopt_stages::data::text::prepare(format, &teacher_recipe, None)
         .expect("data (run datasets/fetch.sh --text)");
     let tokenizer = mopt_stages::data::text::tokenizer(&teacher_recipe).expect("a text recipe");
     let data = &prepared.data;

@@ -178,7 +178,8 @@ fn cached_and_live_teachers_give_the_same_objective_and_projections_get_gradient
     let (teacher, teacher_config) = weights::load_checkpoint(&t.checkpoint, &device).unwrap();
     let labels = LabelMap::load(&t.checkpoint.join("labels.json")).unwrap();
     let registry = mopt_families::builtin();
-    let prepared = mopt_stages::data::text::prepare(&registry, &recipe, Some(labels)).unwrap();
+    let format = registry.data_format(&recipe).unwrap();
+    let prepared = mopt_stages::data::text::prepare(format, &recipe, Some(labels)).unwrap();
     let (config, plan) = mopt_families::bert::distill::student_config(
         &stage,
         &teacher_config,

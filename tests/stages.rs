@@ -834,9 +834,7 @@ fn a_trained_checkpoint_classifies_new_text_through_the_predict_api() {
     assert_eq!(model.labels(), ["fresh", "rotten"]);
     // The run's own validation texts, classified from their raw text: the accuracy is the one
     // the run recorded for its final model (same tokenizer settings, same label order).
-    let valid = mopt_stages::data::text::read_splits(&mopt_families::builtin(), &recipe)
-        .unwrap()
-        .valid;
+    let valid = read_splits(&recipe).valid;
     let texts: Vec<&str> = valid.iter().map(|e| e.text.as_str()).collect();
     let preds = model.predict(&texts).unwrap();
     assert_eq!(preds.len(), 40);
@@ -916,11 +914,7 @@ fn vocab_stage_keeps_the_training_tokens_and_any_text_still_classifies() {
         &run.join("01-finetune/best"),
     )
     .unwrap();
-    let seen = mopt_stages::data::text::read_splits(&mopt_families::builtin(), &recipe)
-        .unwrap()
-        .train[0]
-        .text
-        .clone();
+    let seen = read_splits(&recipe).train[0].text.clone();
     let p = |m: &mopt_stages::Predictor, t: &str| m.predict(&[t]).unwrap()[0].probabilities.clone();
     assert_eq!(p(&pruned, &seen), p(&full, &seen));
     let odd = "a quixotic zeppelin of xylophones";
@@ -956,4 +950,11 @@ fn model_arch_names_a_registered_family() {
         assert!(err.contains(needle), "{needle} in: {err}");
     }
     assert!(!tmp.path().join("runs").exists(), "no run folder");
+}
+
+/// The recipe's labelled texts, split, read by its shipped data format.
+fn read_splits(recipe: &mopt_recipe::Recipe) -> mopt_data::Splits {
+    let registry = mopt_families::builtin();
+    let format = registry.data_format(recipe).unwrap();
+    mopt_stages::data::text::read_splits(format, recipe).unwrap()
 }

@@ -222,8 +222,26 @@ impl CanConvert for LlamaGguf {
 struct LlamaGenerate;
 
 /// A GGUF file's error (its message names the file and the field).
-fn gguf_error(e: mopt_gguf::GgufError) -> StageError {
+pub(crate) fn gguf_error(e: mopt_gguf::GgufError) -> StageError {
     StageError::Unsupported(e.to_string())
+}
+
+/// The model at `source` (a checkpoint folder, with its `tokenizer.gguf`, or a GGUF file), its
+/// config and its tokenizer, on `device`.
+pub(crate) fn load_source(
+    source: &Path,
+    device: &Device,
+) -> Result<(Model, LlamaConfig, GgufTokenizer), StageError> {
+    let (model, config, tokenizer) = if source.is_dir() {
+        let (m, c) = load_checkpoint(source, device)?;
+        (m, c, source.join(TOKENIZER_FILE))
+    } else {
+        let (c, m) = load_gguf(source, device)?;
+        (m, c, source.to_path_buf())
+    };
+    let gguf = Gguf::open(&tokenizer).map_err(gguf_error)?;
+    let tok = GgufTokenizer::from_gguf(&gguf).map_err(gguf_error)?;
+    Ok((model, config, tok))
 }
 
 impl CanGenerate for LlamaGenerate {
@@ -233,17 +251,7 @@ impl CanGenerate for LlamaGenerate {
         prompt: &str,
         s: &GenerateSettings,
     ) -> Result<Generation, StageError> {
-        let device = Device::flex();
-        let (model, tokenizer) = if source.is_dir() {
-            (
-                load_checkpoint(source, &device)?.0,
-                source.join(TOKENIZER_FILE),
-            )
-        } else {
-            (load_gguf(source, &device)?.1, source.to_path_buf())
-        };
-        let gguf = Gguf::open(&tokenizer).map_err(gguf_error)?;
-        let tok = GgufTokenizer::from_gguf(&gguf).map_err(gguf_error)?;
+        let (model, _, tok) = load_source(source, &Device::flex())?;
         let prompt_tokens = tok.encode(prompt).map_err(gguf_error)?;
         if prompt_tokens.is_empty() {
             return Err(StageError::Unsupported(

@@ -9,11 +9,12 @@ use std::path::Path;
 
 use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
-use mopt_gguf::{Gguf, GgufTokenizer};
-use mopt_models::llama::{load_checkpoint, load_gguf, LlamaForCausalLM as Model};
-use mopt_stages::data::lm::TOKENIZER_FILE;
+use mopt_gguf::GgufTokenizer;
+use mopt_models::llama::LlamaForCausalLM as Model;
 use mopt_stages::zero_shot::{CanScore, Scored, Scorer};
 use mopt_stages::StageError;
+
+use crate::llama::gguf_error;
 
 /// Loads a Llama checkpoint folder (its `tokenizer.gguf`) or a GGUF file to score with.
 pub struct LlamaScore;
@@ -21,26 +22,14 @@ pub struct LlamaScore;
 impl CanScore for LlamaScore {
     fn scorer(&self, source: &Path) -> Result<Box<dyn Scorer>, StageError> {
         let device = Device::flex();
-        let (model, context, tokenizer) = if source.is_dir() {
-            let (m, c) = load_checkpoint(source, &device)?;
-            (m, c.max_position_embeddings, source.join(TOKENIZER_FILE))
-        } else {
-            let (c, m) = load_gguf(source, &device)?;
-            (m, c.max_position_embeddings, source.to_path_buf())
-        };
-        let gguf = Gguf::open(&tokenizer).map_err(gguf_error)?;
-        let tok = GgufTokenizer::from_gguf(&gguf).map_err(gguf_error)?;
+        let (model, config, tok) = crate::llama::load_source(source, &device)?;
         Ok(Box::new(LlamaScorer {
             model,
             tok,
-            context,
+            context: config.max_position_embeddings,
             device,
         }))
     }
-}
-
-fn gguf_error(e: mopt_gguf::GgufError) -> StageError {
-    StageError::Unsupported(e.to_string())
 }
 
 /// A loaded Llama and its tokenizer.
@@ -157,6 +146,7 @@ impl Scorer for LlamaScorer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mopt_gguf::Gguf;
     use mopt_models::llama::LlamaConfig;
 
     /// The batched score, the head on the continuation's positions only, equals the full

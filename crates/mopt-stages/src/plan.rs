@@ -62,6 +62,8 @@ pub struct ChainPlan {
     pub inputs: String,
     /// Training examples.
     pub train_examples: usize,
+    /// The size of one example estimates assume (a tokenizer's `max-len`; 0 for images).
+    pub example_size: usize,
 }
 
 impl Pipeline {
@@ -149,6 +151,7 @@ impl Pipeline {
             stages,
             inputs: d.inputs,
             train_examples,
+            example_size: crate::data::example_size(format, r)?,
         })
     }
 
@@ -240,7 +243,6 @@ impl Pipeline {
     /// Each stage's lines of the plan (`stage`, `in`, `out`, `set`, `gate`, `memory`) into `s`;
     /// the peak memory over the stages.
     fn write_stages(&self, s: &mut String, chain: &ChainPlan, run_dir: &std::path::Path) -> u64 {
-        let r = &self.recipe;
         let mut input = chain.baseline.clone();
         let mut peak = 4 * chain.baseline.num_params() as u64;
         for ((entry, _), p) in self.stages.iter().zip(&chain.stages) {
@@ -275,8 +277,7 @@ impl Pipeline {
                 // measured, SmolLM2-135M at eval batch 16 x 128 tokens peaked at 6.5 GiB during
                 // validation against ~4.2 GiB while it trained.
                 let eval = entry.train.eval_batch_size;
-                // The data format's keys were validated when the chain was planned.
-                let size = self.registry.example_size(r).unwrap_or(0);
+                let size = chain.example_size;
                 let logits = 32 * (eval * p.output.logit_values(size)) as u64 + m.weights;
                 if logits > m.activations {
                     extras.push((

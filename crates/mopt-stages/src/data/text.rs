@@ -114,8 +114,7 @@ impl super::DataSource for Text {
         let t = tokenizer(r)?;
         let tok =
             TextTokenizer::from_file(&t.path, t.max_len, t.lowercase).map_err(TrainError::from)?;
-        let read = |p: &Path| format.read_text(&r.data, p);
-        let splits = load_splits(&r.data, &read).map_err(TrainError::from)?;
+        let splits = read_splits(format, r)?;
         let labels = TextKeys::label_map(&r.data)?.unwrap_or_else(|| {
             LabelMap::from_examples(splits.train.iter().map(|e| e.label.as_str()))
         });
@@ -194,12 +193,7 @@ impl TextData {
         golden: usize,
     ) -> Result<Self, StageError> {
         let spec = tokenizer(recipe)?;
-        let labels = match labels {
-            Some(l) => Some(l),
-            None => TextKeys::label_map(&recipe.data)?,
-        };
-        let read = |p: &Path| format.read_text(&recipe.data, p);
-        let prepared = prepare_data(&spec, (&recipe.data, &read), labels)?;
+        let prepared = prepare(format, recipe, labels)?;
         let pad_id = prepared.tokenizer.pad_id;
         let d = prepared.data;
         let split = |examples| TextSplit { examples, pad_id };
@@ -273,26 +267,22 @@ impl RunSplits for TextData {
     }
 }
 
-/// The recipe's labelled texts, split (not tokenized), each file read by its data format as
-/// `registry` resolves it.
+/// The recipe's labelled texts, split (not tokenized), each file read by `format`.
 pub fn read_splits(
-    registry: &crate::Registry,
+    format: &dyn DataFormat,
     recipe: &Recipe,
 ) -> Result<mopt_data::Splits, StageError> {
-    let format = registry.data_format(recipe)?;
     let read = |p: &Path| format.read_text(&recipe.data, p);
     Ok(load_splits(&recipe.data, &read).map_err(TrainError::from)?)
 }
 
-/// The recipe's texts tokenized with its `[tokenizer]`, each file read by its data format as
-/// `registry` resolves it (the label map: `labels`, else the recipe's, else the training
-/// split's).
+/// The recipe's texts tokenized with its `[tokenizer]`, each file read by `format` (the label
+/// map: `labels`, else the recipe's, else the training split's).
 pub fn prepare(
-    registry: &crate::Registry,
+    format: &dyn DataFormat,
     recipe: &Recipe,
     labels: Option<LabelMap>,
 ) -> Result<mopt_train::setup::PreparedData, StageError> {
-    let format = registry.data_format(recipe)?;
     let labels = match labels {
         Some(l) => Some(l),
         None => TextKeys::label_map(&recipe.data)?,

@@ -26,9 +26,7 @@ impl DataFormat for Jsonl {
     }
 
     fn read_text(&self, data: &DataSpec, path: &Path) -> Result<Vec<Example>, DataError> {
-        let (text, label) = Columns::of(data)
-            .and_then(|c| c.both(data))
-            .map_err(|e| super::orange_tab::recipe_error(path, e))?;
+        let (text, label) = Columns::for_reading(data, path)?;
         mopt_data::read_jsonl(path, &text, &label)
     }
 }

@@ -62,6 +62,16 @@ impl Columns {
             .map(|_| ())
     }
 
+    /// Both columns as a reader of `path` needs them (validated before any file is read).
+    pub fn for_reading(
+        data: &DataSpec,
+        path: &std::path::Path,
+    ) -> Result<(String, String), mopt_data::DataError> {
+        Self::of(data)
+            .and_then(|c| c.both(data))
+            .map_err(|e| recipe_error(path, e))
+    }
+
     /// Both columns, or an error naming the missing one.
     pub fn both(self, data: &DataSpec) -> Result<(String, String), RecipeError> {
         let need = |key: &str, v: Option<String>, e: &str| {
@@ -86,6 +96,11 @@ impl Columns {
             )?,
         ))
     }
+}
+
+/// A recipe error met while reading `path` (the keys were validated before: not expected).
+pub(super) fn recipe_error(path: &std::path::Path, e: RecipeError) -> mopt_data::DataError {
+    mopt_data::DataError::format(path, e.to_string(), "correct the [data] keys")
 }
 
 /// A format with no keys of its own.

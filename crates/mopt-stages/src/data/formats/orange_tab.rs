@@ -37,12 +37,7 @@ impl DataFormat for OrangeTab {
     }
 
     fn read_text(&self, data: &DataSpec, path: &Path) -> Result<Vec<Example>, DataError> {
-        let (text, label) = Self::columns(data).map_err(|e| recipe_error(path, e))?;
+        let (text, label) = Self::columns(data).map_err(|e| super::recipe_error(path, e))?;
         mopt_data::read_orange_tab(path, &text, &label)
     }
-}
-
-/// A recipe error met while reading (the keys were validated before: not expected).
-pub(super) fn recipe_error(path: &Path, e: RecipeError) -> DataError {
-    DataError::format(path, e.to_string(), "correct the [data] keys")
 }
